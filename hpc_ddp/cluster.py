@@ -1,0 +1,268 @@
+"""Who am I in the job? Derive ranks, counts and the rendezvous address from the launcher's variables.
+
+`detect(environ)` reads only the mapping it is given (tests pass a dict, the task passes `os.environ`) and
+returns a frozen `DistEnv`. The launchers are tried in a fixed order:
+
+1. torchrun (`TORCHELASTIC_RUN_ID`): it can run *inside* an srun step, where the SLURM_* variables describe
+   the step (one task per node) and not the torch ranks, so it must win.
+2. Slurm task variables (`SLURM_PROCID` ...): one task per GPU, started by `srun` (or by our local launcher,
+   which sets the same variables).
+3. A single process.
+
+For Slurm every field prefers the step-level variable over the job-level one: an `srun` step may use part of
+the allocation, or place an uneven number of tasks per node, and only the step variables say so.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from hpc_ddp import hostlist
+from hpc_ddp.errors import ClusterConfigError
+
+Launcher = Literal["torchrun", "slurm", "single"]
+
+# Ports are derived as PORT_BASE + job_id % PORT_SPAN: unprivileged (>= 1024) and below Linux's ephemeral
+# floor (32768, net.ipv4.ip_local_port_range), so an outgoing connection never sits on our port. Two jobs
+# whose ids differ by less than PORT_SPAN never collide (a rule on the id's last 4 digits aliases every 10^4).
+PORT_BASE = 10000
+PORT_SPAN = 32768 - PORT_BASE
+
+# Slurm variable names, as data. The first name that is set wins: step-level before job-level.
+SLURM_VARS: dict[str, tuple[str, ...]] = {
+    "rank": ("SLURM_PROCID",),
+    "local_rank": ("SLURM_LOCALID",),
+    "node_rank": ("SLURM_NODEID",),
+    "world_size": ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+    "num_nodes": ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+    "nodelist": ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"),
+    "tasks_per_node": ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
+    "job_id": ("SLURM_JOB_ID", "SLURM_JOBID"),
+}
+
+TORCHRUN_VARS: dict[str, tuple[str, ...]] = {
+    "rank": ("RANK",),
+    "local_rank": ("LOCAL_RANK",),
+    "world_size": ("WORLD_SIZE",),
+    "local_world_size": ("LOCAL_WORLD_SIZE",),
+    "node_rank": ("GROUP_RANK",),
+    "master_addr": ("MASTER_ADDR",),
+    "master_port": ("MASTER_PORT",),
+    "job_id": ("TORCHELASTIC_RUN_ID",),
+}
+
+# Variables a torch program reads. sbatch copies the submitting shell's environment into the job, so a stale
+# `export RANK=0` from an earlier experiment would arrive in every task: they must agree with Slurm or fail.
+TORCH_RANK_VARS = {"RANK": "rank", "LOCAL_RANK": "local_rank", "WORLD_SIZE": "world_size",
+                   "LOCAL_WORLD_SIZE": "local_world_size"}
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, as derived by `detect`."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int  # 0 for a single process: the store picks a free port
+    job_id: str | None
+    launcher: Launcher
+    nodes: tuple[str, ...] = ()  # the step's hosts, in Slurm order (empty outside Slurm)
+    overrides: tuple[str, ...] = ()  # explicit MASTER_ADDR/MASTER_PORT that replaced derived values
+
+    @property
+    def is_main(self) -> bool:
+        """Global rank 0: the one rank that logs progress and writes checkpoints."""
+        return self.rank == 0
+
+    def torch_env(self) -> dict[str, str]:
+        """The variables torch and user code expect (what torchrun would have set)."""
+        return {
+            "RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size), "GROUP_RANK": str(self.node_rank),
+            "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
+        }
+
+
+def port_for_job(job_id: str) -> int:
+    """The rendezvous port every rank derives from the job id alone, without talking to the others."""
+    head = job_id.split("_")[0].split("+")[0]  # array "123_4" and het-job "123+0" forms
+    number = int(head) if head.isdigit() else zlib.crc32(job_id.encode())
+    return PORT_BASE + number % PORT_SPAN
+
+
+def detect(environ: Mapping[str, str]) -> DistEnv:
+    """Derive this process's `DistEnv` from `environ` (torchrun > Slurm task > single process).
+
+    Raises:
+        ClusterConfigError: the variables are inconsistent, non-numeric, or describe a launch that would hang.
+    """
+    if environ.get("TORCHELASTIC_RUN_ID"):
+        return _from_torchrun(environ)
+    if "SLURM_PROCID" in environ and _in_srun_step(environ):
+        return _from_slurm(environ)
+    if "SLURM_JOB_ID" in environ:
+        _refuse_batch_shell(environ)
+    return _single(environ)
+
+
+def _first(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
+    for name in names:
+        if environ.get(name, "") != "":
+            return name, environ[name]
+    return None
+
+
+def _int(environ: Mapping[str, str], names: tuple[str, ...], fix: str) -> int:
+    found = _first(environ, names)
+    if found is None:
+        raise ClusterConfigError(f"{' or '.join(names)} is not set. {fix}")
+    name, value = found
+    try:
+        number = int(value)
+    except ValueError:
+        raise ClusterConfigError(f"{name}={value!r} is not an integer. {fix}") from None
+    if number < 0:
+        raise ClusterConfigError(f"{name}={value} is negative. {fix}")
+    return number
+
+
+def _in_srun_step(environ: Mapping[str, str]) -> bool:
+    # srun exports SLURM_STEP_ID/SLURM_STEPID to its tasks; the batch shell and salloc have neither, only the
+    # job's SLURM_PROCID=0. Our local launcher sets them as srun would.
+    return bool(environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"))
+
+
+def _refuse_batch_shell(environ: Mapping[str, str]) -> None:
+    """Inside an allocation but outside srun: fine for a one-task job, a hang or a lie for more."""
+    ntasks = environ.get("SLURM_NTASKS", "1")
+    if ntasks.isdigit() and int(ntasks) > 1:
+        raise ClusterConfigError(
+            f"running in Slurm job {environ['SLURM_JOB_ID']} with SLURM_NTASKS={ntasks} but outside srun, so this "
+            f"would be 1 process instead of {ntasks}. Launch each task with srun: "
+            "`srun python -m hpc_ddp.train ...` (or `sbatch slurm/ddp.sbatch ...`)")
+
+
+def _check_leftovers(environ: Mapping[str, str], derived: dict[str, int]) -> None:
+    """A RANK/WORLD_SIZE/... left in the environment must agree with the launcher, never silently win."""
+    for var, field in TORCH_RANK_VARS.items():
+        if var in environ and environ[var] != str(derived[field]):
+            raise ClusterConfigError(
+                f"{var}={environ[var]} is set in the environment but Slurm says {field}={derived[field]} "
+                f"(SLURM_PROCID={environ.get('SLURM_PROCID')}, world size {derived['world_size']}). It was probably "
+                f"exported in the shell that ran sbatch. Fix: `unset {var}` before submitting, or launch with torchrun")
+
+
+def _rendezvous(environ: Mapping[str, str], nodes: list[str], job_id: str | None,
+                world_size: int) -> tuple[str, int, tuple[str, ...]]:
+    """MASTER_ADDR/PORT: explicit variables win (and are reported); else the first node and the job's port."""
+    derived_addr = nodes[0] if nodes else None
+    derived_port = port_for_job(job_id) if job_id else None
+    overrides = []
+    addr = environ.get("MASTER_ADDR") or derived_addr
+    if environ.get("MASTER_ADDR") and environ["MASTER_ADDR"] != derived_addr:
+        overrides.append(f"MASTER_ADDR={environ['MASTER_ADDR']} (derived: {derived_addr})")
+    if addr is None:
+        if world_size > 1:  # never fall back to localhost: each node would form its own world and hang
+            raise ClusterConfigError(
+                "cannot find the rendezvous host: SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are unset and "
+                "MASTER_ADDR is not given. Launch with srun inside an allocation, or export MASTER_ADDR")
+        addr = "127.0.0.1"
+    port = derived_port if derived_port is not None else 0
+    if environ.get("MASTER_PORT"):
+        try:
+            port = int(environ["MASTER_PORT"])
+        except ValueError:
+            raise ClusterConfigError(f"MASTER_PORT={environ['MASTER_PORT']!r} is not an integer. "
+                                     "Fix: unset it (the port is derived from the job id) or set a number") from None
+        if not 1 <= port <= 65535:
+            raise ClusterConfigError(f"MASTER_PORT={port} is outside 1-65535. Fix: unset it or pick a valid port")
+        if port != derived_port:
+            overrides.append(f"MASTER_PORT={port} (derived: {derived_port})")
+    return addr, port, tuple(overrides)
+
+
+def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
+    fix = "Are you inside `srun`? Check the job's srun line."
+    rank = _int(environ, SLURM_VARS["rank"], fix)
+    local_rank = _int(environ, SLURM_VARS["local_rank"], fix)
+    node_rank = _int(environ, SLURM_VARS["node_rank"], fix)
+    world_size = _int(environ, SLURM_VARS["world_size"], fix)
+    num_nodes = _int(environ, SLURM_VARS["num_nodes"], fix)
+    nodelist = _first(environ, SLURM_VARS["nodelist"])
+    tasks = _first(environ, SLURM_VARS["tasks_per_node"])
+    job = _first(environ, SLURM_VARS["job_id"])
+    job_id = job[1] if job else None
+    try:
+        nodes = hostlist.expand(nodelist[1]) if nodelist else []
+        per_node = hostlist.parse_tasks_per_node(tasks[1]) if tasks else [world_size // max(num_nodes, 1)]
+    except hostlist.HostlistError as e:
+        raise ClusterConfigError(f"{e} (from {nodelist[0] if nodelist else tasks and tasks[0]})") from e
+    if world_size == 0 or num_nodes == 0:
+        raise ClusterConfigError(f"Slurm reports {world_size} tasks on {num_nodes} nodes. {fix}")
+    if rank >= world_size:
+        raise ClusterConfigError(f"SLURM_PROCID={rank} but the step has {world_size} tasks "
+                                 f"({_first(environ, SLURM_VARS['world_size'])[0]}): rank must be < world size. {fix}")
+    if node_rank >= num_nodes:
+        raise ClusterConfigError(f"SLURM_NODEID={node_rank} but the step has {num_nodes} nodes. {fix}")
+    if nodes and len(nodes) != num_nodes:
+        raise ClusterConfigError(f"{nodelist[0]}={nodelist[1]} names {len(nodes)} hosts but the step has "
+                                 f"{num_nodes} nodes. {fix}")
+    if len(per_node) == 1 and num_nodes > 1:
+        per_node = per_node * num_nodes
+    if len(per_node) != num_nodes or sum(per_node) != world_size:
+        raise ClusterConfigError(f"{tasks[0] if tasks else 'tasks per node'}={tasks[1] if tasks else per_node} does not "
+                                 f"add up to {world_size} tasks on {num_nodes} nodes. {fix}")
+    local_world_size = per_node[node_rank]
+    if local_rank >= local_world_size:
+        raise ClusterConfigError(f"SLURM_LOCALID={local_rank} but node {node_rank} runs {local_world_size} tasks "
+                                 f"of this step: local rank must be < tasks on this node. {fix}")
+    derived = {"rank": rank, "local_rank": local_rank, "world_size": world_size,
+               "local_world_size": local_world_size}
+    _check_leftovers(environ, derived)
+    addr, port, overrides = _rendezvous(environ, nodes, job_id, world_size)
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_world_size,
+                   node_rank=node_rank, num_nodes=num_nodes, master_addr=addr, master_port=port, job_id=job_id,
+                   launcher="slurm", nodes=tuple(nodes), overrides=overrides)
+
+
+def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
+    fix = "These are set by torchrun; was the environment changed after it started?"
+    values = {field: _int(environ, names, fix) for field, names in TORCHRUN_VARS.items()
+              if field in ("rank", "local_rank", "world_size", "local_world_size")}
+    node_rank = _int(environ, TORCHRUN_VARS["node_rank"], fix) if environ.get("GROUP_RANK") else 0
+    if values["rank"] >= values["world_size"] or values["local_rank"] >= values["local_world_size"]:
+        raise ClusterConfigError(f"torchrun gave RANK={values['rank']} WORLD_SIZE={values['world_size']} "
+                                 f"LOCAL_RANK={values['local_rank']} LOCAL_WORLD_SIZE={values['local_world_size']}: "
+                                 f"a rank is out of range. {fix}")
+    addr = environ.get("MASTER_ADDR")
+    if not addr:
+        raise ClusterConfigError(f"MASTER_ADDR is not set. {fix}")
+    port = _int(environ, TORCHRUN_VARS["master_port"], fix)
+    num_nodes = int(environ.get("GROUP_WORLD_SIZE") or max(1, values["world_size"] // values["local_world_size"]))
+    return DistEnv(rank=values["rank"], local_rank=values["local_rank"], world_size=values["world_size"],
+                   local_world_size=values["local_world_size"], node_rank=node_rank, num_nodes=num_nodes,
+                   master_addr=addr, master_port=port, job_id=environ["TORCHELASTIC_RUN_ID"], launcher="torchrun")
+
+
+def _single(environ: Mapping[str, str]) -> DistEnv:
+    world = environ.get("WORLD_SIZE")
+    if world not in (None, "", "1"):
+        raise ClusterConfigError(
+            f"WORLD_SIZE={world} is set but no launcher is detected (no torchrun, no srun step), so the other "
+            f"{world} ranks would never arrive. Fix: launch with torchrun or srun, or `unset WORLD_SIZE RANK`")
+    for var in ("RANK", "LOCAL_RANK"):
+        if environ.get(var) not in (None, "", "0"):
+            raise ClusterConfigError(f"{var}={environ[var]} is set but this is a single process (no torchrun, no "
+                                     f"srun step). Fix: `unset {var}` or launch with torchrun/srun")
+    addr, port, overrides = _rendezvous(environ, [], None, 1)
+    return DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1,
+                   master_addr=addr, master_port=port, job_id=environ.get("SLURM_JOB_ID"), launcher="single",
+                   overrides=overrides)

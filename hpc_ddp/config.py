@@ -1,0 +1,141 @@
+"""Training options: one frozen dataclass, its command-line flags, and its round trip back to argv.
+
+Precedence: command-line flags > defaults here. The submitters (`submit`, `submit --local`) parse the same
+flags, validate them once, and hand each task the canonical argv from `TrainConfig.to_argv()`, so what the
+task runs is exactly what was checked at submission. No torch import here: `--help` must answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpc_ddp.errors import UsageError
+
+BUILTIN_TASKS = ("linear", "mlp")
+AMP_CHOICES = ("none", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a task needs to train; every field is a `--flag` (underscores become dashes)."""
+
+    task: str = field(default="linear", metadata={"help": "built-in task (linear, mlp) or module.path:function "
+                                                          "returning an hpc_ddp.Task (imported from the working "
+                                                          "directory or PYTHONPATH)"})
+    epochs: int = field(default=10, metadata={"help": "epochs to train; counted from 0"})
+    batch_size: int = field(default=32, metadata={"help": "samples per rank per micro-step"})
+    lr: float = field(default=0.01, metadata={"help": "learning rate of the default SGD optimizer"})
+    seed: int = field(default=0, metadata={"help": "seed for model init, data order and every rank's RNG"})
+    folder: str = field(default="", metadata={"help": "run folder on shared storage: checkpoints, model.pth, "
+                                                      "metrics, run.json (default: runs/<job id>)"})
+    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step; gradients are "
+                                                         "all-reduced on the last one only"})
+    amp: str = field(default="none", metadata={"help": "autocast dtype: none, bf16 or fp16 (fp16 uses a "
+                                                       "GradScaler)", "choices": AMP_CHOICES})
+    clip_grad: float = field(default=0.0, metadata={"help": "clip the gradient norm to this value (0: off)"})
+    max_steps: int = field(default=0, metadata={"help": "stop after this many optimizer steps in total (0: "
+                                                        "no limit)"})
+    save_every_epochs: int = field(default=1, metadata={"help": "checkpoint every N epochs (0: off)"})
+    save_every_steps: int = field(default=0, metadata={"help": "checkpoint every N optimizer steps (0: off)"})
+    keep: int = field(default=3, metadata={"help": "checkpoints to keep in the run folder"})
+    resume: str = field(default="auto", metadata={"help": "auto: continue from the run folder's latest "
+                                                          "checkpoint; never; or a checkpoint PATH (first start "
+                                                          "only; a requeued run always resumes its own latest)"})
+    overwrite: bool = field(default=False, metadata={"help": "with --resume never: delete the folder's "
+                                                             "checkpoints instead of refusing to start"})
+    deterministic: bool = field(default=False, metadata={"help": "deterministic algorithms and data order: a "
+                                                                 "resumed run ends bitwise equal to an "
+                                                                 "uninterrupted one"})
+    max_requeue: int = field(default=3, metadata={"help": "times a preempted run may requeue itself"})
+    backend: str = field(default="", metadata={"help": "process-group backend (default: nccl on GPU, gloo "
+                                                       "on CPU)"})
+    timeout_s: float = field(default=600.0, metadata={"help": "seconds a collective may wait for a peer "
+                                                              "before the job fails (stacks dumped first)"})
+    num_workers: int = field(default=-1, metadata={"help": "DataLoader workers per rank (-1: 0 on CPU, 2 "
+                                                           "per GPU rank)"})
+    log_every_s: float = field(default=30.0, metadata={"help": "seconds between progress lines when output "
+                                                               "is not a terminal"})
+
+    def __post_init__(self) -> None:
+        positive = {"epochs": self.epochs, "batch_size": self.batch_size, "grad_accum": self.grad_accum,
+                    "keep": self.keep}
+        for name, value in positive.items():
+            if value <= 0:
+                raise UsageError(f"--{_flag(name)} {value}: must be at least 1")
+        non_negative = {"max_steps": self.max_steps, "save_every_epochs": self.save_every_epochs,
+                        "save_every_steps": self.save_every_steps, "max_requeue": self.max_requeue,
+                        "clip_grad": self.clip_grad}
+        for name, value in non_negative.items():
+            if value < 0:
+                raise UsageError(f"--{_flag(name)} {value}: must be 0 or more")
+        if not self.lr > 0:
+            raise UsageError(f"--lr {self.lr}: must be a positive number, e.g. --lr 0.01")
+        if not self.timeout_s > 0:
+            raise UsageError(f"--timeout-s {self.timeout_s}: must be positive, e.g. --timeout-s 600")
+        if self.num_workers < -1:
+            raise UsageError(f"--num-workers {self.num_workers}: use -1 (auto) or a count >= 0")
+        if self.amp not in AMP_CHOICES:
+            raise UsageError(f"--amp {self.amp}: choose one of {', '.join(AMP_CHOICES)}")
+        if self.backend not in ("", "gloo", "nccl", "mpi", "ucc"):
+            raise UsageError(f"--backend {self.backend}: choose gloo or nccl (or leave it out)")
+        if self.task not in BUILTIN_TASKS and ":" not in self.task:
+            raise UsageError(f"--task {self.task!r}: unknown task. Use one of {', '.join(BUILTIN_TASKS)}, or "
+                             "module.path:function for your own (e.g. --task mytasks:build)")
+        if self.overwrite and self.resume != "never":
+            raise UsageError("--overwrite only applies with --resume never (it deletes the folder's checkpoints)")
+
+    def to_argv(self) -> list[str]:
+        """The flags that reproduce this config (defaults left out), for a task's command line."""
+        argv: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == f.default:
+                continue
+            if isinstance(value, bool):
+                argv.append(f"--{_flag(f.name)}")
+            else:
+                argv += [f"--{_flag(f.name)}", str(value)]
+        return argv
+
+    def with_folder(self, folder: str) -> "TrainConfig":
+        return dataclasses.replace(self, folder=folder)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per TrainConfig field, with its help and default, to `parser`."""
+    group = parser.add_argument_group("training options (passed to every task)")
+    for f in dataclasses.fields(TrainConfig):
+        help_text = f.metadata.get("help", "")
+        if f.type in ("bool", bool):
+            group.add_argument(f"--{_flag(f.name)}", action="store_true", help=help_text)
+            continue
+        kind = {"int": int, "float": float, "str": str}[str(f.type)]
+        group.add_argument(f"--{_flag(f.name)}", type=kind, default=f.default, metavar=f.name.upper(),
+                           help=f"{help_text} (default: {f.default if f.default != '' else 'see above'})",
+                           choices=f.metadata.get("choices"))
+
+
+def from_namespace(ns: argparse.Namespace) -> TrainConfig:
+    """Build the validated config from parsed flags (raises UsageError)."""
+    return TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
+
+
+def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A parser whose usage errors exit 2 with one line naming the flag."""
+    return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> "argparse.NoReturn":  # type: ignore[name-defined]
+        # argparse prints the whole usage block first; one line with the fix is easier to read in a job log.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")

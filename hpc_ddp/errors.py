@@ -1,0 +1,44 @@
+"""The error types a user can act on.
+
+Every error that a user can fix derives from `UsageError`: the entry points print its message as one line,
+with no traceback, and exit with `exitcodes.USAGE`. Anything else is a bug or a crash and keeps its traceback.
+Messages follow one shape: what was found, what was expected, and the fix.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from hpc_ddp import exitcodes
+
+
+class UsageError(Exception):
+    """A mistake in flags, environment or files that the user can fix; exit code 2."""
+
+
+class ClusterConfigError(UsageError, RuntimeError):
+    """The launcher's variables (Slurm, torchrun, RANK/WORLD_SIZE...) are missing or inconsistent."""
+
+
+class CheckpointError(UsageError):
+    """A checkpoint cannot be used: wrong model, incompatible config, or nothing valid to resume from."""
+
+
+def fail(prog: str, message: str, code: int = exitcodes.USAGE) -> NoReturn:
+    """Print `prog: error: message` as one line on stderr and exit."""
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def run_main(prog: str, main: Callable[[], int]) -> NoReturn:
+    """Run an entry point: UsageError -> one line and exit 2; Ctrl-C -> exit 130 without a traceback."""
+    try:
+        code = main()
+    except UsageError as e:
+        fail(prog, str(e))
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    raise SystemExit(code)

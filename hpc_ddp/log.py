@@ -1,0 +1,36 @@
+"""Rank-aware output: every line flushed at once, lines from ranks other than 0 prefixed with their rank.
+
+Slurm merges the stdout of all tasks into one file (or one per task with `%t`); without a prefix and an
+immediate flush, lines from different ranks interleave and can't be attributed. Rank 0's lines carry no
+prefix, so the default run reads like the article it comes from.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+
+class RankLog:
+    """Print for one rank. `info` is every rank's; `main` only rank 0's."""
+
+    def __init__(self, rank: int, stream: TextIO | None = None) -> None:
+        self.rank = rank
+        self.stream = stream or sys.stdout
+        self.prefix = "" if rank == 0 else f"[rank {rank}] "
+
+    def info(self, message: str) -> None:
+        """A line from this rank (prefixed unless rank 0)."""
+        for line in message.splitlines() or [""]:
+            self.stream.write(f"{self.prefix}{line}\n")
+        self.stream.flush()
+
+    def main(self, message: str) -> None:
+        """A line only global rank 0 prints (progress, results)."""
+        if self.rank == 0:
+            self.info(message)
+
+    def warn(self, message: str) -> None:
+        """A warning from this rank, to stderr."""
+        sys.stderr.write(f"{self.prefix}warning: {message}\n")
+        sys.stderr.flush()

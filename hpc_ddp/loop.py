@@ -1,0 +1,255 @@
+"""The DDP training loop: sampler epochs, gradient accumulation, AMP, agreed stops, and checkpoints.
+
+One all-reduce of four numbers per optimizer step carries [loss sum, micro-batches, requeue votes, stop
+votes]: the loss is averaged over all ranks for reporting, and a signal seen by any rank stops every rank at
+the same step, at no extra collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+from hpc_ddp import checkpoint, metrics, preemption, resume
+from hpc_ddp.cluster import DistEnv
+from hpc_ddp.config import TrainConfig
+from hpc_ddp.log import RankLog
+from hpc_ddp.process_group import hang_watch
+from hpc_ddp.tasks import Task
+
+
+@dataclass
+class Position:
+    """Where training stands; saved in every checkpoint so a resume continues mid-epoch."""
+
+    epoch: int = 0
+    batch: int = 0  # micro-batches of this epoch already consumed (always an optimizer-step boundary)
+    step: int = 0  # optimizer steps done since the start of the run
+    loss_sum: float = 0.0  # this epoch's reduced loss so far, so a resumed epoch reports the same mean
+    loss_count: float = 0.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the loop ended: finished, or stopped at an agreed step by a signal."""
+
+    finished: bool
+    requeue_votes: float = 0.0
+    stop_votes: float = 0.0
+
+
+class _SkipSampler(Sampler[int]):
+    """The epoch's DistributedSampler order, minus the samples a resumed run already trained on."""
+
+    def __init__(self, base: DistributedSampler) -> None:
+        self.base = base
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.base), self.skip, None)
+
+    def __len__(self) -> int:
+        return len(self.base) - self.skip
+
+
+def _ordered_mean_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """--deterministic: all-gather each bucket and sum in rank order, so the result doesn't depend on how
+    DDP laid out its buckets. DDP rebuilds buckets after a process's first backward; a resumed process would
+    otherwise sum its first step in a different grouping than the uninterrupted run did."""
+    buffer = bucket.buffer()
+    world = dist.get_world_size()
+    parts = [torch.empty_like(buffer) for _ in range(world)]
+    future = dist.all_gather(parts, buffer, async_op=True).get_future()
+
+    def ordered_sum(_: Any) -> torch.Tensor:
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total.add_(part)
+        return total.div_(world)
+
+    return future.then(ordered_sum)
+
+
+class Trainer:
+    """Owns the model, optimizer and data of one rank; `run()` trains until done or an agreed stop."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task, folder: Path,
+                 log: RankLog) -> None:
+        self.cfg, self.env, self.device, self.folder, self.log = cfg, env, device, folder, log
+        self.loss_fn = task.loss_fn
+        self.model = task.model.to(device)
+        # gradient_as_bucket_view: gradients live inside DDP's all-reduce buckets, saving a copy per step.
+        self.ddp = DDP(self.model, device_ids=[device] if device.type == "cuda" else None,
+                       gradient_as_bucket_view=True)
+        if cfg.deterministic and env.world_size > 1:
+            self.ddp.register_comm_hook(None, _ordered_mean_hook)
+        params = self.ddp.parameters()
+        self.optimizer = task.optimizer(params) if task.optimizer else torch.optim.SGD(params, lr=cfg.lr)
+        self.scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+        self.sampler = DistributedSampler(task.dataset, num_replicas=env.world_size, rank=env.rank,
+                                          shuffle=True, seed=cfg.seed, drop_last=True)
+        self.skip = _SkipSampler(self.sampler)
+        workers = cfg.num_workers if cfg.num_workers >= 0 else (2 if device.type == "cuda" else 0)
+        # An explicit generator: otherwise each DataLoader iterator draws its seed from the global RNG, and a
+        # resumed run's dropout would see a different random stream than the uninterrupted run.
+        self.loader_gen = torch.Generator()
+        self.loader = DataLoader(task.dataset, batch_size=cfg.batch_size, sampler=self.skip, drop_last=True,
+                                 num_workers=workers, pin_memory=device.type == "cuda",
+                                 worker_init_fn=preemption.ignore_in_worker if workers else None,
+                                 generator=self.loader_gen)
+        self.batches_per_epoch = len(self.sampler) // cfg.batch_size
+        if self.batches_per_epoch == 0:
+            from hpc_ddp.errors import UsageError
+            raise UsageError(f"the dataset has {len(task.dataset)} samples: {len(self.sampler)} per rank over "  # type: ignore[arg-type]
+                             f"{env.world_size} ranks, fewer than --batch-size {cfg.batch_size}. Fix: a smaller "
+                             "--batch-size or fewer ranks")
+        self.pos = Position()
+        self.writer = checkpoint.AsyncWriter()
+        self.metrics = metrics.Recorder(folder if env.is_main else None, cfg, env)
+
+    # ----- checkpoint state -------------------------------------------------------------------------
+    def _rank_rng(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"cpu": torch.get_rng_state(), "python": _to_lists(random.getstate())}
+        if self.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def state(self) -> dict[str, Any] | None:
+        """Collective: gather every rank's RNG; returns the full checkpoint state on rank 0, None elsewhere."""
+        rngs: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(rngs, self._rank_rng())
+        if not self.env.is_main:
+            return None
+        from hpc_ddp import __version__
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None, "position": asdict(self.pos),
+                "rng": rngs, "world_size": self.env.world_size, "config": self.cfg.as_dict(),
+                "version": __version__}
+
+    def save(self, final: bool = False) -> None:
+        """Checkpoint at the current position: rank 0 copies state to CPU now and writes it in the background."""
+        state = self.state()
+        if self.env.is_main:
+            snapshot = checkpoint.to_cpu(state)
+            step, keep = self.pos.step, self.cfg.keep
+            self.writer.submit(lambda: checkpoint.commit(self.folder, snapshot, step, keep))
+            if final:
+                self.writer.wait()
+
+    def restore(self, state: dict[str, Any], path: Path) -> None:
+        """Load a checkpoint's model, optimizer, scaler, position and this rank's RNG."""
+        resume.check_compatible(state, path, self.cfg, self.env.world_size)
+        resume.load_model_state(self.model, state, path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.pos = Position(**state["position"])
+        rng = state["rng"][self.env.rank]
+        torch.set_rng_state(rng["cpu"])
+        random.setstate(_to_tuples(rng["python"]))
+        if self.device.type == "cuda" and rng.get("cuda") is not None:
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+
+    # ----- the loop -----------------------------------------------------------------------------------
+    def _micro_step(self, inputs: Any, target: Any, scale: float, sync: bool) -> torch.Tensor:
+        inputs = inputs.to(self.device, non_blocking=True)
+        target = target.to(self.device, non_blocking=True)
+        # no_sync on all but the last micro-batch: gradients accumulate locally, one all-reduce per step.
+        with contextlib.nullcontext() if sync else self.ddp.no_sync():
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                                enabled=self.autocast_dtype is not None):
+                loss = self.loss_fn(self.ddp(inputs), target)
+            scaled = loss * scale
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        return loss.detach()
+
+    def _optimizer_step(self) -> None:
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.cfg.clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=not self.ddp.gradient_as_bucket_view)
+
+    def _agree(self, loss_sum: torch.Tensor, count: int) -> tuple[float, float, float, float]:
+        """The one per-step all-reduce: loss and micro-batch counts, plus every rank's signal votes."""
+        requeue, stop = preemption.pending()
+        packet = torch.stack([loss_sum.float(), torch.tensor(float(count), device=self.device),
+                              torch.tensor(float(requeue), device=self.device),
+                              torch.tensor(float(stop), device=self.device)])
+        dist.all_reduce(packet)
+        values = packet.tolist()
+        return values[0], values[1], values[2], values[3]
+
+    def _epoch(self, epoch: int) -> Outcome | None:
+        """Train the rest of one epoch; an Outcome if the loop must end inside it."""
+        cfg, pos = self.cfg, self.pos
+        self.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one after a restart
+        self.skip.skip = pos.batch * cfg.batch_size
+        self.loader_gen.manual_seed(cfg.seed * 1_000_003 + epoch)
+        accum = torch.zeros((), device=self.device)
+        done_in_group = 0
+        for index, (inputs, target) in enumerate(self.loader, start=pos.batch):
+            group_start = index - index % cfg.grad_accum
+            group_size = min(cfg.grad_accum, self.batches_per_epoch - group_start)
+            last = index == group_start + group_size - 1
+            with hang_watch(cfg.timeout_s):
+                accum += self._micro_step(inputs, target, 1.0 / group_size, sync=last)
+                done_in_group += 1
+                if not last:
+                    continue
+                self._optimizer_step()
+                loss_sum, count, requeue, stop = self._agree(accum, done_in_group)
+            pos.batch, pos.step = index + 1, pos.step + 1
+            pos.loss_sum, pos.loss_count = pos.loss_sum + loss_sum, pos.loss_count + count
+            accum.zero_()
+            done_in_group = 0
+            self.metrics.step(pos, loss_sum / max(count, 1.0), cfg.batch_size * group_size * self.env.world_size)
+            if requeue or stop:
+                return Outcome(False, requeue, stop)
+            if cfg.save_every_steps and pos.step % cfg.save_every_steps == 0:
+                self.save()
+            if cfg.max_steps and pos.step >= cfg.max_steps:
+                return Outcome(True)
+        return None
+
+    def run(self) -> Outcome:
+        """Train from `self.pos` to the end, or until every rank agreed to stop."""
+        while self.pos.epoch < self.cfg.epochs:
+            outcome = self._epoch(self.pos.epoch)
+            if outcome is not None and not outcome.finished:
+                return outcome
+            mean = self.pos.loss_sum / max(self.pos.loss_count, 1.0)
+            self.log.main(f"Epoch {self.pos.epoch}, Loss: {mean:.4f}")
+            self.metrics.epoch(self.pos, mean)
+            if outcome is not None:  # --max-steps reached inside the epoch
+                return outcome
+            self.pos = Position(epoch=self.pos.epoch + 1, step=self.pos.step)
+            if self.cfg.save_every_epochs and self.pos.epoch % self.cfg.save_every_epochs == 0:
+                self.save()
+        return Outcome(True)
+
+
+def _to_lists(obj: Any) -> Any:
+    """random.getstate() as nested lists: plain data that loads under weights_only=True."""
+    return [_to_lists(x) for x in obj] if isinstance(obj, (tuple, list)) else obj
+
+
+def _to_tuples(obj: Any) -> Any:
+    return tuple(_to_tuples(x) for x in obj) if isinstance(obj, list) else obj
+

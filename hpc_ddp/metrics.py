@@ -1,0 +1,85 @@
+"""Rank 0's view of progress: periodic lines (or a live bar on a terminal) and `metrics.jsonl`.
+
+Each line of `<folder>/metrics.jsonl` is one JSON object with an `event` of "step" (every progress interval),
+"epoch" or "end". The "end" record's `samples_per_s` is measured from the end of the first optimizer step
+(which pays for DDP's bucket setup and allocator warm-up) to the last one, over all ranks' samples.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpc_ddp.cluster import DistEnv
+    from hpc_ddp.config import TrainConfig
+    from hpc_ddp.loop import Position
+
+
+class Recorder:
+    """Collects step timings on every rank; writes and prints on rank 0 only (folder is None elsewhere)."""
+
+    def __init__(self, folder: Path | None, cfg: "TrainConfig", env: "DistEnv") -> None:
+        self.path = folder / "metrics.jsonl" if folder else None
+        self.interval = cfg.log_every_s
+        self.tty = sys.stdout.isatty()
+        self.started = time.monotonic()
+        self.last_step_end = self.started
+        self.last_print = self.started
+        self.warm_start: float | None = None  # end of this process's first step
+        self.warm_samples = 0
+        self.steps = 0
+        self.step_times: list[float] = []
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.path is not None:
+            record["time"] = round(time.time(), 3)
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def step(self, pos: "Position", loss: float, samples: int) -> None:
+        now = time.monotonic()
+        step_time = now - self.last_step_end
+        self.last_step_end = now
+        self.steps += 1
+        if self.warm_start is None:
+            self.warm_start = now
+        else:
+            self.warm_samples += samples
+            self.step_times.append(step_time)
+        if self.path is None:
+            return
+        rate = self.samples_per_s()
+        if self.tty:
+            sys.stdout.write(f"\repoch {pos.epoch} step {pos.step} loss {loss:.4f} {rate:,.0f} samples/s ")
+            sys.stdout.flush()
+        if now - self.last_print >= self.interval:
+            self.last_print = now
+            if not self.tty:
+                print(f"epoch {pos.epoch} step {pos.step} loss {loss:.4f} {rate:,.0f} samples/s "
+                      f"{step_time * 1000:.1f} ms/step", flush=True)
+            self._write({"event": "step", "epoch": pos.epoch, "step": pos.step, "loss": loss,
+                         "samples_per_s": rate, "step_time_s": step_time})
+
+    def samples_per_s(self) -> float:
+        if self.warm_start is None or self.last_step_end <= self.warm_start:
+            return 0.0
+        return self.warm_samples / (self.last_step_end - self.warm_start)
+
+    def epoch(self, pos: "Position", loss: float) -> None:
+        if self.path is None:
+            return
+        if self.tty:
+            sys.stdout.write("\r\033[K")
+        self._write({"event": "epoch", "epoch": pos.epoch, "step": pos.step, "loss": loss,
+                     "samples_per_s": self.samples_per_s()})
+
+    def end(self, pos: "Position") -> None:
+        times = sorted(self.step_times)
+        median = times[len(times) // 2] if times else 0.0
+        self._write({"event": "end", "epoch": pos.epoch, "step": pos.step, "steps_this_process": self.steps,
+                     "samples_per_s": self.samples_per_s(), "median_step_time_s": median,
+                     "seconds": round(time.monotonic() - self.started, 3)})

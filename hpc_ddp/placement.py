@@ -1,0 +1,128 @@
+"""Where a rank runs: its GPU, its CPUs, and its thread count.
+
+GPU rule (`select_device`), for every way Slurm hands out GPUs:
+  - one visible GPU -> `cuda:0`. `--gpus-per-task=1` or `--gpu-bind` leave each task exactly one visible
+    device, which is index 0 in that task, whatever its LOCAL_RANK.
+  - at least LOCAL_WORLD_SIZE visible -> `cuda:<local_rank>` (`--gpus-per-node`, `--gres`: all visible).
+  - none -> `cpu`.
+  - anything else (2 visible, 4 tasks) is a misconfiguration that would stack ranks on one GPU: error.
+CUDA_VISIBLE_DEVICES is never rewritten: Slurm may already have cut it to e.g. "4,5", and replacing it with
+str(local_rank) (submitit's `export(set_cuda_visible_devices=True)`) points at the wrong physical GPU.
+
+CPU rule (`plan_cpus`): the ranks of one node split the CPUs they may use (the affinity mask) evenly and
+disjointly, and each sets torch's intra-op threads to the size of its share. Left alone, every rank starts
+one thread per core of the whole machine, N ranks x all cores, and they fight (2x slower on 2 cores).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hpc_ddp.errors import ClusterConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def select_device(local_rank: int, local_world_size: int, cuda_count: int) -> "torch.device":
+    """The torch device for this rank, from the number of GPUs it can see (see the module docstring)."""
+    import torch
+
+    if cuda_count <= 0:
+        return torch.device("cpu")
+    if cuda_count == 1:
+        return torch.device("cuda", 0)
+    if cuda_count >= local_world_size:
+        return torch.device("cuda", local_rank)
+    raise ClusterConfigError(
+        f"this task sees {cuda_count} GPUs but its node runs {local_world_size} tasks, so ranks would share "
+        f"GPUs (local rank {local_rank} has none of its own). Fix: one task per GPU (--ntasks-per-node equal "
+        "to --gpus-per-node), or --gpus-per-task=1")
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """The CPUs a rank pins itself to and how many intra-op threads it runs."""
+
+    cpus: tuple[int, ...]
+    threads: int
+    reason: str  # shown by doctor and in the start line
+    pin: bool  # False: keep the current mask (user or Slurm already decided)
+
+
+def _slurm_bound(environ: Mapping[str, str]) -> bool:
+    """Did srun already bind each task to its own CPUs (--cpu-bind=cores/map_cpu/mask_cpu...)?"""
+    bind = environ.get("SLURM_CPU_BIND_TYPE", "")
+    return bool(bind) and not bind.startswith("none") and bool(environ.get("SLURM_CPU_BIND_LIST"))
+
+
+def plan_cpus(affinity: Sequence[int], local_rank: int, local_world_size: int,
+              environ: Mapping[str, str]) -> CpuPlan:
+    """Pure rule: which CPUs and how many threads for this rank (nothing is applied here)."""
+    mask = tuple(sorted(affinity))
+    if environ.get("OMP_NUM_THREADS"):
+        try:
+            threads = max(1, int(environ["OMP_NUM_THREADS"]))
+        except ValueError:
+            raise ClusterConfigError(f"OMP_NUM_THREADS={environ['OMP_NUM_THREADS']!r} is not an integer. "
+                                     "Fix: unset it (hpc_ddp sizes threads per rank) or set a number") from None
+        return CpuPlan(mask, threads, "OMP_NUM_THREADS set by the user", pin=False)
+    if _slurm_bound(environ):
+        return CpuPlan(mask, len(mask), f"bound by Slurm ({environ['SLURM_CPU_BIND_TYPE']})", pin=False)
+    if local_world_size <= 1:
+        return CpuPlan(mask, len(mask), "only rank on its node", pin=False)
+    share = len(mask) // local_world_size
+    if share == 0:
+        # More ranks than CPUs: disjoint shares are impossible; give each one CPU round-robin, one thread.
+        cpu = mask[local_rank % len(mask)]
+        return CpuPlan((cpu,), 1, f"{local_world_size} ranks on {len(mask)} CPUs: oversubscribed", pin=True)
+    cpus = mask[local_rank * share:(local_rank + 1) * share]
+    return CpuPlan(cpus, share, f"{len(mask)} CPUs split among {local_world_size} ranks", pin=True)
+
+
+def apply_cpu_plan(plan: CpuPlan) -> None:
+    """Pin this process to `plan.cpus` and size torch's thread pools (side effects, once per process)."""
+    import psutil
+    import torch
+
+    if plan.pin:
+        psutil.Process().cpu_affinity(list(plan.cpus))
+    torch.set_num_threads(plan.threads)
+    try:
+        # Inter-op threads only serve parallel graph branches, which a DDP step doesn't have; one pool per
+        # core per rank is pure oversubscription. Can only be set before any inter-op work started.
+        torch.set_num_interop_threads(max(1, min(plan.threads, 2)))
+    except RuntimeError:
+        pass
+
+
+def current_affinity() -> list[int]:
+    """The CPUs this process may run on (what Slurm, taskset or a container allows)."""
+    import psutil
+
+    try:
+        return list(psutil.Process().cpu_affinity())
+    except (AttributeError, NotImplementedError):  # platforms without affinity (macOS)
+        return list(range(os.cpu_count() or 1))
+
+
+def gpu_uuid(device: "torch.device") -> str:
+    """A physical GPU's identity: two ranks with the same UUID share one GPU, whatever their indices."""
+    import torch
+
+    if device.type != "cuda":
+        return ""
+    props = torch.cuda.get_device_properties(device)
+    return str(getattr(props, "uuid", "")) or f"{props.name}@{props.pci_bus_id if hasattr(props, 'pci_bus_id') else device.index}"
+
+
+def shared_gpus(holdings: Sequence[tuple[int, int, str]]) -> list[tuple[int, list[int], str]]:
+    """Given (rank, node_rank, uuid) for every rank, list (node, ranks, uuid) where ranks share one GPU."""
+    seen: dict[tuple[int, str], list[int]] = {}
+    for rank, node, uuid in holdings:
+        if uuid:
+            seen.setdefault((node, uuid), []).append(rank)
+    return [(node, ranks, uuid) for (node, uuid), ranks in seen.items() if len(ranks) > 1]

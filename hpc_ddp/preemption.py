@@ -1,0 +1,98 @@
+"""Preemption and time limits: signal handlers that only take note, and what to do once all ranks agreed.
+
+Slurm signals each task on its own schedule, and a handler runs between two bytecodes, maybe in the middle of
+a collective. Saving inside the handler (Lightning #21406) deadlocks or tears; requeueing from rank 0 alone
+(submitit #9) leaves the other ranks in an all-reduce. So a handler here only records which signal came. The
+training loop then folds the flags into the all-reduce it does anyway for the loss, so every rank learns at
+the same optimizer step that *some* rank was signalled, and they stop together: save, barrier, then
+
+- SIGUSR1/SIGUSR2 (`--signal=USR2@90` ahead of the time limit, or `scancel --signal=USR2`): requeue the job
+  with `scontrol requeue` while SLURM_RESTART_COUNT < --max-requeue, then exit PREEMPTED.
+- SIGTERM (scancel, Slurm's own preemption, the end of a grace period): save and exit PREEMPTED, never
+  requeue (Slurm's preemption requeues by itself; a user's scancel must stay cancelled).
+
+`install()` runs first thing in the task, before torch is imported: the signal may come seconds after start,
+and the default action of SIGUSR1/2 is to kill the process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGTERM,)
+
+# Index of each flag in the tensor the loop all-reduces every optimizer step (see loop.py).
+REQUEUE, STOP = 0, 1
+
+_received: list[int] = [0, 0]
+_last_signal: list[int] = [0]
+
+
+def _note(signum: int, _frame: object) -> None:
+    # Only record: anything more (I/O, collectives, locks) is unsafe at an arbitrary point of the program.
+    _received[STOP if signum in STOP_SIGNALS else REQUEUE] = 1
+    _last_signal[0] = signum
+
+
+def install() -> None:
+    """Replace the handlers of SIGUSR1, SIGUSR2 and SIGTERM (submitit's included) with `_note`."""
+    for sig in REQUEUE_SIGNALS + STOP_SIGNALS:
+        signal.signal(sig, _note)
+
+
+def ignore_in_worker(_worker_id: int = 0) -> None:
+    """DataLoader worker_init_fn: workers leave signals to their rank (they die with it)."""
+    for sig in REQUEUE_SIGNALS + STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def pending() -> tuple[int, int]:
+    """(requeue_requested, stop_requested) as seen by this rank, as 0/1."""
+    return _received[REQUEUE], _received[STOP]
+
+
+def signal_name() -> str:
+    return signal.Signals(_last_signal[0]).name if _last_signal[0] else "a signal on another rank"
+
+
+@dataclass(frozen=True)
+class Decision:
+    requeue: bool
+    message: str
+
+
+def decide(requeue_votes: float, stop_votes: float, environ: Mapping[str, str], max_requeue: int) -> Decision:
+    """Pure rule for what rank 0 does after the agreed save. Stop (SIGTERM) wins over requeue."""
+    if stop_votes > 0:
+        return Decision(False, "stopped by SIGTERM: checkpoint saved, not requeued")
+    restarts = int(environ.get("SLURM_RESTART_COUNT") or 0)  # unset on a job's first run
+    if restarts >= max_requeue:
+        return Decision(False, f"preempted: checkpoint saved; requeue budget spent ({restarts} of --max-requeue "
+                               f"{max_requeue}), not requeued. Resume with the same command and --folder")
+    return Decision(True, f"preempted: checkpoint saved, requeue {restarts + 1} of {max_requeue}")
+
+
+def requeue_mode(environ: Mapping[str, str], launcher: str) -> str:
+    """'scontrol' inside a real Slurm job with scontrol; else 'exit' (the launcher or batch script requeues)."""
+    if launcher == "slurm" and environ.get("HPC_DDP_LOCAL") != "1" and shutil.which("scontrol"):
+        return "scontrol"
+    return "exit"
+
+
+def scontrol_requeue(job_id: str) -> str | None:
+    """Ask Slurm to requeue the job; returns an error text, or None on success."""
+    try:
+        proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit code {proc.returncode}")
+
+
+def reset_for_tests() -> None:
+    _received[:] = [0, 0]
+    _last_signal[0] = 0

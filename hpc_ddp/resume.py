@@ -1,0 +1,79 @@
+"""Which checkpoint a run starts from, decided by global rank 0 and followed by every rank.
+
+Ranks reading a shared filesystem on their own can disagree (a file visible on one node and not yet on
+another, KempnerForge #49), and then load different states or deadlock. So rank 0 alone looks, and the
+others receive its answer: a path, None (start fresh), or an error message that every rank raises.
+
+`--resume never` and `--resume PATH` apply to a run's first start only. A restarted run (SLURM_RESTART_COUNT
+> 0: a requeue, or the local launcher's restart) always continues from its own latest checkpoint; anything else
+would start over, or go back to a stale file, after every preemption.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp import checkpoint
+from hpc_ddp.config import TrainConfig
+from hpc_ddp.errors import CheckpointError, UsageError
+
+# Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
+MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp")
+
+
+def is_restart(environ: Mapping[str, str]) -> bool:
+    return int(environ.get("SLURM_RESTART_COUNT") or 0) > 0
+
+
+def choose(cfg: TrainConfig, folder: Path, environ: Mapping[str, str],
+           warn: Callable[[str], None]) -> Path | None:
+    """Rank 0: the checkpoint to start from, or None. Raises UsageError/CheckpointError for the user."""
+    mode = "auto" if is_restart(environ) else cfg.resume
+    if mode == "auto":
+        found = checkpoint.find_resumable(folder, warn)
+        if found is None and checkpoint.list_checkpoints(folder):
+            raise CheckpointError(f"no checkpoint in {checkpoint.ckpt_dir(folder)} can be loaded (all are corrupt); "
+                                  "fix: --resume never --overwrite to start over, or --resume PATH")
+        return found[0] if found else None
+    if mode == "never":
+        existing = checkpoint.list_checkpoints(folder)
+        if existing and not cfg.overwrite:
+            raise UsageError(f"--resume never, but {folder} already holds {len(existing)} checkpoint(s). Fix: add "
+                             "--overwrite to delete them, use another --folder, or drop --resume never to continue")
+        if existing:
+            shutil.rmtree(checkpoint.ckpt_dir(folder))
+            (folder / "model.pth").unlink(missing_ok=True)
+        return None
+    path = Path(mode)
+    if not path.is_file():
+        raise UsageError(f"--resume {mode}: no such file. Use auto, never, or the path of a checkpoint")
+    checkpoint.load(path)  # refuses an unreadable or code-running file now, with its name in the message
+    return path
+
+
+def check_compatible(state: dict[str, Any], path: Path, cfg: TrainConfig, world_size: int) -> None:
+    """A checkpoint from another model or an incompatible config fails here with both values shown."""
+    saved = state.get("config", {})
+    diffs = [f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})" for k in MUST_MATCH
+             if k in saved and saved[k] != getattr(cfg, k)]
+    if state.get("world_size") != world_size:
+        diffs.append(f"world size {state.get('world_size')} (now {world_size})")
+    if diffs:
+        raise CheckpointError(f"checkpoint {path} was written with {', '.join(diffs)}; an exact resume needs the "
+                              "same values. Fix: run with the same settings, or start over with --resume never "
+                              "--overwrite (or another --folder)")
+
+
+def load_model_state(model: Any, state: dict[str, Any], path: Path) -> None:
+    """load_state_dict, with a mismatch reported as a CheckpointError naming the keys."""
+    try:
+        result = model.load_state_dict(state["model"], strict=False)
+    except RuntimeError as e:  # same names, other shapes
+        raise CheckpointError(f"checkpoint {path} is for a different model: {str(e).splitlines()[-1].strip()[:300]}. "
+                              "Fix: the same --task, or another --folder") from e
+    if result.missing_keys or result.unexpected_keys:
+        raise CheckpointError(f"checkpoint {path} is for a different model: missing {list(result.missing_keys)[:5]}, "
+                              f"unexpected {list(result.unexpected_keys)[:5]}. Fix: the same --task, or another --folder")

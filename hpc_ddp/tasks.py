@@ -1,0 +1,106 @@
+"""What to train: the `Task` a user provides, the built-in tasks, and `--task module.path:function` loading.
+
+A task is a function `build(config) -> Task`. It runs on every rank with the same config and seed, so every
+rank builds the same model and the same dataset; DDP then broadcasts rank 0's weights anyway, and the
+DistributedSampler gives each rank its own slice of the data.
+
+    # mytasks.py -- run with: python -m hpc_ddp.submit --local --task mytasks:build
+    import torch
+    from hpc_ddp import Task
+
+    def build(config):
+        x = torch.randn(4096, 32)
+        y = x.sum(dim=1, keepdim=True)
+        return Task(model=torch.nn.Linear(32, 1),
+                    dataset=torch.utils.data.TensorDataset(x, y),
+                    loss_fn=torch.nn.functional.mse_loss)
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from hpc_ddp.config import TrainConfig
+from hpc_ddp.errors import UsageError
+
+
+@dataclass
+class Task:
+    """A model, a map-style dataset of (input, target) pairs, a loss, and optionally an optimizer factory."""
+
+    model: nn.Module
+    dataset: Dataset
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
+
+
+def _synthetic_regression(samples: int, features: int, outputs: int, seed: int) -> TensorDataset:
+    """Inputs and noisy linear targets, the same on every rank (seeded), so the loss can really go down."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, features, generator=gen)
+    weight = torch.randn(features, outputs, generator=gen)
+    y = x @ weight + 0.1 * torch.randn(samples, outputs, generator=gen)
+    return TensorDataset(x, y)
+
+
+def linear(config: TrainConfig) -> Task:
+    """The article's example: nn.Linear(10, 1) on 1000 synthetic samples, MSE, SGD."""
+    return Task(model=nn.Linear(10, 1), dataset=_synthetic_regression(1000, 10, 1, config.seed),
+                loss_fn=nn.functional.mse_loss)
+
+
+def mlp(config: TrainConfig) -> Task:
+    """About 4.2 M parameters: big enough that the gradient all-reduce is a real part of each step."""
+    width = 1024
+    model = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                          nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                          nn.Linear(width, 16))
+    return Task(model=model, dataset=_synthetic_regression(8192, 256, 16, config.seed),
+                loss_fn=nn.functional.mse_loss)
+
+
+BUILTINS: dict[str, Callable[[TrainConfig], Task]] = {"linear": linear, "mlp": mlp}
+
+
+def resolve(spec: str) -> Callable[[TrainConfig], Task]:
+    """The builder named by `--task`: a built-in name or `module.path:function` (raises UsageError)."""
+    if spec in BUILTINS:
+        return BUILTINS[spec]
+    module_name, _, func_name = spec.partition(":")
+    if not module_name or not func_name:
+        raise UsageError(f"--task {spec!r}: expected a built-in ({', '.join(BUILTINS)}) or module.path:function")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `python -m` puts the cwd first; console scripts don't
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise UsageError(f"--task {spec!r}: module {module_name!r} not found in {os.getcwd()} or PYTHONPATH. "
+                             "Fix: run from the folder that holds it, or add that folder to PYTHONPATH") from e
+        raise
+    builder = getattr(module, func_name, None)
+    if not callable(builder):
+        raise UsageError(f"--task {spec!r}: {module_name} has no function {func_name!r}")
+    return builder
+
+
+def build(config: TrainConfig) -> Task:
+    """Resolve and call the task builder, checking that it returned a usable Task."""
+    task = resolve(config.task)(config)
+    if not isinstance(task, Task):
+        raise UsageError(f"--task {config.task}: the function returned {type(task).__name__}, expected hpc_ddp.Task")
+    if not isinstance(task.model, nn.Module):
+        raise UsageError(f"--task {config.task}: Task.model is {type(task.model).__name__}, expected an nn.Module")
+    if not hasattr(task.dataset, "__len__") or not hasattr(task.dataset, "__getitem__"):
+        raise UsageError(f"--task {config.task}: Task.dataset must be a map-style Dataset (with __len__ and "
+                         "__getitem__), so the DistributedSampler can split it across ranks")
+    return task

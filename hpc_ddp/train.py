@@ -1,0 +1,182 @@
+"""One training task: `python -m hpc_ddp.train [training options]`.
+
+Runs the same way under `srun` (one task per GPU), under torchrun, under `submit --local`, or alone:
+
+    srun python -m hpc_ddp.train --epochs 10 --folder /shared/runs/exp1
+    torchrun --nproc-per-node 4 -m hpc_ddp.train --folder runs/exp1
+    python -m hpc_ddp.train                     # a single process
+
+Order matters: signal handlers first (a preemption signal can come before torch is even imported), then the
+cheap checks (flags, environment), then torch, placement, the process group, and training.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from hpc_ddp import exitcodes, preemption
+from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp.errors import UsageError, run_main
+
+PROG = "python -m hpc_ddp.train"
+
+
+def default_folder(job_id: str | None) -> str:
+    """runs/<job id>: every task of a job, and the job after a requeue, land in the same folder."""
+    return os.path.join("runs", job_id or f"single-{os.getpid()}")
+
+
+def prepare_folder(folder: Path) -> None:
+    """Create the run folder and prove it is writable (rank 0, before anyone depends on it)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"run folder {folder} is not writable ({e.strerror or e}). Fix: --folder a directory on "
+                         "shared storage that you can write") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    preemption.install()
+    parser = build_parser(PROG, __doc__ or "")
+    add_train_arguments(parser)
+    cfg = from_namespace(parser.parse_args(argv))
+    return run(cfg, os.environ)
+
+
+def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
+    """Detect, place, join, train, save; returns the exit code (exitcodes.OK or PREEMPTED)."""
+    from hpc_ddp import cluster
+
+    env = cluster.detect(environ)
+    folder = Path(cfg.folder or default_folder(env.job_id))
+    cfg = cfg.with_folder(str(folder))
+
+    import torch
+
+    from hpc_ddp import placement
+    from hpc_ddp.log import RankLog
+    from hpc_ddp.process_group import process_group
+
+    log = RankLog(env.rank)
+    os.environ.update(env.torch_env())  # what user code and libraries expect from torchrun
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic cuBLAS
+    device = placement.select_device(env.local_rank, env.local_world_size, torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    plan = placement.plan_cpus(placement.current_affinity(), env.local_rank, env.local_world_size, environ)
+    placement.apply_cpu_plan(plan)
+    if env.is_main:
+        for override in env.overrides:
+            log.info(f"using {override} from the environment")
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if environ.get(var):
+                log.info(f"using {var}={environ[var]} from the environment")
+    with process_group(env, device, cfg.backend or None, cfg.timeout_s) as backend:
+        log.info(f"Process {env.rank} initialized on {socket.gethostname()} (node {env.node_rank}, "
+                 f"local rank {env.local_rank}, {device}, {backend}, {plan.threads} threads; "
+                 f"world size {env.world_size})")
+        code = _train(cfg, env, device, folder, log, environ)
+    log.info("Process group destroyed")
+    return code
+
+
+def _rank0(env: "cluster.DistEnv", fn):  # type: ignore[name-defined]  # noqa: F821
+    """Run `fn` on rank 0 only and give every rank its result; an error on rank 0 is raised on every rank."""
+    import torch.distributed as dist
+
+    box: list[object] = [None]
+    if env.is_main:
+        try:
+            box[0] = ("ok", fn())
+        except UsageError as e:
+            box[0] = ("error", e)
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]  # type: ignore[misc]
+    if kind == "error":
+        raise value  # type: ignore[misc]
+    return value
+
+
+def _check_gpus(env, device, log) -> None:  # type: ignore[no-untyped-def]
+    """Fail fast if two ranks of one node hold the same physical GPU (wrong binding, duplicate indices)."""
+    import torch.distributed as dist
+
+    from hpc_ddp import placement
+
+    mine = (env.rank, env.node_rank, placement.gpu_uuid(device))
+    everyone: list[object] = [None] * env.world_size
+    dist.all_gather_object(everyone, mine)
+    clashes = placement.shared_gpus(everyone)  # type: ignore[arg-type]
+    if clashes:
+        node, ranks, uuid = clashes[0]
+        raise UsageError(f"ranks {ranks} on node {node} share one GPU ({uuid}). Each rank needs its own GPU: check "
+                         "--gpus-per-node vs --ntasks-per-node, and CUDA_VISIBLE_DEVICES / --gpu-bind")
+
+
+def _train(cfg: TrainConfig, env, device, folder: Path, log, environ: Mapping[str, str]) -> int:  # type: ignore[no-untyped-def]
+    import torch
+    import torch.distributed as dist
+
+    from hpc_ddp import checkpoint, resume, runinfo, tasks
+    from hpc_ddp.loop import Trainer
+
+    if device.type == "cuda":
+        _check_gpus(env, device, log)
+    _rank0(env, lambda: prepare_folder(folder))
+    if env.is_main:
+        runinfo.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
+    start = _rank0(env, lambda: resume.choose(cfg, folder, environ, log.warn))
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    trainer = Trainer(cfg, env, device, tasks.build(cfg), folder, log)
+    if start is not None:
+        trainer.restore(checkpoint.load(start), start)
+        log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
+    outcome = trainer.run()
+    trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
+    trainer.metrics.end(trainer.pos)
+    if outcome.finished:
+        if env.is_main:
+            model_path = folder / "model.pth"
+            checkpoint.atomic_save(checkpoint.to_cpu(trainer.model.state_dict()), model_path)
+            log.info(f"Model saved by rank 0 to {model_path}")
+        dist.barrier()
+        return exitcodes.OK
+    return _preempted(cfg, env, folder, log, environ, outcome)
+
+
+def _preempted(cfg, env, folder: Path, log, environ, outcome) -> int:  # type: ignore[no-untyped-def]
+    """After the agreed save: every rank is past it (barrier), then rank 0 requeues or reports."""
+    import json
+
+    import torch.distributed as dist
+
+    from hpc_ddp import checkpoint
+
+    dist.barrier()  # a requeue makes Slurm SIGTERM every task: all must be past the save first
+    if env.is_main:
+        decision = preemption.decide(outcome.requeue_votes, outcome.stop_votes, environ, cfg.max_requeue)
+        mode = preemption.requeue_mode(environ, env.launcher)
+        # The launcher (local run) or a batch script reads this to decide whether to start the job again.
+        record = {"requeue": decision.requeue, "signal": preemption.signal_name(), "mode": mode}
+        checkpoint.atomic_write_bytes(folder / "preempted.json", (json.dumps(record) + "\n").encode())
+        log.info(f"{preemption.signal_name()}: {decision.message}")
+        if decision.requeue and mode == "scontrol" and env.job_id:
+            error = preemption.scontrol_requeue(env.job_id)
+            log.info(f"requeued job {env.job_id}" if error is None else
+                     f"scontrol requeue {env.job_id} failed: {error}; exiting {exitcodes.PREEMPTED} instead")
+    return exitcodes.PREEMPTED
+
+
+if __name__ == "__main__":
+    run_main(PROG, main)
