@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Set up the software environment for hpc_ddp: a virtual environment with torch, submitit, psutil and the kit.
+#
+#   bash env/setup.sh            # .venv in the repository root
+#   bash env/setup.sh --test     # also the test tools
+#   HPC_DDP_VENV=/path bash env/setup.sh
+#
+# torch: if the Python that creates the venv already has torch (a cluster's module or CUDA build), the venv
+# sees it through --system-site-packages and nothing is reinstalled. Otherwise, on a machine without an
+# NVIDIA GPU, the CPU wheel torch==$HPC_DDP_TORCH is installed first; a GPU machine gets pip's default build.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${HPC_DDP_VENV:-$root/.venv}
+python=${PYTHON:-python3}
+torch_version=${HPC_DDP_TORCH:-2.13.0}
+with_test=0
+for arg in "$@"; do
+  case $arg in
+    --test) with_test=1 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "env/setup.sh: error: unknown option $arg (use --test or --help)" >&2; exit 2 ;;
+  esac
+done
+
+if ! command -v "$python" >/dev/null; then
+  echo "env/setup.sh: error: $python not found. Fix: install Python >= 3.10 or set PYTHON=/path/to/python3" >&2
+  exit 2
+fi
+if [ ! -x "$venv/bin/python" ]; then
+  if "$python" -c 'import torch' 2>/dev/null; then
+    echo "[setup] $python already has torch $("$python" -c 'import torch; print(torch.__version__)'): reusing it"
+    "$python" -m venv --system-site-packages "$venv"
+  else
+    "$python" -m venv "$venv"
+  fi
+fi
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    echo "[setup] NVIDIA GPU found: installing torch (CUDA build)"
+    "${pip[@]}" torch
+  else
+    echo "[setup] no GPU: installing the CPU build torch==$torch_version"
+    "${pip[@]}" "torch==$torch_version"
+  fi
+fi
+"${pip[@]}" -r "$root/env/requirements.txt"
+if [ "$with_test" = 1 ]; then
+  "${pip[@]}" -r "$root/env/requirements-test.txt"
+fi
+# --no-deps: the dependencies are installed above, pinned; this never touches the torch already there.
+"${pip[@]}" --no-deps -e "$root"
+echo "[setup] ready: $venv ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up, start the local Slurm cluster, and run the whole test suite. Extra arguments go to pytest.
+#
+#   bash env/test.sh                 # everything (needs root for the local Slurm cluster)
+#   HPC_DDP_NO_SLURM=1 bash env/test.sh   # without the Slurm cluster: its tests are skipped, not passed
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+bash env/setup.sh --test
+if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
+  bash env/slurm/cluster.sh start
+  export HPC_DDP_REQUIRE_SLURM=1  # a Slurm test that cannot reach the cluster fails instead of skipping
+fi
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,52 @@
+"""Shared fixtures: a clean environment, subprocess runners, and the real local Slurm cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+CLUSTER = ROOT / "env" / "slurm" / "cluster.sh"
+
+
+def clean_environ(**extra: str) -> dict[str, str]:
+    """os.environ without launcher variables (the test runner itself may run inside a Slurm job)."""
+    dropped = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in dropped}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
+    env.update(extra)
+    return env
+
+
+def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float = 180,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m module args` in a clean environment; output captured as text."""
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env or clean_environ(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def environ_clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith("SLURM_") or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> str:
+    """The real local Slurm cluster (env/slurm/cluster.sh), started by env/test.sh; its partition name."""
+    required = os.environ.get("HPC_DDP_REQUIRE_SLURM") == "1"
+    ok = shutil.which("sbatch") is not None and subprocess.run(
+        ["bash", str(CLUSTER), "status"], capture_output=True, text=True).returncode == 0
+    if not ok:
+        if required:
+            pytest.fail("the local Slurm cluster is not running: `bash env/slurm/cluster.sh start` (see its log)")
+        pytest.skip("no local Slurm cluster (start it with `bash env/slurm/cluster.sh start`)")
+    return "debug"
