@@ -34,8 +34,6 @@ from hpc_ddp import cluster, exitcodes
 
 GRACE_S = 3.0  # after a failure, survivors get SIGTERM, then SIGKILL after this long
 TAIL_LINES = 15
-# Lines of ranks other than 0 shown on the console (all lines go to the per-rank log files).
-_CONSOLE_MARKS = (" initialized on ", "Process group destroyed", "error", "Error", "warning", "Traceback")
 
 
 @dataclass(frozen=True)
@@ -123,6 +121,8 @@ class _Rank:
         self.reader.start()
 
     def _pump(self, console: TextIO, show_all: bool) -> None:
+        # The console shows rank 0's lines and the other ranks' own messages (start, end, warnings: the
+        # lines hpc_ddp.log prefixes); everything, C++ warnings and tracebacks included, goes to the log file.
         prefix = "" if self.rank == 0 else f"[rank {self.rank}] "
         assert self.proc.stdout is not None
         with open(self.log_path, "a", encoding="utf-8") as log:
@@ -131,8 +131,8 @@ class _Rank:
                 log.write(line + "\n")
                 log.flush()
                 self.tail.append(line)
-                if self.rank == 0 or show_all or any(mark in line for mark in _CONSOLE_MARKS):
-                    shown = line if line.startswith("[rank ") else prefix + line
+                if self.rank == 0 or show_all or line.startswith(prefix):
+                    shown = line if line.startswith(prefix) else prefix + line
                     console.write(shown + "\n")
                     console.flush()
 

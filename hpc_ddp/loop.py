@@ -62,7 +62,7 @@ class _SkipSampler(Sampler[int]):
         return len(self.base) - self.skip
 
 
-def _ordered_mean_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _ordered_mean_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
     """--deterministic: all-gather each bucket and sum in rank order, so the result doesn't depend on how
     DDP laid out its buckets. DDP rebuilds buckets after a process's first backward; a resumed process would
     otherwise sum its first step in a different grouping than the uninterrupted run did."""
@@ -106,7 +106,7 @@ class Trainer:
         self.loader_gen = torch.Generator()
         self.loader = DataLoader(task.dataset, batch_size=cfg.batch_size, sampler=self.skip, drop_last=True,
                                  num_workers=workers, pin_memory=device.type == "cuda",
-                                 worker_init_fn=preemption.ignore_in_worker if workers else None,
+                                 worker_init_fn=preemption.ignore if workers else None,
                                  generator=self.loader_gen)
         self.batches_per_epoch = len(self.sampler) // cfg.batch_size
         if self.batches_per_epoch == 0:

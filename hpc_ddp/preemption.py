@@ -45,8 +45,10 @@ def install() -> None:
         signal.signal(sig, _note)
 
 
-def ignore_in_worker(_worker_id: int = 0) -> None:
-    """DataLoader worker_init_fn: workers leave signals to their rank (they die with it)."""
+def ignore(_worker_id: int = 0) -> None:
+    """Ignore the preemption signals: in DataLoader workers (their rank handles them, and they die with it),
+    and in a task whose training is over (Python restores the default, fatal, handlers while it shuts down,
+    so a late USR2 would turn a finished run into a killed one)."""
     for sig in REQUEUE_SIGNALS + STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(PROG, __doc__ or "")
     add_train_arguments(parser)
     cfg = from_namespace(parser.parse_args(argv))
-    return run(cfg, os.environ)
+    code = run(cfg, os.environ)
+    preemption.ignore()  # done: the checkpoint and model are written; nothing left for a signal to save
+    return code
 
 
 def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
@@ -121,6 +123,24 @@ def _check_gpus(env, device, log) -> None:  # type: ignore[no-untyped-def]
                          "--gpus-per-node vs --ntasks-per-node, and CUDA_VISIBLE_DEVICES / --gpu-bind")
 
 
+def _check_in_sync(model, env, log) -> None:  # type: ignore[no-untyped-def]
+    """DDP keeps replicas equal only if every rank applies the same update; prove it once at the end.
+    Bitwise-equal parameters give bitwise-equal float64 sums, so two numbers per rank are enough."""
+    import torch
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        flat = [p.detach().double() for p in model.parameters()]
+        mine = (sum(float(t.sum()) for t in flat), sum(float((t * t).sum()) for t in flat))
+    everyone: list[object] = [None] * env.world_size
+    dist.all_gather_object(everyone, mine)
+    differing = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
+    if differing and env.is_main:
+        log.warn(f"parameters differ between rank 0 and ranks {differing} at the end of training")
+    elif not differing:
+        log.main(f"Parameters identical on all {env.world_size} ranks")
+
+
 def _train(cfg: TrainConfig, env, device, folder: Path, log, environ: Mapping[str, str]) -> int:  # type: ignore[no-untyped-def]
     import torch
     import torch.distributed as dist
@@ -146,6 +166,7 @@ def _train(cfg: TrainConfig, env, device, folder: Path, log, environ: Mapping[st
     trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
     trainer.metrics.end(trainer.pos)
     if outcome.finished:
+        _check_in_sync(trainer.model, env, log)
         if env.is_main:
             model_path = folder / "model.pth"
             checkpoint.atomic_save(checkpoint.to_cpu(trainer.model.state_dict()), model_path)

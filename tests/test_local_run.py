@@ -1,0 +1,96 @@
+"""End-to-end: the local launcher really trains, supervises, and passes signals (real gloo, 4 processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from conftest import clean_environ
+
+pytestmark = pytest.mark.slow
+
+
+def start(folder: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(folder), *args]
+    return subprocess.Popen(cmd, env=clean_environ(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def read_until(proc: subprocess.Popen[str], needle: str, timeout: float = 120) -> list[str]:
+    """Lines of the launcher's console up to the first one containing `needle`."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip("\n"))
+        if needle in line:
+            return lines
+    raise AssertionError(f"{needle!r} never appeared; output:\n" + "\n".join(lines))
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def test_2x2_local_run_trains_with_the_article_output(tmp_path: Path) -> None:
+    proc = start(tmp_path, "--epochs", "3")
+    code, out = finish(proc)
+    assert code == 0, out
+    for rank in range(4):
+        assert f"Process {rank} initialized" in out
+    assert out.count("Process group destroyed") == 4
+    losses = [float(line.split("Loss:")[1]) for line in out.splitlines() if line.startswith("Epoch ")]
+    assert [line.split(",")[0] for line in out.splitlines() if line.startswith("Epoch ")] == \
+        ["Epoch 0", "Epoch 1", "Epoch 2"]
+    assert losses[-1] < losses[0]
+    assert "Parameters identical on all 4 ranks" in out
+    assert f"Model saved by rank 0 to {tmp_path / 'model.pth'}" in out
+    assert list(tmp_path.rglob("model.pth")) == [tmp_path / "model.pth"]
+    bare = torch.nn.Linear(10, 1)
+    bare.load_state_dict(torch.load(tmp_path / "model.pth", weights_only=True))  # no "module." prefix
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [f"rank{r}.log" for r in range(4)]
+    # Each rank's derivation: 2 emulated nodes x 2 local ranks.
+    assert "(node 1, local rank 1, cpu, gloo" in (tmp_path / "logs" / "rank3.log").read_text()
+
+
+def test_sigkill_of_one_rank_stops_everything_within_seconds(tmp_path: Path) -> None:
+    proc = start(tmp_path, "--task", "slow_tasks:slow", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05")
+    read_until(proc, "Epoch 0,")
+    children = psutil.Process(proc.pid).children()
+    assert len(children) == 4
+    by_rank = {int(c.environ()["SLURM_PROCID"]): c for c in children}
+    by_rank[2].send_signal(signal.SIGKILL)
+    code, out = finish(proc, timeout=30)  # a hang here fails the test
+    assert code == 1, out
+    assert "rank 2 (node 1" in out and "was killed by SIGKILL" in out
+    for child in children:
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_rank_that_raises_fails_the_run_and_shows_its_error(tmp_path: Path) -> None:
+    code, out = finish(start(tmp_path, "--task", "slow_tasks:crash"), timeout=120)
+    assert code == 1
+    assert "rank 1 (node 0" in out and "exited with code 1" in out
+    assert "boom from rank 1" in out
+
+
+def test_killing_the_launcher_leaves_no_process(tmp_path: Path) -> None:
+    proc = start(tmp_path, "--task", "slow_tasks:slow", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05")
+    read_until(proc, "Epoch 0,")
+    children = psutil.Process(proc.pid).children()
+    proc.kill()  # SIGKILL: no cleanup code runs in the launcher
+    proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive
