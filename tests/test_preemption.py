@@ -1,0 +1,100 @@
+"""Preemption of a real 2 x 2 local run: an agreed save, a restart, and a bitwise-equal end.
+
+Each run uses tests/slow_tasks.py:slow (dropout, momentum, a short sleep per step) with --deterministic, so the
+interrupted-and-resumed run must reproduce model, optimizer state and data order exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from hpc_ddp import checkpoint, exitcodes
+from test_local_run import finish, read_until, start
+
+pytestmark = pytest.mark.slow
+
+ARGS = ("--task", "slow_tasks:slow", "--epochs", "3", "--batch-size", "8", "--deterministic", "--lr", "0.005")
+SLOW = {"SLOW_TASK_SLEEP_S": "0.03"}
+STEPS_PER_EPOCH = 512 // 4 // 8  # slow_tasks' 512 samples over 4 ranks, batch 8
+
+
+def final_state(folder: Path) -> tuple[dict, dict]:
+    model = torch.load(folder / "model.pth", weights_only=True)
+    last = checkpoint.load(checkpoint.list_checkpoints(folder)[0])
+    return model, last
+
+
+def assert_bitwise_equal(a: Path, b: Path) -> None:
+    (model_a, ckpt_a), (model_b, ckpt_b) = final_state(a), final_state(b)
+    assert model_a.keys() == model_b.keys()
+    assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
+    state_a, state_b = ckpt_a["optimizer"]["state"], ckpt_b["optimizer"]["state"]
+    assert state_a.keys() == state_b.keys() and state_a
+    assert all(torch.equal(state_a[k]["momentum_buffer"], state_b[k]["momentum_buffer"]) for k in state_a)
+    assert ckpt_a["position"] == ckpt_b["position"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    code, out = finish(start(folder, *ARGS, **SLOW))
+    assert code == 0, out
+    return folder
+
+
+def test_usr2_to_the_launcher_saves_restarts_and_ends_bitwise_equal(tmp_path: Path, uninterrupted: Path) -> None:
+    proc = start(tmp_path, *ARGS, **SLOW)
+    read_until(proc, "Epoch 0,")
+    proc.send_signal(signal.SIGUSR2)
+    code, out = finish(proc)
+    assert code == 0, out
+    assert "SIGUSR2: preempted: checkpoint saved, requeue 1 of 3" in out
+    assert "[launcher] preempted: restarting all ranks (1 of --max-requeue 3)" in out
+    assert "Resuming from " in out and "at epoch 1, step " in out
+    step = int(out.split("at epoch 1, step ")[1].split()[0])
+    assert step % STEPS_PER_EPOCH != 0, "the signal should land mid-epoch"  # exercised: mid-epoch resume
+    assert_bitwise_equal(tmp_path, uninterrupted)
+
+
+def test_usr2_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path: Path, uninterrupted: Path) -> None:
+    proc = start(tmp_path, *ARGS, **SLOW)
+    read_until(proc, "Epoch 0,")
+    rank3 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "3")
+    rank3.send_signal(signal.SIGUSR2)
+    code, out = finish(proc)
+    assert code == 0, out
+    assert "Resuming from " in out
+    assert_bitwise_equal(tmp_path, uninterrupted)
+
+
+def test_sigterm_saves_and_does_not_restart_then_the_same_command_resumes(tmp_path: Path,
+                                                                         uninterrupted: Path) -> None:
+    proc = start(tmp_path, *ARGS, **SLOW)
+    read_until(proc, "Epoch 0,")
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc)
+    assert code == exitcodes.PREEMPTED, out
+    assert "stopped by SIGTERM: checkpoint saved, not requeued" in out
+    assert "restarting" not in out
+    assert json.loads((tmp_path / "preempted.json").read_text())["requeue"] is False
+    code, out = finish(start(tmp_path, *ARGS, **SLOW))
+    assert code == 0, out
+    assert "Resuming from " in out
+    assert_bitwise_equal(tmp_path, uninterrupted)
+
+
+def test_max_requeue_0_ends_cleanly_with_the_checkpoint(tmp_path: Path) -> None:
+    proc = start(tmp_path, *ARGS, "--max-requeue", "0", **SLOW)
+    read_until(proc, "Epoch 0,")
+    proc.send_signal(signal.SIGUSR1)
+    code, out = finish(proc)
+    assert code == exitcodes.PREEMPTED, out
+    assert "requeue budget spent (0 of --max-requeue 0), not requeued" in out
+    latest = checkpoint.read_latest(tmp_path)
+    assert latest is not None and checkpoint.load(latest)["position"]["epoch"] >= 1
