@@ -1,0 +1,159 @@
+"""Checkpoints: round trip, atomicity under SIGKILL, fallback from a corrupt latest, code-running pickles."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from conftest import clean_environ
+from hpc_ddp import checkpoint, resume
+from hpc_ddp.config import TrainConfig
+from hpc_ddp.errors import CheckpointError, UsageError
+from hpc_ddp.loop import _SkipSampler
+
+
+def sample_state(step: int) -> dict:
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": None,
+            "position": {"epoch": 1, "batch": 5, "step": step, "loss_sum": 1.5, "loss_count": 3.0},
+            "rng": [{"cpu": torch.get_rng_state(), "python": [3, list(range(625)), None]}],
+            "world_size": 1, "config": TrainConfig().as_dict(), "version": "test"}
+
+
+def test_round_trip_keeps_model_optimizer_rng_and_position(tmp_path: Path) -> None:
+    state = sample_state(7)
+    path, nbytes = checkpoint.commit(tmp_path, state, step=7, keep=3)
+    assert nbytes == path.stat().st_size
+    assert checkpoint.read_latest(tmp_path) == path
+    loaded = checkpoint.load(path)  # weights_only=True
+    assert loaded["position"] == state["position"]
+    assert torch.equal(loaded["rng"][0]["cpu"], state["rng"][0]["cpu"])
+    assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
+    momentum = loaded["optimizer"]["state"][0]["momentum_buffer"]
+    assert torch.equal(momentum, state["optimizer"]["state"][0]["momentum_buffer"])
+
+
+def test_keep_rotates_and_latest_points_at_the_newest(tmp_path: Path) -> None:
+    for step in (1, 2, 3, 4):
+        checkpoint.commit(tmp_path, sample_state(step), step=step, keep=2)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-00000004.pt", "ckpt-00000003.pt"]
+    assert checkpoint.read_latest(tmp_path).name == "ckpt-00000004.pt"
+
+
+def test_corrupt_latest_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
+    newest, _ = checkpoint.commit(tmp_path, sample_state(2), step=2, keep=3)
+    newest.write_bytes(newest.read_bytes()[:100])  # torn by something outside our control
+    warnings: list[str] = []
+    found = checkpoint.find_resumable(tmp_path, warnings.append)
+    assert found is not None and found[0].name == "ckpt-00000001.pt"
+    assert "ckpt-00000002.pt cannot be loaded safely" in warnings[0]
+
+
+class _RunsCode:
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, ("touch pwned",))
+
+
+def test_a_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {}, "payload": _RunsCode()}, evil)
+    with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+        checkpoint.load(evil)
+    assert not (Path.cwd() / "pwned").exists() and not (tmp_path / "pwned").exists()
+
+
+_WRITER = """
+import sys, torch
+from hpc_ddp import checkpoint
+folder = sys.argv[1]
+checkpoint.commit(folder, {"model": {"w": torch.ones(3)}}, step=1, keep=5)
+print("first", flush=True)
+big = {"model": {"w": torch.randn(64 * 1024 * 1024)}}  # 256 MB: the kill lands mid-write
+for step in range(2, 100):
+    checkpoint.commit(folder, big, step=step, keep=5)
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], env=clean_environ(),
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "first"
+    directory = checkpoint.ckpt_dir(tmp_path)
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".ckpt-") for p in directory.iterdir()):  # a write is in progress
+        assert time.monotonic() < deadline, "the writer never started a big save"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert any(".tmp-" in p.name for p in directory.iterdir()), "the kill should land mid-write"
+    listed = checkpoint.list_checkpoints(tmp_path)
+    assert listed, "the first checkpoint must survive"
+    for path in listed:  # every promoted file is complete: temporary files are never listed or pointed at
+        checkpoint.load(path)
+    latest = checkpoint.read_latest(tmp_path)
+    assert latest is not None and latest in listed
+    found = checkpoint.find_resumable(tmp_path, pytest.fail)
+    assert found is not None
+
+
+def test_async_writer_reports_errors_on_the_training_thread(tmp_path: Path) -> None:
+    writer = checkpoint.AsyncWriter()
+
+    def failing() -> tuple[Path, int]:
+        raise OSError("disk full")
+
+    writer.submit(failing)
+    with pytest.raises(OSError, match="disk full"):
+        writer.wait()
+
+
+def test_set_epoch_changes_the_order_and_a_restart_reproduces_it() -> None:
+    data = TensorDataset(torch.arange(64.0))
+
+    def order(epoch: int, skip: int = 0) -> list[int]:
+        sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3, drop_last=True)
+        sampler.set_epoch(epoch)
+        skipping = _SkipSampler(sampler)
+        skipping.skip = skip
+        return list(skipping)
+
+    assert order(0) != order(1)
+    assert order(1) == order(1)  # a new process (restart) gets the same order for the same epoch
+    assert order(1, skip=8) == order(1)[8:]  # mid-epoch resume continues exactly where it stopped
+
+
+def test_resume_never_refuses_existing_checkpoints_unless_overwrite(tmp_path: Path) -> None:
+    checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
+    with pytest.raises(UsageError, match="--resume never, but .* already holds 1 checkpoint"):
+        resume.choose(TrainConfig(resume="never"), tmp_path, {}, print)
+    assert resume.choose(TrainConfig(resume="never", overwrite=True), tmp_path, {}, print) is None
+    assert checkpoint.list_checkpoints(tmp_path) == []
+
+
+def test_a_restart_always_resumes_its_own_latest(tmp_path: Path) -> None:
+    path, _ = checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
+    restarted = {"SLURM_RESTART_COUNT": "1"}
+    assert resume.choose(TrainConfig(resume="never"), tmp_path, restarted, print) == path
+    assert resume.choose(TrainConfig(resume="/elsewhere.pt"), tmp_path, restarted, print) == path
+
+
+def test_incompatible_checkpoint_names_the_difference(tmp_path: Path) -> None:
+    state = sample_state(1)
+    with pytest.raises(CheckpointError, match=r"--batch-size 32 \(now 64\).*world size 1 \(now 4\)"):
+        resume.check_compatible(state, tmp_path / "x.pt", TrainConfig(batch_size=64), world_size=4)
+    with pytest.raises(CheckpointError, match="is for a different model"):
+        resume.load_model_state(torch.nn.Linear(5, 2), state, tmp_path / "x.pt")
