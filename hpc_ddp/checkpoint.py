@@ -94,6 +94,16 @@ def list_checkpoints(folder: str | os.PathLike[str]) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> int:
+    """Delete temporary files a killed writer left behind (called by rank 0 at start, before any new save)."""
+    directory = ckpt_dir(folder)
+    stale = [p for p in directory.iterdir() if p.name.startswith(".") and ".tmp-" in p.name] \
+        if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
+
+
 def read_latest(folder: str | os.PathLike[str]) -> Path | None:
     """The file `latest` points to, if the pointer exists and names an existing file."""
     pointer = ckpt_dir(folder) / LATEST

@@ -153,6 +153,7 @@ def _train(cfg: TrainConfig, env, device, folder: Path, log, environ: Mapping[st
     _rank0(env, lambda: prepare_folder(folder))
     if env.is_main:
         runinfo.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
+        checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
     start = _rank0(env, lambda: resume.choose(cfg, folder, environ, log.warn))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     if cfg.deterministic:
@@ -196,6 +197,9 @@ def _preempted(cfg, env, folder: Path, log, environ, outcome) -> int:  # type: i
             error = preemption.scontrol_requeue(env.job_id)
             log.info(f"requeued job {env.job_id}" if error is None else
                      f"scontrol requeue {env.job_id} failed: {error}; exiting {exitcodes.PREEMPTED} instead")
+    # Nobody exits before rank 0 has requeued: under `srun --kill-on-bad-exit=1` the first task to exit
+    # PREEMPTED (non-zero) gets the whole step killed, rank 0 included, maybe before its scontrol call.
+    dist.barrier()
     return exitcodes.PREEMPTED
 
 

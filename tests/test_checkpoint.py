@@ -108,6 +108,8 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path
     assert latest is not None and latest in listed
     found = checkpoint.find_resumable(tmp_path, pytest.fail)
     assert found is not None
+    assert checkpoint.remove_stale_temporaries(tmp_path) >= 1
+    assert not any(".tmp-" in p.name for p in directory.iterdir())
 
 
 def test_async_writer_reports_errors_on_the_training_thread(tmp_path: Path) -> None:
