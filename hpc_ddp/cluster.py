@@ -16,14 +16,15 @@ the allocation, or place an uneven number of tasks per node, and only the step v
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from hpc_ddp import hostlist
 from hpc_ddp.errors import ClusterConfigError
 
 Launcher = Literal["torchrun", "slurm", "single"]
+T = TypeVar("T")
 
 # Ports are derived as PORT_BASE + job_id % PORT_SPAN: unprivileged (>= 1024) and below Linux's ephemeral
 # floor (32768, net.ipv4.ip_local_port_range), so an outgoing connection never sits on our port. Two jobs
@@ -31,13 +32,17 @@ Launcher = Literal["torchrun", "slurm", "single"]
 PORT_BASE = 10000
 PORT_SPAN = 32768 - PORT_BASE
 
-# Slurm variable names, as data. The first name that is set wins: step-level before job-level.
+# Slurm variable names, as data. The first name that is set wins: step-level before job-level. Measured inside
+# `srun -N1 -n1 -w node2` in a `-N2` allocation (tests/data/slurm_env/step_node2_1x1.json): SLURM_NODEID=0
+# (relative to the step, so the step's first node is node 0), SLURM_NNODES=1 and SLURM_NTASKS=1 (srun rewrites
+# them for the step), but SLURM_JOB_NUM_NODES=2 and SLURM_NODELIST=SLURM_JOB_NODELIST=node[1-2] (the job's).
+# So SLURM_NNODES must come before SLURM_JOB_NUM_NODES, and only SLURM_STEP_NODELIST names the step's hosts.
 SLURM_VARS: dict[str, tuple[str, ...]] = {
     "rank": ("SLURM_PROCID",),
     "local_rank": ("SLURM_LOCALID",),
     "node_rank": ("SLURM_NODEID",),
-    "world_size": ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
-    "num_nodes": ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+    "world_size": ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
+    "num_nodes": ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
     "nodelist": ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"),
     "tasks_per_node": ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
     "job_id": ("SLURM_JOB_ID", "SLURM_JOBID"),
@@ -92,10 +97,24 @@ class DistEnv:
 
 
 def port_for_job(job_id: str) -> int:
-    """The rendezvous port every rank derives from the job id alone, without talking to the others."""
-    head = job_id.split("_")[0].split("+")[0]  # array "123_4" and het-job "123+0" forms
-    number = int(head) if head.isdigit() else zlib.crc32(job_id.encode())
+    """The rendezvous port every rank derives from the job id alone, without talking to the others.
+
+    Het-job components ("123+0", "123+1") are one job and one world: they share the port of 123. Array
+    tasks ("123_4", "123_5") are separate jobs that may land on the same node: they get 123+4, 123+5.
+    Anything else that is not a plain decimal id is hashed.
+    """
+    head = job_id.strip().split("+")[0]
+    base, _, task = head.partition("_")
+    if _decimal(base) and (not task or _decimal(task)):
+        number = int(base) + (int(task) if task else 0)
+    else:
+        number = zlib.crc32(job_id.encode())
     return PORT_BASE + number % PORT_SPAN
+
+
+def _decimal(text: str) -> bool:
+    # str.isdigit() alone accepts "²" or Arabic-Indic digits, which int() rejects or reads differently.
+    return text.isascii() and text.isdigit()
 
 
 def detect(environ: Mapping[str, str]) -> DistEnv:
@@ -108,7 +127,7 @@ def detect(environ: Mapping[str, str]) -> DistEnv:
         return _from_torchrun(environ)
     if "SLURM_PROCID" in environ and _in_srun_step(environ):
         return _from_slurm(environ)
-    if "SLURM_JOB_ID" in environ:
+    if environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"):
         _refuse_batch_shell(environ)
     return _single(environ)
 
@@ -125,13 +144,11 @@ def _int(environ: Mapping[str, str], names: tuple[str, ...], fix: str) -> int:
     if found is None:
         raise ClusterConfigError(f"{' or '.join(names)} is not set. {fix}")
     name, value = found
-    try:
-        number = int(value)
-    except ValueError:
-        raise ClusterConfigError(f"{name}={value!r} is not an integer. {fix}") from None
-    if number < 0:
+    if value.startswith("-") and _decimal(value[1:]):
         raise ClusterConfigError(f"{name}={value} is negative. {fix}")
-    return number
+    if not _decimal(value):  # stricter than int(): no "1_0", " 3" or non-ASCII digits
+        raise ClusterConfigError(f"{name}={value!r} is not a non-negative integer. {fix}")
+    return int(value)
 
 
 def _in_srun_step(environ: Mapping[str, str]) -> bool:
@@ -140,20 +157,42 @@ def _in_srun_step(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"))
 
 
+def _expected_tasks(environ: Mapping[str, str]) -> tuple[str, int] | None:
+    """How many tasks a plain `srun` in this allocation would start, and the variable that says so."""
+    # `sbatch -N2` without -n sets no SLURM_NTASKS (tests/data/slurm_env/batch_N2_no_ntasks.json), but
+    # SLURM_TASKS_PER_NODE=1(x2): srun would start 2 tasks, so this shell is not the whole job either.
+    for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
+        value = environ.get(name, "")
+        if _decimal(value):
+            return f"{name}={value}", int(value)
+    value = environ.get("SLURM_TASKS_PER_NODE", "")
+    try:
+        return f"SLURM_TASKS_PER_NODE={value}", sum(hostlist.parse_tasks_per_node(value))
+    except hostlist.HostlistError:
+        pass
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = environ.get(name, "")
+        if _decimal(value):
+            return f"{name}={value}", int(value)
+    return None
+
+
 def _refuse_batch_shell(environ: Mapping[str, str]) -> None:
     """Inside an allocation but outside srun: fine for a one-task job, a hang or a lie for more."""
-    ntasks = environ.get("SLURM_NTASKS", "1")
-    if ntasks.isdigit() and int(ntasks) > 1:
+    expected = _expected_tasks(environ)
+    if expected is not None and expected[1] > 1:
+        found, ntasks = expected
+        job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
         raise ClusterConfigError(
-            f"running in Slurm job {environ['SLURM_JOB_ID']} with SLURM_NTASKS={ntasks} but outside srun, so this "
-            f"would be 1 process instead of {ntasks}. Launch each task with srun: "
-            "`srun python -m hpc_ddp.train ...` (or `sbatch slurm/ddp.sbatch ...`)")
+            f"running in Slurm job {job} ({found}) but outside srun, so this would be 1 process instead of "
+            f"{ntasks}. Launch each task with srun: `srun python -m hpc_ddp.train ...` (or "
+            "`sbatch slurm/ddp.sbatch ...`)")
 
 
 def _check_leftovers(environ: Mapping[str, str], derived: dict[str, int]) -> None:
     """A RANK/WORLD_SIZE/... left in the environment must agree with the launcher, never silently win."""
     for var, field in TORCH_RANK_VARS.items():
-        if var in environ and environ[var] != str(derived[field]):
+        if environ.get(var, "") not in ("", str(derived[field])):
             raise ClusterConfigError(
                 f"{var}={environ[var]} is set in the environment but Slurm says {field}={derived[field]} "
                 f"(SLURM_PROCID={environ.get('SLURM_PROCID')}, world size {derived['world_size']}). It was probably "
@@ -189,6 +228,16 @@ def _rendezvous(environ: Mapping[str, str], nodes: list[str], job_id: str | None
     return addr, port, tuple(overrides)
 
 
+def _parse(parser: Callable[[str], T], found: tuple[str, str]) -> T:
+    """Run a hostlist parser on a variable's value; its error names the variable as well as the value."""
+    name, value = found
+    try:
+        return parser(value)
+    except hostlist.HostlistError as e:
+        raise ClusterConfigError(f"{name}: {e}. Fix: check the job's srun/sbatch line; hpc_ddp reads the "
+                                 "variables Slurm sets, so this one was changed or set by hand") from e
+
+
 def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
     fix = "Are you inside `srun`? Check the job's srun line."
     rank = _int(environ, SLURM_VARS["rank"], fix)
@@ -200,11 +249,8 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
     tasks = _first(environ, SLURM_VARS["tasks_per_node"])
     job = _first(environ, SLURM_VARS["job_id"])
     job_id = job[1] if job else None
-    try:
-        nodes = hostlist.expand(nodelist[1]) if nodelist else []
-        per_node = hostlist.parse_tasks_per_node(tasks[1]) if tasks else [world_size // max(num_nodes, 1)]
-    except hostlist.HostlistError as e:
-        raise ClusterConfigError(f"{e} (from {nodelist[0] if nodelist else tasks and tasks[0]})") from e
+    nodes = _parse(hostlist.expand, nodelist) if nodelist else []
+    per_node = _parse(hostlist.parse_tasks_per_node, tasks) if tasks else [world_size // max(num_nodes, 1)]
     if world_size == 0 or num_nodes == 0:
         raise ClusterConfigError(f"Slurm reports {world_size} tasks on {num_nodes} nodes. {fix}")
     if rank >= world_size:
@@ -222,8 +268,9 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
                                  f"add up to {world_size} tasks on {num_nodes} nodes. {fix}")
     local_world_size = per_node[node_rank]
     if local_rank >= local_world_size:
+        where = f"{tasks[0]}={tasks[1]}" if tasks else f"{world_size} tasks on {num_nodes} nodes"
         raise ClusterConfigError(f"SLURM_LOCALID={local_rank} but node {node_rank} runs {local_world_size} tasks "
-                                 f"of this step: local rank must be < tasks on this node. {fix}")
+                                 f"of this step ({where}): local rank must be < tasks on this node. {fix}")
     derived = {"rank": rank, "local_rank": local_rank, "world_size": world_size,
                "local_world_size": local_world_size}
     _check_leftovers(environ, derived)
@@ -246,7 +293,13 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
     if not addr:
         raise ClusterConfigError(f"MASTER_ADDR is not set. {fix}")
     port = _int(environ, TORCHRUN_VARS["master_port"], fix)
-    num_nodes = int(environ.get("GROUP_WORLD_SIZE") or max(1, values["world_size"] // values["local_world_size"]))
+    if environ.get("GROUP_WORLD_SIZE"):
+        num_nodes = _int(environ, ("GROUP_WORLD_SIZE",), fix)
+    else:  # torchrun < 2.0 did not export it
+        num_nodes = max(1, values["world_size"] // values["local_world_size"])
+    if node_rank >= num_nodes:
+        raise ClusterConfigError(f"torchrun gave GROUP_RANK={node_rank} but there are {num_nodes} nodes "
+                                 f"(GROUP_WORLD_SIZE): node rank must be < nodes. {fix}")
     return DistEnv(rank=values["rank"], local_rank=values["local_rank"], world_size=values["world_size"],
                    local_world_size=values["local_world_size"], node_rank=node_rank, num_nodes=num_nodes,
                    master_addr=addr, master_port=port, job_id=environ["TORCHELASTIC_RUN_ID"], launcher="torchrun")

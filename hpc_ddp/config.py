@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ from hpc_ddp.errors import UsageError
 
 BUILTIN_TASKS = ("linear", "mlp")
 AMP_CHOICES = ("none", "bf16", "fp16")
+MAX_TIMEOUT_S = 30 * 86400.0  # timedelta and faulthandler overflow on absurd values (1e12 s)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,10 @@ class TrainConfig:
                                                                "is not a terminal"})
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # nan/inf pass every comparison below the wrong way
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UsageError(f"--{_flag(f.name)} {value}: must be a finite number (default: {f.default})")
         positive = {"epochs": self.epochs, "batch_size": self.batch_size, "grad_accum": self.grad_accum,
                     "keep": self.keep}
         for name, value in positive.items():
@@ -67,28 +73,34 @@ class TrainConfig:
                 raise UsageError(f"--{_flag(name)} {value}: must be at least 1")
         non_negative = {"max_steps": self.max_steps, "save_every_epochs": self.save_every_epochs,
                         "save_every_steps": self.save_every_steps, "max_requeue": self.max_requeue,
-                        "clip_grad": self.clip_grad}
+                        "clip_grad": self.clip_grad, "log_every_s": self.log_every_s}
         for name, value in non_negative.items():
             if value < 0:
                 raise UsageError(f"--{_flag(name)} {value}: must be 0 or more")
         if not self.lr > 0:
             raise UsageError(f"--lr {self.lr}: must be a positive number, e.g. --lr 0.01")
-        if not self.timeout_s > 0:
-            raise UsageError(f"--timeout-s {self.timeout_s}: must be positive, e.g. --timeout-s 600")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise UsageError(f"--timeout-s {self.timeout_s}: must be positive and at most {MAX_TIMEOUT_S:.0f} (30 "
+                             "days), e.g. --timeout-s 600")
         if self.num_workers < -1:
             raise UsageError(f"--num-workers {self.num_workers}: use -1 (auto) or a count >= 0")
         if self.amp not in AMP_CHOICES:
             raise UsageError(f"--amp {self.amp}: choose one of {', '.join(AMP_CHOICES)}")
         if self.backend not in ("", "gloo", "nccl", "mpi", "ucc"):
             raise UsageError(f"--backend {self.backend}: choose gloo or nccl (or leave it out)")
-        if self.task not in BUILTIN_TASKS and ":" not in self.task:
+        module, _, function = self.task.partition(":")
+        if self.task not in BUILTIN_TASKS and not (module and function):
             raise UsageError(f"--task {self.task!r}: unknown task. Use one of {', '.join(BUILTIN_TASKS)}, or "
                              "module.path:function for your own (e.g. --task mytasks:build)")
         if self.overwrite and self.resume != "never":
             raise UsageError("--overwrite only applies with --resume never (it deletes the folder's checkpoints)")
 
     def to_argv(self) -> list[str]:
-        """The flags that reproduce this config (defaults left out), for a task's command line."""
+        """The flags that reproduce this config (defaults left out), for a task's command line.
+
+        `--flag=value`, one word each: a value that starts with "-" (a folder named "-x", a negative number)
+        would otherwise be read by argparse as a flag. str() of a float round-trips exactly.
+        """
         argv: list[str] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -97,7 +109,7 @@ class TrainConfig:
             if isinstance(value, bool):
                 argv.append(f"--{_flag(f.name)}")
             else:
-                argv += [f"--{_flag(f.name)}", str(value)]
+                argv.append(f"--{_flag(f.name)}={value}")
         return argv
 
     def with_folder(self, folder: str) -> "TrainConfig":

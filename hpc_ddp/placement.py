@@ -64,8 +64,8 @@ def plan_cpus(affinity: Sequence[int], local_rank: int, local_world_size: int,
     """Pure rule: which CPUs and how many threads for this rank (nothing is applied here)."""
     mask = tuple(sorted(affinity))
     if environ.get("OMP_NUM_THREADS"):
-        try:
-            threads = max(1, int(environ["OMP_NUM_THREADS"]))
+        try:  # OpenMP allows a list per nesting level ("4,2"); the first is the outer team's size
+            threads = max(1, int(environ["OMP_NUM_THREADS"].split(",")[0]))
         except ValueError:
             raise ClusterConfigError(f"OMP_NUM_THREADS={environ['OMP_NUM_THREADS']!r} is not an integer. "
                                      "Fix: unset it (hpc_ddp sizes threads per rank) or set a number") from None

@@ -1,0 +1,156 @@
+"""Bad input on the command line: one line naming the problem and the fix, exit code 2, no traceback.
+
+Every case runs the real entry point in a subprocess (`python -m ...`), the way a user would. Also: `--help`
+and usage errors answer without importing torch or submitit (issue 2, item 11: fast start).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_environ, run_module
+
+SUBMIT = "hpc_ddp.submit"
+TRAIN = "hpc_ddp.train"
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], module: str, *expected: str) -> None:
+    where = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 2, where
+    assert "Traceback" not in proc.stderr + proc.stdout, where
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, where
+    assert lines[0].startswith(f"python -m {module}: error: "), where
+    for text in expected:
+        assert text in lines[0], where
+
+
+@pytest.fixture
+def a_file(tmp_path: Path) -> Path:
+    path = tmp_path / "not-a-dir"
+    path.write_text("")
+    return path
+
+
+SUBMIT_CASES = [
+    (["--task", "resnet"], ["--task 'resnet': unknown task", "linear, mlp", "module.path:function"]),
+    (["--task", "mytasks"], ["--task 'mytasks': unknown task"]),
+    (["--nodes", "0"], ["--nodes 0: must be at least 1"]),
+    (["--nodes", "-3"], ["--nodes -3: must be at least 1"]),
+    (["--nodes", "two"], ["argument --nodes: invalid int value: 'two'"]),
+    (["--gpus-per-node", "-1"], ["--gpus-per-node -1: must be 0 (CPU job) or more"]),
+    (["--tasks-per-node", "0"], ["--tasks-per-node 0: must be at least 1"]),
+    (["--gpus-per-node", "2", "--tasks-per-node", "3"],
+     ["--tasks-per-node 3 conflicts with --gpus-per-node 2", "one task per GPU", "Drop --tasks-per-node"]),
+    (["--print-sbatch"], ["--print-sbatch and --wait are for Slurm jobs; drop them with --local"]),
+    (["--epochs", "0"], ["--epochs 0: must be at least 1"]),
+    (["--lr", "-1"], ["--lr -1.0: must be a positive number", "--lr 0.01"]),
+    (["--lr", "nan"], ["--lr nan: must be a finite number"]),
+    (["--batch-size", "abc"], ["argument --batch-size: invalid int value: 'abc'", "(see --help)"]),
+    (["--batch-size", "0"], ["--batch-size 0: must be at least 1"]),
+    (["--amp", "fp8"], ["argument --amp: invalid choice: 'fp8'"]),
+    (["--resume", "auto", "--overwrite"], ["--overwrite only applies with --resume never"]),
+    (["--timeout-s", "0"], ["--timeout-s 0.0: must be positive"]),
+    (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
+]
+
+
+@pytest.mark.parametrize("args, expected", SUBMIT_CASES, ids=[" ".join(a) for a, _ in SUBMIT_CASES])
+def test_submit_local_bad_input(args: list[str], expected: list[str], tmp_path: Path) -> None:
+    proc = run_module(SUBMIT, "--local", *args, cwd=tmp_path, timeout=60)
+    assert_usage_error(proc, SUBMIT, *expected)
+    assert proc.stdout == ""
+    assert not (tmp_path / "runs").exists()  # nothing was started, no run folder made
+
+
+@pytest.mark.parametrize("sub, why", [("", "File exists"), ("sub", "Not a directory")])
+def test_submit_local_unwritable_folder(a_file: Path, sub: str, why: str, tmp_path: Path) -> None:
+    # A path under a plain file: unwritable even for root (a read-only directory is not, for root).
+    folder = a_file / sub if sub else a_file
+    proc = run_module(SUBMIT, "--local", "--folder", str(folder), cwd=tmp_path, timeout=60)
+    assert_usage_error(proc, SUBMIT, f"cannot create run folder {folder} ({why})", "Fix: --folder")
+
+
+TRAIN_CASES = [
+    (["--task", "resnet"], ["--task 'resnet': unknown task"]),
+    (["--epochs", "0"], ["--epochs 0: must be at least 1"]),
+    (["--lr", "-1"], ["--lr -1.0: must be a positive number"]),
+    (["--batch-size", "abc"], ["argument --batch-size: invalid int value: 'abc'"]),
+    (["--keep", "-1"], ["--keep -1: must be at least 1"]),
+    (["--nodes", "2"], ["unrecognized arguments: --nodes 2"]),  # a submit flag given to the task
+]
+
+
+@pytest.mark.parametrize("args, expected", TRAIN_CASES, ids=[" ".join(a) for a, _ in TRAIN_CASES])
+def test_train_bad_input(args: list[str], expected: list[str], tmp_path: Path) -> None:
+    proc = run_module(TRAIN, *args, cwd=tmp_path, timeout=60)
+    assert_usage_error(proc, TRAIN, *expected)
+    assert proc.stdout == ""
+
+
+ENV_CASES = [
+    # sbatch copied a stale `export WORLD_SIZE=4` from the submitting shell, no launcher around it.
+    ({"WORLD_SIZE": "4"}, ["WORLD_SIZE=4 is set but no launcher is detected", "unset WORLD_SIZE"]),
+    # The batch shell of a 4-task job, without srun.
+    ({"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"},
+     ["Slurm job 77 (SLURM_NTASKS=4) but outside srun", "srun python -m hpc_ddp.train"]),
+    # An srun step whose leftover RANK disagrees with Slurm.
+    ({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+      "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "node1",
+      "SLURM_STEP_TASKS_PER_NODE": "2", "RANK": "0"},
+     ["RANK=0 is set in the environment but Slurm says rank=1", "unset RANK"]),
+]
+
+
+@pytest.mark.parametrize("environ, expected", ENV_CASES, ids=["stale-world-size", "batch-shell", "stale-rank"])
+def test_train_bad_environment(environ: dict[str, str], expected: list[str], tmp_path: Path) -> None:
+    proc = run_module(TRAIN, cwd=tmp_path, env=clean_environ(**environ), timeout=60)
+    assert_usage_error(proc, TRAIN, *expected)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_train_unwritable_folder(a_file: Path, tmp_path: Path) -> None:
+    # Found by rank 0 after the process group is up (only rank 0 writes), then raised on every rank.
+    folder = a_file / "sub"
+    proc = run_module(TRAIN, "--folder", str(folder), "--epochs", "1", cwd=tmp_path, timeout=120)
+    assert_usage_error(proc, TRAIN, f"run folder {folder} is not writable (Not a directory)", "Fix: --folder")
+
+
+# --- fast start -------------------------------------------------------------------------------------------
+
+PROBE = """
+import json, runpy, sys
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+code = None
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    code = e.code
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "submitit", "psutil", "numpy"})
+print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("module", [SUBMIT, TRAIN])
+@pytest.mark.parametrize("args, code", [(["--help"], 0), (["--epochs", "0"], 2), (["--task", "nope"], 2)])
+def test_help_and_usage_errors_import_nothing_heavy(module: str, args: list[str], code: int,
+                                                    tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", PROBE, module, *args], cwd=tmp_path, env=clean_environ(),
+                          capture_output=True, text=True, timeout=60)
+    report = json.loads(proc.stderr.splitlines()[-1])
+    assert report == {"code": code, "heavy": []}, proc.stderr
+    if code == 0:
+        assert proc.stdout.startswith("usage: python -m ")
+
+
+@pytest.mark.parametrize("module", [SUBMIT, TRAIN])
+def test_help_exits_0(module: str, tmp_path: Path) -> None:
+    proc = run_module(module, "--help", cwd=tmp_path, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert "--epochs" in proc.stdout and "--folder" in proc.stdout
