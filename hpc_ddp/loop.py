@@ -115,6 +115,7 @@ class Trainer:
                              f"{env.world_size} ranks, fewer than --batch-size {cfg.batch_size}. Fix: a smaller "
                              "--batch-size or fewer ranks")
         self.pos = Position()
+        self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
         self.writer = checkpoint.AsyncWriter()
         self.metrics = metrics.Recorder(folder if env.is_main else None, cfg, env)
 
@@ -138,14 +139,17 @@ class Trainer:
                 "version": __version__}
 
     def save(self, final: bool = False) -> None:
-        """Checkpoint at the current position: rank 0 copies state to CPU now and writes it in the background."""
-        state = self.state()
-        if self.env.is_main:
-            snapshot = checkpoint.to_cpu(state)
-            step, keep = self.pos.step, self.cfg.keep
-            self.writer.submit(lambda: checkpoint.commit(self.folder, snapshot, step, keep))
-            if final:
-                self.writer.wait()
+        """Checkpoint at the current position: rank 0 copies state to CPU now and writes it in the background.
+        `final` also waits until the file is durable. A position already saved is not written twice."""
+        if self.saved_step != self.pos.step:
+            state = self.state()  # collective: every rank takes part, so every rank decides the same way
+            self.saved_step = self.pos.step
+            if self.env.is_main:
+                snapshot = checkpoint.to_cpu(state)
+                step, keep = self.pos.step, self.cfg.keep
+                self.writer.submit(lambda: checkpoint.commit(self.folder, snapshot, step, keep))
+        if final and self.env.is_main:
+            self.writer.wait()
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         """Load a checkpoint's model, optimizer, scaler, position and this rank's RNG."""
@@ -155,6 +159,7 @@ class Trainer:
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.pos = Position(**state["position"])
+        self.saved_step = self.pos.step
         rng = state["rng"][self.env.rank]
         torch.set_rng_state(rng["cpu"])
         random.setstate(_to_tuples(rng["python"]))

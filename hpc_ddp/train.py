@@ -59,6 +59,10 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
     env = cluster.detect(environ)
     folder = Path(cfg.folder or default_folder(env.job_id))
     cfg = cfg.with_folder(str(folder))
+    if env.is_main:
+        # Before torch (seconds) and the rendezvous: a bad --folder is a one-line error at once. Only rank 0
+        # writes there; the other ranks are stopped by their launcher (srun --kill-on-bad-exit, torchrun).
+        prepare_folder(folder)
 
     import torch
 
@@ -150,7 +154,6 @@ def _train(cfg: TrainConfig, env, device, folder: Path, log, environ: Mapping[st
 
     if device.type == "cuda":
         _check_gpus(env, device, log)
-    _rank0(env, lambda: prepare_folder(folder))
     if env.is_main:
         runinfo.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
         checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted

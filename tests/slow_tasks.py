@@ -45,3 +45,16 @@ def crash(config):  # type: ignore[no-untyped-def]
         return nn.functional.mse_loss(output, target)
 
     return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=loss_fn)
+
+
+def hang(config):  # type: ignore[no-untyped-def]
+    """Rank 1 stops answering on its 2nd step: its peers wait in the all-reduce until --timeout-s."""
+    calls = [0]
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if os.environ.get("RANK") == "1" and calls[0] == 2:
+            time.sleep(3600)
+        return nn.functional.mse_loss(output, target)
+
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=loss_fn)
