@@ -275,9 +275,24 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
                "local_world_size": local_world_size}
     _check_leftovers(environ, derived)
     addr, port, overrides = _rendezvous(environ, nodes, job_id, world_size)
+    _check_rank0_host(environ, rank, addr, nodes)
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_world_size,
                    node_rank=node_rank, num_nodes=num_nodes, master_addr=addr, master_port=port, job_id=job_id,
                    launcher="slurm", nodes=tuple(nodes), overrides=overrides)
+
+
+def _check_rank0_host(environ: Mapping[str, str], rank: int, addr: str, nodes: list[str]) -> None:
+    """Rank 0 hosts the store on its own node; everyone else dials MASTER_ADDR. They must be the same host.
+
+    Slurm's default block distribution puts task 0 on the step's first node; `--distribution=arbitrary` or a
+    hostfile may not, and then every other rank would wait at a host where nobody listens. Rank 0 knows its
+    node (SLURMD_NODENAME) and fails at once instead.
+    """
+    here = environ.get("SLURMD_NODENAME")
+    if rank == 0 and here and nodes and addr == nodes[0] and here != nodes[0]:
+        raise ClusterConfigError(
+            f"rank 0 runs on {here} but the rendezvous host is {nodes[0]}, the first node of the step: the tasks "
+            "are not in block order. Fix: srun --distribution=block, or export MASTER_ADDR=<rank 0's host>")
 
 
 def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:

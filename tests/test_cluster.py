@@ -331,3 +331,14 @@ def test_ids_closer_than_the_span_never_collide(job: int, delta: int) -> None:
 @given(st.text(max_size=20))
 def test_any_id_gives_a_valid_port(job_id: str) -> None:
     assert 1024 <= port_for_job(job_id) < 32768
+
+
+def test_rank0_not_on_the_first_node_fails_fast_instead_of_hanging() -> None:
+    env = json.loads((SLURM_ENV / "step_2x2_rank0.json").read_text())
+    env["SLURMD_NODENAME"] = "node2"
+    with pytest.raises(ClusterConfigError, match="rank 0 runs on node2 but the rendezvous host is node1"):
+        cluster.detect(env)
+    env["SLURMD_NODENAME"] = "node1"
+    assert cluster.detect(env).master_addr == "node1"
+    env.update(SLURMD_NODENAME="node2", MASTER_ADDR="node2")  # the documented fix
+    assert cluster.detect(env).master_addr == "node2"
