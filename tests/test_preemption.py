@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -78,6 +79,8 @@ def test_sigterm_saves_and_does_not_restart_then_the_same_command_resumes(tmp_pa
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # a second signal during the save must not tear anything
     code, out = finish(proc)
     assert code == exitcodes.PREEMPTED, out
     assert "stopped by SIGTERM: checkpoint saved, not requeued" in out
