@@ -255,10 +255,10 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
         raise ClusterConfigError(f"Slurm reports {world_size} tasks on {num_nodes} nodes. {fix}")
     if rank >= world_size:
         raise ClusterConfigError(f"SLURM_PROCID={rank} but the step has {world_size} tasks "
-                                 f"({_first(environ, SLURM_VARS['world_size'])[0]}): rank must be < world size. {fix}")
+                                 f"({' or '.join(SLURM_VARS['world_size'])}): rank must be < world size. {fix}")
     if node_rank >= num_nodes:
         raise ClusterConfigError(f"SLURM_NODEID={node_rank} but the step has {num_nodes} nodes. {fix}")
-    if nodes and len(nodes) != num_nodes:
+    if nodelist and len(nodes) != num_nodes:
         raise ClusterConfigError(f"{nodelist[0]}={nodelist[1]} names {len(nodes)} hosts but the step has "
                                  f"{num_nodes} nodes. {fix}")
     if len(per_node) == 1 and num_nodes > 1:

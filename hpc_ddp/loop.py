@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from hpc_ddp import checkpoint, metrics, preemption, resume
 from hpc_ddp.cluster import DistEnv
 from hpc_ddp.config import TrainConfig
+from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.process_group import hang_watch
 from hpc_ddp.tasks import Task
@@ -97,7 +98,7 @@ class Trainer:
         self.optimizer = task.optimizer(params) if task.optimizer else torch.optim.SGD(params, lr=cfg.lr)
         self.scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
-        self.sampler = DistributedSampler(task.dataset, num_replicas=env.world_size, rank=env.rank,
+        self.sampler: DistributedSampler[Any] = DistributedSampler(task.dataset, num_replicas=env.world_size, rank=env.rank,
                                           shuffle=True, seed=cfg.seed, drop_last=True)
         self.skip = _SkipSampler(self.sampler)
         workers = cfg.num_workers if cfg.num_workers >= 0 else (2 if device.type == "cuda" else 0)
@@ -110,10 +111,8 @@ class Trainer:
                                  generator=self.loader_gen)
         self.batches_per_epoch = len(self.sampler) // cfg.batch_size
         if self.batches_per_epoch == 0:
-            from hpc_ddp.errors import UsageError
-            raise UsageError(f"the dataset has {len(task.dataset)} samples: {len(self.sampler)} per rank over "  # type: ignore[arg-type]
-                             f"{env.world_size} ranks, fewer than --batch-size {cfg.batch_size}. Fix: a smaller "
-                             "--batch-size or fewer ranks")
+            raise UsageError(f"each rank gets {len(self.sampler)} samples of the dataset ({env.world_size} ranks), "
+                             f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks")
         self.pos = Position()
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
         self.writer = checkpoint.AsyncWriter()

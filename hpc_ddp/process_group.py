@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.errors import ClusterConfigError
 
@@ -80,7 +80,7 @@ def process_group(env: "DistEnv", device: "torch.device", backend: str | None = 
         if env.launcher == "torchrun":
             # torchrun's agent already hosts the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE); env://
             # knows to connect to it instead of binding a second one.
-            kwargs = {"init_method": "env://"}
+            kwargs: dict[str, Any] = {"init_method": "env://"}
         else:
             kwargs = {"store": _store(env, timeout)}
         if device.type == "cuda":

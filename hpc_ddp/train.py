@@ -14,15 +14,23 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpc_ddp import exitcodes, preemption
 from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
 from hpc_ddp.errors import UsageError, run_main
 
+if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and --help must not wait for it
+    import torch
+
+    from hpc_ddp.cluster import DistEnv
+    from hpc_ddp.log import RankLog
+    from hpc_ddp.loop import Outcome
+
 PROG = "python -m hpc_ddp.train"
+T = TypeVar("T")
 
 
 def default_folder(job_id: str | None) -> str:
@@ -94,40 +102,41 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
     return code
 
 
-def _rank0(env: "cluster.DistEnv", fn):  # type: ignore[name-defined]  # noqa: F821
+def _rank0(env: DistEnv, fn: Callable[[], T]) -> T:
     """Run `fn` on rank 0 only and give every rank its result; an error on rank 0 is raised on every rank."""
     import torch.distributed as dist
 
-    box: list[object] = [None]
+    box: list[tuple[bool, Any] | None] = [None]
     if env.is_main:
         try:
-            box[0] = ("ok", fn())
+            box[0] = (True, fn())
         except UsageError as e:
-            box[0] = ("error", e)
+            box[0] = (False, e)
     dist.broadcast_object_list(box, src=0)
-    kind, value = box[0]  # type: ignore[misc]
-    if kind == "error":
-        raise value  # type: ignore[misc]
-    return value
+    assert box[0] is not None
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
-def _check_gpus(env, device, log) -> None:  # type: ignore[no-untyped-def]
+def _check_gpus(env: DistEnv, device: torch.device) -> None:
     """Fail fast if two ranks of one node hold the same physical GPU (wrong binding, duplicate indices)."""
     import torch.distributed as dist
 
     from hpc_ddp import placement
 
     mine = (env.rank, env.node_rank, placement.gpu_uuid(device))
-    everyone: list[object] = [None] * env.world_size
+    everyone: list[Any] = [None] * env.world_size
     dist.all_gather_object(everyone, mine)
-    clashes = placement.shared_gpus(everyone)  # type: ignore[arg-type]
+    clashes = placement.shared_gpus(everyone)
     if clashes:
         node, ranks, uuid = clashes[0]
         raise UsageError(f"ranks {ranks} on node {node} share one GPU ({uuid}). Each rank needs its own GPU: check "
                          "--gpus-per-node vs --ntasks-per-node, and CUDA_VISIBLE_DEVICES / --gpu-bind")
 
 
-def _check_in_sync(model, env, log) -> None:  # type: ignore[no-untyped-def]
+def _check_in_sync(model: torch.nn.Module, env: DistEnv, log: RankLog) -> None:
     """DDP keeps replicas equal only if every rank applies the same update; prove it once at the end.
     Bitwise-equal parameters give bitwise-equal float64 sums, so two numbers per rank are enough."""
     import torch
@@ -145,7 +154,8 @@ def _check_in_sync(model, env, log) -> None:  # type: ignore[no-untyped-def]
         log.main(f"Parameters identical on all {env.world_size} ranks")
 
 
-def _train(cfg: TrainConfig, env, device, folder: Path, log, environ: Mapping[str, str]) -> int:  # type: ignore[no-untyped-def]
+def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, log: RankLog,
+           environ: Mapping[str, str]) -> int:
     import torch
     import torch.distributed as dist
 
@@ -153,7 +163,7 @@ def _train(cfg: TrainConfig, env, device, folder: Path, log, environ: Mapping[st
     from hpc_ddp.loop import Trainer
 
     if device.type == "cuda":
-        _check_gpus(env, device, log)
+        _check_gpus(env, device)
     if env.is_main:
         runinfo.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
         checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
@@ -180,7 +190,8 @@ def _train(cfg: TrainConfig, env, device, folder: Path, log, environ: Mapping[st
     return _preempted(cfg, env, folder, log, environ, outcome)
 
 
-def _preempted(cfg, env, folder: Path, log, environ, outcome) -> int:  # type: ignore[no-untyped-def]
+def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, environ: Mapping[str, str],
+               outcome: Outcome) -> int:
     """After the agreed save: every rank is past it (barrier), then rank 0 requeues or reports."""
     import json
 

@@ -68,5 +68,5 @@ def test_state_restores_position_optimizer_and_rng(single: cluster.DistEnv, tmp_
         second = make(cfg, single, tmp_path)
         second.restore(state, tmp_path / "x.pt")
     assert second.pos == first.pos and second.pos.step == 5
-    assert all(torch.equal(a, b) for a, b in zip(first.model.parameters(), second.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True))
     assert torch.equal(torch.get_rng_state(), state["rng"][0]["cpu"])
