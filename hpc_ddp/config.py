@@ -133,7 +133,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         kind = {"int": int, "float": float, "str": str}[str(f.type)]
         group.add_argument(f"--{_flag(f.name)}", type=kind, default=f.default, metavar=f.name.upper(),
-                           help=f"{help_text} (default: {f.default if f.default != '' else 'see above'})",
+                           help=help_text if "default" in help_text else f"{help_text} (default: {f.default})",
                            choices=f.metadata.get("choices"))
 
 
