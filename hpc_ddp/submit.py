@@ -66,6 +66,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                      help="--local: show every rank's output on the console, not just rank 0's progress")
     job.add_argument("--doctor", action="store_true",
                      help="run `hpc_ddp.doctor` on every rank instead of training")
+    job.add_argument("--collective", action="store_true",
+                     help="with --doctor: also benchmark all-reduce (bus bandwidth by size, outlier ranks)")
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,7 +121,8 @@ def check_folder(folder: Path) -> None:
         raise UsageError(f"run folder {folder} is not writable. Fix: --folder a directory you can write")
 
 
-def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str) -> int:
+def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
+              extra_argv: tuple[str, ...] = ()) -> int:
     from hpc_ddp import local
 
     job_id = local.fresh_job_id()
@@ -135,8 +138,8 @@ def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str) -
                   flush=True)
             extra["CUDA_VISIBLE_DEVICES"] = ""
     job = local.LocalJob(nodes=shape.nodes, tasks_per_node=shape.tasks_per_node, folder=folder,
-                         train_argv=cfg.to_argv(), max_requeue=cfg.max_requeue, all_ranks=all_ranks,
-                         job_id=job_id, module=module, extra_env=extra)
+                         train_argv=cfg.to_argv() + list(extra_argv), max_requeue=cfg.max_requeue,
+                         all_ranks=all_ranks, job_id=job_id, module=module, extra_env=extra)
     print(f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run folder "
           f"{folder}, per-rank logs in {folder / 'logs'}", flush=True)
     return local.Launcher(job).run()
@@ -147,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     shape = job_shape(ns.nodes, ns.gpus_per_node, ns.tasks_per_node)
     cfg = from_namespace(ns)
     module = "hpc_ddp.doctor" if ns.doctor else "hpc_ddp.train"
+    if ns.collective and not ns.doctor:
+        raise UsageError("--collective is a doctor option: add --doctor (or drop --collective)")
     if ns.local:
         if ns.print_sbatch or ns.wait:
             raise UsageError("--print-sbatch and --wait are for Slurm jobs; drop them with --local")
-        return run_local(shape, cfg, ns.all_ranks, module)
+        return run_local(shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else ())
     from hpc_ddp import slurm_job
 
     return slurm_job.submit(ns, shape, cfg, module)

@@ -1,0 +1,340 @@
+"""Pre-flight check of a distributed launch, run on every rank exactly where training would run.
+
+    python -m hpc_ddp.doctor                                        # alone
+    srun -N2 --ntasks-per-node=4 python -m hpc_ddp.doctor --folder /shared/runs/x
+    torchrun --nproc-per-node 4 -m hpc_ddp.doctor
+    python -m hpc_ddp.submit --local --doctor [--collective]        # 2 emulated nodes x 2 ranks here
+    python -m hpc_ddp.submit --doctor --nodes 2 --gpus-per-node 4 ...   # as a Slurm job
+
+Each rank derives what training would (`cluster.detect`, `placement`) and probes its host (`probes`). Rank 0
+checks that the master port is free *before* binding it, then hosts a TCPStore; every rank posts its facts
+there, and rank 0 names the ranks that did not arrive within --join-timeout-s instead of hanging. Rank 0
+prints one table (what each rank derived) and one PASS / WARN / FAIL line per check (`checks`) with its fix;
+`--collective` adds an all-reduce benchmark (`collective`). Exit code 1 on every rank when anything FAILed,
+0 otherwise, 2 for bad flags. Training options are accepted (and --folder used), so the launchers can hand
+the doctor the training's own command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp import checks, exitcodes
+from hpc_ddp.checks import FAIL, PASS, WARN, Check, RankFacts
+from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp.errors import ClusterConfigError, UsageError, run_main
+
+PROG = "python -m hpc_ddp.doctor"
+ACK_WAIT_S = 10.0  # how long rank 0 keeps its store up for the others to read the verdict
+
+
+def build_argparser() -> argparse.ArgumentParser:
+    parser = build_parser(PROG, __doc__ or "")
+    group = parser.add_argument_group("doctor")
+    group.add_argument("--collective", action="store_true",
+                       help="also benchmark all-reduce over message sizes (bus bandwidth, outlier ranks)")
+    group.add_argument("--join-timeout-s", type=float, default=60.0,
+                       help="seconds to wait for every rank to reach the store (default: 60)")
+    add_train_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point, also called in-process inside Slurm jobs (`submit --doctor`); returns the exit code."""
+    ns = build_argparser().parse_args(argv)
+    if not ns.join_timeout_s > 0:
+        raise UsageError(f"--join-timeout-s {ns.join_timeout_s}: must be positive, e.g. --join-timeout-s 60")
+    return run(from_namespace(ns), os.environ, ns.collective, ns.join_timeout_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What every step of one doctor run needs to know."""
+
+    env: Any  # cluster.DistEnv
+    cfg: TrainConfig
+    folder: Path
+    store_host: str  # "rank0", or "agent": torchrun's agent hosts the store
+    collective: bool
+    timeout_s: float
+    log: Any  # log.RankLog
+
+
+def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_timeout_s: float) -> int:
+    """Derive, probe, meet the other ranks, judge; returns this rank's exit code (the same on every rank)."""
+    from hpc_ddp import cluster, probes
+    from hpc_ddp.log import RankLog
+    from hpc_ddp.train import default_folder
+
+    try:
+        env = cluster.detect(environ)
+    except ClusterConfigError as e:  # the doctor's finding, not a usage error: reported like any other FAIL
+        reason, _, fix = str(e).partition(" Fix: ")
+        print(render_checks([Check(FAIL, "launcher", reason, fix)]), flush=True)
+        return exitcodes.FAILED
+    # torchrun's agent already hosts a store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE): rank 0 joins it as
+    # a client like everyone else, and there is no port of ours to check.
+    agent = env.launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    job = _Run(env, cfg, Path(cfg.folder or default_folder(env.job_id)), "agent" if agent else "rank0",
+               collective, join_timeout_s, RankLog(env.rank))
+    hosts_store = env.is_main and not agent
+    facts = probes.gather(env, job.folder, environ, job.store_host, hosts_store and env.master_port != 0)
+    nonce, created = uuid.uuid4().hex, probes.missing_dirs(job.folder) if env.is_main else []
+    try:
+        if env.is_main:
+            facts = dataclasses.replace(facts, folder_error=probes.write_marker(job.folder, nonce))
+        return _rendezvous(job, facts, nonce, environ)
+    finally:
+        if env.is_main:
+            probes.remove_marker(job.folder, nonce, created)
+
+
+def _rendezvous(job: _Run, facts: RankFacts, nonce: str, environ: Mapping[str, str]) -> int:
+    """Open the store (or say alone why not), then lead (rank 0) or follow (everyone else)."""
+    env = job.env
+    if env.is_main and job.store_host == "rank0":
+        blockers = checks.blocking(facts)
+        if blockers:  # hosting the store would fail, or wait for ranks that look for it elsewhere
+            others = f"; the other ranks give up after {job.timeout_s:g} s" if env.world_size > 1 else ""
+            job.log.info(render(env, [facts], checks.solo(facts) + [
+                Check(FAIL, "store", f"not started: rank 0 cannot host it (see above){others}")]))
+            return exitcodes.FAILED
+    try:
+        store, where = _open_store(job, environ)
+    except _Unreachable as e:
+        job.log.info(render(env, [facts], checks.solo(facts) + [Check(FAIL, "store", str(e), e.fix)]))
+        return exitcodes.FAILED
+    return _lead(job, store, where, facts, nonce) if env.is_main else _follow(job, store, facts)
+
+
+class _Unreachable(Exception):
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(reason)
+        self.fix = fix
+
+
+def _wait_for_listener(addr: str, port: int, timeout_s: float) -> str:
+    """Connect until rank 0 listens: '' or the last error. Ours, not TCPStore's retry loop, which prints a
+    C++ stack per failed try and ends in an error that names no rank."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=min(5.0, timeout_s)).close()
+            return ""
+        except OSError as e:
+            error = e.strerror or str(e) or type(e).__name__
+        if time.monotonic() >= deadline:
+            return error
+        time.sleep(0.2)
+
+
+def _open_store(job: _Run, environ: Mapping[str, str]) -> tuple[Any, str]:
+    """(store, 'addr:port'): rank 0 (or torchrun's agent) hosts it; the others connect within the timeout."""
+    import torch.distributed as dist
+
+    env = job.env
+    keep = timedelta(seconds=2 * job.timeout_s + 120)  # later gets wait out rank 0's collection and benchmark
+    where = f"{env.master_addr}:{env.master_port}"
+    fix = (f"read rank 0's output: it names its own FAIL. If there is none, rank 0 never started, or "
+           f"MASTER_ADDR {env.master_addr} leads elsewhere from here (loopback, another host, a firewall)")
+    if job.store_host == "agent":
+        fix = "torchrun's agent store is gone: did torchrun fail? Check its output"
+    try:
+        if env.is_main and job.store_host == "rank0":
+            store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=True,
+                                  wait_for_workers=False, timeout=keep)
+        else:
+            error = _wait_for_listener(env.master_addr, env.master_port, job.timeout_s)
+            if error:
+                raise _Unreachable(f"rank {env.rank} could not reach the store at {where} within "
+                                   f"{job.timeout_s:g} s ({error})", fix)
+            store = dist.TCPStore(env.master_addr, env.master_port, None, is_master=False, timeout=keep)
+    except (RuntimeError, OSError) as e:
+        raise _Unreachable(f"rank {env.rank} could not open the store at {where} ({str(e).splitlines()[0]})",
+                           fix) from None
+    prefix = f"hpc_ddp/doctor/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # apart from torch's own keys
+    return dist.PrefixStore(prefix, store), f"{env.master_addr}:{store.port}"
+
+
+def _collect(store: Any, world_size: int, timeout_s: float) -> tuple[dict[int, RankFacts], float]:
+    """Rank 0: every rank's facts that arrive within timeout_s (the missing are named, not waited for)."""
+    start, found = time.monotonic(), {}
+    waiting = set(range(1, world_size))
+    while waiting and time.monotonic() - start < timeout_s:
+        for r in [r for r in sorted(waiting) if store.check([f"facts/{r}"])]:
+            found[r] = RankFacts.from_json(store.get(f"facts/{r}"))
+            waiting.discard(r)
+        time.sleep(0.05)
+    return found, time.monotonic() - start
+
+
+def _lead(job: _Run, store: Any, where: str, facts: RankFacts, nonce: str) -> int:
+    """Rank 0: hand out the nonce, collect facts, judge, benchmark, print, and release the others."""
+    env = job.env
+    store.set("nonce", "" if facts.folder_error else nonce)
+    others, waited = _collect(store, env.world_size, job.timeout_s)
+    present = [facts] + [others[r] for r in sorted(others)]
+    results = [checks.store_reached(env.world_size, [f.rank for f in present], where, job.timeout_s, waited)]
+    results += checks.evaluate(present)
+    go = job.collective and not any(c.status == FAIL for c in results)
+    store.set("plan", "collective" if go else "skip")
+    bench: list[str] = []
+    if go:
+        check, bench = _collective(job, store, facts, present)
+        results.append(check)
+    elif job.collective:
+        results.append(Check(WARN, "collective", "skipped: fix the FAILs above first"))
+    code = exitcodes.FAILED if any(c.status == FAIL for c in results) else exitcodes.OK
+    job.log.info(render(env, present, results, bench))
+    store.set("verdict", str(code))
+    deadline = time.monotonic() + ACK_WAIT_S  # the store dies with rank 0: let the others read the verdict
+    while store.add("acks", 0) < len(present) - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return code
+
+
+def _collective(job: _Run, store: Any, facts: RankFacts,
+                present: Sequence[RankFacts]) -> tuple[Check, list[str]]:
+    """Rank 0: run the benchmark with everyone, gather their times through the store, judge them."""
+    from hpc_ddp import collective
+
+    world = job.env.world_size
+    runs = {0: _benchmark(job, store, facts)}
+    runs.update({r: json.loads(store.get(f"bench/{r}")) for r in range(1, world)})
+    broken = {r: one["error"] for r, one in runs.items() if one.get("error")}
+    if broken:
+        first = min(broken)
+        return Check(FAIL, "collective", f"the all-reduce failed on rank {checks.ranks_text(list(broken))} "
+                                         f"(rank {first}: {broken[first]})", "read those ranks' output"), []
+    times = {r: {int(size): t for size, t in one["times"].items()} for r, one in runs.items()}
+    correct = {r: one["correct"] for r, one in runs.items()}
+    check = collective.verdict(times, correct, {f.rank: f.host for f in present}, world)
+    return check, render_bench(times, world, runs[0]["backend"])
+
+
+def _follow(job: _Run, store: Any, facts: RankFacts) -> int:
+    """Every other rank: check the folder against rank 0's marker, post facts, benchmark if told, obey."""
+    from hpc_ddp import probes
+
+    rank = job.env.rank
+    try:
+        nonce = store.get("nonce").decode()
+        facts = dataclasses.replace(
+            facts, folder_error=probes.write_probe(job.folder, rank, nonce or uuid.uuid4().hex),
+            folder_marker=probes.read_marker(job.folder, nonce) if nonce else "rank 0 could not write it")
+        store.set(f"facts/{rank}", facts.to_json())
+        if store.get("plan").decode() == "collective":
+            store.set(f"bench/{rank}", json.dumps(_benchmark(job, store, facts)))
+        code = int(store.get("verdict").decode())
+        store.add("acks", 1)
+    except (RuntimeError, OSError) as e:  # rank 0 died or was killed, and its store with it
+        job.log.info(f"doctor: FAIL: lost rank 0's store ({str(e).splitlines()[0]}); see rank 0's output")
+        return exitcodes.FAILED
+    if code != exitcodes.OK:  # silent otherwise: under srun, all ranks' lines share one output
+        job.log.info("doctor: FAIL (rank 0 prints the table)")
+    return code
+
+
+def _benchmark(job: _Run, store: Any, facts: RankFacts) -> dict[str, Any]:
+    """Join a process group through the doctor's store and time all-reduces, placed as training would be."""
+    import torch
+    import torch.distributed as dist
+
+    from hpc_ddp import collective, placement, process_group
+
+    env = job.env
+    device = torch.device(facts.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not facts.thread_error:
+        placement.apply_cpu_plan(placement.plan_cpus(facts.affinity, env.local_rank, env.local_world_size,
+                                                     os.environ))
+    backend = process_group.pick_backend(device, job.cfg.backend or None)
+    # process_group.process_group() would bind a second store on MASTER_PORT, which the doctor's store holds:
+    # join through the doctor's store instead, with the same backend rule, timeout and hang watch.
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    try:
+        with process_group.hang_watch(job.timeout_s):
+            dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
+                                    world_size=env.world_size, timeout=timedelta(seconds=job.timeout_s),
+                                    **kwargs)
+            try:
+                times, correct = collective.run(device, env.rank, env.world_size)
+            finally:
+                dist.destroy_process_group()
+    except (RuntimeError, ValueError) as e:  # a peer died mid-benchmark, NCCL refused: a finding, not a crash
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return {"times": {}, "correct": False, "backend": backend, "error": first}
+    return {"times": {str(s): t for s, t in times.items()}, "correct": correct, "backend": backend}
+
+
+# ---- the report (pure) --------------------------------------------------------------------------------
+
+ROW = "{:>5} {:>5} {:>4}  {:<14} {:<8} {:<22} {:<8} {:<9} {:>7}"
+
+
+def cpu_list(cpus: Sequence[int]) -> str:
+    return checks.ranks_text(cpus).replace(", ", ",")
+
+
+def machine_label(key: str) -> str:
+    """A short stable name for a machine key (the machine-id is long and not for display)."""
+    return hashlib.sha1(key.encode()).hexdigest()[:6]
+
+
+def render_rows(facts: Sequence[RankFacts]) -> list[str]:
+    lines = [ROW.format("rank", "local", "node", "host", "machine", "master", "device", "cpus", "threads")]
+    for f in facts:
+        lines.append(ROW.format(f.rank, f.local_rank, f.node_rank, f.host[:14], machine_label(f.machine),
+                                f"{f.master_addr}:{f.master_port}"[:22], f.device or "refused",
+                                cpu_list(f.cpus)[:9], f.threads))
+    return lines
+
+
+def render_checks(results: Sequence[Check]) -> str:
+    width = max((len(c.name) for c in results), default=0) + 2
+    lines = []
+    for c in results:
+        lines.append(f"{c.status}  {c.name:<{width}}{c.reason}")
+        if c.fix and c.status != PASS:
+            lines.append(f"{'':6}{'':<{width}}fix: {c.fix}")
+    return "\n".join(lines)
+
+
+def render_bench(times: Mapping[int, Mapping[int, float]], world: int, backend: str) -> list[str]:
+    from hpc_ddp import collective
+
+    lines = [f"all-reduce over {backend}, {world} rank(s), float32; busbw = algbw * 2(n-1)/n (nccl-tests)",
+             f"{'size':>8} {'calls':>6} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+    for size, mean, algbw, busbw in collective.table(times, world):
+        lines.append(f"{collective.human_size(size):>8} {collective.iterations(size):>6} {mean * 1e6:>11.1f} "
+                     f"{algbw:>13.3f} {busbw:>13.3f}")
+    return lines
+
+
+def render(env: Any, facts: Sequence[RankFacts], results: Sequence[Check], bench: Sequence[str] = ()) -> str:
+    machines = len({f.machine for f in facts})
+    head = (f"hpc_ddp doctor: {env.world_size} rank(s) on {env.num_nodes} node(s), {machines} machine(s) "
+            f"seen, launcher {env.launcher}" + (f", job {env.job_id}" if env.job_id else ""))
+    lines = [head, *(f"using {o} from the environment" for o in env.overrides), *render_rows(facts), ""]
+    lines += [*bench, ""] if bench else []
+    lines.append(render_checks(results))
+    counts = {s: sum(c.status == s for c in results) for s in (FAIL, WARN, PASS)}
+    lines.append(f"doctor: {counts[FAIL]} FAIL, {counts[WARN]} WARN, {counts[PASS]} PASS"
+                 + (" -> exit 1" if counts[FAIL] else ""))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    run_main(PROG, main)
