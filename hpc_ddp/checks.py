@@ -15,6 +15,7 @@ import ipaddress
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from hpc_ddp import placement
 
@@ -79,9 +80,10 @@ class RankFacts:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RankFacts:
-        data = json.loads(text)
-        tuples = {f.name for f in fields(cls) if str(f.type).startswith("tuple")}
-        return cls(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
+        data: dict[str, Any] = json.loads(text)
+        tuples = {f.name for f in fields(cls) if str(f.type).startswith("tuple")}  # JSON has only lists
+        values: dict[str, Any] = {k: tuple(v) if k in tuples else v for k, v in data.items()}
+        return cls(**values)
 
 
 def ranks_text(ranks: Sequence[int]) -> str:

@@ -263,12 +263,11 @@ def _benchmark(job: _Run, store: Any, facts: RankFacts) -> dict[str, Any]:
     backend = process_group.pick_backend(device, job.cfg.backend or None)
     # process_group.process_group() would bind a second store on MASTER_PORT, which the doctor's store holds:
     # join through the doctor's store instead, with the same backend rule, timeout and hang watch.
-    kwargs = {"device_id": device} if device.type == "cuda" else {}
     try:
         with process_group.hang_watch(job.timeout_s):
             dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
                                     world_size=env.world_size, timeout=timedelta(seconds=job.timeout_s),
-                                    **kwargs)
+                                    device_id=device if device.type == "cuda" else None)
             try:
                 times, correct = collective.run(device, env.rank, env.world_size)
             finally:

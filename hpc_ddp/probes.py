@@ -152,7 +152,7 @@ def write_marker(folder: Path, nonce: str) -> str:
 
 
 def missing_dirs(folder: Path) -> list[Path]:
-    """The folder and those of its parents that do not exist yet (deepest first): what write_marker creates."""
+    """The folder and its parents that do not exist yet, deepest first: what write_marker will create."""
     missing = []
     for path in (folder, *folder.parents):
         if path.exists():
