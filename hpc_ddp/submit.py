@@ -112,13 +112,11 @@ def gpu_count() -> int:
 
 
 def check_folder(folder: Path) -> None:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create run folder {folder} ({e.strerror or e}). Fix: --folder a writable "
-                         "directory") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"run folder {folder} is not writable. Fix: --folder a directory you can write")
+    """Create the run folder and prove it is writable by writing to it (os.access lies for root)."""
+    from hpc_ddp.train import prepare_folder  # light: no torch at import time
+
+    prepare_folder(folder)
+    (folder / "logs").mkdir(exist_ok=True)
 
 
 def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,

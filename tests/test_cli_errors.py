@@ -73,7 +73,14 @@ def test_submit_local_unwritable_folder(a_file: Path, sub: str, why: str, tmp_pa
     # A path under a plain file: unwritable even for root (a read-only directory is not, for root).
     folder = a_file / sub if sub else a_file
     proc = run_module(SUBMIT, "--local", "--folder", str(folder), cwd=tmp_path, timeout=60)
-    assert_usage_error(proc, SUBMIT, f"cannot create run folder {folder} ({why})", "Fix: --folder")
+    assert_usage_error(proc, SUBMIT, f"run folder {folder} is not writable ({why})", "Fix: --folder")
+
+
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux sysfs")
+def test_submit_local_folder_that_even_root_cannot_write(tmp_path: Path) -> None:
+    # os.access() says yes to root for any directory; only a real write tells (sysfs refuses new files).
+    proc = run_module(SUBMIT, "--local", "--folder", "/sys/kernel", cwd=tmp_path, timeout=60)
+    assert_usage_error(proc, SUBMIT, "run folder /sys/kernel is not writable", "Fix: --folder")
 
 
 TRAIN_CASES = [
