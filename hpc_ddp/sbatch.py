@@ -1,0 +1,211 @@
+"""The Slurm side of `submit`, as pure functions: flags -> submitit parameters, and Slurm's answers -> meaning.
+
+Nothing here runs a command or reads `os.environ`: `slurm_job` (the thin shell) passes the environment and
+the text that `sbatch`, `sacct` and `scontrol` printed. That keeps every rule testable with a table.
+
+The job that `submit` builds and `slurm/ddp.sbatch` are the same job in two forms; both carry:
+
+- `--signal=USR2@<s>` without `B:`: the preemption signal goes to every task, not just to the batch shell;
+- `--requeue` and `--open-mode=append`: a requeued run may start again, and appends to its logs;
+- `srun --kill-on-bad-exit=1`: one failing task ends the step instead of leaving the others in a collective;
+- `srun --cpus-per-task=N`: since Slurm 22.05, srun no longer inherits sbatch's `--cpus-per-task`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hpc_ddp.errors import UsageError
+
+SIGNAL = "USR2"  # submitit's default too; NCCL has been known to catch USR1
+SRUN_FLAGS = ("--kill-on-bad-exit=1",)  # plus --cpus-per-task=N when it is known
+
+# What a job inherits but must not pass on to a job it submits. sbatch exports the submitting environment
+# into the new job (--export=ALL), and srun reads SLURM_* as defaults: a stale SLURM_CPUS_PER_TASK or
+# SLURM_NTASKS_PER_NODE from the outer job would silently reshape the inner one. SLURM_CONF stays: it says
+# which cluster to talk to. SBATCH_* stay too: Slurm never sets them, so they are the user's own defaults.
+_LEAKING_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
+_LEAKING_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                            "MASTER_PORT", "HPC_DDP_LOCAL"})
+_KEPT = frozenset({"SLURM_CONF"})
+
+# sbatch options that `submit` sets from its own flags: `--slurm` must not set them behind the flag's back.
+_OWN_OPTIONS = {"nodes": "--nodes", "ntasks-per-node": "--tasks-per-node", "gpus-per-node": "--gpus-per-node",
+                "cpus-per-task": "--cpus-per-task", "mem": "--mem-gb", "time": "--time", "partition": "--partition",
+                "account": "--account", "qos": "--qos", "constraint": "--constraint", "exclusive": "--exclusive",
+                "job-name": "--job-name", "signal": "--signal-delay-s", "output": "--folder", "error": "--folder"}
+
+_TIME = re.compile(r"^(?:(?P<days>\d+)-)?(?P<hours>\d{1,2}):(?P<minutes>\d{2}):(?P<seconds>\d{2})$")
+_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
+
+
+def parse_time(text: str) -> int:
+    """`--time`: minutes ("90") or `[D-]HH:MM:SS` ("1-02:00:00") -> whole minutes, seconds rounded up."""
+    value = text.strip()
+    if value.isdigit():
+        minutes = int(value)
+    else:
+        match = _TIME.match(value)
+        if match is None or int(match["minutes"]) > 59 or int(match["seconds"]) > 59:
+            raise UsageError(f"--time {text!r}: expected minutes (e.g. 90) or [D-]HH:MM:SS (e.g. 04:00:00 or "
+                             "1-00:00:00)")
+        seconds = (((int(match["days"] or 0) * 24 + int(match["hours"])) * 60 + int(match["minutes"])) * 60
+                   + int(match["seconds"]))
+        minutes = -(-seconds // 60)
+    if minutes <= 0:
+        raise UsageError(f"--time {text!r}: must be at least 1 minute (Slurm reads 0 as 'no limit', which would "
+                         "never send the preemption signal)")
+    return minutes
+
+
+def check_signal_delay(delay_s: int, minutes: int) -> None:
+    if delay_s <= 0 or delay_s > 65535:
+        raise UsageError(f"--signal-delay-s {delay_s}: must be between 1 and 65535 seconds (Slurm's range)")
+    if delay_s >= minutes * 60:
+        raise UsageError(f"--signal-delay-s {delay_s} is not below --time ({minutes * 60} s): the preemption "
+                         "signal would come at once. Fix: a longer --time or a smaller --signal-delay-s")
+
+
+def parse_extras(items: Sequence[str]) -> dict[str, Any]:
+    """`--slurm KEY=VALUE` (or a bare `--slurm KEY` for a flag) -> sbatch options {key: value or True}."""
+    extras: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip("-")
+        if not _KEY.match(key) or (sep and not value):
+            raise UsageError(f"--slurm {item!r}: expected KEY=VALUE with an sbatch long option name, e.g. "
+                             "--slurm mail-type=END (or KEY alone for a flag, e.g. --slurm hold)")
+        if key in _OWN_OPTIONS:
+            raise UsageError(f"--slurm {item!r}: {key} is set by {_OWN_OPTIONS[key]}; use that flag instead")
+        extras[key] = value if sep else True
+    return extras
+
+
+def submit_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment to run sbatch in: `environ` minus what an enclosing job or launcher put there."""
+    return {k: v for k, v in environ.items()
+            if k in _KEPT or not (k.startswith(_LEAKING_PREFIXES) or k in _LEAKING_NAMES)}
+
+
+def mem_text(mem_gb: float) -> str:
+    if mem_gb <= 0:
+        raise UsageError(f"--mem-gb {mem_gb}: must be positive, e.g. --mem-gb 64")
+    return f"{int(mem_gb)}G" if mem_gb == int(mem_gb) else f"{int(mem_gb * 1024)}M"
+
+
+def srun_args(cpus_per_task: int | None) -> list[str]:
+    return [*SRUN_FLAGS, *([f"--cpus-per-task={cpus_per_task}"] if cpus_per_task else [])]
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """The validated Slurm side of a submission (the job shape comes from `submit.JobShape`)."""
+
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    minutes: int
+    signal_delay_s: int
+    job_name: str
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    setup: tuple[str, ...] = ()
+    extras: tuple[tuple[str, Any], ...] = ()
+
+    def executor_parameters(self) -> dict[str, Any]:
+        """Keyword arguments for submitit's `SlurmExecutor.update_parameters` (its native names)."""
+        optional = {"gpus_per_node": self.gpus_per_node or None, "cpus_per_task": self.cpus_per_task,
+                    "mem": self.mem, "partition": self.partition, "account": self.account, "qos": self.qos,
+                    "constraint": self.constraint, "exclusive": True if self.exclusive else None}
+        params: dict[str, Any] = {
+            "job_name": self.job_name, "nodes": self.nodes, "ntasks_per_node": self.tasks_per_node,
+            "time": self.minutes, "signal_delay_s": self.signal_delay_s,
+            # One log per task, stdout and stderr interleaved in the order they happened.
+            "stderr_to_stdout": True,
+            "srun_args": srun_args(self.cpus_per_task),
+            "additional_parameters": {"requeue": True, **dict(self.extras)},
+            "wckey": None,  # submitit's default "submitit" is refused where wckeys are enforced
+        }
+        params.update({k: v for k, v in optional.items() if v is not None})
+        if self.setup:
+            params["setup"] = list(self.setup)
+        return params
+
+
+# ----- Slurm's answers ------------------------------------------------------------------------------------
+
+_SBATCH_FIXES = (
+    ("partition", "check --partition (`sinfo -s` lists the partitions)"),
+    ("unrecognized option", "check the --slurm option names (`sbatch --help`)"),
+    ("invalid option", "check the --slurm option names (`sbatch --help`)"),
+    ("time", "check --time (minutes, or [D-]HH:MM:SS) and the partition's limit (`sinfo -s`)"),
+    ("account", "check --account (`sacctmgr show assoc user=$USER`)"),
+    ("qos", "check --qos (`sacctmgr show assoc user=$USER format=qos`)"),
+    ("feature", "check --constraint (`sinfo -o '%N %f'` lists node features)"),
+    ("memory", "ask for less --mem-gb than a node has (`sinfo -N -l`)"),
+    ("gres", "check --gpus-per-node: this partition may have no (or fewer) GPUs (`sinfo -o '%P %G'`)"),
+    ("node configuration is not available", ("ask for no more nodes, CPUs, GPUs or memory than the "
+                                             "partition's nodes have (`sinfo -N -l`)")),
+    ("node count", "ask for no more --nodes than the partition has (`sinfo -s`)"),
+)
+
+
+def sbatch_error(output: str) -> str:
+    """One line from sbatch's refusal: its own error text, then the flag to fix."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [re.sub(r"^sbatch:\s*(error:\s*)?", "", line) for line in lines
+              if line.startswith("sbatch:") and "Try \"sbatch --help\"" not in line]
+    errors = [re.sub(r"^Batch job submission failed:\s*", "", e) for e in errors] or lines[-1:] or ["no output"]
+    seen = list(dict.fromkeys(errors))  # sbatch often says the same thing twice in two wordings
+    reason = "; ".join(seen)
+    fix = next((fix for key, fix in _SBATCH_FIXES if key in reason.lower()), "check the Slurm options")
+    return f"sbatch refused the job: {reason}. Fix: {fix}"
+
+
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
+                           "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "RESV_DEL_HOLD",
+                           "PREEMPTED", "UNKNOWN"})
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # Slurm's state word: RUNNING, COMPLETED, CANCELLED ("CANCELLED by 0" -> CANCELLED), ...
+    exit_code: int = 0  # the batch script's exit code (sacct's ExitCode before the colon)
+    signal: int = 0  # the signal that ended it, if any (after the colon)
+
+    @property
+    def done(self) -> bool:
+        return self.state not in ACTIVE_STATES
+
+
+def parse_sacct(text: str) -> JobState | None:
+    """`sacct -X -n -P -o State,ExitCode -j ID` -> the job's state (the last line: the current run)."""
+    rows = [line.split("|") for line in text.splitlines() if line.strip()]
+    if not rows or len(rows[-1]) < 2:
+        return None
+    state, exit_code = rows[-1][0], rows[-1][1]
+    return JobState(state.split()[0].rstrip("+").upper(), *_exit_pair(exit_code))
+
+
+def parse_scontrol(text: str) -> JobState | None:
+    """`scontrol show job -o ID` -> the job's state (for clusters without accounting)."""
+    fields = dict(re.findall(r"(\w+)=(\S*)", text))
+    if "JobState" not in fields:
+        return None
+    return JobState(fields["JobState"].upper(), *_exit_pair(fields.get("ExitCode", "0:0")))
+
+
+def _exit_pair(text: str) -> tuple[int, int]:
+    code, _, sig = text.partition(":")
+    try:
+        return int(code or 0), int(sig or 0)
+    except ValueError:
+        return 0, 0

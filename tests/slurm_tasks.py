@@ -1,0 +1,19 @@
+"""A user task for the Slurm time-limit test, loaded as `--task slurm_tasks:slow_until_requeued`.
+
+Slurm checks time limits every 30 s, so a `--signal` ahead of a 1-minute limit lands anywhere in a 30-s window
+of the run. To be sure the signal finds the first run still training, that run must be slow; to finish in
+the requeued run before *its* signal, the rest must be fast. So: `slow_tasks.slow` (dropout, momentum, a sleep
+per step) on a job's first run, the same model and data without the sleep once Slurm has requeued it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import slow_tasks
+
+
+def slow_until_requeued(config):  # type: ignore[no-untyped-def]
+    if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
+        os.environ["SLOW_TASK_SLEEP_S"] = "0"
+    return slow_tasks.slow(config)

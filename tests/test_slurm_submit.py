@@ -1,0 +1,284 @@
+"""On the real local Slurm cluster (env/slurm/cluster.sh): submit, sbatch, preemption, failure, cancel, time limit.
+
+Every job is real: sbatch, srun across the emulated nodes node1/node2, gloo between them, sacct, scontrol
+requeue. Each test has its own run folder. Runs are tiny; the bitwise comparison of a preempted run with an
+uninterrupted one shares the uninterrupted run with the basic submit test (`reference`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import DATA, ROOT, clean_environ
+
+from hpc_ddp import slurm_job
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+DDP_SBATCH = ROOT / "slurm" / "ddp.sbatch"
+HANG_GUARD_S = 600  # only against a hung job; no assertion depends on time
+# slow_tasks:slow has dropout and momentum: a resume is bitwise equal only if RNG, optimizer and data
+# position all come back. 512 samples / 4 ranks / batch 32 = 4 steps per epoch.
+DETERMINISTIC = ["--task", "slow_tasks:slow", "--deterministic", "--save-every-epochs", "0", "--epochs", "12"]
+FINAL_STEP = 48
+
+
+def submit_argv(folder: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "hpc_ddp.submit", "--nodes", "2", "--tasks-per-node", "2", "--time", "10",
+            "--folder", str(folder), *args]
+
+
+def run_submit(folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(submit_argv(folder, *args), env=env or clean_environ(), capture_output=True, text=True,
+                          check=False, timeout=HANG_GUARD_S)
+
+
+def start_submit(folder: Path, *args: str, **env: str) -> tuple[subprocess.Popen[str], str]:
+    """`submit --wait` in the background; returns it and the job id from its first line."""
+    proc = subprocess.Popen(submit_argv(folder, *args, "--wait"), env=clean_environ(**env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    match = re.match(r"Submitted job (\d+):", first)
+    assert match, first + proc.communicate()[0]
+    return proc, match.group(1)
+
+
+def wait_for_line(path: Path, needle: str, proc: subprocess.Popen[str]) -> None:
+    """Until `needle` appears in the log at `path` (fails if the submitter ends first)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while needle not in slurm_job._read(path):
+        assert proc.poll() is None, f"{needle!r} never appeared:\n{proc.communicate()[0]}"
+        assert time.monotonic() < deadline, f"{needle!r} never appeared in {path}"
+        time.sleep(0.1)
+
+
+def wait_job(job_id: str) -> str:
+    """Until the job has ended and its last process is gone; its final state."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while True:
+        state = slurm_job.job_state(job_id)
+        if state is not None and state.done:
+            slurm_job._wait_while_completing(job_id)
+            return state.state
+        assert time.monotonic() < deadline, f"job {job_id} still {state}"
+        time.sleep(0.5)
+
+
+def sacct_records(job_id: str) -> list[str]:
+    """Every record of the job, requeued runs included: e.g. ['REQUEUED', 'COMPLETED']."""
+    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", job_id], capture_output=True,
+                         text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def rank_logs(folder: Path, job_id: str) -> list[str]:
+    return [slurm_job._read(slurm_job.log_path(folder, job_id, rank)) for rank in range(4)]
+
+
+def placements(logs: list[str]) -> dict[int, str]:
+    """{rank: host} from the 'Process R initialized on HOST' lines."""
+    found = {}
+    for text in logs:
+        for rank, host in re.findall(r"Process (\d+) initialized on (\S+) ", text):
+            found[int(rank)] = host
+    return found
+
+
+def losses(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"^Epoch \d+, Loss: ([\d.]+)$", text, re.MULTILINE)]
+
+
+def tensors(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    return {k: v for key, value in items for k, v in tensors(value, f"{prefix}/{key}").items()}
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys() and a
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"differ: {different}"
+
+
+def final_checkpoint(folder: Path) -> dict[str, Any]:
+    latest = (folder / "checkpoints" / "latest").read_text().strip()
+    return torch.load(folder / "checkpoints" / Path(latest).name, weights_only=True)
+
+
+# ----- submit --wait, from inside a (pretend) job ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def reference(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory,
+              time_limit_job: dict[str, Any]) -> dict[str, Any]:
+    """One uninterrupted 2 x 2 deterministic run, submitted from an environment that carries another job's
+    variables (the real ones of a batch shell on this cluster, plus stale ones srun would read).
+    (`time_limit_job` is requested only to start that job first.)"""
+    folder = tmp_path_factory.mktemp("reference") / "run"
+    outer = {**clean_environ(SLOW_TASK_SLEEP_S="0"), "SLURM_CPUS_PER_TASK": "3", "SRUN_CPUS_PER_TASK": "3",
+             "SLURM_HPC_DDP_CANARY": "outer", "MASTER_PORT": "1"}
+    outer.update(json.loads((DATA / "slurm_env" / "batch_2x2.json").read_text()))
+    args = [*DETERMINISTIC, "--partition", slurm_cluster,
+            "--setup", f"env | grep -E '^(SLURM|SRUN|MASTER)_' | sort > {folder}/batch_env.txt"]
+    proc = run_submit(folder, *args, "--wait", env=outer)
+    printed = run_submit(folder, *args, "--print-sbatch", env=outer)
+    return {"folder": folder, "proc": proc, "outer": outer, "printed": printed.stdout}
+
+
+def test_submit_wait_runs_4_ranks_on_2_nodes(reference: dict[str, Any]) -> None:
+    proc, folder = reference["proc"], reference["folder"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
+    assert placements(rank_logs(folder, job_id)) == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    assert f"Model saved by rank 0 to {folder / 'model.pth'}" in proc.stdout
+    assert list(folder.rglob("model.pth")) == [folder / "model.pth"]
+    curve = losses(proc.stdout)  # --wait showed rank 0's log
+    assert len(curve) == 12 and curve[-1] < curve[0]
+    assert proc.stdout.rstrip().endswith(f"[submit] job {job_id} completed; run folder {folder}")
+    assert sacct_records(job_id) == ["COMPLETED"]
+    # What was submitted is what --print-sbatch shows.
+    assert (folder / "submitit" / f"{job_id}_submission.sh").read_text() == reference["printed"]
+    assert folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_job_submitted_from_a_job_gets_none_of_its_variables(reference: dict[str, Any]) -> None:
+    job_env = dict(line.split("=", 1) for line in (reference["folder"] / "batch_env.txt").read_text().splitlines())
+    assert job_env["SLURM_CONF"] == reference["outer"]["SLURM_CONF"]
+    assert job_env["SLURM_JOB_ID"] != reference["outer"]["SLURM_JOB_ID"]
+    assert job_env["SLURM_JOB_NAME"] == "hpc_ddp"
+    for leaked in ("SLURM_HPC_DDP_CANARY", "SRUN_CPUS_PER_TASK", "SLURM_CPUS_PER_TASK", "MASTER_PORT"):
+        assert leaked not in job_env, leaked
+
+
+# ----- the static script --------------------------------------------------------------------------------
+
+def test_ddp_sbatch_with_cpu_overrides(slurm_cluster: str, tmp_path: Path) -> None:
+    """`sbatch --gpus-per-node=0 --ntasks-per-node=2 ... slurm/ddp.sbatch`; python comes from env/job.env."""
+    venv_bin = str(Path(sys.executable).parent)
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "job.env").write_text(f'export PATH="{venv_bin}:$PATH"\necho "job.env sourced"\n')
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--nodes=2", "--gpus-per-node=0",
+         "--ntasks-per-node=2", "--cpus-per-task=1", str(DDP_SBATCH), "--folder", str(tmp_path / "run"),
+         "--epochs", "3"], cwd=tmp_path, env=clean_environ(PATH=path), capture_output=True, text=True, check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    assert wait_job(job_id) == "COMPLETED"
+    log = (tmp_path / f"hpc_ddp-{job_id}.out").read_text()
+    assert "job.env sourced" in log and f"python {venv_bin}/python" in log
+    assert "tasks per node 2(x2), 1 CPU(s) per task" in log
+    assert placements([log]) == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    assert list((tmp_path / "run").rglob("model.pth")) == [tmp_path / "run" / "model.pth"]
+    assert "Model saved by rank 0" in log
+    curve = losses(log)
+    assert len(curve) == 3 and curve[-1] < curve[0]
+
+
+# ----- preemption, failure, cancel, time limit ------------------------------------------------------------
+
+def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any], tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    proc, job_id = start_submit(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.1")
+    wait_for_line(slurm_job.log_path(folder, job_id), "Epoch 0,", proc)  # training, 44 steps to go
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, out
+    assert f"[submit] job {job_id} was requeued" in out and out.rstrip().endswith("completed; run folder " + str(folder))
+    assert sacct_records(job_id) == ["REQUEUED", "COMPLETED"]  # requeued exactly once
+    logs = rank_logs(folder, job_id)
+    # hpc_ddp's handler ran, not submitit's (which would checkpoint and requeue from rank 0 alone).
+    assert not any("Caught signal" in text for text in logs)
+    assert logs[0].count("SIGUSR2: preempted: checkpoint saved, requeue 1 of 3") == 1
+    assert logs[0].count(f"requeued job {job_id}") == 1
+    # Exactly one checkpoint from the preempted run, at the agreed step it resumed from; then the final one.
+    resumed = re.findall(r"Resuming from (\S+) at epoch \d+, step (\d+)", logs[0])
+    assert len(resumed) == 1
+    path, step = Path(resumed[0][0]), int(resumed[0][1])
+    assert 4 <= step < FINAL_STEP and path.name == f"ckpt-{step:08d}.pt"
+    assert sorted(p.name for p in (folder / "checkpoints").glob("ckpt-*")) == \
+        [path.name, f"ckpt-{FINAL_STEP:08d}.pt"]
+    # Model and optimizer end bitwise equal to the uninterrupted run.
+    ref = reference["folder"]
+    assert_bitwise_equal(tensors(torch.load(folder / "model.pth", weights_only=True)),
+                         tensors(torch.load(ref / "model.pth", weights_only=True)))
+    assert_bitwise_equal(tensors(final_checkpoint(folder)["optimizer"]), tensors(final_checkpoint(ref)["optimizer"]))
+
+
+def test_a_raising_task_fails_the_job_and_shows_that_ranks_error(slurm_cluster: str, tmp_path: Path) -> None:
+    proc = run_submit(tmp_path / "run", "--task", "slow_tasks:crash", "--epochs", "3", "--wait")
+    assert proc.returncode == 1, proc.stdout
+    job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
+    assert f"[submit] job {job_id} ended FAILED" in proc.stdout
+    assert "[submit] rank 1 failed; the end of" in proc.stdout
+    assert "RuntimeError: boom from rank 1 (tests/slow_tasks.py:crash)" in proc.stdout
+    assert sacct_records(job_id) == ["FAILED"]
+
+
+def test_scancel_saves_reports_cancelled_and_is_not_requeued(slurm_cluster: str, tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    proc, job_id = start_submit(folder, "--task", "slow_tasks:slow", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05")
+    wait_for_line(slurm_job.log_path(folder, job_id), "Epoch 0,", proc)
+    subprocess.run(["scancel", job_id], check=True)
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)  # the guard: --wait must not hang on a cancelled job
+    assert proc.returncode == 75, out
+    assert f"[submit] job {job_id} was cancelled; the ranks saved a checkpoint first" in out
+    assert sacct_records(job_id) == ["CANCELLED"]
+    assert "SIGTERM: stopped by SIGTERM: checkpoint saved, not requeued" in rank_logs(folder, job_id)[0]
+    assert list((folder / "checkpoints").glob("ckpt-*.pt"))
+
+
+@pytest.fixture(scope="module")
+def time_limit_job(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """--time 1 (Slurm's shortest) with --signal-delay-s 5. Slurm checks time limits every 30 s and sends the
+    signal at the first check that is less than 30 s before "limit - delay": here 25-55 s into a run, and
+    always 30 s or more before the kill at the limit. The first run sleeps 1 s per epoch for 60 epochs, so the
+    signal finds it training; the requeued run has no sleep and finishes within the 25 s before its own
+    signal (under heavy load it may take one more requeue: --max-requeue 5).
+    Submitted without --wait, first thing in the module, so that its wait for Slurm's clock overlaps the
+    other tests (two 2 x 2 jobs fit on the cluster at once)."""
+    folder = tmp_path_factory.mktemp("time_limit") / "run"
+    proc = run_submit(folder, "--time", "1", "--signal-delay-s", "5", "--task", "slurm_tasks:slow_until_requeued",
+                      "--epochs", "60", "--save-every-epochs", "0", "--max-requeue", "5", env=clean_environ(SLOW_TASK_SLEEP_S="0.25"))
+    assert proc.returncode == 0, proc.stderr
+    job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
+    return {"folder": folder, "proc": proc, "job_id": job_id}
+
+
+def test_time_limit_signal_checkpoints_requeues_and_finishes(time_limit_job: dict[str, Any]) -> None:
+    proc, job_id = time_limit_job["proc"], time_limit_job["job_id"]
+    log = slurm_job.log_path(time_limit_job["folder"], job_id)
+    assert f"tail -F {log}" in proc.stdout and f"sacct -j {job_id}" in proc.stdout  # what it says without --wait
+    assert wait_job(job_id) == "COMPLETED"
+    records = sacct_records(job_id)
+    assert records[-1] == "COMPLETED" and records.count("REQUEUED") >= 1, records
+    text = slurm_job._read(log)
+    assert "SIGUSR2: preempted: checkpoint saved, requeue 1 of 5" in text
+    assert "Resuming from" in text and "Model saved by rank 0" in text
+    assert "TIMEOUT" not in records
+
+
+# ----- Slurm says no -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, needle", [
+    (["--partition", "no-such-partition"], ("sbatch refused the job: invalid partition specified: "
+                                           "no-such-partition; Invalid partition name specified. Fix: check "
+                                           "--partition")),
+    (["--slurm", "no-such-option=1"], "sbatch refused the job: unrecognized option '--no-such-option=1'"),
+])
+def test_slurm_refusals_exit_2_with_one_line(slurm_cluster: str, tmp_path: Path, args: list[str],
+                                             needle: str) -> None:
+    proc = run_submit(tmp_path / "run", *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert needle in proc.stderr
+    assert not (tmp_path / "run").exists()
