@@ -170,6 +170,19 @@ def sbatch_error(output: str) -> str:
     return f"sbatch refused the job: {reason}. Fix: {fix}"
 
 
+# Pending reasons that waiting will not cure: the job asks for more than the partition or account allows.
+_HOPELESS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
+             "InvalidQOS", "MaxNodePerJob", "MaxCpuPerJob", "MaxGRESPerJob", "MaxWallDurationPerJob")
+
+
+def pending_hint(reason: str) -> str:
+    """squeue's pending reason, with a warning when Slurm will never start the job as asked."""
+    if any(key in reason for key in _HOPELESS):
+        return (f"{reason}: Slurm will not start this job as asked (more nodes, GPUs or time than the partition "
+                "or account allows; `sinfo -s`, `scontrol show partition`). scancel it and fix the flags")
+    return reason
+
+
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
                            "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "RESV_DEL_HOLD",
                            "PREEMPTED", "UNKNOWN"})

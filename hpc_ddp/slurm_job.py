@@ -216,6 +216,10 @@ def requeue_count(job_id: str) -> int:
     return sum(1 for line in text.splitlines() if line.strip().startswith("REQUEUED"))
 
 
+def _pending_reason(job_id: str) -> str:
+    return (_run(["squeue", "-h", "-j", job_id, "-o", "%r"]) or "").strip()
+
+
 def _wait_while_completing(job_id: str, limit_s: float = 300) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline and (_run(["squeue", "-h", "-j", job_id, "-o", "%T"]) or "").strip():
@@ -254,7 +258,7 @@ def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out:
            state_of: Callable[[str], sbatch.JobState | None] = job_state) -> int:
     """--wait: print rank 0's log as it grows until the job ends, then report; returns the exit code."""
     follower = _LogFollower(log_path(folder, job_id), out)
-    last = ""
+    last, last_reason = "", ""
     unknown_since = time.monotonic()
     while True:
         state = state_of(job_id)
@@ -267,6 +271,12 @@ def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out:
             time.sleep(POLL_S)
             continue
         unknown_since = time.monotonic()
+        if state.state == "PENDING":
+            reason = _pending_reason(job_id)
+            if reason not in ("", "None", last_reason):
+                out.write(f"[submit] job {job_id} pending: {sbatch.pending_hint(reason)}\n")
+                out.flush()
+            last_reason = reason
         if state.state != last:
             if state.state in ("REQUEUED", "PENDING") and last in ("RUNNING", "COMPLETING", "REQUEUED"):
                 out.write(f"[submit] job {job_id} was requeued; waiting for it to start again\n")

@@ -385,3 +385,9 @@ def test_ddp_sbatch_keeps_waiting_for_the_tasks_after_sigterm(tmp_path: Path) ->
     assert proc.poll() is None  # still waiting for srun
     (tmp_path / "release").touch()
     assert proc.wait(timeout=60) == 75
+
+
+def test_pending_reasons_that_waiting_will_not_cure_say_so() -> None:
+    assert sbatch.pending_hint("Resources") == "Resources"
+    assert sbatch.pending_hint("PartitionConfig").startswith("PartitionConfig: Slurm will not start this job as asked")
+    assert "scancel it" in sbatch.pending_hint("QOSMaxNodePerJobLimit")

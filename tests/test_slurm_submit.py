@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +239,7 @@ def test_scancel_saves_reports_cancelled_and_is_not_requeued(slurm_cluster: str,
 
 
 @pytest.fixture(scope="module")
-def time_limit_job(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def time_limit_job(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """--time 1 (Slurm's shortest) with --signal-delay-s 5. Slurm checks time limits every 30 s and sends the
     signal at the first check that is less than 30 s before "limit - delay": here 25-55 s into a run, and
     always 30 s or more before the kill at the limit. The first run sleeps 1 s per epoch for 60 epochs, so the
@@ -251,7 +252,10 @@ def time_limit_job(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory)
                       "--epochs", "60", "--save-every-epochs", "0", "--max-requeue", "5", env=clean_environ(SLOW_TASK_SLEEP_S="0.25"))
     assert proc.returncode == 0, proc.stderr
     job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
-    return {"folder": folder, "proc": proc, "job_id": job_id}
+    yield {"folder": folder, "proc": proc, "job_id": job_id}
+    state = slurm_job.job_state(job_id)
+    if state is not None and not state.done:  # a failed or deselected test must not leave it running
+        subprocess.run(["scancel", job_id], check=False)
 
 
 def test_time_limit_signal_checkpoints_requeues_and_finishes(time_limit_job: dict[str, Any]) -> None:
