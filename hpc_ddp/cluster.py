@@ -255,7 +255,8 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
         raise ClusterConfigError(f"Slurm reports {world_size} tasks on {num_nodes} nodes. {fix}")
     if rank >= world_size:
         raise ClusterConfigError(f"SLURM_PROCID={rank} but the step has {world_size} tasks "
-                                 f"({' or '.join(SLURM_VARS['world_size'])}): rank must be < world size. {fix}")
+                                 f"({(_first(environ, SLURM_VARS['world_size']) or ('SLURM_NTASKS',))[0]}): rank must be < "
+                                 f"world size. {fix}")
     if node_rank >= num_nodes:
         raise ClusterConfigError(f"SLURM_NODEID={node_rank} but the step has {num_nodes} nodes. {fix}")
     if nodelist and len(nodes) != num_nodes:
