@@ -29,8 +29,8 @@ Sections:
               the folder in the background writer), timed from the call until the checkpoint file is durably
               renamed into place, against a raw sequential write + fsync of the same bytes to the same folder;
               as MB/s and their ratio. The training stall is how long save() holds the training thread. One
-              warm-up save is not counted; then 10 x --trials saves (the disk is noisy), each after an
-              `os.sync()`, as is every raw write.
+              warm-up save is not counted; then 10 x --trials saves (the disk is noisy). Each save and
+              each raw write comes right after `os.sync()` and a training step, as a save does in training.
   launch      Command start to the first training step, `submit --local` against `torchrun --standalone
               --nproc-per-node N -m hpc_ddp.train`, same task and flags. "First training step": the
               wall-clock time rank 0 stamps on its metrics.jsonl record of step 1, written right after its
@@ -273,7 +273,6 @@ def throughput(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, Any]
 
 def raw_write(path: Path, data: bytes) -> float:
     """Seconds to write `data` to a new file sequentially and fsync it: the disk's own speed."""
-    os.sync()
     start = time.perf_counter()
     with open(path, "wb") as f:
         f.write(data)
@@ -318,17 +317,27 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
             torch.manual_seed(cfg.seed)
             trainer = Trainer(cfg, env, device, build(cfg), folder, RankLog(0, io.StringIO()))
             inputs, target = next(iter(trainer.loader))
-            trainer._micro_step(inputs, target, 1.0, sync=True)  # a real step: gradients and state exist
-            trainer._optimizer_step()
+
+            def train_step() -> None:
+                """What precedes a save in training: a step, ending with the loop's per-step all-reduce.
+                Before it, `os.sync()`: nothing left pending from the previous trial (saves are minutes apart
+                in training)."""
+                os.sync()
+                loss = trainer._micro_step(inputs, target, 1.0, sync=True)
+                trainer._optimizer_step()
+                trainer._agree(loss, 1)
+
             for trial in range(-1, s.ckpt_trials):  # trial -1: warm-up, not counted
                 trainer.pos.step = trial + 2  # a new file each time, as in training
-                os.sync()  # nothing pending from the previous trial: saves are minutes apart in training
+                train_step()
                 start = time.perf_counter()
                 trainer.save()
                 stall = time.perf_counter() - start
                 path, nbytes = trainer.writer.wait()  # type: ignore[misc]
                 latest = time.perf_counter() - start
-                raw = raw_write(folder / "checkpoints" / f"raw-{trial + 1}.bin", path.read_bytes())
+                data = path.read_bytes()
+                train_step()
+                raw = raw_write(folder / "checkpoints" / f"raw-{trial + 1}.bin", data)
                 if trial < 0:
                     continue
                 for key, value in (("kit_s", durable_at[-1] - start), ("raw_s", raw), ("stall_s", stall),
@@ -419,7 +428,7 @@ def table(results: dict[str, dict[str, Any]], s: Settings) -> str:
     lines.append("")
     for t in targets(results):
         verdict = "met" if t.met else "MISSED"
-        lines.append(f"target  {t.name:<34} {t.value:6.2f}  {t.op} {t.threshold:<5} {verdict}")
+        lines.append(f"target  {t.name:<34} {t.value:6.3f}  {t.op} {t.threshold:<5} {verdict}")
     if s.quick:
         lines.append("(--quick: one short trial per figure; this checks the bench, it measures nothing)")
     elif s.trials < MIN_TRIALS:
