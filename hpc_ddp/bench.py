@@ -5,9 +5,9 @@
     python -m hpc_ddp.bench --quick --json b.json  # one short trial each: tests the bench, measures nothing
 
 Every contender runs the built-in `mlp` task (3.4 M parameters) on CPU with gloo, one node, --world-size
-ranks (GPUs are hidden from every run). Runs are interleaved, A B C A B C ..., so that a busy neighbour on a
-shared machine slows every contender alike; each figure is the median over the trials and each ratio the
-median of the per-trial ratios.
+ranks (GPUs are hidden from every run). Runs are interleaved, A B C C B A A B C ..., so that a busy neighbour
+on a shared machine slows every contender alike and a load that rises or falls during the bench favours
+none; each figure is the median over the trials and each ratio the median of the per-trial ratios.
 
 Sections:
   overhead    The kit (`submit --local --nodes 1 --tasks-per-node N`) against a hand-written DDP loop
@@ -241,13 +241,18 @@ def throughput(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, Any]
     cpus = sorted(os.sched_getaffinity(0))
     share = cpus[:max(1, len(cpus) // s.world_size)]
     rates: dict[str, list[float]] = {"kit": [], "naive": [], "tuned": [], "one_rank": []}
+    runs: dict[str, Callable[[int], float]] = {
+        "kit": lambda trial: runner.kit(f"kit-{s.world_size}-ranks", s.world_size, trial),
+        "tuned": lambda trial: runner.hand("hand-loop-tuned-threads", "tuned", trial),
+        "naive": lambda trial: runner.hand("hand-loop-default-threads", "default", trial),
+        "one_rank": lambda trial: runner.kit(f"kit-1-rank-{len(share)}-cpu", 1, trial, cpus=share)}
+    wanted = ["kit"] + (["tuned", "naive"] if "overhead" in sections else []) + \
+        (["one_rank"] if "scaling" in sections else [])
     for trial in range(s.trials):
-        rates["kit"].append(runner.kit(f"kit-{s.world_size}-ranks", s.world_size, trial))
-        if "overhead" in sections:
-            rates["naive"].append(runner.hand("hand-loop-default-threads", "default", trial))
-            rates["tuned"].append(runner.hand("hand-loop-tuned-threads", "tuned", trial))
-        if "scaling" in sections:
-            rates["one_rank"].append(runner.kit(f"kit-1-rank-{len(share)}-cpu", 1, trial, cpus=share))
+        # A B C D, then D C B A: a load that rises or falls during the bench favours no contender. The kit
+        # and the tuned loop, the closest pair, run back to back.
+        for name in wanted if trial % 2 == 0 else wanted[::-1]:
+            rates[name].append(runs[name](trial))
     result: dict[str, dict[str, Any]] = {}
     if "overhead" in sections:
         result["overhead"] = {
@@ -368,9 +373,10 @@ def launch_section(s: Settings) -> dict[str, Any]:
     torchrun = [*torchrun_cmd(), "--standalone", "--nproc-per-node", str(s.world_size), "-m", "hpc_ddp.train",
                 *train]
     times: dict[str, list[float]] = {"local": [], "torchrun": []}
+    order = [("local", "launch-submit-local", local), ("torchrun", "launch-torchrun", torchrun)]
     for trial in range(s.trials):
-        times["local"].append(runner.first_step("launch-submit-local", local, trial))
-        times["torchrun"].append(runner.first_step("launch-torchrun", torchrun, trial))
+        for name, label, cmd in order if trial % 2 == 0 else order[::-1]:
+            times[name].append(runner.first_step(label, cmd, trial))
     return {"local_s": median(times["local"]), "torchrun_s": median(times["torchrun"]),
             "local_vs_torchrun": median(ratios(times["local"], times["torchrun"])), "trials": times,
             "first_step": "wall-clock time on rank 0's metrics.jsonl record of step 1 (--log-every-s 0), "
