@@ -17,13 +17,12 @@ state to CPU (a copy, so training can keep changing its tensors) and the writer 
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -50,28 +49,79 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
-    """Write `data` to `path` so that readers see the old file or the whole new one, never a part."""
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> int:
+    """Let `write` fill a temporary file next to `path`, make it durable, then rename it into place: readers
+    see the old file or the whole new one, never a part. Returns the file's size."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
+            size = f.tell()
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+    return size
+
+
+def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
+    """Write `data` to `path` so that readers see the old file or the whole new one, never a part."""
+    _atomic_write(path, lambda f: f.write(data))
+
+
+class _EarlyWriteback:
+    """A file's write() that asks the kernel to start writing every few MB to disk as soon as they are
+    written, so the disk works while the rest is still being serialised and the final fsync only waits for
+    the tail (hpc_ddp.bench, 14 MB checkpoint: that fsync went from ~23 to ~18 ms)."""
+
+    CHUNK = 4 << 20
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.written, self.started = f, 0, 0
+
+    def write(self, data: Any) -> int:
+        n = self.f.write(data)
+        self.written += n
+        if self.written - self.started >= self.CHUNK and hasattr(os, "posix_fadvise"):
+            self.f.flush()
+            # On dirty pages, DONTNEED starts their writeback and returns without waiting for it (Linux).
+            os.posix_fadvise(self.f.fileno(), self.started, self.written - self.started,
+                             os.POSIX_FADV_DONTNEED)
+            self.started = self.written
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+_CRC_LOCK = threading.Lock()
+
+
+def _save_stream(obj: Any, f: BinaryIO) -> None:
+    """torch.save straight into the open temporary file, with no in-memory copy of the whole file first."""
+    # Without zip CRC32s: torch.load never checks them (a torn file is caught by the zip directory; the atomic
+    # rename keeps files whole), and they cost ~6 ms per 14 MB, a sixth of a save (hpc_ddp.bench). The setting
+    # is process-wide, hence the lock; a user's torch.save meanwhile in another thread also skips them,
+    # harmlessly.
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    set_ = getattr(torch.serialization, "set_crc32_options", None)
+    with _CRC_LOCK:
+        previous = get() if get else None
+        if set_:
+            set_(False)
+        try:
+            torch.save(obj, _EarlyWriteback(f))  # type: ignore[arg-type]  # a file object: write(), flush()
+        finally:
+            if set_ and previous is not None:
+                set_(previous)
 
 
 def atomic_save(obj: Any, path: Path) -> int:
     """torch.save `obj` to `path` atomically; returns the bytes written."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    view = buf.getbuffer()
-    atomic_write_bytes(path, view)
-    return view.nbytes
+    return _atomic_write(path, lambda f: _save_stream(obj, f))
 
 
 def to_cpu(obj: Any) -> Any:
