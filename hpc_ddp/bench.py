@@ -462,7 +462,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                         help="one trial of 4 steps per figure: checks that the bench works (for tests)")
     parser.add_argument("--json", metavar="PATH", help="also write every figure and trial as JSON here")
     parser.add_argument("--folder", metavar="DIR",
-                        help="keep every run's folder and log here (default: a temporary folder, removed)")
+                        help="keep every run's folder and log in a new folder under DIR (default: a "
+                             "temporary folder, removed at the end)")
     ns = parser.parse_args(argv)
     sections = list(dict.fromkeys(ns.sections)) or list(SECTIONS)
     unknown = [x for x in sections if x not in SECTIONS]
@@ -496,8 +497,10 @@ def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, An
 
 def main(argv: list[str] | None = None) -> int:
     ns, sections = parse(argv)
-    work = Path(ns.folder) if ns.folder else Path(tempfile.mkdtemp(prefix="hpc_ddp-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
+    if ns.folder:
+        # A fresh folder inside it every time: a kit run that found an earlier run's checkpoints would resume.
+        Path(ns.folder).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="hpc_ddp-bench-", dir=ns.folder or None))
     s = Settings(trials=ns.trials, steps=ns.steps, world_size=ns.world_size, batch_size=ns.batch_size,
                  work=work, quick=ns.quick)
     load_before = load_average()
