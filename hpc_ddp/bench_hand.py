@@ -104,7 +104,7 @@ def free_port() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc_ddp.bench_hand", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--threads", choices=THREADS, default="default", help="thread settings (see above)")
     parser.add_argument("--pin", action="store_true", help="tuned: also pin each rank to its own CPUs")
     parser.add_argument("--world-size", type=int, default=2, help="ranks on this machine (default: 2)")

@@ -161,3 +161,30 @@ def test_help_exits_0(module: str, tmp_path: Path) -> None:
     proc = run_module(module, "--help", cwd=tmp_path, timeout=60)
     assert (proc.returncode, proc.stderr) == (0, "")
     assert "--epochs" in proc.stdout and "--folder" in proc.stdout
+
+
+# --- no abbreviated long options ------------------------------------------------------------------------
+# argparse takes a unique prefix by default: `--fold x` silently became `--folder x`. Refused everywhere. The
+# trailing valid-but-rejected option only makes an old, abbreviating parser stop with a different error
+# instead of starting a run or submitting a job.
+ABBREV_CASES = [
+    (TRAIN, ["--fold", "x", "--epochs", "0"]),
+    (SUBMIT, ["--local", "--fold", "x", "--epochs", "0"]),
+    ("hpc_ddp.doctor", ["--fold", "x", "--epochs", "0"]),
+    ("hpc_ddp.bench", ["--fold", "x", "--trials", "0"]),
+]
+
+
+@pytest.mark.parametrize("module, args", ABBREV_CASES, ids=[m for m, _ in ABBREV_CASES])
+def test_abbreviated_options_are_refused(module: str, args: list[str], tmp_path: Path) -> None:
+    proc = run_module(module, *args, cwd=tmp_path, timeout=60)
+    assert_usage_error(proc, module, "unrecognized arguments: --fold", "did you mean --folder?", "--help")
+    assert proc.stdout == ""
+    assert not (tmp_path / "x").exists()
+
+
+def test_bench_hand_refuses_abbreviated_options(tmp_path: Path) -> None:
+    # An internal helper of the bench (argparse's own error format), but it must not guess either.
+    proc = run_module("hpc_ddp.bench_hand", "--thread", "tuned", "--out", "x", "--steps", "1", cwd=tmp_path,
+                      timeout=60)
+    assert proc.returncode == 2 and "unrecognized arguments: --thread" in proc.stderr, proc.stderr
