@@ -71,6 +71,7 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         # Before torch (seconds) and the rendezvous: a bad --folder is a one-line error at once. Only rank 0
         # writes there; the other ranks are stopped by their launcher (srun --kill-on-bad-exit, torchrun).
         prepare_folder(folder)
+        preemption.tell_folder(folder, environ)  # where slurm/ddp.sbatch finds preempted.json
 
     import torch
 

@@ -17,3 +17,11 @@ def slow_until_requeued(config):  # type: ignore[no-untyped-def]
     if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
         os.environ["SLOW_TASK_SLEEP_S"] = "0"
     return slow_tasks.slow(config)
+
+
+def without_scontrol(config):  # type: ignore[no-untyped-def]
+    """`slow_until_requeued` in a task that cannot run scontrol (a container without Slurm's commands): rank 0
+    leaves "mode": "exit" in preempted.json, and slurm/ddp.sbatch has to requeue in its place."""
+    os.environ["PATH"] = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                                         if d and not os.path.exists(os.path.join(d, "scontrol")))
+    return slow_until_requeued(config)

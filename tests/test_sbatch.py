@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import DATA, ROOT, clean_environ, run_module
 
-from hpc_ddp import sbatch, slurm_job
+from hpc_ddp import preemption, sbatch, slurm_job
 from hpc_ddp.errors import UsageError
 
 GOLDEN = DATA / "golden" / "print_sbatch.txt"
@@ -324,6 +324,9 @@ def test_no_sbatch_on_path_exits_2_with_one_line(tmp_path: Path) -> None:
 
 FAKE_SRUN = """#!/bin/bash
 printf '%s\\n' "$@" > "$FAKE_DIR/srun_args"
+# Global rank 0 tells the batch script the run folder it resolved (hpc_ddp.preemption.tell_folder).
+printf '%s\\n' "${HPC_DDP_FOLDER_FILE:-}" > "$FAKE_DIR/folder_file"
+if [[ -n ${FAKE_TELL:-} ]]; then printf '%s\\n' "$FAKE_TELL" > "$HPC_DDP_FOLDER_FILE"; fi
 if [[ -n ${FAKE_RECORD:-} ]]; then mkdir -p "$FAKE_FOLDER" && printf '%s\\n' "$FAKE_RECORD" > "$FAKE_FOLDER/preempted.json"; fi
 touch "$FAKE_DIR/srun_started"
 while [[ -n ${FAKE_HOLD:-} && ! -e $FAKE_DIR/release ]]; do sleep 0.05; done
@@ -332,8 +335,10 @@ exit "${FAKE_STATUS:-0}"
 
 
 def fake_batch(tmp_path: Path, args: list[str], folder: Path, status: int, record: dict[str, object] | None,
-               hold: bool = False) -> subprocess.Popen[str]:
-    """Run slurm/ddp.sbatch as Slurm would run the batch shell, with a fake srun and scontrol on PATH."""
+               hold: bool = False, tell: bool = True) -> subprocess.Popen[str]:
+    """Run slurm/ddp.sbatch as Slurm would run the batch shell, with a fake srun and scontrol on PATH. The
+    fake tasks write `record` to `folder`/preempted.json and, if `tell`, tell the script that folder."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)  # the script's TMPDIR
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "srun").write_text(FAKE_SRUN)
@@ -343,6 +348,7 @@ def fake_batch(tmp_path: Path, args: list[str], folder: Path, status: int, recor
     env = clean_environ(
         PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_DIR=str(tmp_path), FAKE_FOLDER=str(folder),
         FAKE_STATUS=str(status), FAKE_RECORD=json.dumps(record) if record else "", FAKE_HOLD="1" if hold else "",
+        FAKE_TELL=str(folder) if tell else "", TMPDIR=str(tmp_path / "tmp"),
         SLURM_JOB_ID="123", SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="node[1-2]",
         SLURM_TASKS_PER_NODE="2(x2)", SLURM_CPUS_PER_TASK="3", SLURM_SUBMIT_DIR=str(tmp_path))
     return subprocess.Popen(["bash", str(DDP_SBATCH), *args], cwd=tmp_path, env=env, text=True,
@@ -370,6 +376,59 @@ def test_ddp_sbatch_requeues_only_for_a_preempted_exit_that_asks_for_it(
         "--kill-on-bad-exit=1", "--cpus-per-task=3", "python", "-u", "-m", "hpc_ddp.train", *folder_args,
         "--epochs", "2"]
     assert out.startswith("[ddp.sbatch] job 123 (restart 0): 2 node(s) node[1-2], tasks per node 2(x2), 3 CPU(s)")
+    assert_folder_file_removed(tmp_path)
+
+
+def assert_folder_file_removed(tmp_path: Path) -> None:
+    """The script chose a fresh file in its TMPDIR for the tasks, and removed it at the end."""
+    told = Path((tmp_path / "folder_file").read_text().strip())
+    assert told.parent == tmp_path / "tmp" and told.name.startswith("hpc_ddp-123.")
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_ddp_sbatch_reads_the_run_folder_the_tasks_resolved_not_its_arguments(tmp_path: Path) -> None:
+    """The task may resolve its folder otherwise than the script's arguments say (an edited srun line, srun's
+    working directory from SLURM_WORKING_DIR ...): preempted.json is where the task says it is."""
+    record = {"requeue": True, "signal": "SIGUSR2", "mode": "exit"}
+    proc = fake_batch(tmp_path, ["--folder", "out/a"], tmp_path / "elsewhere" / "b", 75, record)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err
+    assert (tmp_path / "scontrol_calls").read_text() == "requeue 123\n"
+    assert not (tmp_path / "out").exists()
+    assert_folder_file_removed(tmp_path)
+
+
+def test_ddp_sbatch_does_not_requeue_when_the_tasks_never_told_their_folder(tmp_path: Path) -> None:
+    record = {"requeue": True, "signal": "SIGUSR2", "mode": "exit"}
+    proc = fake_batch(tmp_path, [], tmp_path / "runs" / "123", 75, record, tell=False)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err
+    assert not (tmp_path / "scontrol_calls").exists()
+    assert "[ddp.sbatch] the tasks did not write their run folder to " in err and "not requeueing" in err
+    assert_folder_file_removed(tmp_path)
+
+
+def test_rank_0_tells_its_run_folder_to_the_file_ddp_sbatch_names(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    told = tmp_path / "folder_file"
+    told.write_text("")  # ddp.sbatch makes it with mktemp
+    monkeypatch.chdir(tmp_path)
+    preemption.tell_folder(Path("runs/7"), {"HPC_DDP_FOLDER_FILE": str(told)})
+    assert told.read_text() == f"{tmp_path}/runs/7\n"  # absolute: the batch shell may be elsewhere
+    preemption.tell_folder(Path("runs/8"), {})  # not under ddp.sbatch: nothing to tell
+    preemption.tell_folder(Path("runs/8"), {"HPC_DDP_FOLDER_FILE": ""})
+    assert told.read_text() == f"{tmp_path}/runs/7\n"
+
+
+@pytest.mark.slow
+def test_train_tells_the_folder_it_resolved(tmp_path: Path) -> None:
+    """A real one-process `python -m hpc_ddp.train` with its default folder, runs/<job id>."""
+    told = tmp_path / "folder_file"
+    proc = run_module("hpc_ddp.train", "--epochs", "1", cwd=tmp_path,
+                      env=clean_environ(HPC_DDP_FOLDER_FILE=str(told), SLURM_JOB_ID="4242"))
+    assert proc.returncode == 0, proc.stderr
+    assert told.read_text() == f"{tmp_path}/runs/4242\n"
+    assert (tmp_path / "runs" / "4242" / "model.pth").is_file()
 
 
 def test_ddp_sbatch_keeps_waiting_for_the_tasks_after_sigterm(tmp_path: Path) -> None:

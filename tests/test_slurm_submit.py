@@ -185,6 +185,41 @@ def test_ddp_sbatch_with_cpu_overrides(slurm_cluster: str, tmp_path: Path) -> No
     assert len(curve) == 3 and curve[-1] < curve[0]
 
 
+def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(slurm_cluster: str,
+                                                                             tmp_path: Path) -> None:
+    """Tasks that cannot run scontrol leave "mode": "exit" in preempted.json and the batch shell requeues. It
+    must find that file where the tasks put it: here their default runs/<job id>, under the working directory
+    srun gives them from SLURM_WORKING_DIR (set where the job was submitted), not the batch shell's."""
+    workdir = tmp_path / "tasks"
+    workdir.mkdir()
+    venv_bin = str(Path(sys.executable).parent)
+    env = clean_environ(PATH=f"{venv_bin}:{os.environ['PATH']}", SLURM_WORKING_DIR=str(workdir),
+                        SLOW_TASK_SLEEP_S="0.1")
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--nodes=2", "--gpus-per-node=0",
+         "--ntasks-per-node=2", "--cpus-per-task=1", str(DDP_SBATCH), "--task", "slurm_tasks:without_scontrol",
+         "--epochs", "40", "--save-every-epochs", "0"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    log = tmp_path / f"hpc_ddp-{job_id}.out"
+    deadline = time.monotonic() + HANG_GUARD_S
+    while "Epoch 0," not in slurm_job._read(log):  # training: 39 epochs of 0.4 s to go
+        state = slurm_job.job_state(job_id)
+        assert state is None or not state.done, slurm_job._read(log)
+        assert time.monotonic() < deadline, f"job {job_id} never trained"
+        time.sleep(0.1)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    assert wait_job(job_id) == "COMPLETED", slurm_job._read(log)
+    assert sacct_records(job_id) == ["REQUEUED", "COMPLETED"]
+    text = log.read_text()
+    assert text.count(f"[ddp.sbatch] tasks stopped after saving; requeueing job {job_id}") == 1
+    folder = workdir / "runs" / job_id
+    assert json.loads((folder / "preempted.json").read_text()) == {"requeue": True, "signal": "SIGUSR2",
+                                                                    "mode": "exit"}
+    assert "Resuming from" in text and (folder / "model.pth").is_file()
+    assert not (tmp_path / "runs").exists()
+
+
 # ----- preemption, failure, cancel, time limit ------------------------------------------------------------
 
 def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any], tmp_path: Path) -> None:
