@@ -320,38 +320,38 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     try:
         with process_group(env, device, "gloo", 60.0):
             torch.manual_seed(cfg.seed)
-            trainer = Trainer(cfg, env, device, build(cfg), folder, RankLog(0, io.StringIO()))
-            inputs, target = next(iter(trainer.loader))
+            with Trainer(cfg, env, device, build(cfg), folder, RankLog(0, io.StringIO())) as trainer:
+                inputs, target = next(iter(trainer.loader))
 
-            def train_step() -> None:
-                """What precedes a save in training: a step, ending with the loop's per-step all-reduce.
-                Before it, `os.sync()`: nothing left pending from the previous trial (saves are minutes apart
-                in training)."""
-                os.sync()
-                loss = trainer._micro_step(inputs, target, 1.0, sync=True)
-                trainer._optimizer_step()
-                trainer._agree(loss, 1)
+                def train_step() -> None:
+                    """What precedes a save in training: a step, ending with the loop's per-step all-reduce.
+                    Before it, `os.sync()`: nothing left pending from the previous trial (saves are minutes apart
+                    in training)."""
+                    os.sync()
+                    loss = trainer._micro_step(inputs, target, 1.0, sync=True)
+                    trainer._optimizer_step()
+                    trainer._agree(loss, 1)
 
-            for trial in range(-1, s.ckpt_trials):  # trial -1: warm-up, not counted
-                trainer.pos.step = trial + 2  # a new file each time, as in training
-                train_step()
-                start = time.perf_counter()
-                trainer.save()
-                stall = time.perf_counter() - start
-                path, nbytes = trainer.writer.wait()  # type: ignore[misc]
-                latest = time.perf_counter() - start
-                data = path.read_bytes()
-                train_step()
-                raw = raw_write(folder / "checkpoints" / f"raw-{trial + 1}.bin", data)
-                if trial < 0:
-                    continue
-                for key, value in (("kit_s", durable_at[-1] - start), ("raw_s", raw), ("stall_s", stall),
-                                   ("latest_s", latest)):
-                    t[key].append(value)
-                kit_rate, raw_rate = nbytes / t["kit_s"][-1] / 1e6, nbytes / raw / 1e6
-                progress(f"checkpoint {trial + 1}/{s.ckpt_trials}: kit {kit_rate:,.0f} MB/s (stall "
-                         f"{stall * 1000:.1f} ms), raw write {raw_rate:,.0f} MB/s "
-                         f"(load {load_average():.1f})")
+                for trial in range(-1, s.ckpt_trials):  # trial -1: warm-up, not counted
+                    trainer.pos.step = trial + 2  # a new file each time, as in training
+                    train_step()
+                    start = time.perf_counter()
+                    trainer.save()
+                    stall = time.perf_counter() - start
+                    path, nbytes = trainer.writer.wait()  # type: ignore[misc]
+                    latest = time.perf_counter() - start
+                    data = path.read_bytes()
+                    train_step()
+                    raw = raw_write(folder / "checkpoints" / f"raw-{trial + 1}.bin", data)
+                    if trial < 0:
+                        continue
+                    for key, value in (("kit_s", durable_at[-1] - start), ("raw_s", raw), ("stall_s", stall),
+                                       ("latest_s", latest)):
+                        t[key].append(value)
+                    kit_rate, raw_rate = nbytes / t["kit_s"][-1] / 1e6, nbytes / raw / 1e6
+                    progress(f"checkpoint {trial + 1}/{s.ckpt_trials}: kit {kit_rate:,.0f} MB/s (stall "
+                             f"{stall * 1000:.1f} ms), raw write {raw_rate:,.0f} MB/s "
+                             f"(load {load_average():.1f})")
     finally:
         checkpoint.atomic_save = original  # type: ignore[assignment]
     return {"bytes": nbytes, "kit_mb_per_s": nbytes / median(t["kit_s"]) / 1e6,

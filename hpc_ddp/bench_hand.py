@@ -19,6 +19,7 @@ first optimizer step to the end of the last, over all ranks' samples.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import os
@@ -93,6 +94,10 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
         result.update(steps=len(step_ends), threads=torch.get_num_threads(), world_size=args.world_size,
                       variant=args.threads, pinned=args.pin)
         Path(args.out).write_text(json.dumps(result) + "\n")
+    # DDP's Reducer holds the group: freed after destroy_process_group(), the gloo group's destructor can
+    # deadlock (hpc_ddp.process_group). Drop it first, as the kit's Trainer.close() does.
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from hpc_ddp import checks, exitcodes
 from hpc_ddp.checks import FAIL, PASS, WARN, Check, RankFacts
 from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
-from hpc_ddp.errors import ClusterConfigError, UsageError, run_main
+from hpc_ddp.errors import ClusterConfigError, UsageError, run_task
 
 PROG = "python -m hpc_ddp.doctor"
 ACK_WAIT_S = 10.0  # how long rank 0 keeps its store up for the others to read the verdict
@@ -336,4 +336,4 @@ def render(env: Any, facts: Sequence[RankFacts], results: Sequence[Check], bench
 
 
 if __name__ == "__main__":
-    run_main(PROG, main)
+    run_task(PROG, main)

@@ -8,6 +8,7 @@ Messages follow one shape: what was found, what was expected, and the fix.
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -42,3 +43,31 @@ def run_main(prog: str, main: Callable[[], int]) -> NoReturn:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     raise SystemExit(code)
+
+
+def run_task(prog: str, main: Callable[[], int]) -> NoReturn:
+    """Run one task of a job (`hpc_ddp.train`, `hpc_ddp.doctor`) and leave with `exitcodes.leave`: the exit
+    code is decided here, on every path, and no interpreter teardown can hang the task after it."""
+    try:
+        code = main()
+    except UsageError as e:
+        code = exitcodes.USAGE
+        _say(f"{prog}: error: {e}")
+    except KeyboardInterrupt:
+        code = exitcodes.INTERRUPTED
+        _say(f"{prog}: interrupted")
+    except SystemExit as e:  # argparse's --help (0) and usage errors (2); SystemExit("text") means 1
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            _say(str(e.code))
+    except BaseException:
+        code = exitcodes.FAILED
+        _say(traceback.format_exc().rstrip("\n"))
+    exitcodes.leave(code)
+
+
+def _say(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass

@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
+import traceback
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -20,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from hpc_ddp import checkpoint, metrics, preemption, resume
+from hpc_ddp import checkpoint, metrics, preemption, process_group, resume
 from hpc_ddp.cluster import DistEnv
 from hpc_ddp.config import TrainConfig
 from hpc_ddp.errors import UsageError
@@ -82,24 +84,40 @@ def _ordered_mean_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP ch
 
 
 class Trainer:
-    """Owns the model, optimizer and data of one rank; `run()` trains until done or an agreed stop."""
+    """Owns the model, optimizer and data of one rank; `run()` trains until done or an agreed stop.
+
+    Use it as a context manager inside `process_group()`: leaving the block closes it (see `close`), on
+    errors too, so its DDP module never outlives the group."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task, folder: Path,
                  log: RankLog) -> None:
         self.cfg, self.env, self.device, self.folder, self.log = cfg, env, device, folder, log
         self.loss_fn = task.loss_fn
+        self.sampler: DistributedSampler[Any] = DistributedSampler(
+            task.dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed, drop_last=True)
+        self.batches_per_epoch = len(self.sampler) // cfg.batch_size
+        if self.batches_per_epoch == 0:  # checked before DDP exists: nothing to release on this error
+            raise UsageError(f"each rank gets {len(self.sampler)} samples of the dataset ({env.world_size} ranks), "
+                             f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks")
+        self.writer = checkpoint.AsyncWriter()
         self.model = task.model.to(device)
         # gradient_as_bucket_view: gradients live inside DDP's all-reduce buckets, saving a copy per step.
         self.ddp = DDP(self.model, device_ids=[device] if device.type == "cuda" else None,
                        gradient_as_bucket_view=True)
+        process_group.hold(self.ddp)  # its Reducer holds the group: it must be gone before the group is
+        try:
+            self._finish_init(cfg, env, device, task)
+        except BaseException:
+            self.close()  # a user optimizer or the DataLoader raised: release DDP before the group goes
+            raise
+
+    def _finish_init(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task) -> None:
         if cfg.deterministic and env.world_size > 1:
             self.ddp.register_comm_hook(None, _ordered_mean_hook)
-        params = self.ddp.parameters()
+        params = self.model.parameters()  # the same tensors as DDP's, without a reference to the DDP module
         self.optimizer = task.optimizer(params) if task.optimizer else torch.optim.SGD(params, lr=cfg.lr)
         self.scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
-        self.sampler: DistributedSampler[Any] = DistributedSampler(task.dataset, num_replicas=env.world_size, rank=env.rank,
-                                          shuffle=True, seed=cfg.seed, drop_last=True)
         self.skip = _SkipSampler(self.sampler)
         workers = cfg.num_workers if cfg.num_workers >= 0 else (2 if device.type == "cuda" else 0)
         # An explicit generator: otherwise each DataLoader iterator draws its seed from the global RNG, and a
@@ -109,14 +127,37 @@ class Trainer:
                                  num_workers=workers, pin_memory=device.type == "cuda",
                                  worker_init_fn=preemption.ignore if workers else None,
                                  generator=self.loader_gen)
-        self.batches_per_epoch = len(self.sampler) // cfg.batch_size
-        if self.batches_per_epoch == 0:
-            raise UsageError(f"each rank gets {len(self.sampler)} samples of the dataset ({env.world_size} ranks), "
-                             f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks")
         self.pos = Position()
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
-        self.writer = checkpoint.AsyncWriter()
-        self.metrics = metrics.Recorder(folder if env.is_main else None, cfg, env)
+        self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
+
+    # ----- end of life ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """End of life, on every path, before the process group is destroyed: wait until the checkpoint in
+        flight is durable, then drop what holds the group (DDP and its Reducer) and the optimizer and data.
+        `model` and `pos` stay readable. Idempotent; the writer's error, if any, is raised after the release."""
+        try:
+            if "writer" in self.__dict__:
+                self.writer.wait()
+        finally:
+            for name in ("ddp", "optimizer", "scaler", "loader", "skip"):
+                self.__dict__.pop(name, None)
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, kind: object, error: BaseException | None, tb: TracebackType | None) -> None:
+        if error is None:
+            self.close()
+            return
+        # The frames of the error's traceback hold their locals until the error is dropped: DDP's forward
+        # (`self` is the DDP module), a generator over its parameters. Clear them (the printed traceback
+        # keeps its lines) so that DDP really goes with close().
+        traceback.clear_frames(tb)
+        try:
+            self.close()
+        except Exception as e:  # the error already propagating is the one to report
+            self.log.warn(f"while stopping after an error: the checkpoint in flight failed too: {e}")
 
     # ----- checkpoint state -------------------------------------------------------------------------
     def _rank_rng(self) -> dict[str, Any]:

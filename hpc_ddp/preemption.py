@@ -33,12 +33,14 @@ REQUEUE, STOP = 0, 1
 
 _received: list[int] = [0, 0]
 _last_signal: list[int] = [0]
+_count: list[int] = [0]  # signals noted so far, so a caller can tell whether one came during its work
 
 
 def _note(signum: int, _frame: object) -> None:
     # Only record: anything more (I/O, collectives, locks) is unsafe at an arbitrary point of the program.
     _received[STOP if signum in STOP_SIGNALS else REQUEUE] = 1
     _last_signal[0] = signum
+    _count[0] += 1
 
 
 def install() -> None:
@@ -58,6 +60,12 @@ def ignore(_worker_id: int = 0) -> None:
 def pending() -> tuple[int, int]:
     """(requeue_requested, stop_requested) as seen by this rank, as 0/1."""
     return _received[REQUEUE], _received[STOP]
+
+
+def count() -> int:
+    """How many preemption signals this process has noted (a second one during the agreed save is only
+    counted: the save goes on and the decision is the one already agreed)."""
+    return _count[0]
 
 
 def signal_name() -> str:

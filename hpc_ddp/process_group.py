@@ -6,13 +6,24 @@ create communicators eagerly), and `destroy_process_group()` in `finally`, also 
 
 Hangs: a rank waiting in a collective for a peer that died or never came shows nothing until the timeout, then
 fails with an error that doesn't say *where* it waited. `hang_watch` arms `faulthandler` to write every thread's
-Python stack to this rank's log shortly before the timeout, so a hang can be read afterwards.
+Python stack to this rank's log shortly before the timeout and end the process (exit 1), so a hang can be read
+afterwards and never outlives the timeout, even when the stuck thread holds the GIL (faulthandler's timer is a
+C thread that needs no interpreter).
+
+Teardown order: nothing that holds the group may outlive it. A DDP module's C++ Reducer owns a reference to the
+group; freed after `destroy_process_group()`, it runs the gloo group's destructor at that moment, which can
+deadlock on a mutex while holding the GIL (seen in the test suite: pytest stuck for good in
+`~ProcessGroupGloo` under `~Reducer`). Objects that hold the group register with `hold()`; the teardown
+collects garbage and refuses to destroy the group while any of them is still alive (`GroupLifetimeError`),
+so the mistake is an error at once instead of a rare hang later. `Trainer.close()` releases its DDP first.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import sys
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -24,6 +35,27 @@ if TYPE_CHECKING:
     import torch
 
     from hpc_ddp.cluster import DistEnv
+
+
+TEARDOWN_S = 60.0  # destroy_process_group() that takes longer than this is a hang: stacks, then exit 1
+
+_holders: list[weakref.ref[Any]] = []
+
+
+class GroupLifetimeError(RuntimeError):
+    """An object that holds the process group (a DDP module) is still alive when the group is torn down."""
+
+
+def hold(obj: Any) -> None:
+    """Register `obj` (a DDP module) as holding the process group: it must be gone before the group is."""
+    _holders.append(weakref.ref(obj))
+
+
+def live_holders() -> list[Any]:
+    """Registered group holders still alive after a garbage collection (reference cycles freed first)."""
+    gc.collect()
+    _holders[:] = [ref for ref in _holders if ref() is not None]
+    return [obj for obj in (ref() for ref in _holders) if obj is not None]
 
 
 def pick_backend(device: "torch.device", requested: str | None = None) -> str:
@@ -40,8 +72,9 @@ def watch_deadline(timeout_s: float) -> float:
 
 @contextmanager
 def hang_watch(timeout_s: float) -> Iterator[None]:
-    """Dump all Python stacks to stderr (the rank's log) if the block runs longer than about `timeout_s`."""
-    faulthandler.dump_traceback_later(watch_deadline(timeout_s), repeat=False, file=sys.stderr, exit=False)
+    """If the block runs longer than about `timeout_s`: dump every thread's Python stack to stderr (the rank's
+    log) and exit 1. Its deadline comes a little before the collective timeout, so the dump is never lost."""
+    faulthandler.dump_traceback_later(watch_deadline(timeout_s), repeat=False, file=sys.stderr, exit=True)
     try:
         yield
     finally:
@@ -89,5 +122,21 @@ def process_group(env: "DistEnv", device: "torch.device", backend: str | None = 
     try:
         yield name
     finally:
-        if dist.is_initialized():
+        _teardown()
+
+
+def _teardown() -> None:
+    """Destroy the group, after making sure nothing that holds it survives (see the module docstring)."""
+    import torch.distributed as dist
+
+    alive = live_holders()
+    if alive:
+        names = ", ".join(sorted({type(obj).__name__ for obj in alive}))
+        # Destroying now would leave the holder to run the group's destructor later, where it can deadlock;
+        # keeping the group is harmless in a task, which ends with os._exit.
+        raise GroupLifetimeError(f"internal error: {names} still alive when the process group is torn down; "
+                                 "the group is left in place to avoid a deadlock in its destructor. Close the "
+                                 "Trainer (or drop the DDP module) before leaving process_group()")
+    if dist.is_initialized():
+        with hang_watch(TEARDOWN_S):
             dist.destroy_process_group()

@@ -32,14 +32,15 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from hpc_ddp import exitcodes, preemption, sbatch
-from hpc_ddp.errors import UsageError
+from hpc_ddp.errors import UsageError, run_task
 
 if TYPE_CHECKING:
     from hpc_ddp.config import TrainConfig
@@ -57,18 +58,35 @@ class TaskEntry:
     module: str
     argv: tuple[str, ...]
 
-    def __call__(self) -> int:
+    def __call__(self) -> NoReturn:
         # First thing: take USR1/USR2/SIGTERM back from submitit (see the module docstring).
         preemption.install()
         main: Callable[[list[str]], int] = importlib.import_module(self.module).main
-        try:
-            code = main(list(self.argv))
-        except UsageError as e:  # one line in the task's log, as on the command line
-            print(f"python -m {self.module}: error: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(exitcodes.USAGE) from None
-        if code != exitcodes.OK:
-            raise SystemExit(code)  # no result file: a requeued run may still come (see above)
-        return code
+
+        def task() -> int:
+            try:
+                code = main(list(self.argv))
+            except UsageError:
+                raise  # one line in the task's log, as on the command line; no result file
+            except Exception:
+                _submitit_result("error", traceback.format_exc())  # failing_rank() orders ranks by its time
+                raise
+            if code == exitcodes.OK:
+                _submitit_result("success", code)
+            return code  # any other code: no result file, a requeued run may still come (see above)
+
+        # The task ends here with os._exit, like `python -m hpc_ddp.train`: submitit never regains control,
+        # so its result file (what it would write after we return) is written above.
+        run_task(f"python -m {self.module}", task)
+
+
+def _submitit_result(kind: str, value: object) -> None:
+    """Write this task's result file as submitit's process_job does after the call returns or raises."""
+    from submitit import JobEnvironment
+    from submitit.core import utils
+
+    with utils.temporary_save_path(JobEnvironment().paths.result_pickle) as tmp:
+        utils.cloudpickle_dump((kind, value), tmp)
 
 
 def log_path(folder: Path, job_id: str, rank: int = 0) -> Path:

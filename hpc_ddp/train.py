@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpc_ddp import exitcodes, preemption
 from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
-from hpc_ddp.errors import UsageError, run_main
+from hpc_ddp.errors import UsageError, run_task
 
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and --help must not wait for it
     import torch
@@ -104,20 +104,27 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
 
 
 def _rank0(env: DistEnv, fn: Callable[[], T]) -> T:
-    """Run `fn` on rank 0 only and give every rank its result; an error on rank 0 is raised on every rank."""
+    """Run `fn` on rank 0 only and give every rank its result. Any error on rank 0 is raised on every rank at
+    once: the others would otherwise wait in the broadcast until the collective timeout."""
     import torch.distributed as dist
 
-    box: list[tuple[bool, Any] | None] = [None]
+    box: list[Any] = [None]
+    error: BaseException | None = None
     if env.is_main:
         try:
-            box[0] = (True, fn())
-        except UsageError as e:
-            box[0] = (False, e)
+            box[0] = ("ok", fn())
+        except Exception as e:
+            # The exception itself may not pickle: the others get its kind and text, rank 0 raises the original.
+            error = e
+            box[0] = ("usage" if isinstance(e, UsageError) else "error", f"{type(e).__name__}: {e}", str(e))
     dist.broadcast_object_list(box, src=0)
-    assert box[0] is not None
-    ok, value = box[0]
-    if not ok:
-        raise value
+    kind, value, *text = box[0]
+    if error is not None:
+        raise error
+    if kind == "usage":
+        raise UsageError(text[0])
+    if kind == "error":
+        raise RuntimeError(f"rank 0 failed ({value}); see rank 0's log for its traceback")
     return value  # type: ignore[no-any-return]
 
 
@@ -173,13 +180,21 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
-    trainer = Trainer(cfg, env, device, tasks.build(cfg), folder, log)
-    if start is not None:
-        trainer.restore(checkpoint.load(start), start)
-        log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
-    outcome = trainer.run()
-    trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
-    trainer.metrics.end(trainer.pos)
+    # Leaving the block closes the trainer on every path, errors included: the checkpoint in flight is
+    # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed.
+    with Trainer(cfg, env, device, tasks.build(cfg), folder, log) as trainer:
+        if start is not None:
+            trainer.restore(checkpoint.load(start), start)
+            log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
+        outcome = trainer.run()
+        if not outcome.finished:
+            log.main(f"{preemption.signal_name()}: every rank stopped at step {trainer.pos.step}; saving a "
+                     "checkpoint")
+        signals = preemption.count()
+        trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
+        if preemption.count() > signals and env.is_main:
+            log.info("another signal came during the save: noted, the save went on to the end")
+        trainer.metrics.end(trainer.pos)
     if outcome.finished:
         _check_in_sync(trainer.model, env, log)
         if env.is_main:
@@ -219,4 +234,4 @@ def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, envir
 
 
 if __name__ == "__main__":
-    run_main(PROG, main)
+    run_task(PROG, main)

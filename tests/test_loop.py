@@ -1,4 +1,5 @@
-"""The DDP loop in-process, on a real one-rank gloo group: accumulation, AMP, clipping, metrics, resume."""
+"""The DDP loop in-process, on a real one-rank gloo group: accumulation, AMP, clipping, metrics, resume.
+Every Trainer is closed inside its process_group() block (see hpc_ddp.process_group: teardown order)."""
 
 from __future__ import annotations
 
@@ -27,16 +28,15 @@ def make(cfg: TrainConfig, env: cluster.DistEnv, folder: Path) -> Trainer:
 
 def test_grad_accum_all_reduces_once_per_optimizer_step(single: cluster.DistEnv, tmp_path: Path) -> None:
     cfg = TrainConfig(epochs=1, batch_size=10, grad_accum=4, save_every_epochs=0)  # 100 micro-batches
-    with process_group(single, torch.device("cpu")):
-        trainer = make(cfg, single, tmp_path)
-        calls: list[int] = []
+    calls: list[int] = []
 
-        def counting(state, bucket):  # type: ignore[no-untyped-def]
-            calls.append(1)
-            fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-            fut.set_result(bucket.buffer())
-            return fut
+    def counting(state, bucket):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
 
+    with process_group(single, torch.device("cpu")), make(cfg, single, tmp_path) as trainer:
         trainer.ddp.register_comm_hook(None, counting)
         outcome = trainer.run()
     assert outcome.finished
@@ -47,8 +47,7 @@ def test_grad_accum_all_reduces_once_per_optimizer_step(single: cluster.DistEnv,
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_amp_trains_and_the_loss_goes_down(amp: str, single: cluster.DistEnv, tmp_path: Path) -> None:
     cfg = TrainConfig(epochs=3, amp=amp, lr=0.05, clip_grad=1.0, save_every_epochs=0)
-    with process_group(single, torch.device("cpu")):
-        trainer = make(cfg, single, tmp_path)
+    with process_group(single, torch.device("cpu")), make(cfg, single, tmp_path) as trainer:
         assert (trainer.scaler is not None) == (amp == "fp16")
         trainer.run()
         trainer.metrics.end(trainer.pos)
@@ -61,12 +60,12 @@ def test_amp_trains_and_the_loss_goes_down(amp: str, single: cluster.DistEnv, tm
 def test_state_restores_position_optimizer_and_rng(single: cluster.DistEnv, tmp_path: Path) -> None:
     cfg = TrainConfig(epochs=1, max_steps=5, save_every_epochs=0)
     with process_group(single, torch.device("cpu")):
-        first = make(cfg, single, tmp_path)
-        first.run()
-        state = first.state()
+        with make(cfg, single, tmp_path) as first:
+            first.run()
+            state = first.state()
         assert state is not None
-        second = make(cfg, single, tmp_path)
-        second.restore(state, tmp_path / "x.pt")
+        with make(cfg, single, tmp_path) as second:
+            second.restore(state, tmp_path / "x.pt")
     assert second.pos == first.pos and second.pos.step == 5
     assert all(torch.equal(a, b) for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True))
     assert torch.equal(torch.get_rng_state(), state["rng"][0]["cpu"])
