@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
-import time
+import threading
 from pathlib import Path
 
 import psutil
@@ -18,7 +18,7 @@ import torch
 from hpc_ddp import checkpoint, exitcodes
 from test_local_run import finish, read_until, start
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.deadline(150)]  # 7-29 s each, + 8 s for `uninterrupted` (measured)
 
 ARGS = ("--task", "slow_tasks:slow", "--epochs", "3", "--batch-size", "8", "--deterministic", "--lr", "0.005")
 SLOW = {"SLOW_TASK_SLEEP_S": "0.03"}
@@ -78,11 +78,29 @@ def test_sigterm_saves_and_does_not_restart_then_the_same_command_resumes(tmp_pa
                                                                          uninterrupted: Path) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
+    rank0 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "0")
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # a second signal during the save must not tear anything
-    code, out = finish(proc)
+    # More SIGTERMs straight to rank 0, every few ms until it is gone: some land during its save, which rank 0
+    # reports (below), and none may tear anything.
+    done = threading.Event()
+
+    def pelt() -> None:
+        while not done.wait(0.003):
+            try:
+                rank0.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                return
+
+    pelter = threading.Thread(target=pelt, daemon=True)
+    pelter.start()
+    try:
+        code, out = finish(proc)
+    finally:
+        done.set()
+        pelter.join()
     assert code == exitcodes.PREEMPTED, out
+    assert "SIGTERM: every rank stopped at step" in out
+    assert "another signal came during the save: noted, the save went on to the end" in out
     assert "stopped by SIGTERM: checkpoint saved, not requeued" in out
     assert "restarting" not in out
     assert json.loads((tmp_path / "preempted.json").read_text())["requeue"] is False
