@@ -59,7 +59,8 @@ def linear(config: TrainConfig) -> Task:
 
 
 def mlp(config: TrainConfig) -> Task:
-    """About 4.2 M parameters: big enough that the gradient all-reduce is a real part of each step."""
+    """About 3.4 M parameters (3,428,368): big enough that the gradient all-reduce is a real part of each
+    step."""
     width = 1024
     model = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                           nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
