@@ -124,8 +124,3 @@ def scontrol_requeue(job_id: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired) as e:
         return str(e)
     return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit code {proc.returncode}")
-
-
-def reset_for_tests() -> None:
-    _received[:] = [0, 0]
-    _last_signal[0] = 0

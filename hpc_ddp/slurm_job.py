@@ -228,12 +228,6 @@ def job_state(job_id: str) -> sbatch.JobState | None:
     return state
 
 
-def requeue_count(job_id: str) -> int:
-    """Times Slurm requeued the job (sacct keeps one REQUEUED record per requeue; -D shows them)."""
-    text = _run(["sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", job_id]) or ""
-    return sum(1 for line in text.splitlines() if line.strip().startswith("REQUEUED"))
-
-
 def _pending_reason(job_id: str) -> str:
     return (_run(["squeue", "-h", "-j", job_id, "-o", "%r"]) or "").strip()
 

@@ -18,7 +18,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_ddp import exitcodes
 from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
 from hpc_ddp.errors import UsageError, run_main
 
@@ -161,4 +160,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     run_main(PROG, main)
-    raise SystemExit(exitcodes.OK)
