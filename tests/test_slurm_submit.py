@@ -185,7 +185,6 @@ def test_ddp_sbatch_with_cpu_overrides(slurm_cluster: str, tmp_path: Path) -> No
     assert len(curve) == 3 and curve[-1] < curve[0]
 
 
-@pytest.mark.deadline(240)  # 46 s alone (measured): two runs and Slurm's requeue delay
 def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(slurm_cluster: str,
                                                                              tmp_path: Path) -> None:
     """Tasks that cannot run scontrol leave "mode": "exit" in preempted.json and the batch shell requeues. It
