@@ -48,22 +48,24 @@ def run_main(prog: str, main: Callable[[], int]) -> NoReturn:
 def run_task(prog: str, main: Callable[[], int]) -> NoReturn:
     """Run one task of a job (`hpc_ddp.train`, `hpc_ddp.doctor`) and leave with `exitcodes.leave`: the exit
     code is decided here, on every path, and no interpreter teardown can hang the task after it."""
+    quiet = False  # a usage error or --help is its own one-line (or help) answer: nothing after it
     try:
         code = main()
     except UsageError as e:
-        code = exitcodes.USAGE
+        code, quiet = exitcodes.USAGE, True
         _say(f"{prog}: error: {e}")
     except KeyboardInterrupt:
         code = exitcodes.INTERRUPTED
         _say(f"{prog}: interrupted")
     except SystemExit as e:  # argparse's --help (0) and usage errors (2); SystemExit("text") means 1
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, (int, type(None))):
+        quiet = isinstance(e.code, (int, type(None)))
+        if not quiet:
             _say(str(e.code))
     except BaseException:
         code = exitcodes.FAILED
         _say(traceback.format_exc().rstrip("\n"))
-    exitcodes.leave(code)
+    exitcodes.leave(code, say=not quiet)
 
 
 def _say(text: str) -> None:

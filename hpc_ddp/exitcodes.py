@@ -25,8 +25,9 @@ MEANING = {OK: "finished", FAILED: "failed", USAGE: "usage error", PREEMPTED: "p
 LEAVE_BACKSTOP_S = 30.0  # flushing into a pipe nobody reads blocks; faulthandler ends that (exit 1)
 
 
-def leave(code: int) -> NoReturn:
-    """Flush, say how this task ends, and exit with `code` at once (os._exit: see the module docstring)."""
+def leave(code: int, say: bool = True) -> NoReturn:
+    """Flush, say how this task ends (unless `say` is False: a usage error is one line and nothing more), and
+    exit with `code` at once (os._exit: see the module docstring)."""
     # A write into a pipe nobody drains blocks for good; faulthandler's timer is a C thread that needs no
     # interpreter, so it still ends the process then (every thread's stack, exit 1).
     faulthandler.dump_traceback_later(LEAVE_BACKSTOP_S, exit=True)
@@ -34,7 +35,8 @@ def leave(code: int) -> NoReturn:
     who = f"rank {rank}" if rank is not None else f"pid {os.getpid()}"
     try:
         sys.stdout.flush()
-        sys.stderr.write(f"hpc_ddp: {who} exits with code {code} ({MEANING.get(code, 'failed')})\n")
+        if say:
+            sys.stderr.write(f"hpc_ddp: {who} exits with code {code} ({MEANING.get(code, 'failed')})\n")
         sys.stderr.flush()
     except (OSError, ValueError):  # a closed console must not change the exit code
         pass

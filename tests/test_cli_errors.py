@@ -132,9 +132,12 @@ def test_train_unwritable_folder(a_file: Path, tmp_path: Path) -> None:
 # --- fast start -------------------------------------------------------------------------------------------
 
 PROBE = """
-import json, runpy, sys
+import json, os, runpy, sys
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 code = None
+def _exit(c):  # tasks leave with os._exit (hpc_ddp.exitcodes.leave): turned back into SystemExit to report
+    raise SystemExit(c)
+os._exit = _exit
 try:
     runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 except SystemExit as e:
