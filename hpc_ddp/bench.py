@@ -292,11 +292,12 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     """Trainer.save() against a raw write + fsync of the same bytes to the same folder, interleaved."""
     import torch
 
-    from hpc_ddp import checkpoint, cluster
+    from hpc_ddp import checkpoint
     from hpc_ddp.config import TrainConfig
     from hpc_ddp.log import RankLog
     from hpc_ddp.loop import Trainer
-    from hpc_ddp.process_group import process_group
+    from hpc_ddp.dist.env import detect
+    from hpc_ddp.dist.group import process_group
     from hpc_ddp.tasks import build
 
     folder = s.work / "checkpoint"
@@ -304,7 +305,7 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     # Rank 0 of a --world-size job on this machine gets cpus // ranks threads from the kit.
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // s.world_size))
     cfg = TrainConfig(task=TASK, batch_size=s.batch_size, folder=str(folder), keep=2)
-    env = cluster.detect({})
+    env = detect({})
     device = torch.device("cpu")
     durable_at: list[float] = []
     original = checkpoint.atomic_save

@@ -95,7 +95,7 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
                       variant=args.threads, pinned=args.pin)
         Path(args.out).write_text(json.dumps(result) + "\n")
     # DDP's Reducer holds the group: freed after destroy_process_group(), the gloo group's destructor can
-    # deadlock (hpc_ddp.process_group). Drop it first, as the kit's Trainer.close() does.
+    # deadlock (hpc_ddp.dist.group). Drop it first, as the kit's Trainer.close() does.
     del model, optimizer
     gc.collect()
     dist.destroy_process_group()

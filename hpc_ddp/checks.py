@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from hpc_ddp import placement
+from hpc_ddp.dist import placement
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 VERSION_KEYS = ("torch", "cuda", "nccl", "python", "hpc_ddp")

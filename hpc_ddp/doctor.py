@@ -6,7 +6,7 @@
     python -m hpc_ddp.submit --local --doctor [--collective]        # 2 emulated nodes x 2 ranks here
     python -m hpc_ddp.submit --doctor --nodes 2 --gpus-per-node 4 ...   # as a Slurm job
 
-Each rank derives what training would (`cluster.detect`, `placement`) and probes its host (`probes`). Rank 0
+Each rank derives what training would (`dist.env.detect`, `dist.placement`) and probes its host (`probes`). Rank 0
 checks that the master port is free *before* binding it, then hosts a TCPStore; every rank posts its facts
 there, and rank 0 names the ranks that did not arrive within --join-timeout-s instead of hanging. Rank 0
 prints one table (what each rank derived) and one PASS / WARN / FAIL line per check (`checks`) with its fix;
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 class _Run:
     """What every step of one doctor run needs to know."""
 
-    env: Any  # cluster.DistEnv
+    env: Any  # dist.env.DistEnv
     cfg: TrainConfig
     folder: Path
     store_host: str  # "rank0", or "agent": torchrun's agent hosts the store
@@ -73,12 +73,13 @@ class _Run:
 
 def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_timeout_s: float) -> int:
     """Derive, probe, meet the other ranks, judge; returns this rank's exit code (the same on every rank)."""
-    from hpc_ddp import cluster, probes
+    from hpc_ddp import probes
+    from hpc_ddp.dist.env import detect
     from hpc_ddp.log import RankLog
     from hpc_ddp.train import default_folder
 
     try:
-        env = cluster.detect(environ)
+        env = detect(environ)
     except ClusterConfigError as e:  # the doctor's finding, not a usage error: reported like any other FAIL
         reason, _, fix = str(e).partition(" Fix: ")
         print(render_checks([Check(FAIL, "launcher", reason, fix)]), flush=True)
@@ -251,7 +252,8 @@ def _benchmark(job: _Run, store: Any, facts: RankFacts) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp import collective, placement, process_group
+    from hpc_ddp import collective
+    from hpc_ddp.dist import group, placement
 
     env = job.env
     device = torch.device(facts.device)
@@ -260,11 +262,11 @@ def _benchmark(job: _Run, store: Any, facts: RankFacts) -> dict[str, Any]:
     if not facts.thread_error:
         placement.apply_cpu_plan(placement.plan_cpus(facts.affinity, env.local_rank, env.local_world_size,
                                                      os.environ))
-    backend = process_group.pick_backend(device, job.cfg.backend or None)
+    backend = group.pick_backend(device, job.cfg.backend or None)
     # process_group.process_group() would bind a second store on MASTER_PORT, which the doctor's store holds:
     # join through the doctor's store instead, with the same backend rule, timeout and hang watch.
     try:
-        with process_group.hang_watch(job.timeout_s):
+        with group.hang_watch(job.timeout_s):
             dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
                                     world_size=env.world_size, timeout=timedelta(seconds=job.timeout_s),
                                     device_id=device if device.type == "cuda" else None)

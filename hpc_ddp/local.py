@@ -2,7 +2,7 @@
 
 Every child gets the SLURM_* variables of a real `srun --nodes N --ntasks-per-node T` step (a fresh fake job
 id per run, node list `127.0.0.[1-N]`, which resolves everywhere without editing /etc/hosts, node/proc/local
-ids and counts), so `hpc_ddp.cluster.detect` takes its Slurm path: the same code as a cluster job.
+ids and counts), so `hpc_ddp.dist.env.detect` takes its Slurm path: the same code as a cluster job.
 
 The launcher supervises like Slurm with `--kill-on-bad-exit`: when a rank exits non-zero or dies, the others
 are stopped within seconds and the launcher names the failed rank and prints the end of its log. Signals:
@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from hpc_ddp import cluster, exitcodes
+from hpc_ddp import exitcodes
+from hpc_ddp.dist.env import port_for_job
 
 GRACE_S = 3.0  # after a failure, survivors get SIGTERM, then SIGKILL after this long
 TAIL_LINES = 15
@@ -95,7 +96,7 @@ def fresh_job_id() -> str:
         job_id = str(random.randint(1_000_000, 9_999_999))
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", cluster.port_for_job(job_id)))
+                s.bind(("127.0.0.1", port_for_job(job_id)))
             except OSError:
                 continue
         return job_id

@@ -22,12 +22,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from hpc_ddp import checkpoint, metrics, preemption, process_group, resume
-from hpc_ddp.cluster import DistEnv
+from hpc_ddp import checkpoint, metrics, preemption, resume
+from hpc_ddp.dist import group
+from hpc_ddp.dist.env import DistEnv
 from hpc_ddp.config import TrainConfig
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
-from hpc_ddp.process_group import hang_watch
+from hpc_ddp.dist.group import hang_watch
 from hpc_ddp.tasks import Task
 
 
@@ -104,7 +105,7 @@ class Trainer:
         # gradient_as_bucket_view: gradients live inside DDP's all-reduce buckets, saving a copy per step.
         self.ddp = DDP(self.model, device_ids=[device] if device.type == "cuda" else None,
                        gradient_as_bucket_view=True)
-        process_group.hold(self.ddp)  # its Reducer holds the group: it must be gone before the group is
+        group.hold(self.ddp)  # its Reducer holds the group: it must be gone before the group is
         try:
             self._finish_init(cfg, env, device, task)
         except BaseException:

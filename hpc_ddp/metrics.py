@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hpc_ddp.cluster import DistEnv
+    from hpc_ddp.dist.env import DistEnv
     from hpc_ddp.config import TrainConfig
     from hpc_ddp.loop import Position
 

@@ -2,7 +2,7 @@
 
 Each probe is small and returns plain data (an error is a string, not an exception), so a rank that finds
 something wrong still reports it to rank 0 instead of dying alone. `gather` assembles a `checks.RankFacts`
-from the kit's own derivations (`cluster.detect`, `placement.select_device`, `placement.plan_cpus`); the
+from the kit's own derivations (`dist.env.detect`, `placement.select_device`, `placement.plan_cpus`); the
 rules that judge the facts live in `hpc_ddp.checks`.
 """
 
@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc_ddp import placement
+from hpc_ddp.dist import placement
 from hpc_ddp.checks import RankFacts
 from hpc_ddp.errors import ClusterConfigError
 
 if TYPE_CHECKING:
-    from hpc_ddp.cluster import DistEnv
+    from hpc_ddp.dist.env import DistEnv
 
 # The variables the rules look at; only these travel to rank 0.
 RULE_VARS = ("OMP_NUM_THREADS", "SLURM_CPU_BIND", "SLURM_CPU_BIND_TYPE", "SLURM_CPU_BIND_LIST",

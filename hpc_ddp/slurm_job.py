@@ -9,7 +9,7 @@ Layout of a run folder (`--folder`, on storage every node sees):
 Both are created readable by the owner only: submitit unpickles, and so runs, what is in that folder.
 
 Every task runs `TaskEntry`, which calls `hpc_ddp.train.main` with the validated training options; ranks are
-derived inside by `hpc_ddp.cluster` from srun's variables, as on every other path.
+derived inside by `hpc_ddp.dist.env` from srun's variables, as on every other path.
 
 Preemption. submitit installs its own handler for the preemption signal (USR2) before it calls the job: on
 rank 0 alone it would checkpoint, `scontrol requeue` and exit, inside the handler, while the other ranks are

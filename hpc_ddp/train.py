@@ -25,7 +25,7 @@ from hpc_ddp.errors import UsageError, run_task
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and --help must not wait for it
     import torch
 
-    from hpc_ddp.cluster import DistEnv
+    from hpc_ddp.dist.env import DistEnv
     from hpc_ddp.log import RankLog
     from hpc_ddp.loop import Outcome
 
@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
     """Detect, place, join, train, save; returns the exit code (exitcodes.OK or PREEMPTED)."""
-    from hpc_ddp import cluster
+    from hpc_ddp.dist.env import detect
 
-    env = cluster.detect(environ)
+    env = detect(environ)
     folder = Path(cfg.folder or default_folder(env.job_id))
     cfg = cfg.with_folder(str(folder))
     if env.is_main:
@@ -75,9 +75,9 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
 
     import torch
 
-    from hpc_ddp import placement
+    from hpc_ddp.dist import placement
+    from hpc_ddp.dist.group import process_group
     from hpc_ddp.log import RankLog
-    from hpc_ddp.process_group import process_group
 
     log = RankLog(env.rank)
     os.environ.update(env.torch_env())  # what user code and libraries expect from torchrun
@@ -132,7 +132,7 @@ def _check_gpus(env: DistEnv, device: torch.device) -> None:
     """Fail fast if two ranks of one node hold the same physical GPU (wrong binding, duplicate indices)."""
     import torch.distributed as dist
 
-    from hpc_ddp import placement
+    from hpc_ddp.dist import placement
 
     mine = (env.rank, env.node_rank, placement.gpu_uuid(device))
     everyone: list[Any] = [None] * env.world_size

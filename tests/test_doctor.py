@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp import checks, cluster, collective, doctor, local, probes
+from hpc_ddp import checks, collective, doctor, local, probes
+from hpc_ddp.dist import env as dist_env
 from hpc_ddp.checks import FAIL, PASS, WARN, RankFacts
 
 from conftest import clean_environ, run_module
@@ -360,7 +361,7 @@ def test_marker_tells_a_shared_folder_from_a_node_local_one(tmp_path: Path) -> N
 
 
 def test_report_shows_each_rank_and_a_fix_for_what_is_not_passing() -> None:
-    env = cluster.detect({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0",
+    env = dist_env.detect({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0",
                           "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": "4",
                           "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "node[1-2]",
                           "SLURM_STEP_TASKS_PER_NODE": "2(x2)"})
@@ -472,7 +473,7 @@ def lone_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.
     busy_job, rank0_job, rank1_job = (local.fresh_job_id() for _ in range(3))
     with socket.socket() as held:
         held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        held.bind(("127.0.0.1", cluster.port_for_job(busy_job)))
+        held.bind(("127.0.0.1", dist_env.port_for_job(busy_job)))
         held.listen()
         procs = {"busy": start(tmp / "busy", fake_step(busy_job, 0, 1)),
                  "rank0": start(unwritable(tmp), fake_step(rank0_job, 0, 2)),

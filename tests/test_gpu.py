@@ -11,15 +11,16 @@ import pytest
 import torch
 
 from conftest import run_module
-from hpc_ddp import cluster, placement
-from hpc_ddp.process_group import process_group
+from hpc_ddp.dist import env as dist_env
+from hpc_ddp.dist import placement
+from hpc_ddp.dist.group import process_group
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def test_nccl_group_of_one_rank_on_its_pinned_gpu() -> None:
-    env = cluster.detect({})
+    env = dist_env.detect({})
     device = placement.select_device(env.local_rank, env.local_world_size, torch.cuda.device_count())
     assert device == torch.device("cuda", 0)
     torch.cuda.set_device(device)

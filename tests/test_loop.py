@@ -1,5 +1,5 @@
 """The DDP loop in-process, on a real one-rank gloo group: accumulation, AMP, clipping, metrics, resume.
-Every Trainer is closed inside its process_group() block (see hpc_ddp.process_group: teardown order)."""
+Every Trainer is closed inside its process_group() block (see hpc_ddp.dist.group: teardown order)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_ddp import cluster, tasks
+from hpc_ddp import tasks
+from hpc_ddp.dist import env as dist_env
 from hpc_ddp.config import TrainConfig
 from hpc_ddp.log import RankLog
 from hpc_ddp.loop import Trainer
-from hpc_ddp.process_group import process_group
+from hpc_ddp.dist.group import process_group
 
 
 @pytest.fixture
-def single() -> cluster.DistEnv:
-    return cluster.detect({})
+def single() -> dist_env.DistEnv:
+    return dist_env.detect({})
 
 
-def make(cfg: TrainConfig, env: cluster.DistEnv, folder: Path) -> Trainer:
+def make(cfg: TrainConfig, env: dist_env.DistEnv, folder: Path) -> Trainer:
     torch.manual_seed(cfg.seed)
     return Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), folder, RankLog(0))
 
 
-def test_grad_accum_all_reduces_once_per_optimizer_step(single: cluster.DistEnv, tmp_path: Path) -> None:
+def test_grad_accum_all_reduces_once_per_optimizer_step(single: dist_env.DistEnv, tmp_path: Path) -> None:
     cfg = TrainConfig(epochs=1, batch_size=10, grad_accum=4, save_every_epochs=0)  # 100 micro-batches
     calls: list[int] = []
 
@@ -45,7 +46,7 @@ def test_grad_accum_all_reduces_once_per_optimizer_step(single: cluster.DistEnv,
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
-def test_amp_trains_and_the_loss_goes_down(amp: str, single: cluster.DistEnv, tmp_path: Path) -> None:
+def test_amp_trains_and_the_loss_goes_down(amp: str, single: dist_env.DistEnv, tmp_path: Path) -> None:
     cfg = TrainConfig(epochs=3, amp=amp, lr=0.05, clip_grad=1.0, save_every_epochs=0)
     with process_group(single, torch.device("cpu")), make(cfg, single, tmp_path) as trainer:
         assert (trainer.scaler is not None) == (amp == "fp16")
@@ -57,7 +58,7 @@ def test_amp_trains_and_the_loss_goes_down(amp: str, single: cluster.DistEnv, tm
     assert records[-1]["event"] == "end" and records[-1]["samples_per_s"] > 0
 
 
-def test_state_restores_position_optimizer_and_rng(single: cluster.DistEnv, tmp_path: Path) -> None:
+def test_state_restores_position_optimizer_and_rng(single: dist_env.DistEnv, tmp_path: Path) -> None:
     cfg = TrainConfig(epochs=1, max_steps=5, save_every_epochs=0)
     with process_group(single, torch.device("cpu")):
         with make(cfg, single, tmp_path) as first:

@@ -1,5 +1,5 @@
 """End of life: nothing that holds the process group outlives it, errors reach every rank, and a task always
-exits with its own code, fast (hpc_ddp.process_group teardown, Trainer.close, exitcodes.leave)."""
+exits with its own code, fast (hpc_ddp.dist.group teardown, Trainer.close, exitcodes.leave)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import clean_environ, die_with_test
-from hpc_ddp import cluster, exitcodes, process_group, tasks
+from hpc_ddp import exitcodes, tasks
+from hpc_ddp.dist import env as dist_env
+from hpc_ddp.dist import group
 from hpc_ddp.config import TrainConfig
 from hpc_ddp.log import RankLog
 from hpc_ddp.loop import Trainer
-from hpc_ddp.process_group import GroupLifetimeError
+from hpc_ddp.dist.group import GroupLifetimeError
 from slow_tasks import _data
 
 CPU = torch.device("cpu")
@@ -54,8 +56,8 @@ def _task(fail: str) -> tasks.Task:
 def _exercise(fail: str, folder: Path) -> None:
     """One path through a Trainer's life inside a real one-rank gloo group; raises where `fail` says."""
     cfg = TrainConfig(epochs=1, max_steps=3, save_every_epochs=0)
-    with Trainer(cfg, cluster.detect({}), CPU, _task(fail), folder, RankLog(0)) as trainer:
-        assert any(h is trainer.ddp for h in process_group.live_holders())  # the teardown check sees it
+    with Trainer(cfg, dist_env.detect({}), CPU, _task(fail), folder, RankLog(0)) as trainer:
+        assert any(h is trainer.ddp for h in group.live_holders())  # the teardown check sees it
         if fail == "restore":
             trainer.restore({"world_size": 7, "config": {}}, folder / "ckpt.pt")
         if fail == "writer":
@@ -79,7 +81,7 @@ def test_no_path_lets_ddp_outlive_the_process_group(fail: str, expected: type[Ba
         folder.write_text("not a folder")
     caught: BaseException | None = None
     try:
-        with process_group.process_group(cluster.detect({}), CPU):
+        with group.process_group(dist_env.detect({}), CPU):
             _exercise(fail, folder)
     except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt is one of the paths
         caught = e
@@ -88,32 +90,33 @@ def test_no_path_lets_ddp_outlive_the_process_group(fail: str, expected: type[Ba
     else:
         assert isinstance(caught, expected) and not isinstance(caught, GroupLifetimeError), repr(caught)
     assert not dist.is_initialized()  # destroyed: the teardown found no holder alive
-    assert process_group.live_holders() == []
+    assert group.live_holders() == []
 
 
 def test_a_ddp_alive_at_teardown_is_an_error_not_a_later_deadlock() -> None:
     """The check itself: a DDP module kept past the block makes the teardown refuse (and say why)."""
     kept: list[Any] = []
     with pytest.raises(GroupLifetimeError, match="DistributedDataParallel still alive"):
-        with process_group.process_group(cluster.detect({}), CPU):
+        with group.process_group(dist_env.detect({}), CPU):
             kept.append(DDP(nn.Linear(2, 1)))
-            process_group.hold(kept[0])
+            group.hold(kept[0])
     assert dist.is_initialized()  # left in place rather than destroyed under a live Reducer
     ref = weakref.ref(kept.pop())
-    assert ref() is None and process_group.live_holders() == []
+    assert ref() is None and group.live_holders() == []
     dist.destroy_process_group()
 
 
 RANK0_SCRIPT = """
 import sys, time
-from hpc_ddp import cluster, train
+from hpc_ddp import train
+from hpc_ddp.dist.env import detect
 from hpc_ddp.errors import UsageError
-from hpc_ddp.process_group import process_group
+from hpc_ddp.dist.group import process_group
 import torch
 from hpc_ddp import local
 from pathlib import Path
 job = local.LocalJob(nodes=1, tasks_per_node=2, folder=Path("."), train_argv=[], max_requeue=0, job_id=sys.argv[2])
-env = cluster.detect(local.slurm_env(job, int(sys.argv[1]), 0))  # what srun gives a task of a 1 x 2 step
+env = detect(local.slurm_env(job, int(sys.argv[1]), 0))  # what srun gives a task of a 1 x 2 step
 kind = sys.argv[3]
 def fn():
     if kind == "usage":

@@ -1,4 +1,4 @@
-"""Tables for `cluster.detect` and the port rule.
+"""Tables for `hpc_ddp.dist.env.detect` and the port rule.
 
 Slurm cases start from the real environments captured on the local Slurm cluster (tests/data/slurm_env/*.json,
 see env/slurm/README.md), so the step-vs-job precedence is checked against what Slurm really sets, not against
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc_ddp import cluster
-from hpc_ddp.cluster import PORT_SPAN, ClusterConfigError, DistEnv, detect, port_for_job
+from hpc_ddp.dist import env as dist_env
+from hpc_ddp.dist.env import PORT_SPAN, ClusterConfigError, DistEnv, detect, port_for_job
 
 SLURM_ENV = Path(__file__).resolve().parent / "data" / "slurm_env"
 
@@ -174,7 +174,7 @@ def test_single_process_errors(environ: dict[str, str], match: str) -> None:
     ("LOCAL_WORLD_SIZE", "4", "2"),
 ])
 def test_leftover_that_disagrees_is_an_error(var: str, value: str, slurm_value: str) -> None:
-    field = cluster.TORCH_RANK_VARS[var]
+    field = dist_env.TORCH_RANK_VARS[var]
     with pytest.raises(ClusterConfigError,
                        match=rf"^{var}={value} is set in the environment but Slurm says {field}={slurm_value}.*"
                              rf"unset {var}"):
@@ -307,8 +307,8 @@ def test_port_is_stable_and_in_range(job_id: str) -> None:
 
 
 def test_port_span_reaches_the_ephemeral_floor() -> None:
-    assert cluster.PORT_BASE >= 1024 and cluster.PORT_BASE + PORT_SPAN == 32768
-    assert port_for_job(str(PORT_SPAN - 1)) == 32767 and port_for_job(str(PORT_SPAN)) == cluster.PORT_BASE
+    assert dist_env.PORT_BASE >= 1024 and dist_env.PORT_BASE + PORT_SPAN == 32768
+    assert port_for_job(str(PORT_SPAN - 1)) == 32767 and port_for_job(str(PORT_SPAN)) == dist_env.PORT_BASE
 
 
 @pytest.mark.parametrize("a, b, same", [
@@ -337,8 +337,8 @@ def test_rank0_not_on_the_first_node_fails_fast_instead_of_hanging() -> None:
     env = json.loads((SLURM_ENV / "step_2x2_rank0.json").read_text())
     env["SLURMD_NODENAME"] = "node2"
     with pytest.raises(ClusterConfigError, match="rank 0 runs on node2 but the rendezvous host is node1"):
-        cluster.detect(env)
+        dist_env.detect(env)
     env["SLURMD_NODENAME"] = "node1"
-    assert cluster.detect(env).master_addr == "node1"
+    assert dist_env.detect(env).master_addr == "node1"
     env.update(SLURMD_NODENAME="node2", MASTER_ADDR="node2")  # the documented fix
-    assert cluster.detect(env).master_addr == "node2"
+    assert dist_env.detect(env).master_addr == "node2"

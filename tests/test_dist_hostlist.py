@@ -1,4 +1,4 @@
-"""Tests for hpc_ddp.hostlist: Slurm hostlist expansion and tasks-per-node parsing."""
+"""Tests for hpc_ddp.dist.hostlist: Slurm hostlist expansion and tasks-per-node parsing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hpc_ddp.hostlist import HostlistError, MAX_HOSTS, expand, first, iter_hosts, parse_tasks_per_node
+from hpc_ddp.dist.hostlist import HostlistError, MAX_HOSTS, expand, first, iter_hosts, parse_tasks_per_node
 
 # (hostlist, expected expansion). The first six rows are the "Hostlist parser check" table
 # of notes/anchors.md; Lightning's regex returns only "node1" / "rack1" for rows 5 and 6.

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc_ddp import placement
+from hpc_ddp.dist import placement
 from hpc_ddp.errors import ClusterConfigError
-from hpc_ddp.placement import CpuPlan, plan_cpus, select_device, shared_gpus
+from hpc_ddp.dist.placement import CpuPlan, plan_cpus, select_device, shared_gpus
 
 from conftest import clean_environ
 
@@ -109,7 +109,7 @@ def test_apply_cpu_plan_pins_and_sizes_threads() -> None:
     # In a child process: pinning the test runner itself would slow every later test.
     code = """
 import json, psutil, torch
-from hpc_ddp import placement
+from hpc_ddp.dist import placement
 cpu = placement.current_affinity()[-1]
 placement.apply_cpu_plan(placement.CpuPlan((cpu,), 1, "test", pin=True))
 print(json.dumps([cpu, psutil.Process().cpu_affinity(), torch.get_num_threads()]))

@@ -34,7 +34,7 @@ from hpc_ddp.errors import ClusterConfigError
 if TYPE_CHECKING:
     import torch
 
-    from hpc_ddp.cluster import DistEnv
+    from hpc_ddp.dist.env import DistEnv
 
 
 TEARDOWN_S = 60.0  # destroy_process_group() that takes longer than this is a hang: stacks, then exit 1

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from hpc_ddp import hostlist
+from hpc_ddp.dist import hostlist
 from hpc_ddp.errors import ClusterConfigError
 
 Launcher = Literal["torchrun", "slurm", "single"]
