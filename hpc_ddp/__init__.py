@@ -13,17 +13,17 @@ __version__ = "0.1.0"
 __all__ = ["Task", "TrainConfig", "__version__"]
 
 if TYPE_CHECKING:
-    from hpc_ddp.config import TrainConfig
-    from hpc_ddp.tasks import Task
+    from hpc_ddp.run.config import TrainConfig
+    from hpc_ddp.run.tasks import Task
 
 
 def __getattr__(name: str) -> Any:
     if name == "Task":
-        from hpc_ddp.tasks import Task
+        from hpc_ddp.run.tasks import Task
 
         return Task
     if name == "TrainConfig":
-        from hpc_ddp.config import TrainConfig
+        from hpc_ddp.run.config import TrainConfig
 
         return TrainConfig
     raise AttributeError(f"module 'hpc_ddp' has no attribute {name!r}")

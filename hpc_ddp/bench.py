@@ -60,7 +60,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.config import build_parser
+from hpc_ddp.run.config import build_parser
 from hpc_ddp.errors import UsageError, run_main
 
 PROG = "python -m hpc_ddp.bench"
@@ -292,13 +292,13 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     """Trainer.save() against a raw write + fsync of the same bytes to the same folder, interleaved."""
     import torch
 
-    from hpc_ddp import checkpoint
-    from hpc_ddp.config import TrainConfig
+    from hpc_ddp.run import checkpoint
+    from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.log import RankLog
-    from hpc_ddp.loop import Trainer
+    from hpc_ddp.run.trainer import Trainer
     from hpc_ddp.dist.env import detect
     from hpc_ddp.dist.group import process_group
-    from hpc_ddp.tasks import build
+    from hpc_ddp.run.tasks import build
 
     folder = s.work / "checkpoint"
     folder.mkdir(parents=True)

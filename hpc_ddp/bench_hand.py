@@ -62,8 +62,8 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from hpc_ddp.config import TrainConfig
-    from hpc_ddp.tasks import mlp
+    from hpc_ddp.run.config import TrainConfig
+    from hpc_ddp.run.tasks import mlp
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)

@@ -32,7 +32,7 @@ from typing import Any
 
 from hpc_ddp import checks, exitcodes
 from hpc_ddp.checks import FAIL, PASS, WARN, Check, RankFacts
-from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, build_parser, from_namespace
 from hpc_ddp.errors import ClusterConfigError, UsageError, run_task
 
 PROG = "python -m hpc_ddp.doctor"

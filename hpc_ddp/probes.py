@@ -197,9 +197,9 @@ def slurm_version(environ: Mapping[str, str]) -> str | None:
     """None outside Slurm (and in the local launcher's emulation), '' if scontrol is missing."""
     if not environ.get("SLURM_JOB_ID") or environ.get("HPC_DDP_LOCAL"):
         return None
-    from hpc_ddp import runinfo
+    from hpc_ddp.run import record
 
-    return runinfo.slurm_version() or ""
+    return record.slurm_version() or ""
 
 
 def gather(env: DistEnv, folder: Path, environ: Mapping[str, str], store_host: str,

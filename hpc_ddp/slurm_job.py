@@ -39,11 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from hpc_ddp import exitcodes, preemption, sbatch
+from hpc_ddp import exitcodes, sbatch
+from hpc_ddp.run import preemption
 from hpc_ddp.errors import UsageError, run_task
 
 if TYPE_CHECKING:
-    from hpc_ddp.config import TrainConfig
+    from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.submit import JobShape
 
 POLL_S = 2.0  # --wait: seconds between two looks at the job's state (one sacct call each)

@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, build_parser, from_namespace
 from hpc_ddp.errors import UsageError, run_main
 
 PROG = "python -m hpc_ddp.submit"

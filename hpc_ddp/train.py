@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hpc_ddp import exitcodes, preemption
-from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp import exitcodes
+from hpc_ddp.run import preemption
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, build_parser, from_namespace
 from hpc_ddp.errors import UsageError, run_task
 
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and --help must not wait for it
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and --hel
 
     from hpc_ddp.dist.env import DistEnv
     from hpc_ddp.log import RankLog
-    from hpc_ddp.loop import Outcome
+    from hpc_ddp.run.trainer import Outcome
 
 PROG = "python -m hpc_ddp.train"
 T = TypeVar("T")
@@ -167,13 +168,13 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp import checkpoint, resume, runinfo, tasks
-    from hpc_ddp.loop import Trainer
+    from hpc_ddp.run import checkpoint, resume, record, tasks
+    from hpc_ddp.run.trainer import Trainer
 
     if device.type == "cuda":
         _check_gpus(env, device)
     if env.is_main:
-        runinfo.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
+        record.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
         checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
     start = _rank0(env, lambda: resume.choose(cfg, folder, environ, log.warn))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
@@ -213,7 +214,7 @@ def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, envir
 
     import torch.distributed as dist
 
-    from hpc_ddp import checkpoint
+    from hpc_ddp.run import checkpoint
 
     dist.barrier()  # a requeue makes Slurm SIGTERM every task: all must be past the save first
     if env.is_main:

@@ -14,10 +14,10 @@ import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from conftest import clean_environ
-from hpc_ddp import checkpoint, resume
-from hpc_ddp.config import TrainConfig
+from hpc_ddp.run import checkpoint, resume
+from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.errors import CheckpointError, UsageError
-from hpc_ddp.loop import _SkipSampler
+from hpc_ddp.run.trainer import _SkipSampler
 
 
 def sample_state(step: int) -> dict:
@@ -76,7 +76,7 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
 
 _WRITER = """
 import sys, torch
-from hpc_ddp import checkpoint
+from hpc_ddp.run import checkpoint
 folder = sys.argv[1]
 checkpoint.commit(folder, {"model": {"w": torch.ones(3)}}, step=1, keep=5)
 print("first", flush=True)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpc_ddp.dist.env import DistEnv
-    from hpc_ddp.config import TrainConfig
-    from hpc_ddp.loop import Position
+    from hpc_ddp.run.config import TrainConfig
+    from hpc_ddp.run.trainer import Position
 
 
 class Recorder:

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp import checkpoint
-from hpc_ddp.config import TrainConfig
+from hpc_ddp.run import checkpoint
+from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.errors import CheckpointError, UsageError
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.

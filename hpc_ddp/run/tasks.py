@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from hpc_ddp.config import TrainConfig
+from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.errors import UsageError
 
 

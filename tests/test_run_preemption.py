@@ -15,7 +15,8 @@ import psutil
 import pytest
 import torch
 
-from hpc_ddp import checkpoint, exitcodes
+from hpc_ddp import exitcodes
+from hpc_ddp.run import checkpoint
 from test_local_run import finish, read_until, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(150)]  # 7-29 s each, + 8 s for `uninterrupted` (measured)

@@ -18,12 +18,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import clean_environ, die_with_test
-from hpc_ddp import exitcodes, tasks
+from hpc_ddp import exitcodes
+from hpc_ddp.run import tasks
 from hpc_ddp.dist import env as dist_env
 from hpc_ddp.dist import group
-from hpc_ddp.config import TrainConfig
+from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.log import RankLog
-from hpc_ddp.loop import Trainer
+from hpc_ddp.run.trainer import Trainer
 from hpc_ddp.dist.group import GroupLifetimeError
 from slow_tasks import _data
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from conftest import ROOT
 
-from hpc_ddp import bench, tasks
-from hpc_ddp.config import TrainConfig
+from hpc_ddp import bench
+from hpc_ddp.run import tasks
+from hpc_ddp.run.config import TrainConfig
 
 
 def test_mlp_has_the_parameter_count_the_docs_quote() -> None:

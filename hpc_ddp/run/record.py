@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp import checkpoint
+from hpc_ddp.run import checkpoint
 
 
 def _command_output(argv: list[str], cwd: str | None = None) -> str | None:

@@ -22,14 +22,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from hpc_ddp import checkpoint, metrics, preemption, resume
+from hpc_ddp.run import checkpoint, metrics, preemption, resume
 from hpc_ddp.dist import group
 from hpc_ddp.dist.env import DistEnv
-from hpc_ddp.config import TrainConfig
+from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.dist.group import hang_watch
-from hpc_ddp.tasks import Task
+from hpc_ddp.run.tasks import Task
 
 
 @dataclass
