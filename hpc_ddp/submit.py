@@ -120,7 +120,7 @@ def check_folder(folder: Path) -> None:
 
 def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
               extra_argv: tuple[str, ...] = ()) -> int:
-    from hpc_ddp import local
+    from hpc_ddp.launch import local
 
     job_id = local.fresh_job_id()
     folder = Path(cfg.folder or os.path.join("runs", f"local-{job_id}"))
@@ -153,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         if ns.print_sbatch or ns.wait:
             raise UsageError("--print-sbatch and --wait are for Slurm jobs; drop them with --local")
         return run_local(shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else ())
-    from hpc_ddp import slurm_job
+    from hpc_ddp.launch.slurm import submitter
 
-    return slurm_job.submit(ns, shape, cfg, module)
+    return submitter.submit(ns, shape, cfg, module)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp import checks, collective, doctor, local, probes
+from hpc_ddp import checks, collective, doctor, probes
+from hpc_ddp.launch import local
 from hpc_ddp.dist import env as dist_env
 from hpc_ddp.checks import FAIL, PASS, WARN, RankFacts
 

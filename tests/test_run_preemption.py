@@ -17,7 +17,7 @@ import torch
 
 from hpc_ddp import exitcodes
 from hpc_ddp.run import checkpoint
-from test_local_run import finish, read_until, start
+from test_launch_local import finish, read_until, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(150)]  # 7-29 s each, + 8 s for `uninterrupted` (measured)
 

@@ -114,7 +114,7 @@ from hpc_ddp.dist.env import detect
 from hpc_ddp.errors import UsageError
 from hpc_ddp.dist.group import process_group
 import torch
-from hpc_ddp import local
+from hpc_ddp.launch import local
 from pathlib import Path
 job = local.LocalJob(nodes=1, tasks_per_node=2, folder=Path("."), train_argv=[], max_requeue=0, job_id=sys.argv[2])
 env = detect(local.slurm_env(job, int(sys.argv[1]), 0))  # what srun gives a task of a 1 x 2 step
@@ -138,7 +138,7 @@ with process_group(env, torch.device("cpu"), "gloo", 120.0):
     ("usage", "UsageError: --folder x: not writable. Fix: another --folder")])
 def test_any_error_on_rank0_reaches_every_rank_at_once(kind: str, seen_by_rank1: str) -> None:
     """Not only usage errors: before, anything else left rank 1 in the broadcast until the 120 s timeout."""
-    from hpc_ddp.local import fresh_job_id
+    from hpc_ddp.launch.local import fresh_job_id
 
     job_id = fresh_job_id()
     procs = [subprocess.Popen([sys.executable, "-c", RANK0_SCRIPT, str(rank), job_id, kind],

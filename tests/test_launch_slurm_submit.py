@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import DATA, ROOT, clean_environ
 
-from hpc_ddp import slurm_job
+from hpc_ddp.launch.slurm import submitter
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -57,7 +57,7 @@ def start_submit(folder: Path, *args: str, **env: str) -> tuple[subprocess.Popen
 def wait_for_line(path: Path, needle: str, proc: subprocess.Popen[str]) -> None:
     """Until `needle` appears in the log at `path` (fails if the submitter ends first)."""
     deadline = time.monotonic() + HANG_GUARD_S
-    while needle not in slurm_job._read(path):
+    while needle not in submitter._read(path):
         assert proc.poll() is None, f"{needle!r} never appeared:\n{proc.communicate()[0]}"
         assert time.monotonic() < deadline, f"{needle!r} never appeared in {path}"
         time.sleep(0.1)
@@ -67,9 +67,9 @@ def wait_job(job_id: str) -> str:
     """Until the job has ended and its last process is gone; its final state."""
     deadline = time.monotonic() + HANG_GUARD_S
     while True:
-        state = slurm_job.job_state(job_id)
+        state = submitter.job_state(job_id)
         if state is not None and state.done:
-            slurm_job._wait_while_completing(job_id)
+            submitter._wait_while_completing(job_id)
             return state.state
         assert time.monotonic() < deadline, f"job {job_id} still {state}"
         time.sleep(0.5)
@@ -83,7 +83,7 @@ def sacct_records(job_id: str) -> list[str]:
 
 
 def rank_logs(folder: Path, job_id: str) -> list[str]:
-    return [slurm_job._read(slurm_job.log_path(folder, job_id, rank)) for rank in range(4)]
+    return [submitter._read(submitter.log_path(folder, job_id, rank)) for rank in range(4)]
 
 
 def placements(logs: list[str]) -> dict[int, str]:
@@ -203,13 +203,13 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(slur
     job_id = submitted.stdout.strip().split(";")[0]
     log = tmp_path / f"hpc_ddp-{job_id}.out"
     deadline = time.monotonic() + HANG_GUARD_S
-    while "Epoch 0," not in slurm_job._read(log):  # training: 39 epochs of 0.4 s to go
-        state = slurm_job.job_state(job_id)
-        assert state is None or not state.done, slurm_job._read(log)
+    while "Epoch 0," not in submitter._read(log):  # training: 39 epochs of 0.4 s to go
+        state = submitter.job_state(job_id)
+        assert state is None or not state.done, submitter._read(log)
         assert time.monotonic() < deadline, f"job {job_id} never trained"
         time.sleep(0.1)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-    assert wait_job(job_id) == "COMPLETED", slurm_job._read(log)
+    assert wait_job(job_id) == "COMPLETED", submitter._read(log)
     assert sacct_records(job_id) == ["REQUEUED", "COMPLETED"]
     text = log.read_text()
     assert text.count(f"[ddp.sbatch] tasks stopped after saving; requeueing job {job_id}") == 1
@@ -225,7 +225,7 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(slur
 def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any], tmp_path: Path) -> None:
     folder = tmp_path / "run"
     proc, job_id = start_submit(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.1")
-    wait_for_line(slurm_job.log_path(folder, job_id), "Epoch 0,", proc)  # training, 44 steps to go
+    wait_for_line(submitter.log_path(folder, job_id), "Epoch 0,", proc)  # training, 44 steps to go
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
     out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, out
@@ -263,7 +263,7 @@ def test_a_raising_task_fails_the_job_and_shows_that_ranks_error(slurm_cluster: 
 def test_scancel_saves_reports_cancelled_and_is_not_requeued(slurm_cluster: str, tmp_path: Path) -> None:
     folder = tmp_path / "run"
     proc, job_id = start_submit(folder, "--task", "slow_tasks:slow", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05")
-    wait_for_line(slurm_job.log_path(folder, job_id), "Epoch 0,", proc)
+    wait_for_line(submitter.log_path(folder, job_id), "Epoch 0,", proc)
     subprocess.run(["scancel", job_id], check=True)
     out, _ = proc.communicate(timeout=HANG_GUARD_S)  # the guard: --wait must not hang on a cancelled job
     assert proc.returncode == 75, out
@@ -288,19 +288,19 @@ def time_limit_job(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory)
     assert proc.returncode == 0, proc.stderr
     job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
     yield {"folder": folder, "proc": proc, "job_id": job_id}
-    state = slurm_job.job_state(job_id)
+    state = submitter.job_state(job_id)
     if state is not None and not state.done:  # a failed or deselected test must not leave it running
         subprocess.run(["scancel", job_id], check=False)
 
 
 def test_time_limit_signal_checkpoints_requeues_and_finishes(time_limit_job: dict[str, Any]) -> None:
     proc, job_id = time_limit_job["proc"], time_limit_job["job_id"]
-    log = slurm_job.log_path(time_limit_job["folder"], job_id)
+    log = submitter.log_path(time_limit_job["folder"], job_id)
     assert f"tail -F {log}" in proc.stdout and f"sacct -j {job_id}" in proc.stdout  # what it says without --wait
     assert wait_job(job_id) == "COMPLETED"
     records = sacct_records(job_id)
     assert records[-1] == "COMPLETED" and records.count("REQUEUED") >= 1, records
-    text = slurm_job._read(log)
+    text = submitter._read(log)
     assert "SIGUSR2: preempted: checkpoint saved, requeue 1 of 5" in text
     assert "Resuming from" in text and "Model saved by rank 0" in text
     assert "TIMEOUT" not in records

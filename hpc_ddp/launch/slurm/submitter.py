@@ -39,7 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from hpc_ddp import exitcodes, sbatch
+from hpc_ddp import exitcodes
+from hpc_ddp.launch.slurm.request import (JobState, SlurmRequest, check_signal_delay, mem_text, parse_extras,
+                                          parse_sacct, parse_scontrol, parse_time, pending_hint, sbatch_error,
+                                          submit_environ)
 from hpc_ddp.run import preemption
 from hpc_ddp.errors import UsageError, run_task
 
@@ -99,23 +102,23 @@ def default_folder(job_name: str, now: float | None = None) -> Path:
     return Path("runs", f"{job_name}-{stamp}").absolute()
 
 
-def request_from(ns: argparse.Namespace, shape: JobShape) -> sbatch.SlurmRequest:
+def request_from(ns: argparse.Namespace, shape: JobShape) -> SlurmRequest:
     """Validate the Slurm flags (raises UsageError)."""
-    minutes = sbatch.parse_time(ns.time)
-    sbatch.check_signal_delay(ns.signal_delay_s, minutes)
+    minutes = parse_time(ns.time)
+    check_signal_delay(ns.signal_delay_s, minutes)
     if ns.cpus_per_task is not None and ns.cpus_per_task <= 0:
         raise UsageError(f"--cpus-per-task {ns.cpus_per_task}: must be at least 1")
     if not ns.job_name.strip() or any(c.isspace() for c in ns.job_name):
         raise UsageError(f"--job-name {ns.job_name!r}: use a name without spaces, e.g. --job-name resnet50")
-    return sbatch.SlurmRequest(
+    return SlurmRequest(
         nodes=shape.nodes, tasks_per_node=shape.tasks_per_node, gpus_per_node=shape.gpus_per_node,
         minutes=minutes, signal_delay_s=ns.signal_delay_s, job_name=ns.job_name,
-        cpus_per_task=ns.cpus_per_task, mem=sbatch.mem_text(ns.mem_gb) if ns.mem_gb is not None else None,
+        cpus_per_task=ns.cpus_per_task, mem=mem_text(ns.mem_gb) if ns.mem_gb is not None else None,
         partition=ns.partition, account=ns.account, qos=ns.qos, constraint=ns.constraint,
-        exclusive=ns.exclusive, setup=tuple(ns.setup), extras=tuple(sbatch.parse_extras(ns.slurm).items()))
+        exclusive=ns.exclusive, setup=tuple(ns.setup), extras=tuple(parse_extras(ns.slurm).items()))
 
 
-def sbatch_text(request: sbatch.SlurmRequest, folder: Path) -> str:
+def sbatch_text(request: SlurmRequest, folder: Path) -> str:
     """The sbatch script submitit writes for this request (what `--print-sbatch` shows)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
@@ -144,7 +147,7 @@ def prepare_folder(folder: Path) -> None:
 def submission_environ() -> Iterator[None]:
     """os.environ without an enclosing job's variables, while sbatch runs (sbatch exports it into the job)."""
     saved = dict(os.environ)
-    clean = sbatch.submit_environ(saved)
+    clean = submit_environ(saved)
     for key in set(saved) - set(clean):
         del os.environ[key]
     try:
@@ -194,7 +197,7 @@ def submit(ns: argparse.Namespace, shape: JobShape, cfg: TrainConfig, module: st
         return 130
 
 
-def _submit(request: sbatch.SlurmRequest, folder: Path, entry: TaskEntry, max_requeue: int) -> str:
+def _submit(request: SlurmRequest, folder: Path, entry: TaskEntry, max_requeue: int) -> str:
     import submitit
     from submitit.core.utils import FailedJobError
 
@@ -205,7 +208,7 @@ def _submit(request: sbatch.SlurmRequest, folder: Path, entry: TaskEntry, max_re
         try:
             job = executor.submit(entry)
         except FailedJobError as e:
-            raise UsageError(sbatch.sbatch_error(str(e))) from None
+            raise UsageError(sbatch_error(str(e))) from None
     return str(job.job_id)
 
 
@@ -219,13 +222,13 @@ def _run(argv: list[str]) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def job_state(job_id: str) -> sbatch.JobState | None:
+def job_state(job_id: str) -> JobState | None:
     """The job's current state from sacct, else from scontrol (clusters without accounting)."""
     text = _run(["sacct", "-X", "-n", "-P", "-o", "State,ExitCode", "-j", job_id])
-    state = sbatch.parse_sacct(text) if text else None
+    state = parse_sacct(text) if text else None
     if state is None:
         text = _run(["scontrol", "show", "job", "-o", job_id])
-        state = sbatch.parse_scontrol(text) if text else None
+        state = parse_scontrol(text) if text else None
     return state
 
 
@@ -268,7 +271,7 @@ class _LogFollower:
 
 
 def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out: TextIO = sys.stdout,
-           state_of: Callable[[str], sbatch.JobState | None] = job_state) -> int:
+           state_of: Callable[[str], JobState | None] = job_state) -> int:
     """--wait: print rank 0's log as it grows until the job ends, then report; returns the exit code."""
     follower = _LogFollower(log_path(folder, job_id), out)
     last, last_reason = "", ""
@@ -287,7 +290,7 @@ def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out:
         if state.state == "PENDING":
             reason = _pending_reason(job_id)
             if reason not in ("", "None", last_reason):
-                out.write(f"[submit] job {job_id} pending: {sbatch.pending_hint(reason)}\n")
+                out.write(f"[submit] job {job_id} pending: {pending_hint(reason)}\n")
                 out.flush()
             last_reason = reason
         if state.state != last:
@@ -304,7 +307,7 @@ def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out:
         time.sleep(POLL_S)
 
 
-def report(job_id: str, folder: Path, world_size: int, state: sbatch.JobState, submitted_at: float,
+def report(job_id: str, folder: Path, world_size: int, state: JobState, submitted_at: float,
            out: TextIO) -> int:
     """The final word on a finished job, and the exit code that `--wait` returns."""
     say = lambda text: print(f"[submit] {text}", file=out, flush=True)

@@ -3,7 +3,7 @@ consistency of `slurm/ddp.sbatch` with what `submit` generates.
 
 The golden file is `tests/data/golden/print_sbatch.txt`; after an intended change, regenerate it with
 
-    HPC_DDP_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/test_sbatch.py -k golden
+    HPC_DDP_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/test_launch_slurm.py -k golden
 
 and review the diff.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import DATA, ROOT, clean_environ, run_module
 
-from hpc_ddp import sbatch, slurm_job
+from hpc_ddp.launch.slurm import request, submitter
 from hpc_ddp.run import preemption
 from hpc_ddp.errors import UsageError
 
@@ -43,39 +43,39 @@ GOLDEN_ARGS = ["--nodes", "2", "--gpus-per-node", "4", "--cpus-per-task", "8", "
     ("00:01:01", 2), (" 60 ", 60),
 ])
 def test_parse_time_accepts_minutes_and_slurm_format(text: str, minutes: int) -> None:
-    assert sbatch.parse_time(text) == minutes
+    assert request.parse_time(text) == minutes
 
 
 @pytest.mark.parametrize("text", ["0", "00:00:00", "1h", "90m", "1:2:3", "01:60:00", "01:00:61", "-5", "", "1-2",
                                   "1.5", "01:00"])
 def test_parse_time_refuses_with_the_expected_forms(text: str) -> None:
     with pytest.raises(UsageError, match=r"--time"):
-        sbatch.parse_time(text)
+        request.parse_time(text)
 
 
 def test_signal_delay_must_fit_in_the_time_limit() -> None:
-    sbatch.check_signal_delay(120, 60)
-    sbatch.check_signal_delay(20, 1)
+    request.check_signal_delay(120, 60)
+    request.check_signal_delay(20, 1)
     for delay, minutes in ((60, 1), (0, 10), (70000, 10_000)):
         with pytest.raises(UsageError, match="--signal-delay-s"):
-            sbatch.check_signal_delay(delay, minutes)
+            request.check_signal_delay(delay, minutes)
 
 
 def test_extras_become_sbatch_options_and_may_not_shadow_our_flags() -> None:
-    assert sbatch.parse_extras(["mail-type=END", "--hold", "comment=a=b"]) == \
+    assert request.parse_extras(["mail-type=END", "--hold", "comment=a=b"]) == \
         {"mail-type": "END", "hold": True, "comment": "a=b"}
     with pytest.raises(UsageError, match="set by --nodes"):
-        sbatch.parse_extras(["nodes=3"])
+        request.parse_extras(["nodes=3"])
     for bad in ("Mail_Type=END", "x=", "=y", "two words=1"):
         with pytest.raises(UsageError, match="KEY=VALUE"):
-            sbatch.parse_extras([bad])
+            request.parse_extras([bad])
 
 
 def test_mem_text() -> None:
-    assert sbatch.mem_text(64) == "64G"
-    assert sbatch.mem_text(1.5) == "1536M"
+    assert request.mem_text(64) == "64G"
+    assert request.mem_text(1.5) == "1536M"
     with pytest.raises(UsageError):
-        sbatch.mem_text(0)
+        request.mem_text(0)
 
 
 def test_a_job_inside_a_job_passes_on_nothing_of_its_own_but_the_cluster() -> None:
@@ -84,7 +84,7 @@ def test_a_job_inside_a_job_passes_on_nothing_of_its_own_but_the_cluster() -> No
     outer.update({"SLURM_CPUS_PER_TASK": "3", "SRUN_CPUS_PER_TASK": "3", "SLURMD_NODENAME": "node1",
                   "SUBMITIT_EXECUTOR": "slurm", "RANK": "0", "MASTER_PORT": "12345", "TORCHELASTIC_RUN_ID": "x",
                   "SBATCH_ACCOUNT": "proj", "PATH": "/usr/bin", "HOME": "/root"})
-    clean = sbatch.submit_environ(outer)
+    clean = request.submit_environ(outer)
     assert clean == {"SLURM_CONF": outer["SLURM_CONF"], "SBATCH_ACCOUNT": "proj", "PATH": "/usr/bin",
                      "HOME": "/root"}
 
@@ -107,7 +107,7 @@ def test_a_job_inside_a_job_passes_on_nothing_of_its_own_but_the_cluster() -> No
     ("", "sbatch refused the job: no output. Fix: check the Slurm options"),
 ])
 def test_sbatch_refusals_become_one_line(output: str, expected: str) -> None:
-    assert sbatch.sbatch_error(output) == expected
+    assert request.sbatch_error(output) == expected
 
 
 @pytest.mark.parametrize("text, state, done, exit_code", [
@@ -120,43 +120,43 @@ def test_sbatch_refusals_become_one_line(output: str, expected: str) -> None:
     ("PREEMPTED|0:0\n", "PREEMPTED", False, 0),
 ])
 def test_parse_sacct(text: str, state: str, done: bool, exit_code: int) -> None:
-    parsed = sbatch.parse_sacct(text)
+    parsed = request.parse_sacct(text)
     assert parsed is not None
     assert (parsed.state, parsed.done, parsed.exit_code) == (state, done, exit_code)
 
 
 def test_parse_sacct_and_scontrol_without_an_answer() -> None:
-    assert sbatch.parse_sacct("") is None
-    assert sbatch.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
-    parsed = sbatch.parse_scontrol("JobId=7 JobName=x JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 X=y")
-    assert parsed == sbatch.JobState("FAILED", 1, 0)
+    assert request.parse_sacct("") is None
+    assert request.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+    parsed = request.parse_scontrol("JobId=7 JobName=x JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 X=y")
+    assert parsed == request.JobState("FAILED", 1, 0)
 
 
 def test_the_task_entry_pickles_by_reference() -> None:
     """submitit pickles the job function; a TaskEntry must load in a task without this test's module."""
     import cloudpickle
 
-    data = cloudpickle.dumps(slurm_job.TaskEntry("hpc_ddp.train", ("--epochs=1",)))
-    assert b"hpc_ddp.slurm_job" in data and b"TaskEntry" in data
+    data = cloudpickle.dumps(submitter.TaskEntry("hpc_ddp.train", ("--epochs=1",)))
+    assert b"hpc_ddp.launch.slurm.submitter" in data and b"TaskEntry" in data
 
 
 def test_folders_are_owner_only_and_others_writable_ones_are_refused(tmp_path: Path) -> None:
     run = tmp_path / "a" / "run"
-    slurm_job.prepare_folder(run)
+    submitter.prepare_folder(run)
     assert run.stat().st_mode & 0o777 == 0o700
     assert (run / "submitit").stat().st_mode & 0o777 == 0o700
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     with pytest.raises(UsageError, match="writable by others"):
-        slurm_job.prepare_folder(shared)
+        submitter.prepare_folder(shared)
 
 
 # ----- following and reporting a job (files and states faked) ------------------------------------------
 
 def test_the_log_follower_prints_whole_lines_without_submitits_chatter(tmp_path: Path) -> None:
     log, out = tmp_path / "1_0_log.out", io.StringIO()
-    follower = slurm_job._LogFollower(log, out)
+    follower = submitter._LogFollower(log, out)
     follower.poll()  # no file yet
     log.write_text("submitit INFO (x) - Starting with JobEnvironment(...)\nEpoch 0, Loss: 1.0\nEpoch 1, Lo")
     follower.poll()
@@ -167,22 +167,22 @@ def test_the_log_follower_prints_whole_lines_without_submitits_chatter(tmp_path:
     assert out.getvalue() == "Epoch 0, Loss: 1.0\nEpoch 1, Loss: 0.5\n"
 
 
-def report(tmp_path: Path, state: sbatch.JobState, since: float = 0.0) -> tuple[int, str]:
+def report(tmp_path: Path, state: request.JobState, since: float = 0.0) -> tuple[int, str]:
     out = io.StringIO()
-    code = slurm_job.report("7", tmp_path, 4, state, since, out)
+    code = submitter.report("7", tmp_path, 4, state, since, out)
     return code, out.getvalue()
 
 
 def test_report_says_what_ended_the_job_and_picks_the_exit_code(tmp_path: Path) -> None:
     (tmp_path / "submitit").mkdir()
-    assert report(tmp_path, sbatch.JobState("COMPLETED")) == (0, f"[submit] job 7 completed; run folder {tmp_path}\n")
-    code, text = report(tmp_path, sbatch.JobState("CANCELLED"))
+    assert report(tmp_path, request.JobState("COMPLETED")) == (0, f"[submit] job 7 completed; run folder {tmp_path}\n")
+    code, text = report(tmp_path, request.JobState("CANCELLED"))
     assert (code, text) == (1, "[submit] job 7 was cancelled (exit code 0)\n")
     (tmp_path / "preempted.json").write_text("{}")
-    code, text = report(tmp_path, sbatch.JobState("CANCELLED"))
+    code, text = report(tmp_path, request.JobState("CANCELLED"))
     assert code == 75 and "was cancelled; the ranks saved a checkpoint first: run the same command" in text
-    assert report(tmp_path, sbatch.JobState("CANCELLED"), since=time.time() + 60)[0] == 1  # an older save
-    code, text = report(tmp_path, sbatch.JobState("FAILED", 75), since=time.time() + 60)
+    assert report(tmp_path, request.JobState("CANCELLED"), since=time.time() + 60)[0] == 1  # an older save
+    code, text = report(tmp_path, request.JobState("FAILED", 75), since=time.time() + 60)
     assert code == 75 and "stopped after a signal and was not requeued" in text
 
 
@@ -197,7 +197,7 @@ def test_report_shows_the_error_of_the_rank_that_failed_first(tmp_path: Path) ->
         result = sub / f"7_{rank}_result.pkl"
         result.write_bytes(b"\x80\x05\x95(\x8c\x05error\x94")
         os.utime(result, (time.time() - age, time.time() - age))
-    code, text = report(tmp_path, sbatch.JobState("FAILED", 1))
+    code, text = report(tmp_path, request.JobState("FAILED", 1))
     assert code == 1
     assert text.splitlines() == [
         "[submit] job 7 ended FAILED (exit code 1)", f"[submit] rank 2 failed; the end of {sub / '7_2_log.out'}:",
@@ -205,7 +205,7 @@ def test_report_shows_the_error_of_the_rank_that_failed_first(tmp_path: Path) ->
         "[submit]     ValueError: the real cause"]
     for result in sub.glob("*_result.pkl"):
         result.unlink()
-    assert slurm_job.failing_rank("7", tmp_path, 4) == 0  # no result files: the first log with a traceback
+    assert submitter.failing_rank("7", tmp_path, 4) == 0  # no result files: the first log with a traceback
 
 
 # ----- the CLI, without a cluster ----------------------------------------------------------------------
@@ -228,7 +228,7 @@ def test_print_sbatch_matches_the_golden_file(tmp_path: Path) -> None:
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text(), (
-        "--print-sbatch output changed; if intended: HPC_DDP_REGEN_GOLDEN=1 pytest tests/test_sbatch.py -k golden")
+        "--print-sbatch output changed; if intended: HPC_DDP_REGEN_GOLDEN=1 pytest tests/test_launch_slurm.py -k golden")
     assert not Path("/shared/runs/golden").exists() and list(tmp_path.iterdir()) == []  # submitted nothing
     assert "every task runs: python -m hpc_ddp.train --epochs=5 --folder=/shared/runs/golden" in proc.stderr
 
@@ -283,8 +283,8 @@ def test_ddp_sbatch_and_print_sbatch_are_the_same_job() -> None:
     for key in ("job-name", "nodes", "gpus-per-node", "ntasks-per-node", "cpus-per-task", "signal", "requeue",
                 "open-mode"):
         assert ours[key] == theirs[key], key
-    assert sbatch.parse_time(ours["time"]) == int(theirs["time"])
-    assert "B:" not in ours["signal"] and ours["signal"] == f"{sbatch.SIGNAL}@120"
+    assert request.parse_time(ours["time"]) == int(theirs["time"])
+    assert "B:" not in ours["signal"] and ours["signal"] == f"{request.SIGNAL}@120"
     static_srun, generated_srun = _srun_flags(static), _srun_flags(generated)
     for submitit_own in ("--unbuffered", "--output", "--error"):
         generated_srun.pop(submitit_own, None)
@@ -448,6 +448,6 @@ def test_ddp_sbatch_keeps_waiting_for_the_tasks_after_sigterm(tmp_path: Path) ->
 
 
 def test_pending_reasons_that_waiting_will_not_cure_say_so() -> None:
-    assert sbatch.pending_hint("Resources") == "Resources"
-    assert sbatch.pending_hint("PartitionConfig").startswith("PartitionConfig: Slurm will not start this job as asked")
-    assert "scancel it" in sbatch.pending_hint("QOSMaxNodePerJobLimit")
+    assert request.pending_hint("Resources") == "Resources"
+    assert request.pending_hint("PartitionConfig").startswith("PartitionConfig: Slurm will not start this job as asked")
+    assert "scancel it" in request.pending_hint("QOSMaxNodePerJobLimit")
