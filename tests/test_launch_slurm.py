@@ -140,6 +140,18 @@ def test_the_task_entry_pickles_by_reference() -> None:
     assert b"hpc_ddp.launch.slurm.submitter" in data and b"TaskEntry" in data
 
 
+def test_a_task_entry_pickled_by_0_1_0_still_loads() -> None:
+    """A job submitted before the move (tests/data/taskentry-0.1.0.pkl names hpc_ddp.slurm_job.TaskEntry) runs
+    the current TaskEntry when it starts or is requeued after an upgrade."""
+    import pickle
+
+    data = (DATA / "taskentry-0.1.0.pkl").read_bytes()
+    assert b"hpc_ddp.slurm_job" in data
+    entry = pickle.loads(data)
+    assert type(entry) is submitter.TaskEntry
+    assert entry == submitter.TaskEntry("hpc_ddp.train", ("--epochs", "1"))
+
+
 def test_folders_are_owner_only_and_others_writable_ones_are_refused(tmp_path: Path) -> None:
     run = tmp_path / "a" / "run"
     submitter.prepare_folder(run)
