@@ -11,7 +11,7 @@ import math
 import pytest
 from conftest import run_module
 
-from hpc_ddp import bench, bench_hand
+from hpc_ddp.bench import hand, suite
 
 
 @pytest.mark.slow  # about a minute: six short real runs (kit, hand loops, torchrun) and two saves
@@ -22,7 +22,7 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     sections = report["sections"]
-    assert list(sections) == list(bench.SECTIONS)
+    assert list(sections) == list(suite.SECTIONS)
     figures = [sections["overhead"]["kit_vs_naive"], sections["overhead"]["kit_vs_tuned"],
                sections["scaling"]["efficiency"], sections["checkpoint"]["kit_vs_raw"],
                sections["checkpoint"]["stall_ms"], sections["launch"]["local_vs_torchrun"]]
@@ -39,7 +39,7 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
 def test_help_explains_each_section():
     proc = run_module("hpc_ddp.bench", "--help")
     assert proc.returncode == 0
-    assert all(f"\n  {section}" in proc.stdout for section in bench.SECTIONS)
+    assert all(f"\n  {section}" in proc.stdout for section in suite.SECTIONS)
 
 
 def test_bad_arguments_are_one_line_usage_errors():
@@ -51,12 +51,12 @@ def test_bad_arguments_are_one_line_usage_errors():
 
 
 def test_ratios_pair_trials_and_targets_compare():
-    assert bench.ratios([2.0, 3.0], [1.0, 2.0]) == [2.0, 1.5]
-    assert bench.median(bench.ratios([2.0, 3.0, 8.0], [1.0, 2.0, 2.0])) == 2.0
-    assert bench.Target("x", 0.9, "<=", 1.0).met and not bench.Target("x", 1.1, "<=", 1.0).met
-    assert bench.Target("x", 1.8, ">=", 1.8).met and not bench.Target("x", 0.96, ">=", 0.97).met
+    assert suite.ratios([2.0, 3.0], [1.0, 2.0]) == [2.0, 1.5]
+    assert suite.median(suite.ratios([2.0, 3.0, 8.0], [1.0, 2.0, 2.0])) == 2.0
+    assert suite.Target("x", 0.9, "<=", 1.0).met and not suite.Target("x", 1.1, "<=", 1.0).met
+    assert suite.Target("x", 1.8, ">=", 1.8).met and not suite.Target("x", 0.96, ">=", 0.97).met
 
 
 def test_hand_loop_rate_counts_steps_after_the_first_like_the_kit():
     # 3 steps of 64 samples ending at 1, 2 and 4 s: two steps measured over 3 s (step 1 is warm-up).
-    assert bench_hand.rate([1.0, 2.0, 4.0], 64) == {"samples_per_s": 128 / 3, "median_step_time_s": 2.0}
+    assert hand.rate([1.0, 2.0, 4.0], 64) == {"samples_per_s": 128 / 3, "median_step_time_s": 2.0}

@@ -188,6 +188,6 @@ def test_abbreviated_options_are_refused(module: str, args: list[str], tmp_path:
 
 def test_bench_hand_refuses_abbreviated_options(tmp_path: Path) -> None:
     # An internal helper of the bench (argparse's own error format), but it must not guess either.
-    proc = run_module("hpc_ddp.bench_hand", "--thread", "tuned", "--out", "x", "--steps", "1", cwd=tmp_path,
+    proc = run_module("hpc_ddp.bench.hand", "--thread", "tuned", "--out", "x", "--steps", "1", cwd=tmp_path,
                       timeout=60)
     assert proc.returncode == 2 and "unrecognized arguments: --thread" in proc.stderr, proc.stderr

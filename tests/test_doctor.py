@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp import checks, collective, doctor, probes
+from hpc_ddp.doctor import checkup, collective, rules
+from hpc_ddp.doctor import facts as probes
 from hpc_ddp.launch import local
 from hpc_ddp.dist import env as dist_env
-from hpc_ddp.checks import FAIL, PASS, WARN, RankFacts
+from hpc_ddp.doctor.rules import FAIL, PASS, WARN, RankFacts
 
 from conftest import clean_environ, run_module
 
@@ -57,9 +58,9 @@ def all_ranks(machines: int = 2, **changes: object) -> list[RankFacts]:
 
 @pytest.mark.parametrize("machines", [1, 2])
 def test_a_healthy_world_passes_every_rule(machines: int) -> None:
-    results = checks.evaluate(world(machines))
+    results = rules.evaluate(world(machines))
     assert [(c.name, c.status) for c in results if c.status != PASS] == []
-    assert len(results) == len(checks.RULES)
+    assert len(results) == len(rules.RULES)
 
 
 @pytest.mark.parametrize("local_rank, local_world, cuda_count, device, error", [
@@ -77,7 +78,7 @@ def test_device_choice_is_select_devices_rule(local_rank: int, local_world: int,
 def test_visible_gpus_fewer_than_tasks_fails_with_select_devices_fix() -> None:
     _, error = probes.device_choice(1, 4, 2)
     facts = world(r1={"device": "", "device_error": error, "cuda_count": 2})
-    check = checks.gpu_visibility(facts)
+    check = rules.gpu_visibility(facts)
     assert check.status == FAIL and "rank 1 on node1" in check.reason and "sees 2 GPUs" in check.reason
     assert "one task per GPU" in check.fix
 
@@ -92,7 +93,7 @@ def test_visible_gpus_fewer_than_tasks_fails_with_select_devices_fix() -> None:
 def test_shared_gpu(uuids: list[str], machines: int, status: str, named: str) -> None:
     facts = [dataclasses.replace(f, device="cuda:0", gpu_uuid=u) for f, u in zip(world(machines), uuids,
                                                                                    strict=True)]
-    check = checks.shared_gpu(facts)
+    check = rules.shared_gpu(facts)
     assert check.status == status and named in check.reason
     if status == FAIL:
         assert "--gpus-per-task=1" in check.fix
@@ -100,7 +101,7 @@ def test_shared_gpu(uuids: list[str], machines: int, status: str, named: str) ->
 
 def test_some_ranks_without_gpus_fail() -> None:
     facts = world(r0={"device": "cuda:0"}, r1={"device": "cuda:1"})
-    check = checks.gpu_visibility(facts)
+    check = rules.gpu_visibility(facts)
     assert check.status == FAIL and "ranks 2-3 on node2 see no GPU" in check.reason
 
 
@@ -110,7 +111,7 @@ def test_some_ranks_without_gpus_fail() -> None:
      "does not resolve on rank 2 on node2 ([Errno -2] Name or service not known)"),
 ])
 def test_master_resolves(changes: dict, status: str, text: str) -> None:
-    check = checks.master_resolves(world(**changes))
+    check = rules.master_resolves(world(**changes))
     assert check.status == status and text in check.reason
 
 
@@ -125,7 +126,7 @@ LOOP = {"master_addr": "localhost", "master_ips": ("127.0.0.1",)}
     (2, {"r3": {"master_ips": ("::1",)}}, FAIL, "loopback ::1 on rank 3 on node2"),
 ])
 def test_master_loopback_with_fake_machine_ids(machines: int, changes: dict, status: str, text: str) -> None:
-    check = checks.master_loopback(world(machines, **changes))
+    check = rules.master_loopback(world(machines, **changes))
     assert check.status == status and text in check.reason
     if status != PASS:
         assert "unset MASTER_ADDR" in check.fix
@@ -134,7 +135,7 @@ def test_master_loopback_with_fake_machine_ids(machines: int, changes: dict, sta
 def test_same_machine_id_in_two_network_namespaces_is_two_places() -> None:
     facts = world(1, **{f"r{r}": LOOP for r in range(4)})
     facts[2:] = [dataclasses.replace(f, netns="net:[2]") for f in facts[2:]]
-    assert checks.master_loopback(facts).status == FAIL
+    assert rules.master_loopback(facts).status == FAIL
 
 
 @pytest.mark.parametrize("changes, status, text", [
@@ -146,7 +147,7 @@ def test_same_machine_id_in_two_network_namespaces_is_two_places() -> None:
     ({"store_host": "agent", "master_ips": ("10.0.0.7",)}, PASS, "torchrun's agent"),
 ])
 def test_rank0_runs_on_the_master_host(changes: dict, status: str, text: str) -> None:
-    check = checks.rank0_host(world(r0=changes))
+    check = rules.rank0_host(world(r0=changes))
     assert check.status == status and text in check.reason
 
 
@@ -160,7 +161,7 @@ def test_rank0_runs_on_the_master_host(changes: dict, status: str, text: str) ->
     ({"store_host": "agent"}, PASS, "torchrun's agent listens on 12345"),
 ])
 def test_master_port(changes: dict, status: str, text: str) -> None:
-    check = checks.master_port(world(r0=changes))
+    check = rules.master_port(world(r0=changes))
     assert check.status == status and text in check.reason
     if status == FAIL:
         assert "MASTER_PORT" in check.fix
@@ -178,7 +179,7 @@ def test_socket_interfaces(environ: dict, host_ips: tuple | None, status: str, t
     changes: dict = {"environ": environ}
     if host_ips:
         changes["host_ips"] = host_ips
-    check = checks.socket_interfaces(all_ranks(**changes))
+    check = rules.socket_interfaces(all_ranks(**changes))
     assert check.status == status and text in check.reason
 
 
@@ -192,17 +193,17 @@ def test_socket_interfaces(environ: dict, host_ips: tuple | None, status: str, t
 ])
 def test_folder_writable_and_shared(changes: dict, writable: str, shared: str, text: str) -> None:
     facts = world(**changes)
-    got = checks.folder_writable(facts), checks.folder_shared(facts)
+    got = rules.folder_writable(facts), rules.folder_shared(facts)
     assert (got[0].status, got[1].status) == (writable, shared)
     assert text in got[0].reason + got[1].reason
 
 
 def test_versions_must_match_on_all_ranks() -> None:
     facts = world(r3={"versions": V | {"torch": "2.11.0"}}, r2={"versions": V | {"nccl": "2.18.1"}})
-    check = checks.versions_equal(facts)
+    check = rules.versions_equal(facts)
     assert check.status == FAIL
     assert "torch 2.13.0 on rank 0-2, 2.11.0 on rank 3" in check.reason and "nccl" in check.reason
-    assert checks.versions_equal(world()).status == PASS
+    assert rules.versions_equal(world()).status == PASS
 
 
 @pytest.mark.parametrize("machines, changes, status, text", [
@@ -213,14 +214,14 @@ def test_versions_must_match_on_all_ranks() -> None:
     (2, {"thread_error": "OMP_NUM_THREADS='x' is not an integer. Fix: unset it"}, FAIL, "is not an integer"),
 ])
 def test_threads_vs_cpus(machines: int, changes: dict, status: str, text: str) -> None:
-    check = checks.threads(all_ranks(machines, **changes))
+    check = rules.threads(all_ranks(machines, **changes))
     assert check.status == status and text in check.reason
 
 
 def test_thread_fixes_name_the_cause() -> None:
-    omp = checks.threads(all_ranks(threads=2, environ={"OMP_NUM_THREADS": "2"}))
+    omp = rules.threads(all_ranks(threads=2, environ={"OMP_NUM_THREADS": "2"}))
     assert "OMP_NUM_THREADS" in omp.fix and omp.fix.endswith("set it to 1")
-    crowded = checks.threads(all_ranks(1, affinity=(0, 1)))
+    crowded = rules.threads(all_ranks(1, affinity=(0, 1)))
     assert "at most 2 ranks" in crowded.fix
 
 
@@ -231,7 +232,7 @@ def test_thread_fixes_name_the_cause() -> None:
     ({"SLURM_STEP_ID": "0", "SLURM_CPUS_PER_TASK": "2"}, (0, 1), PASS, ""),
 ])
 def test_cpu_binding(environ: dict, affinity: tuple, status: str, text: str) -> None:
-    check = checks.cpu_binding(all_ranks(environ=environ, affinity=affinity))
+    check = rules.cpu_binding(all_ranks(environ=environ, affinity=affinity))
     assert check.status == status and text in check.reason
 
 
@@ -245,7 +246,7 @@ def test_cpu_binding(environ: dict, affinity: tuple, status: str, text: str) -> 
 def test_slurm_version(versions: list, local: bool, status: str, text: str) -> None:
     facts = [dataclasses.replace(f, slurm_version=v, environ={"HPC_DDP_LOCAL": "1"} if local else {})
              for f, v in zip(world(), versions, strict=True)]
-    check = checks.slurm_version(facts)
+    check = rules.slurm_version(facts)
     assert check.status == status and text in check.reason
 
 
@@ -255,29 +256,29 @@ def test_slurm_version(versions: list, local: bool, status: str, text: str) -> N
     ([0, 2], FAIL, "rank 1, 3 did not reach"),
 ])
 def test_store_names_the_ranks_that_never_came(present: list[int], status: str, text: str) -> None:
-    check = checks.store_reached(4, present, "node1:12345", 30, 0.4)
+    check = rules.store_reached(4, present, "node1:12345", 30, 0.4)
     assert check.status == status and text in check.reason
 
 
 def test_rank0_does_not_host_a_store_it_cannot_serve() -> None:
-    assert checks.blocking(rank(0)) == []
-    busy = checks.blocking(rank(0, port_error="Address already in use"))
+    assert rules.blocking(rank(0)) == []
+    busy = rules.blocking(rank(0, port_error="Address already in use"))
     assert [c.name for c in busy] == ["master-port"]
-    elsewhere = checks.blocking(rank(0, master_addr="node7", master_ips=("10.0.0.7",)))
+    elsewhere = rules.blocking(rank(0, master_addr="node7", master_ips=("10.0.0.7",)))
     assert [c.name for c in elsewhere] == ["rank0-host"]
-    assert checks.blocking(rank(0, master_ips=("172.16.0.1",))) == []  # only a WARN: worth a try
+    assert rules.blocking(rank(0, master_ips=("172.16.0.1",))) == []  # only a WARN: worth a try
 
 
 @pytest.mark.parametrize("ranks, text", [([0, 1, 2, 5], "0-2, 5"), ([3], "3"), ([], ""), ([4, 2, 3], "2-4")])
 def test_ranks_text(ranks: list[int], text: str) -> None:
-    assert checks.ranks_text(ranks) == text
+    assert rules.ranks_text(ranks) == text
 
 
 @pytest.mark.parametrize("ip, loop", [("127.0.0.1", True), ("127.0.1.1", True), ("127.0.0.2", True),
                                       ("::1", True), ("::ffff:127.0.0.1", True), ("10.0.0.1", False),
                                       ("fe80::1%eth0", False)])
 def test_is_loopback(ip: str, loop: bool) -> None:
-    assert checks.is_loopback(ip) is loop
+    assert rules.is_loopback(ip) is loop
 
 
 def test_facts_survive_the_trip_through_the_store() -> None:
@@ -366,8 +367,8 @@ def test_report_shows_each_rank_and_a_fix_for_what_is_not_passing() -> None:
                           "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": "4",
                           "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "node[1-2]",
                           "SLURM_STEP_TASKS_PER_NODE": "2(x2)"})
-    results = [checks.Check(PASS, "store", "fine"), checks.Check(FAIL, "master-port", "taken", "use another")]
-    text = doctor.render(env, world(), results)
+    results = [rules.Check(PASS, "store", "fine"), rules.Check(FAIL, "master-port", "taken", "use another")]
+    text = checkup.render(env, world(), results)
     assert text.splitlines()[0] == ("hpc_ddp doctor: 4 rank(s) on 2 node(s), 2 machine(s) seen, launcher "
                                     "slurm, job 77")
     assert len([line for line in text.splitlines() if re.match(r"\s+\d\s+\d\s+\d\s+node\d", line)]) == 4

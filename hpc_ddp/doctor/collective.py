@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from hpc_ddp.checks import FAIL, OUTLIER_FACTOR, PASS, WARN, Check, ranks_text
+from hpc_ddp.doctor.rules import FAIL, OUTLIER_FACTOR, PASS, WARN, Check, ranks_text
 
 if TYPE_CHECKING:
     import torch

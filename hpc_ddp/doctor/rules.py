@@ -1,8 +1,8 @@
 """The doctor's rules: pure functions from what each rank found (`RankFacts`) to PASS / WARN / FAIL `Check`s.
 
 Rules read data, never the live system, so each failure mode is a row in a test table: two ranks holding one
-GPU, a loopback MASTER_ADDR across two machines, a folder only one node can see. `hpc_ddp.probes` gathers the
-facts on each rank; `hpc_ddp.doctor` brings them to rank 0, which runs `evaluate` and prints the verdict.
+GPU, a loopback MASTER_ADDR across two machines, a folder only one node can see. `hpc_ddp.doctor.facts` gathers the
+facts on each rank; `hpc_ddp.doctor.checkup` brings them to rank 0, which runs `evaluate` and prints the verdict.
 
 "Machine" means one kernel (and one network namespace for loopback questions), told apart by /etc/machine-id
 and the boot id, never by Slurm node names: the local launcher and the test cluster emulate several nodes on

@@ -6,13 +6,13 @@
     python -m hpc_ddp.submit --local --doctor [--collective]        # 2 emulated nodes x 2 ranks here
     python -m hpc_ddp.submit --doctor --nodes 2 --gpus-per-node 4 ...   # as a Slurm job
 
-Each rank derives what training would (`dist.env.detect`, `dist.placement`) and probes its host (`probes`). Rank 0
-checks that the master port is free *before* binding it, then hosts a TCPStore; every rank posts its facts
-there, and rank 0 names the ranks that did not arrive within --join-timeout-s instead of hanging. Rank 0
-prints one table (what each rank derived) and one PASS / WARN / FAIL line per check (`checks`) with its fix;
-`--collective` adds an all-reduce benchmark (`collective`). Exit code 1 on every rank when anything FAILed,
-0 otherwise, 2 for bad flags. Training options are accepted (and --folder used), so the launchers can hand
-the doctor the training's own command line.
+Each rank derives what training would (`dist.env.detect`, `dist.placement`) and probes its host
+(`doctor.facts`). Rank 0 checks that the master port is free *before* binding it, then hosts a TCPStore; every
+rank posts its facts there, and rank 0 names the ranks that did not arrive within --join-timeout-s instead of
+hanging. Rank 0 prints one table (what each rank derived) and one PASS / WARN / FAIL line per check
+(`doctor.rules`) with its fix; `--collective` adds an all-reduce benchmark (`doctor.collective`). Exit code 1
+on every rank when anything FAILed, 0 otherwise, 2 for bad flags. Training options are accepted (and --folder
+used), so the launchers can hand the doctor the training's own command line.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp import checks, exitcodes
-from hpc_ddp.checks import FAIL, PASS, WARN, Check, RankFacts
+from hpc_ddp import exitcodes
+from hpc_ddp.doctor import rules
+from hpc_ddp.doctor.rules import FAIL, PASS, WARN, Check, RankFacts
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, build_parser, from_namespace
-from hpc_ddp.errors import ClusterConfigError, UsageError, run_task
+from hpc_ddp.errors import ClusterConfigError, UsageError
 
 PROG = "python -m hpc_ddp.doctor"
 ACK_WAIT_S = 10.0  # how long rank 0 keeps its store up for the others to read the verdict
@@ -73,8 +74,8 @@ class _Run:
 
 def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_timeout_s: float) -> int:
     """Derive, probe, meet the other ranks, judge; returns this rank's exit code (the same on every rank)."""
-    from hpc_ddp import probes
     from hpc_ddp.dist.env import detect
+    from hpc_ddp.doctor.facts import gather, missing_dirs, remove_marker, write_marker
     from hpc_ddp.log import RankLog
     from hpc_ddp.train import default_folder
 
@@ -90,31 +91,31 @@ def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_tim
     job = _Run(env, cfg, Path(cfg.folder or default_folder(env.job_id)), "agent" if agent else "rank0",
                collective, join_timeout_s, RankLog(env.rank))
     hosts_store = env.is_main and not agent
-    facts = probes.gather(env, job.folder, environ, job.store_host, hosts_store and env.master_port != 0)
-    nonce, created = uuid.uuid4().hex, probes.missing_dirs(job.folder) if env.is_main else []
+    facts = gather(env, job.folder, environ, job.store_host, hosts_store and env.master_port != 0)
+    nonce, created = uuid.uuid4().hex, missing_dirs(job.folder) if env.is_main else []
     try:
         if env.is_main:
-            facts = dataclasses.replace(facts, folder_error=probes.write_marker(job.folder, nonce))
+            facts = dataclasses.replace(facts, folder_error=write_marker(job.folder, nonce))
         return _rendezvous(job, facts, nonce, environ)
     finally:
         if env.is_main:
-            probes.remove_marker(job.folder, nonce, created)
+            remove_marker(job.folder, nonce, created)
 
 
 def _rendezvous(job: _Run, facts: RankFacts, nonce: str, environ: Mapping[str, str]) -> int:
     """Open the store (or say alone why not), then lead (rank 0) or follow (everyone else)."""
     env = job.env
     if env.is_main and job.store_host == "rank0":
-        blockers = checks.blocking(facts)
+        blockers = rules.blocking(facts)
         if blockers:  # hosting the store would fail, or wait for ranks that look for it elsewhere
             others = f"; the other ranks give up after {job.timeout_s:g} s" if env.world_size > 1 else ""
-            job.log.info(render(env, [facts], checks.solo(facts) + [
+            job.log.info(render(env, [facts], rules.solo(facts) + [
                 Check(FAIL, "store", f"not started: rank 0 cannot host it (see above){others}")]))
             return exitcodes.FAILED
     try:
         store, where = _open_store(job, environ)
     except _Unreachable as e:
-        job.log.info(render(env, [facts], checks.solo(facts) + [Check(FAIL, "store", str(e), e.fix)]))
+        job.log.info(render(env, [facts], rules.solo(facts) + [Check(FAIL, "store", str(e), e.fix)]))
         return exitcodes.FAILED
     return _lead(job, store, where, facts, nonce) if env.is_main else _follow(job, store, facts)
 
@@ -186,8 +187,8 @@ def _lead(job: _Run, store: Any, where: str, facts: RankFacts, nonce: str) -> in
     store.set("nonce", "" if facts.folder_error else nonce)
     others, waited = _collect(store, env.world_size, job.timeout_s)
     present = [facts] + [others[r] for r in sorted(others)]
-    results = [checks.store_reached(env.world_size, [f.rank for f in present], where, job.timeout_s, waited)]
-    results += checks.evaluate(present)
+    results = [rules.store_reached(env.world_size, [f.rank for f in present], where, job.timeout_s, waited)]
+    results += rules.evaluate(present)
     go = job.collective and not any(c.status == FAIL for c in results)
     store.set("plan", "collective" if go else "skip")
     bench: list[str] = []
@@ -208,7 +209,7 @@ def _lead(job: _Run, store: Any, where: str, facts: RankFacts, nonce: str) -> in
 def _collective(job: _Run, store: Any, facts: RankFacts,
                 present: Sequence[RankFacts]) -> tuple[Check, list[str]]:
     """Rank 0: run the benchmark with everyone, gather their times through the store, judge them."""
-    from hpc_ddp import collective
+    from hpc_ddp.doctor import collective
 
     world = job.env.world_size
     runs = {0: _benchmark(job, store, facts)}
@@ -216,7 +217,7 @@ def _collective(job: _Run, store: Any, facts: RankFacts,
     broken = {r: one["error"] for r, one in runs.items() if one.get("error")}
     if broken:
         first = min(broken)
-        return Check(FAIL, "collective", f"the all-reduce failed on rank {checks.ranks_text(list(broken))} "
+        return Check(FAIL, "collective", f"the all-reduce failed on rank {rules.ranks_text(list(broken))} "
                                          f"(rank {first}: {broken[first]})", "read those ranks' output"), []
     times = {r: {int(size): t for size, t in one["times"].items()} for r, one in runs.items()}
     correct = {r: one["correct"] for r, one in runs.items()}
@@ -226,14 +227,14 @@ def _collective(job: _Run, store: Any, facts: RankFacts,
 
 def _follow(job: _Run, store: Any, facts: RankFacts) -> int:
     """Every other rank: check the folder against rank 0's marker, post facts, benchmark if told, obey."""
-    from hpc_ddp import probes
+    from hpc_ddp.doctor.facts import read_marker, write_probe
 
     rank = job.env.rank
     try:
         nonce = store.get("nonce").decode()
         facts = dataclasses.replace(
-            facts, folder_error=probes.write_probe(job.folder, rank, nonce or uuid.uuid4().hex),
-            folder_marker=probes.read_marker(job.folder, nonce) if nonce else "rank 0 could not write it")
+            facts, folder_error=write_probe(job.folder, rank, nonce or uuid.uuid4().hex),
+            folder_marker=read_marker(job.folder, nonce) if nonce else "rank 0 could not write it")
         store.set(f"facts/{rank}", facts.to_json())
         if store.get("plan").decode() == "collective":
             store.set(f"bench/{rank}", json.dumps(_benchmark(job, store, facts)))
@@ -252,7 +253,7 @@ def _benchmark(job: _Run, store: Any, facts: RankFacts) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp import collective
+    from hpc_ddp.doctor import collective
     from hpc_ddp.dist import group, placement
 
     env = job.env
@@ -286,7 +287,7 @@ ROW = "{:>5} {:>5} {:>4}  {:<14} {:<8} {:<22} {:<8} {:<9} {:>7}"
 
 
 def cpu_list(cpus: Sequence[int]) -> str:
-    return checks.ranks_text(cpus).replace(", ", ",")
+    return rules.ranks_text(cpus).replace(", ", ",")
 
 
 def machine_label(key: str) -> str:
@@ -314,7 +315,7 @@ def render_checks(results: Sequence[Check]) -> str:
 
 
 def render_bench(times: Mapping[int, Mapping[int, float]], world: int, backend: str) -> list[str]:
-    from hpc_ddp import collective
+    from hpc_ddp.doctor import collective
 
     lines = [f"all-reduce over {backend}, {world} rank(s), float32; busbw = algbw * 2(n-1)/n (nccl-tests)",
              f"{'size':>8} {'calls':>6} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
@@ -336,6 +337,3 @@ def render(env: Any, facts: Sequence[RankFacts], results: Sequence[Check], bench
                  + (" -> exit 1" if counts[FAIL] else ""))
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    run_task(PROG, main)

@@ -1,6 +1,6 @@
 """The hand-written DDP loop `hpc_ddp.bench` measures the kit against: what users write from the tutorial.
 
-    python -m hpc_ddp.bench_hand --threads default --world-size 2 --steps 60 --out result.json
+    python -m hpc_ddp.bench.hand --threads default --world-size 2 --steps 60 --out result.json
 
 It trains the kit's built-in `mlp` task (the same model, data, per-rank batch, SGD and learning rate) with
 plain `torch.distributed`, started the plain way with `torch.multiprocessing.spawn`, and nothing else: no
@@ -108,7 +108,7 @@ def free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpc_ddp.bench_hand", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m hpc_ddp.bench.hand", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--threads", choices=THREADS, default="default", help="thread settings (see above)")
     parser.add_argument("--pin", action="store_true", help="tuned: also pin each rank to its own CPUs")

@@ -1,9 +1,9 @@
 """What one rank finds about itself for `hpc_ddp.doctor`: the system-reading half of the checks.
 
 Each probe is small and returns plain data (an error is a string, not an exception), so a rank that finds
-something wrong still reports it to rank 0 instead of dying alone. `gather` assembles a `checks.RankFacts`
+something wrong still reports it to rank 0 instead of dying alone. `gather` assembles a `rules.RankFacts`
 from the kit's own derivations (`dist.env.detect`, `placement.select_device`, `placement.plan_cpus`); the
-rules that judge the facts live in `hpc_ddp.checks`.
+rules that judge the facts live in `hpc_ddp.doctor.rules`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc_ddp.dist import placement
-from hpc_ddp.checks import RankFacts
+from hpc_ddp.doctor.rules import RankFacts
 from hpc_ddp.errors import ClusterConfigError
 
 if TYPE_CHECKING:

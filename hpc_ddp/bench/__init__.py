@@ -1,0 +1,43 @@
+"""Measure the kit on this machine, side by side with what users would run without it.
+
+    python -m hpc_ddp.bench                        # every section, 5 interleaved trials (about 5 minutes)
+    python -m hpc_ddp.bench overhead launch        # some sections only
+    python -m hpc_ddp.bench --quick --json b.json  # one short trial each: tests the bench, measures nothing
+
+Every contender runs the built-in `mlp` task (3.4 M parameters) on CPU with gloo, one node, --world-size
+ranks (GPUs are hidden from every run). Runs are interleaved, A B C C B A A B C ..., so that a busy neighbour
+on a shared machine slows every contender alike and a load that rises or falls during the bench favours
+none; each figure is the median over the trials and each ratio the median of the per-trial ratios.
+
+Sections:
+  overhead    The kit (`submit --local --nodes 1 --tasks-per-node N`) against a hand-written DDP loop
+              (hpc_ddp/bench/hand.py) on the same model, data, per-rank batch, world size and steps, started
+              with `torch.multiprocessing.spawn`: once with torch's default threads (every rank one thread per
+              CPU), once with the threads set right by hand (cpus // ranks each). All three measure global
+              samples/s the same way: on rank 0, from the end of the first optimizer step (warm-up: DDP builds
+              its buckets) to the end of the last; the kit's figure is its metrics.jsonl "end" record. Fair
+              settings: the kit runs with --save-every-epochs 0 and --max-steps inside the first epoch, so no
+              checkpoint or epoch end falls in the measured window (its final checkpoint comes after it) and
+              the hand loops save nothing. The kit's own per-step work (the loss averaged over ranks and the
+              signal votes in one all-reduce, the hang watch, metrics) is inside the window: that is the
+              overhead measured.
+  scaling     Kit samples/s with N ranks against 1 rank pinned to the CPU share one of those ranks gets
+              (cpus // N), as an efficiency: samples/s(N) / (N x samples/s(1)). 1.0 would mean the gradient
+              all-reduce and the extra processes cost nothing.
+  checkpoint  The kit's save path, Trainer.save() on the mlp model in one process that plays rank 0 (RNG
+              gather, snapshot to CPU on the training thread; then serialise, write, fsync, rename and fsync
+              the folder in the background writer), timed from the call until the checkpoint file is durably
+              renamed into place, against a raw sequential write + fsync of the same bytes to the same folder;
+              as MB/s and their ratio. The training stall is how long save() holds the training thread. One
+              warm-up save is not counted; then 10 x --trials saves (the disk is noisy). Each save and
+              each raw write comes right after `os.sync()` and a training step, as a save does in training.
+  launch      Command start to the first training step, `submit --local` against `torchrun --standalone
+              --nproc-per-node N -m hpc_ddp.train`, same task and flags. "First training step": the
+              wall-clock time rank 0 stamps on its metrics.jsonl record of step 1, written right after its
+              first optimizer step (--log-every-s 0 makes both runs write it); the start is taken just before
+              the command.
+
+Targets (this 2-CPU machine): kit / default-threads loop >= 1.8x; kit / tuned loop >= 0.97x; checkpoint
+>= 0.8x of the raw write; launch <= 1.0x of torchrun. The table and the JSON say which were met; the exit
+code is 0 whenever the bench ran (1 if a measured run failed, 2 for a usage error).
+"""
