@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_ddp.run.config import TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp import proc
+from hpc_ddp.cli import build_parser
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
 from hpc_ddp.errors import UsageError, run_main
 
 PROG = "python -m hpc_ddp.submit"
@@ -101,12 +101,7 @@ def build_argparser() -> argparse.ArgumentParser:
 
 def gpu_count() -> int:
     """GPUs on this machine, without importing torch (nvidia-smi, else 0)."""
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
+    out = proc.run(["nvidia-smi", "-L"], timeout_s=10).stdout
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpc_ddp import exitcodes
 from hpc_ddp.run import preemption
-from hpc_ddp.run.config import TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp.cli import build_parser
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
 from hpc_ddp.errors import UsageError, run_task
 
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and --help must not wait for it

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import hpc_ddp.bench as bench_package
-from hpc_ddp.run.config import build_parser
+from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import UsageError
 
 PROG = "python -m hpc_ddp.bench"

@@ -33,7 +33,8 @@ from typing import Any
 from hpc_ddp import exitcodes
 from hpc_ddp.doctor import rules
 from hpc_ddp.doctor.rules import FAIL, PASS, WARN, Check, RankFacts
-from hpc_ddp.run.config import TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp.cli import build_parser
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
 from hpc_ddp.errors import ClusterConfigError, UsageError
 
 PROG = "python -m hpc_ddp.doctor"

@@ -129,7 +129,7 @@ def versions() -> dict[str, str]:
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp import __version__
+    from hpc_ddp._version import __version__
 
     nccl = "none"
     if dist.is_nccl_available():

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpc_ddp import proc
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 STOP_SIGNALS = (signal.SIGTERM,)
@@ -119,8 +120,5 @@ def tell_folder(folder: Path, environ: Mapping[str, str]) -> None:
 
 def scontrol_requeue(job_id: str) -> str | None:
     """Ask Slurm to requeue the job; returns an error text, or None on success."""
-    try:
-        proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit code {proc.returncode}")
+    out = proc.run(["scontrol", "requeue", job_id])
+    return None if out.ok else out.error

@@ -179,7 +179,7 @@ class Trainer:
                  for k, v in rng.items()} for rng in rngs]
         if not self.env.is_main:
             return None
-        from hpc_ddp import __version__
+        from hpc_ddp._version import __version__
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None, "position": asdict(self.pos),
                 "rng": rngs, "world_size": self.env.world_size, "config": self.cfg.as_dict(),

@@ -29,7 +29,6 @@ import io
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from hpc_ddp import exitcodes
+from hpc_ddp import exitcodes, proc
 from hpc_ddp.launch.slurm.request import (JobState, SlurmRequest, check_signal_delay, mem_text, parse_extras,
                                           parse_sacct, parse_scontrol, parse_time, pending_hint, sbatch_error,
                                           submit_environ)
@@ -215,11 +214,9 @@ def _submit(request: SlurmRequest, folder: Path, entry: TaskEntry, max_requeue: 
 # ----- following a job ---------------------------------------------------------------------------------
 
 def _run(argv: list[str]) -> str | None:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    """A Slurm command's output, or None when it failed (the caller asks again at its next poll)."""
+    out = proc.run(argv)
+    return out.stdout if out.ok else None
 
 
 def job_state(job_id: str) -> JobState | None:
