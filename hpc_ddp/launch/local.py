@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from hpc_ddp import exitcodes
+from hpc_ddp import exitcodes, proc
 from hpc_ddp.dist.env import port_for_job
+from hpc_ddp.launch.shape import JobShape
+from hpc_ddp.run.config import TrainConfig
 
 GRACE_S = 3.0  # after a failure, survivors get SIGTERM, then SIGKILL after this long
 TAIL_LINES = 15
@@ -248,3 +250,40 @@ class Launcher:
             self._stop_all()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+def gpu_count() -> int:
+    """GPUs on this machine, without importing torch (nvidia-smi, else 0)."""
+    out = proc.run(["nvidia-smi", "-L"], timeout_s=10).stdout
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def check_folder(folder: Path) -> None:
+    """Create the run folder and prove it is writable by writing to it (os.access lies for root)."""
+    from hpc_ddp.train import prepare_folder  # light: no torch at import time
+
+    prepare_folder(folder)
+    (folder / "logs").mkdir(exist_ok=True)
+
+
+def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
+              extra_argv: tuple[str, ...] = ()) -> int:
+    """`python -m hpc_ddp.submit --local`: prepare the run folder, start the ranks here, supervise them."""
+    job_id = fresh_job_id()
+    folder = Path(cfg.folder or os.path.join("runs", f"local-{job_id}"))
+    check_folder(folder)
+    cfg = cfg.with_folder(str(folder))
+    extra = {}
+    if shape.gpus_per_node > 0:
+        have = gpu_count()
+        if have < shape.nodes * shape.gpus_per_node:
+            print(f"[launcher] --gpus-per-node {shape.gpus_per_node} x {shape.nodes} nodes asked, this machine has "
+                  f"{have} GPU(s): running {shape.tasks_per_node} CPU processes per node with gloo instead",
+                  flush=True)
+            extra["CUDA_VISIBLE_DEVICES"] = ""
+    job = LocalJob(nodes=shape.nodes, tasks_per_node=shape.tasks_per_node, folder=folder,
+                   train_argv=cfg.to_argv() + list(extra_argv), max_requeue=cfg.max_requeue,
+                   all_ranks=all_ranks, job_id=job_id, module=module, extra_env=extra)
+    print(f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run folder "
+          f"{folder}, per-rank logs in {folder / 'logs'}", flush=True)
+    return Launcher(job).run()

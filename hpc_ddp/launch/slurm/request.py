@@ -102,7 +102,7 @@ def srun_args(cpus_per_task: int | None) -> list[str]:
 
 @dataclass(frozen=True)
 class SlurmRequest:
-    """The validated Slurm side of a submission (the job shape comes from `submit.JobShape`)."""
+    """The validated Slurm side of a submission (the job shape comes from `launch.shape.JobShape`)."""
 
     nodes: int
     tasks_per_node: int

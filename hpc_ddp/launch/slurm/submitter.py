@@ -47,7 +47,7 @@ from hpc_ddp.errors import UsageError, run_task
 
 if TYPE_CHECKING:
     from hpc_ddp.run.config import TrainConfig
-    from hpc_ddp.submit import JobShape
+    from hpc_ddp.launch.shape import JobShape
 
 POLL_S = 2.0  # --wait: seconds between two looks at the job's state (one sacct call each)
 TAIL_LINES = 20  # lines of the failing rank's log shown when the job failed
