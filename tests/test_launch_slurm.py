@@ -24,7 +24,7 @@ import pytest
 from conftest import DATA, ROOT, clean_environ, run_module
 
 from hpc_ddp.launch.slurm import request, submitter
-from hpc_ddp.run import preemption
+from hpc_ddp.run import folder as run_folder
 from hpc_ddp.errors import UsageError
 
 GOLDEN = DATA / "golden" / "print_sbatch.txt"
@@ -426,10 +426,10 @@ def test_rank_0_tells_its_run_folder_to_the_file_ddp_sbatch_names(tmp_path: Path
     told = tmp_path / "folder_file"
     told.write_text("")  # ddp.sbatch makes it with mktemp
     monkeypatch.chdir(tmp_path)
-    preemption.tell_folder(Path("runs/7"), {"HPC_DDP_FOLDER_FILE": str(told)})
+    run_folder.tell_folder(Path("runs/7"), {"HPC_DDP_FOLDER_FILE": str(told)})
     assert told.read_text() == f"{tmp_path}/runs/7\n"  # absolute: the batch shell may be elsewhere
-    preemption.tell_folder(Path("runs/8"), {})  # not under ddp.sbatch: nothing to tell
-    preemption.tell_folder(Path("runs/8"), {"HPC_DDP_FOLDER_FILE": ""})
+    run_folder.tell_folder(Path("runs/8"), {})  # not under ddp.sbatch: nothing to tell
+    run_folder.tell_folder(Path("runs/8"), {"HPC_DDP_FOLDER_FILE": ""})
     assert told.read_text() == f"{tmp_path}/runs/7\n"
 
 

@@ -109,7 +109,7 @@ def test_a_ddp_alive_at_teardown_is_an_error_not_a_later_deadlock() -> None:
 
 RANK0_SCRIPT = """
 import sys, time
-from hpc_ddp import train
+from hpc_ddp.run import session
 from hpc_ddp.dist.env import detect
 from hpc_ddp.errors import UsageError
 from hpc_ddp.dist.group import process_group
@@ -126,7 +126,7 @@ def fn():
 start = time.monotonic()
 with process_group(env, torch.device("cpu"), "gloo", 120.0):
     try:
-        train._rank0(env, fn)
+        session._rank0(env, fn)
     except Exception as e:
         print(f"rank {env.rank} raised {type(e).__name__}: {e} after {time.monotonic() - start:.1f} s", flush=True)
 """

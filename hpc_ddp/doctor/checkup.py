@@ -78,7 +78,7 @@ def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_tim
     from hpc_ddp.dist.env import detect
     from hpc_ddp.doctor.facts import gather, missing_dirs, remove_marker, write_marker
     from hpc_ddp.log import RankLog
-    from hpc_ddp.train import default_folder
+    from hpc_ddp.run.folder import default_for_task
 
     try:
         env = detect(environ)
@@ -89,7 +89,7 @@ def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_tim
     # torchrun's agent already hosts a store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE): rank 0 joins it as
     # a client like everyone else, and there is no port of ours to check.
     agent = env.launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    job = _Run(env, cfg, Path(cfg.folder or default_folder(env.job_id)), "agent" if agent else "rank0",
+    job = _Run(env, cfg, Path(cfg.folder) if cfg.folder else default_for_task(env.job_id), "agent" if agent else "rank0",
                collective, join_timeout_s, RankLog(env.rank))
     hosts_store = env.is_main and not agent
     facts = gather(env, job.folder, environ, job.store_host, hosts_store and env.master_port != 0)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from hpc_ddp.dist import placement
 from hpc_ddp.doctor.rules import RankFacts
 from hpc_ddp.errors import ClusterConfigError
+from hpc_ddp.run.folder import write_test
 
 if TYPE_CHECKING:
     from hpc_ddp.dist.env import DistEnv
@@ -184,13 +185,7 @@ def read_marker(folder: Path, nonce: str) -> str:
 
 def write_probe(folder: Path, rank: int, nonce: str) -> str:
     """Every rank other than 0 writes (and removes) a file of its own: '' or why it could not."""
-    probe = folder / f".hpc_ddp-doctor-probe-{rank}-{nonce}"
-    try:
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        return e.strerror or str(e)
-    return ""
+    return write_test(folder, f".hpc_ddp-doctor-probe-{rank}-{nonce}")
 
 
 def slurm_version(environ: Mapping[str, str]) -> str | None:

@@ -16,7 +16,6 @@ even if it is SIGKILLed (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import random
 import signal
@@ -30,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from hpc_ddp import exitcodes, proc
+from hpc_ddp import exitcodes
 from hpc_ddp.dist.env import port_for_job
 from hpc_ddp.launch.shape import JobShape
+from hpc_ddp.proc import run as run_command
+from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig
 
 GRACE_S = 3.0  # after a failure, survivors get SIGTERM, then SIGKILL after this long
@@ -154,7 +155,7 @@ class Launcher:
         self.console.flush()
 
     def _start(self, restarts: int) -> None:
-        logs = self.job.folder / "logs"
+        logs = self.job.folder / run_folder.LOGS
         logs.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-u", "-m", self.job.module, *self.job.train_argv]
         parent = os.getpid()
@@ -219,11 +220,8 @@ class Launcher:
         return exitcodes.USAGE if code == exitcodes.USAGE else exitcodes.FAILED
 
     def _restart_wanted(self) -> bool:
-        try:
-            record = json.loads((self.job.folder / "preempted.json").read_text())
-        except (OSError, ValueError):
-            return False
-        return bool(record.get("requeue")) and not self.stop_requested
+        record = run_folder.read_preempted(self.job.folder)
+        return record is not None and record.requeue and not self.stop_requested
 
     def run(self) -> int:
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -231,7 +229,7 @@ class Launcher:
         try:
             restarts = 0
             while True:
-                (self.job.folder / "preempted.json").unlink(missing_ok=True)
+                run_folder.clear_preempted(self.job.folder)
                 self._start(restarts)
                 failed = self._supervise()
                 if failed is not None:
@@ -254,24 +252,17 @@ class Launcher:
 
 def gpu_count() -> int:
     """GPUs on this machine, without importing torch (nvidia-smi, else 0)."""
-    out = proc.run(["nvidia-smi", "-L"], timeout_s=10).stdout
+    out = run_command(["nvidia-smi", "-L"], timeout_s=10).stdout
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
-def check_folder(folder: Path) -> None:
-    """Create the run folder and prove it is writable by writing to it (os.access lies for root)."""
-    from hpc_ddp.train import prepare_folder  # light: no torch at import time
-
-    prepare_folder(folder)
-    (folder / "logs").mkdir(exist_ok=True)
 
 
 def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
               extra_argv: tuple[str, ...] = ()) -> int:
     """`python -m hpc_ddp.submit --local`: prepare the run folder, start the ranks here, supervise them."""
     job_id = fresh_job_id()
-    folder = Path(cfg.folder or os.path.join("runs", f"local-{job_id}"))
-    check_folder(folder)
+    folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_local_run(job_id)
+    run_folder.prepare(folder)
+    (folder / run_folder.LOGS).mkdir(exist_ok=True)
     cfg = cfg.with_folder(str(folder))
     extra = {}
     if shape.gpus_per_node > 0:
@@ -285,5 +276,5 @@ def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
                    train_argv=cfg.to_argv() + list(extra_argv), max_requeue=cfg.max_requeue,
                    all_ranks=all_ranks, job_id=job_id, module=module, extra_env=extra)
     print(f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run folder "
-          f"{folder}, per-rank logs in {folder / 'logs'}", flush=True)
+          f"{folder}, per-rank logs in {folder / run_folder.LOGS}", flush=True)
     return Launcher(job).run()

@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import shutil
 import signal
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from hpc_ddp import proc
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 STOP_SIGNALS = (signal.SIGTERM,)
 
-# Index of each flag in the tensor the loop all-reduces every optimizer step (see loop.py).
+# Index of each flag in the tensor the loop all-reduces every optimizer step (see hpc_ddp.run.trainer).
 REQUEUE, STOP = 0, 1
 
 _received: list[int] = [0, 0]
@@ -95,27 +93,6 @@ def requeue_mode(environ: Mapping[str, str], launcher: str) -> str:
     if launcher == "slurm" and environ.get("HPC_DDP_LOCAL") != "1" and shutil.which("scontrol"):
         return "scontrol"
     return "exit"
-
-
-FOLDER_FILE_VAR = "HPC_DDP_FOLDER_FILE"
-
-
-def tell_folder(folder: Path, environ: Mapping[str, str]) -> None:
-    """Write the run folder's absolute path to the file named by $HPC_DDP_FOLDER_FILE, if set (global rank 0).
-
-    slurm/ddp.sbatch names a file on its own node (rank 0 runs on the step's first node, the batch host) and
-    after srun returns reads it to find `<folder>/preempted.json`: the folder as the task resolved it (its
-    --folder or runs/<job id>, from the task's working directory), whatever the script's arguments say.
-    """
-    path = environ.get(FOLDER_FILE_VAR)
-    if not path:
-        return
-    try:
-        with open(path, "w") as f:
-            f.write(f"{folder.absolute()}\n")
-    except OSError as e:  # costs only the batch script's requeue after a preemption: not worth failing the run
-        print(f"warning: cannot write the run folder to {FOLDER_FILE_VAR}={path} ({e.strerror or e}): the batch "
-              "script will not requeue this job after a preemption", file=sys.stderr, flush=True)
 
 
 def scontrol_requeue(job_id: str) -> str | None:

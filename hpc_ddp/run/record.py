@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp import proc
-from hpc_ddp.run import checkpoint
+from hpc_ddp.run.folder import RUN_RECORD, atomic_write_bytes
 
 
 def _command_output(argv: list[str], cwd: str | None = None) -> str | None:
@@ -41,7 +41,7 @@ def write(folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str) -
 
     from hpc_ddp._version import __version__
 
-    path = folder / "run.json"
+    path = folder / RUN_RECORD
     starts: list[float] = []
     if path.is_file():
         try:
@@ -58,4 +58,4 @@ def write(folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str) -
         "git_commit": git_commit(cwd),
         "starts": starts + [round(time.time(), 3)],
     }
-    checkpoint.atomic_write_bytes(path, (json.dumps(info, indent=2, default=str) + "\n").encode())
+    atomic_write_bytes(path, (json.dumps(info, indent=2, default=str) + "\n").encode())
