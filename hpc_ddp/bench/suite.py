@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -251,69 +252,67 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     """Trainer.save() against a raw write + fsync of the same bytes to the same folder, interleaved."""
     import torch
 
-    from hpc_ddp.run import checkpoint
-    from hpc_ddp.run.config import TrainConfig
-    from hpc_ddp.log import RankLog
-    from hpc_ddp.run.trainer import Trainer
+    from hpc_ddp.dist import placement
     from hpc_ddp.dist.env import detect
     from hpc_ddp.dist.group import process_group
+    from hpc_ddp.log import RankLog
+    from hpc_ddp.run import checkpoint
+    from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.run.tasks import build
+    from hpc_ddp.run.trainer import Trainer
 
     folder = s.work / "checkpoint"
     folder.mkdir(parents=True)
-    # Rank 0 of a --world-size job on this machine gets cpus // ranks threads from the kit.
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // s.world_size))
+    # Placed as rank 0 of a --world-size job on this machine: cpus // ranks threads, on CPU. Not pinned: the
+    # launch section runs after this one, and its processes would inherit the mask.
+    placement.place(0, s.world_size, {}, cuda_count=0, pin=False)
     cfg = TrainConfig(task=TASK, batch_size=s.batch_size, folder=str(folder), keep=2)
     env = detect({})
     device = torch.device("cpu")
     durable_at: list[float] = []
-    original = checkpoint.atomic_save
 
-    def probed(obj: Any, path: Path) -> int:  # returns once the file is renamed and its folder fsynced
-        nbytes = original(obj, path)
+    def timed_save(obj: Any, path: Path) -> int:  # returns once the file is renamed and its folder fsynced
+        nbytes = checkpoint.atomic_save(obj, path)
         durable_at.append(time.perf_counter())
         return nbytes
 
+    # The kit's own commit, with its save step timed: the Trainer's checkpoint seam, no patching.
+    timed_commit = functools.partial(checkpoint.commit, save=timed_save)
     t: dict[str, list[float]] = {"kit_s": [], "raw_s": [], "stall_s": [], "latest_s": []}
     nbytes = 0
-    checkpoint.atomic_save = probed  # type: ignore[assignment]
-    try:
-        with process_group(env, device, "gloo", 60.0):
-            torch.manual_seed(cfg.seed)
-            with Trainer(cfg, env, device, build(cfg), folder, RankLog(0, io.StringIO())) as trainer:
-                inputs, target = next(iter(trainer.loader))
+    with process_group(env, device, "gloo", 60.0):
+        torch.manual_seed(cfg.seed)
+        with Trainer(cfg, env, device, build(cfg), folder, RankLog(0, io.StringIO()),
+                     commit=timed_commit) as trainer:
+            inputs, target = next(iter(trainer.loader))
 
-                def train_step() -> None:
-                    """What precedes a save in training: a step, ending with the loop's per-step all-reduce.
-                    Before it, `os.sync()`: nothing left pending from the previous trial (saves are minutes apart
-                    in training)."""
-                    os.sync()
-                    loss = trainer._micro_step(inputs, target, 1.0, sync=True)
-                    trainer._optimizer_step()
-                    trainer._agree(loss, 1)
+            def train_step() -> None:
+                """What precedes a save in training: a step, ending with the loop's per-step all-reduce.
+                Before it, `os.sync()`: nothing left pending from the previous trial (saves are minutes apart
+                in training)."""
+                os.sync()
+                trainer.train_step(inputs, target)
 
-                for trial in range(-1, s.ckpt_trials):  # trial -1: warm-up, not counted
-                    trainer.pos.step = trial + 2  # a new file each time, as in training
-                    train_step()
-                    start = time.perf_counter()
-                    trainer.save()
-                    stall = time.perf_counter() - start
-                    path, nbytes = trainer.writer.wait()  # type: ignore[misc]
-                    latest = time.perf_counter() - start
-                    data = path.read_bytes()
-                    train_step()
-                    raw = raw_write(folder / "checkpoints" / f"raw-{trial + 1}.bin", data)
-                    if trial < 0:
-                        continue
-                    for key, value in (("kit_s", durable_at[-1] - start), ("raw_s", raw), ("stall_s", stall),
-                                       ("latest_s", latest)):
-                        t[key].append(value)
-                    kit_rate, raw_rate = nbytes / t["kit_s"][-1] / 1e6, nbytes / raw / 1e6
-                    progress(f"checkpoint {trial + 1}/{s.ckpt_trials}: kit {kit_rate:,.0f} MB/s (stall "
-                             f"{stall * 1000:.1f} ms), raw write {raw_rate:,.0f} MB/s "
-                             f"(load {load_average():.1f})")
-    finally:
-        checkpoint.atomic_save = original  # type: ignore[assignment]
+            for trial in range(-1, s.ckpt_trials):  # trial -1: warm-up, not counted
+                trainer.pos.step = trial + 2  # a new file each time, as in training
+                train_step()
+                start = time.perf_counter()
+                trainer.save()
+                stall = time.perf_counter() - start
+                path, nbytes = trainer.writer.wait()  # type: ignore[misc]
+                latest = time.perf_counter() - start
+                data = path.read_bytes()
+                train_step()
+                raw = raw_write(folder / "checkpoints" / f"raw-{trial + 1}.bin", data)
+                if trial < 0:
+                    continue
+                for key, value in (("kit_s", durable_at[-1] - start), ("raw_s", raw), ("stall_s", stall),
+                                   ("latest_s", latest)):
+                    t[key].append(value)
+                kit_rate, raw_rate = nbytes / t["kit_s"][-1] / 1e6, nbytes / raw / 1e6
+                progress(f"checkpoint {trial + 1}/{s.ckpt_trials}: kit {kit_rate:,.0f} MB/s (stall "
+                         f"{stall * 1000:.1f} ms), raw write {raw_rate:,.0f} MB/s "
+                         f"(load {load_average():.1f})")
     return {"bytes": nbytes, "kit_mb_per_s": nbytes / median(t["kit_s"]) / 1e6,
             "raw_mb_per_s": nbytes / median(t["raw_s"]) / 1e6,
             "kit_vs_raw": median(ratios(t["raw_s"], t["kit_s"])),

@@ -213,7 +213,7 @@ def _collective(job: _Run, store: Any, facts: RankFacts,
     from hpc_ddp.doctor import collective
 
     world = job.env.world_size
-    runs = {0: _benchmark(job, store, facts)}
+    runs = {0: _benchmark(job, store)}
     runs.update({r: json.loads(store.get(f"bench/{r}")) for r in range(1, world)})
     broken = {r: one["error"] for r, one in runs.items() if one.get("error")}
     if broken:
@@ -238,7 +238,7 @@ def _follow(job: _Run, store: Any, facts: RankFacts) -> int:
             folder_marker=read_marker(job.folder, nonce) if nonce else "rank 0 could not write it")
         store.set(f"facts/{rank}", facts.to_json())
         if store.get("plan").decode() == "collective":
-            store.set(f"bench/{rank}", json.dumps(_benchmark(job, store, facts)))
+            store.set(f"bench/{rank}", json.dumps(_benchmark(job, store)))
         code = int(store.get("verdict").decode())
         store.add("acks", 1)
     except (RuntimeError, OSError) as e:  # rank 0 died or was killed, and its store with it
@@ -249,33 +249,24 @@ def _follow(job: _Run, store: Any, facts: RankFacts) -> int:
     return code
 
 
-def _benchmark(job: _Run, store: Any, facts: RankFacts) -> dict[str, Any]:
+def _benchmark(job: _Run, store: Any) -> dict[str, Any]:
     """Join a process group through the doctor's store and time all-reduces, placed as training would be."""
-    import torch
     import torch.distributed as dist
 
-    from hpc_ddp.doctor import collective
     from hpc_ddp.dist import group, placement
+    from hpc_ddp.doctor import collective
 
     env = job.env
-    device = torch.device(facts.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if not facts.thread_error:
-        placement.apply_cpu_plan(placement.plan_cpus(facts.affinity, env.local_rank, env.local_world_size,
-                                                     os.environ))
-    backend = group.pick_backend(device, job.cfg.backend or None)
-    # process_group.process_group() would bind a second store on MASTER_PORT, which the doctor's store holds:
-    # join through the doctor's store instead, with the same backend rule, timeout and hang watch.
+    backend = job.cfg.backend
     try:
-        with group.hang_watch(job.timeout_s):
-            dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
-                                    world_size=env.world_size, timeout=timedelta(seconds=job.timeout_s),
-                                    device_id=device if device.type == "cuda" else None)
-            try:
+        device, _ = placement.place(env.local_rank, env.local_world_size, os.environ)
+        # A process group of its own would bind a second store on MASTER_PORT, which the doctor's store holds:
+        # it joins through the doctor's store (under a prefix of its own) instead, with training's backend
+        # rule, timeout, hang watch and teardown. The benchmark itself runs under the hang watch too.
+        with group.process_group(env, device, job.cfg.backend or None, job.timeout_s,
+                                 store=dist.PrefixStore("pg", store)) as backend:
+            with group.hang_watch(job.timeout_s):
                 times, correct = collective.run(device, env.rank, env.world_size)
-            finally:
-                dist.destroy_process_group()
     except (RuntimeError, ValueError) as e:  # a peer died mid-benchmark, NCCL refused: a finding, not a crash
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return {"times": {}, "correct": False, "backend": backend, "error": first}

@@ -140,16 +140,23 @@ def read_latest(folder: str | os.PathLike[str]) -> Path | None:
     return path if _NAME.match(name) and path.is_file() else None
 
 
-def commit(folder: str | os.PathLike[str], state: dict[str, Any], step: int, keep: int) -> tuple[Path, int]:
-    """Write checkpoint `step`, point `latest` at it, then drop all but the newest `keep`."""
+def commit(folder: str | os.PathLike[str], state: dict[str, Any], step: int, keep: int,
+           save: Callable[[Any, Path], int] = atomic_save) -> tuple[Path, int]:
+    """Write checkpoint `step` with `save` (durable, renamed into place, when it returns), point `latest` at
+    it, then drop all but the newest `keep`. Returns the checkpoint's path and size."""
     directory = ckpt_dir(folder)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / ckpt_name(step)
-    nbytes = atomic_save(state, path)
+    nbytes = save(state, path)
     atomic_write_bytes(directory / LATEST, (path.name + "\n").encode())
     for old in list_checkpoints(folder)[keep:]:
         old.unlink(missing_ok=True)
     return path, nbytes
+
+
+# How a Trainer makes a checkpoint durable: commit(folder, state, step, keep) -> (path, bytes). `commit` above
+# unless the Trainer is given another (the bench passes `commit` with a timed `save`).
+Commit = Callable[[Path, dict[str, Any], int, int], tuple[Path, int]]
 
 
 def load(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:

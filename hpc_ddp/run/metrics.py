@@ -18,7 +18,7 @@ from hpc_ddp.run.folder import METRICS
 if TYPE_CHECKING:
     from hpc_ddp.dist.env import DistEnv
     from hpc_ddp.run.config import TrainConfig
-    from hpc_ddp.run.trainer import Position
+    from hpc_ddp.run.position import Position
 
 
 class Recorder:

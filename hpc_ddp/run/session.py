@@ -26,7 +26,7 @@ from hpc_ddp.run.config import TrainConfig
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and a usage error must not wait for it
     import torch
 
-    from hpc_ddp.run.trainer import Outcome
+    from hpc_ddp.run.position import Outcome
 
 T = TypeVar("T")
 
