@@ -10,16 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.dist.env import is_launcher_var, without_launcher
+from hpc_ddp.dist.placement import THREAD_VARS
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 CLUSTER = ROOT / "env" / "slurm" / "cluster.sh"
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
-    """os.environ without launcher variables (the test runner itself may run inside a Slurm job)."""
-    dropped = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS"}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in dropped}
+    """os.environ without launcher variables (the test runner itself may run inside a Slurm job) or thread
+    counts (hpc_ddp.dist.env's table, hpc_ddp.dist.placement.THREAD_VARS)."""
+    env = {k: v for k, v in without_launcher(os.environ).items() if k not in THREAD_VARS}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
     env.update(extra)
     return env
@@ -35,7 +37,7 @@ def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float 
 @pytest.fixture
 def environ_clean(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
-        if key.startswith("SLURM_") or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if is_launcher_var(key):
             monkeypatch.delenv(key)
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import hpc_ddp.bench as bench_package
 from hpc_ddp.cli import build_parser
+from hpc_ddp.dist.env import without_launcher
+from hpc_ddp.dist.placement import THREAD_VARS
 from hpc_ddp.errors import UsageError
 
 PROG = "python -m hpc_ddp.bench"
@@ -28,10 +30,6 @@ SECTIONS = ("overhead", "scaling", "checkpoint", "launch")
 TASK = "mlp"
 MLP_SAMPLES = 8192  # the mlp task's dataset (hpc_ddp/tasks.py)
 MIN_TRIALS = 5
-# A surrounding launcher's ranks or the user's thread settings would change how a contender runs; the
-# comparison is about what each one does by itself.
-_DROPPED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-            "MASTER_PORT", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,9 @@ def steps_per_epoch(world_size: int, batch_size: int) -> int:
 
 
 def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in _DROPPED}
+    """A surrounding launcher's ranks or the user's thread settings would change how a contender runs; the
+    comparison is about what each one does by itself."""
+    env = {k: v for k, v in without_launcher(os.environ).items() if k not in THREAD_VARS}
     env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU comparison, also on a machine with GPUs
     return env
 

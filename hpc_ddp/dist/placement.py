@@ -24,6 +24,10 @@ from typing import TYPE_CHECKING
 
 from hpc_ddp.errors import ClusterConfigError
 
+# Thread counts a user may export. `plan_cpus` honours OMP_NUM_THREADS; a process that compares or starts runs
+# with the kit's own thread plan (the bench, the tests) removes them from what it passes on.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
 if TYPE_CHECKING:
     import torch
 

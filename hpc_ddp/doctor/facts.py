@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc_ddp.dist import placement
+from hpc_ddp.dist.env import SLURM_VARS
 from hpc_ddp.doctor.rules import RankFacts
 from hpc_ddp.errors import ClusterConfigError
 from hpc_ddp.run.folder import write_test
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 # The variables the rules look at; only these travel to rank 0.
 RULE_VARS = ("OMP_NUM_THREADS", "SLURM_CPU_BIND", "SLURM_CPU_BIND_TYPE", "SLURM_CPU_BIND_LIST",
-             "SLURM_CPUS_PER_TASK", "SLURM_STEP_ID", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+             "SLURM_CPUS_PER_TASK", *SLURM_VARS["step_id"], "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
              "CUDA_VISIBLE_DEVICES", "HPC_DDP_LOCAL")
 MARKER = ".hpc_ddp-doctor-{nonce}"
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from hpc_ddp.dist import placement
+from hpc_ddp.dist.env import SLURM_VARS
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 VERSION_KEYS = ("torch", "cuda", "nccl", "python", "hpc_ddp")
@@ -337,7 +338,7 @@ def threads(facts: Sequence[RankFacts]) -> Check:
 def cpu_binding(facts: Sequence[RankFacts]) -> Check:
     """A SLURM_CPU_BIND that leaked in from another allocation, and Slurm 22.05's --cpus-per-task change."""
     for f in facts:
-        in_step = bool(f.environ.get("SLURM_STEP_ID"))
+        in_step = any(f.environ.get(name) for name in SLURM_VARS["step_id"])
         bind = {k: v for k, v in f.environ.items() if k.startswith("SLURM_CPU_BIND")}
         if bind and not in_step:
             k, v = next(iter(bind.items()))

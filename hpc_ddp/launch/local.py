@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hpc_ddp import exitcodes
-from hpc_ddp.dist.env import port_for_job
+from hpc_ddp.dist.env import port_for_job, without_launcher
 from hpc_ddp.launch.shape import JobShape
 from hpc_ddp.proc import run as run_command
 from hpc_ddp.run import folder as run_folder
@@ -84,9 +84,7 @@ def slurm_env(job: LocalJob, rank: int, restarts: int) -> dict[str, str]:
 
 def child_environ(base: dict[str, str], job: LocalJob, rank: int, restarts: int) -> dict[str, str]:
     """The parent's environment minus any launcher variables it carries, plus this rank's fake srun step."""
-    dropped = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
-               "MASTER_ADDR", "MASTER_PORT"}
-    env = {k: v for k, v in base.items() if not k.startswith("SLURM_") and k not in dropped}
+    env = without_launcher(base)
     env.update(slurm_env(job, rank, restarts))
     env.update(job.extra_env)
     env["PYTHONUNBUFFERED"] = "1"

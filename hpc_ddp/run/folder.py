@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from hpc_ddp.dist.env import FOLDER_FILE_VAR
 from hpc_ddp.errors import UsageError
 
 CHECKPOINTS = "checkpoints"
@@ -35,8 +36,6 @@ LOGS = "logs"
 PREEMPTED = "preempted.json"
 SUBMITIT = "submitit"
 
-# slurm/ddp.sbatch names a file here; rank 0 writes the folder it resolved into it (see tell_folder).
-FOLDER_FILE_VAR = "HPC_DDP_FOLDER_FILE"
 
 
 # ----- where the folder is when --folder is not given -------------------------------------------------------
