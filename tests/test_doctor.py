@@ -244,7 +244,7 @@ def test_cpu_binding(environ: dict, affinity: tuple, status: str, text: str) -> 
     (["22.05.8", "22.05.8", "23.02.1", "23.02.1"], False, WARN, "differ"),
 ])
 def test_slurm_version(versions: list, local: bool, status: str, text: str) -> None:
-    facts = [dataclasses.replace(f, slurm_version=v, environ={"HPC_DDP_LOCAL": "1"} if local else {})
+    facts = [dataclasses.replace(f, slurm_version=v, environ={}, requeue_by="launcher" if local else "auto")
              for f, v in zip(world(), versions, strict=True)]
     check = rules.slurm_version(facts)
     assert check.status == status and text in check.reason
@@ -410,6 +410,7 @@ def test_local_2x2_run_is_healthy_with_collective(tmp_path: Path) -> None:
     assert {"store", "gpus", "loopback", "master-port", "shared-folder", "versions", "threads",
             "collective"} <= set(found)
     assert found["collective"] == PASS and "busbw = algbw * 2(n-1)/n" in out and " 4 MB " in out
+    assert found["slurm"] == PASS and "--requeue-by launcher" in out  # the local launcher says so explicitly
     assert not [p for p in folder.iterdir() if p.name.startswith(".hpc_ddp-doctor")]  # markers cleaned up
 
 
@@ -456,12 +457,13 @@ def fake_step(job_id: str, task: int, tasks: int) -> dict[str, str]:
     return clean_environ(SLURM_JOB_ID=job_id, SLURM_STEP_ID="0", SLURM_PROCID=str(task),
                          SLURM_LOCALID=str(task), SLURM_NODEID="0", SLURM_STEP_NUM_TASKS=str(tasks),
                          SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="127.0.0.1",
-                         SLURM_STEP_TASKS_PER_NODE=str(tasks), HPC_DDP_LOCAL="1")
+                         SLURM_STEP_TASKS_PER_NODE=str(tasks))
 
 
 def start(folder: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     """A doctor that waits only 1 s for its peers."""
-    argv = [sys.executable, "-m", "hpc_ddp.doctor", "--join-timeout-s", "1", "--folder", str(folder)]
+    argv = [sys.executable, "-m", "hpc_ddp.doctor", "--join-timeout-s", "1", "--folder", str(folder),
+            "--requeue-by", "launcher"]  # as the local launcher starts it: its job is no Slurm job
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -92,7 +92,8 @@ def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_tim
     job = _Run(env, cfg, Path(cfg.folder) if cfg.folder else default_for_task(env.job_id), "agent" if agent else "rank0",
                collective, join_timeout_s, RankLog(env.rank))
     hosts_store = env.is_main and not agent
-    facts = gather(env, job.folder, environ, job.store_host, hosts_store and env.master_port != 0)
+    facts = gather(env, job.folder, environ, job.store_host, hosts_store and env.master_port != 0,
+                   cfg.requeue_by)
     nonce, created = uuid.uuid4().hex, missing_dirs(job.folder) if env.is_main else []
     try:
         if env.is_main:

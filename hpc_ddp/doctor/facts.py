@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # The variables the rules look at; only these travel to rank 0.
 RULE_VARS = ("OMP_NUM_THREADS", "SLURM_CPU_BIND", "SLURM_CPU_BIND_TYPE", "SLURM_CPU_BIND_LIST",
              "SLURM_CPUS_PER_TASK", *SLURM_VARS["step_id"], "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-             "CUDA_VISIBLE_DEVICES", "HPC_DDP_LOCAL")
+             "CUDA_VISIBLE_DEVICES")
 MARKER = ".hpc_ddp-doctor-{nonce}"
 
 
@@ -189,9 +189,10 @@ def write_probe(folder: Path, rank: int, nonce: str) -> str:
     return write_test(folder, f".hpc_ddp-doctor-probe-{rank}-{nonce}")
 
 
-def slurm_version(environ: Mapping[str, str]) -> str | None:
-    """None outside Slurm (and in the local launcher's emulation), '' if scontrol is missing."""
-    if not environ.get("SLURM_JOB_ID") or environ.get("HPC_DDP_LOCAL"):
+def slurm_version(environ: Mapping[str, str], requeue_by: str = "auto") -> str | None:
+    """None outside Slurm and where the launcher, not Slurm, restarts the run (--requeue-by launcher: the local
+    launcher's emulated job), '' if scontrol is missing."""
+    if not environ.get("SLURM_JOB_ID") or requeue_by == "launcher":
         return None
     from hpc_ddp.run import record
 
@@ -199,7 +200,7 @@ def slurm_version(environ: Mapping[str, str]) -> str | None:
 
 
 def gather(env: DistEnv, folder: Path, environ: Mapping[str, str], store_host: str,
-           check_port: bool) -> RankFacts:
+           check_port: bool, requeue_by: str = "auto") -> RankFacts:
     """This rank's facts, before any rank talks to another (the folder marker comes later)."""
     import torch
 
@@ -247,6 +248,7 @@ def gather(env: DistEnv, folder: Path, environ: Mapping[str, str], store_host: s
         thread_error=thread_error,
         environ={k: environ[k] for k in RULE_VARS if environ.get(k)},
         versions=versions(),
-        slurm_version=slurm_version(environ),
+        slurm_version=slurm_version(environ, requeue_by),
+        requeue_by=requeue_by,
         folder=str(folder),
     )

@@ -72,6 +72,7 @@ class RankFacts:
     environ: Mapping[str, str] = field(default_factory=dict)  # the variables the rules look at
     versions: Mapping[str, str] = field(default_factory=dict)
     slurm_version: str | None = None  # None: not a Slurm job; "": scontrol not found
+    requeue_by: str = "auto"  # --requeue-by: "launcher" when the launcher restarts the run (submit --local)
     folder: str = ""
     folder_error: str = ""  # "" when this rank wrote a file there
     folder_marker: str = ""  # others: "seen", "missing", ... for rank 0's marker file
@@ -359,8 +360,9 @@ def cpu_binding(facts: Sequence[RankFacts]) -> Check:
 def slurm_version(facts: Sequence[RankFacts]) -> Check:
     slurm = [f for f in facts if f.slurm_version is not None]
     if not slurm:
-        local = any(f.environ.get("HPC_DDP_LOCAL") for f in facts)
-        return Check(PASS, "slurm", "local run (submit --local): no Slurm" if local else "not a Slurm job")
+        local = any(f.requeue_by == "launcher" for f in facts)
+        return Check(PASS, "slurm", "restarted by its launcher (--requeue-by launcher, as in a local run): no "
+                                    "Slurm to check" if local else "not a Slurm job")
     missing = [f for f in slurm if not f.slurm_version]
     if missing:
         return Check(WARN, "slurm", f"scontrol not found on {who(missing)}",

@@ -16,6 +16,7 @@ even if it is SIGKILLed (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import random
 import signal
@@ -31,6 +32,7 @@ from typing import TextIO
 
 from hpc_ddp import exitcodes
 from hpc_ddp.dist.env import port_for_job, without_launcher
+from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.shape import JobShape
 from hpc_ddp.proc import run as run_command
 from hpc_ddp.run import folder as run_folder
@@ -75,7 +77,6 @@ def slurm_env(job: LocalJob, rank: int, restarts: int) -> dict[str, str]:
         "SLURM_STEP_NUM_TASKS": str(job.world_size), "SLURM_STEP_TASKS_PER_NODE": per_node,
         "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
         "SLURMD_NODENAME": f"127.0.0.{node + 1}", "SLURM_CPUS_ON_NODE": str(os.cpu_count() or 1),
-        "HPC_DDP_LOCAL": "1",  # preemption: no real Slurm to requeue; exit PREEMPTED and let us restart
     }
     if restarts:
         env["SLURM_RESTART_COUNT"] = str(restarts)  # unset on the first run, as in Slurm
@@ -257,6 +258,12 @@ def gpu_count() -> int:
 def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
               extra_argv: tuple[str, ...] = ()) -> int:
     """`python -m hpc_ddp.submit --local`: prepare the run folder, start the ranks here, supervise them."""
+    if cfg.requeue_by == "scontrol":
+        raise UsageError("--requeue-by scontrol: a local run is no Slurm job that scontrol could requeue; its "
+                         "launcher restarts it after a preemption. Fix: drop --requeue-by")
+    # Said explicitly to every rank: there is no real Slurm job to requeue (its job id is fake), so after a
+    # preemption the ranks exit PREEMPTED and this launcher starts them again (see Launcher.run).
+    cfg = dataclasses.replace(cfg, requeue_by="launcher")
     job_id = fresh_job_id()
     folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_local_run(job_id)
     run_folder.prepare(folder)

@@ -88,9 +88,14 @@ def decide(requeue_votes: float, stop_votes: float, environ: Mapping[str, str], 
     return Decision(True, f"preempted: checkpoint saved, requeue {restarts + 1} of {max_requeue}")
 
 
-def requeue_mode(environ: Mapping[str, str], launcher: str) -> str:
-    """'scontrol' inside a real Slurm job with scontrol; else 'exit' (the launcher or batch script requeues)."""
-    if launcher == "slurm" and environ.get("HPC_DDP_LOCAL") != "1" and shutil.which("scontrol"):
+def requeue_mode(requeue_by: str, launcher: str) -> str:
+    """Who restarts the run after a preempted exit, as preempted.json's "mode" says it: "scontrol" (rank 0
+    requeues the job) or "exit" (the tasks exit PREEMPTED and their launcher or batch script starts them
+    again). `requeue_by` is --requeue-by; "auto" means scontrol in an srun step (`launcher` "slurm") when
+    scontrol is on PATH, else exit. The local launcher says "launcher": its fake job id is no Slurm job."""
+    if requeue_by == "scontrol":
+        return "scontrol"
+    if requeue_by == "auto" and launcher == "slurm" and shutil.which("scontrol"):
         return "scontrol"
     return "exit"
 

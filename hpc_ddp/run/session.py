@@ -176,7 +176,7 @@ def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, envir
     dist.barrier()  # a requeue makes Slurm SIGTERM every task: all must be past the save first
     if env.is_main:
         decision = preemption.decide(outcome.requeue_votes, outcome.stop_votes, environ, cfg.max_requeue)
-        mode = preemption.requeue_mode(environ, env.launcher)
+        mode = preemption.requeue_mode(cfg.requeue_by, env.launcher)
         # The launcher (local run) or a batch script reads this to decide whether to start the job again.
         run_folder.write_preempted(folder, run_folder.Preempted(decision.requeue, preemption.signal_name(), mode))
         log.info(f"{preemption.signal_name()}: {decision.message}")
