@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.doctor import checkup, collective, rules
+from hpc_ddp.doctor import collective, report, rules
 from hpc_ddp.doctor import facts as probes
 from hpc_ddp.launch import local
 from hpc_ddp.dist import env as dist_env
-from hpc_ddp.doctor.rules import FAIL, PASS, WARN, RankFacts
+from hpc_ddp.doctor.facts import RankFacts
+from hpc_ddp.doctor.rules import FAIL, PASS, WARN
 
 from conftest import clean_environ, run_module
 
@@ -368,7 +369,7 @@ def test_report_shows_each_rank_and_a_fix_for_what_is_not_passing() -> None:
                           "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "node[1-2]",
                           "SLURM_STEP_TASKS_PER_NODE": "2(x2)"})
     results = [rules.Check(PASS, "store", "fine"), rules.Check(FAIL, "master-port", "taken", "use another")]
-    text = checkup.render(env, world(), results)
+    text = report.render(env, world(), results)
     assert text.splitlines()[0] == ("hpc_ddp doctor: 4 rank(s) on 2 node(s), 2 machine(s) seen, launcher "
                                     "slurm, job 77")
     assert len([line for line in text.splitlines() if re.match(r"\s+\d\s+\d\s+\d\s+node\d", line)]) == 4
