@@ -337,7 +337,7 @@ def test_no_sbatch_on_path_exits_2_with_one_line(tmp_path: Path) -> None:
 
 FAKE_SRUN = """#!/bin/bash
 printf '%s\\n' "$@" > "$FAKE_DIR/srun_args"
-# Global rank 0 tells the batch script the run folder it resolved (hpc_ddp.run.preemption.tell_folder).
+# Global rank 0 tells the batch script the run folder it resolved (hpc_ddp.run.folder.tell_folder).
 printf '%s\\n' "${HPC_DDP_FOLDER_FILE:-}" > "$FAKE_DIR/folder_file"
 if [[ -n ${FAKE_TELL:-} ]]; then printf '%s\\n' "$FAKE_TELL" > "$HPC_DDP_FOLDER_FILE"; fi
 if [[ -n ${FAKE_RECORD:-} ]]; then mkdir -p "$FAKE_FOLDER" && printf '%s\\n' "$FAKE_RECORD" > "$FAKE_FOLDER/preempted.json"; fi

@@ -1,6 +1,6 @@
 """The Slurm side of `submit`, as pure functions: flags -> submitit parameters, and Slurm's answers -> meaning.
 
-Nothing here runs a command or reads `os.environ`: `slurm_job` (the thin shell) passes the environment and
+Nothing here runs a command or reads `os.environ`: `submitter` (the thin shell) passes the environment and
 the text that `sbatch`, `sacct` and `scontrol` printed. That keeps every rule testable with a table.
 
 The job that `submit` builds and `slurm/ddp.sbatch` are the same job in two forms; both carry:
