@@ -1,4 +1,4 @@
-"""The layers (README, "Architecture"): every import in hpc_ddp goes to its own layer or a lower one, no cycles.
+"""The layers (README, "Architecture"): every hpc_ddp import goes to its own layer or a lower one; no cycle.
 
 Every `import` and `from ... import` of every module counts, wherever it stands: at module level, inside a
 function (the lazy imports that keep `--help` fast) and under `if TYPE_CHECKING:`. A module's layer follows

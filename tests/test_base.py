@@ -1,4 +1,4 @@
-"""The base modules: running a short command (proc), the shared parser (cli), the version, and the exit codes."""
+"""The base modules: running a short command (proc), the shared parser (cli), the version re-export."""
 
 from __future__ import annotations
 

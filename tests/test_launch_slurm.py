@@ -1,5 +1,8 @@
-"""The sbatch side without a cluster: flag tables, Slurm's answers, the --print-sbatch golden file, and the
-consistency of `slurm/ddp.sbatch` with what `submit` generates.
+"""The Slurm side without a cluster: request rules, Slurm's answers, the submitter, --print-sbatch, ddp.sbatch.
+
+Flag tables and Slurm's answers (hpc_ddp.launch.slurm.request), the submitter's folder, follower and report
+(hpc_ddp.launch.slurm.submitter), the --print-sbatch golden file, and the consistency of `slurm/ddp.sbatch`
+with what `submit` generates.
 
 The golden file is `tests/data/golden/print_sbatch.txt`; after an intended change, regenerate it with
 

@@ -1,5 +1,7 @@
-"""End of life: nothing that holds the process group outlives it, errors reach every rank, and a task always
-exits with its own code, fast (hpc_ddp.dist.group teardown, Trainer.close, exitcodes.leave)."""
+"""End of life: nothing outlives the process group, rank 0's errors reach every rank, a task exits with its code.
+
+Nothing that holds the process group outlives it, errors reach every rank, and a task always exits with its
+own code, fast (hpc_ddp.dist.group teardown, Trainer.close, hpc_ddp.run.session, exitcodes.leave)."""
 
 from __future__ import annotations
 
