@@ -1,4 +1,4 @@
-"""The doctor's probes on this host (machine identity, ports, the folder marker) and the facts' trip to rank 0."""
+"""The doctor's probes on this host (machine identity, ports, the folder marker) and the facts' round trip."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The doctor for real: its command line, a healthy 2 x 2 local run, srun steps, and lone ranks that must not hang.
+"""The doctor for real: its command line, a 2 x 2 local run, srun steps, and lone ranks that must not hang.
 
 The real runs: a healthy 2 x 2 local run with the all-reduce benchmark, a healthy 2 x 2 srun step on the local
 Slurm cluster, a 2-rank srun step with an unwritable folder (every rank must exit 1), and three single

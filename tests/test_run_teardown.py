@@ -1,4 +1,4 @@
-"""End of life: nothing outlives the process group, rank 0's errors reach every rank, a task exits with its code.
+"""End of life: nothing outlives the process group, rank 0's errors reach all ranks, a task exits with its code.
 
 Nothing that holds the process group outlives it, errors reach every rank, and a task always exits with its
 own code, fast (hpc_ddp.dist.group teardown, Trainer.close, hpc_ddp.run.session, exitcodes.leave)."""
