@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpc_ddp.dist import placement
-from hpc_ddp.errors import ClusterConfigError
 from hpc_ddp.dist.placement import CpuPlan, plan_cpus, select_device, shared_gpus
+from hpc_ddp.errors import ClusterConfigError
 
 from conftest import clean_environ
 

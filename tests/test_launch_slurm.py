@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 from conftest import DATA, ROOT, clean_environ, run_module
 
+from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.slurm import request, submitter
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.errors import UsageError
 
 GOLDEN = DATA / "golden" / "print_sbatch.txt"
 DDP_SBATCH = ROOT / "slurm" / "ddp.sbatch"

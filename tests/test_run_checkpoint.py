@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from conftest import clean_environ
+from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.run import checkpoint, resume
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.run.trainer import _SkipSampler
 
 

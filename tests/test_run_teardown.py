@@ -21,13 +21,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import clean_environ, die_with_test
 from hpc_ddp import exitcodes
-from hpc_ddp.run import tasks
 from hpc_ddp.dist import env as dist_env
 from hpc_ddp.dist import group
-from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.log import RankLog
-from hpc_ddp.run.trainer import Trainer
 from hpc_ddp.dist.group import GroupLifetimeError
+from hpc_ddp.log import RankLog
+from hpc_ddp.run import tasks
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.trainer import Trainer
 from slow_tasks import _data
 
 CPU = torch.device("cpu")
@@ -111,10 +111,10 @@ def test_a_ddp_alive_at_teardown_is_an_error_not_a_later_deadlock() -> None:
 
 RANK0_SCRIPT = """
 import sys, time
-from hpc_ddp.run import session
 from hpc_ddp.dist.env import detect
-from hpc_ddp.errors import UsageError
 from hpc_ddp.dist.group import process_group
+from hpc_ddp.errors import UsageError
+from hpc_ddp.run import session
 import torch
 from hpc_ddp.launch import local
 from pathlib import Path

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_ddp.run import tasks
 from hpc_ddp.dist import env as dist_env
-from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.log import RankLog
-from hpc_ddp.run.trainer import Trainer
 from hpc_ddp.dist.group import process_group
+from hpc_ddp.log import RankLog
+from hpc_ddp.run import tasks
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.trainer import Trainer
 
 
 @pytest.fixture

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp import exitcodes
+from hpc_ddp.cli import build_parser
 from hpc_ddp.doctor import rules
 from hpc_ddp.doctor.facts import RankFacts
 from hpc_ddp.doctor.report import render, render_bench, render_checks
 from hpc_ddp.doctor.rules import FAIL, WARN, Check
-from hpc_ddp.cli import build_parser
-from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
 from hpc_ddp.errors import ClusterConfigError, UsageError
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
 
 PROG = "python -m hpc_ddp.doctor"
 ACK_WAIT_S = 10.0  # how long rank 0 keeps its store up for the others to read the verdict

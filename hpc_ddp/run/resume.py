@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.run import checkpoint
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.run.folder import MODEL
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.

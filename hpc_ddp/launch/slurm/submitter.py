@@ -39,16 +39,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from hpc_ddp import exitcodes, proc
+from hpc_ddp.errors import UsageError, run_task
 from hpc_ddp.launch.slurm.request import (JobState, SlurmRequest, check_signal_delay, mem_text, parse_extras,
                                           parse_sacct, parse_scontrol, parse_time, pending_hint, sbatch_error,
                                           submit_environ)
-from hpc_ddp.run import preemption
-from hpc_ddp.errors import UsageError, run_task
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run import preemption
 
 if TYPE_CHECKING:
-    from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.launch.shape import JobShape
+    from hpc_ddp.run.config import TrainConfig
 
 POLL_S = 2.0  # --wait: seconds between two looks at the job's state (one sacct call each)
 TAIL_LINES = 20  # lines of the failing rank's log shown when the job failed
