@@ -141,6 +141,12 @@ def import_graph() -> dict[str, set[str]]:
 
 # ----- the package as it is ---------------------------------------------------------------------------------
 
+def test_every_folder_of_modules_is_a_package() -> None:
+    """setuptools packages only folders with an __init__.py: one missing leaves its modules out of a wheel."""
+    folders = {path.parent for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
+    assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file()) == []
+
+
 def test_every_module_has_a_layer() -> None:
     assert [name for name in all_modules() if layer_of(name) is None] == []
 

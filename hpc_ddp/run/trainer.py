@@ -272,7 +272,6 @@ class Trainer:
         return Agreed(values[0], values[1], values[2], values[3])
 
     # ----- the loop -----------------------------------------------------------------------------------
-
     def _epoch(self, epoch: int) -> Outcome | None:
         """Train the rest of one epoch; an Outcome if the loop must end inside it."""
         cfg, pos = self.cfg, self.pos
