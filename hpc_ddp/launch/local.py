@@ -8,6 +8,7 @@ The launcher supervises like Slurm with `--kill-on-bad-exit`: when a rank exits 
 are stopped within seconds and the launcher names the failed rank and prints the end of its log. Signals:
 SIGUSR1/SIGUSR2 are passed to every rank, which save at an agreed step and exit PREEMPTED; the launcher then
 plays Slurm's requeue and starts them again (SLURM_RESTART_COUNT+1) while `preempted.json` says so.
+Every rank is told `--requeue-by launcher` (its fake job id is no Slurm job for scontrol to requeue).
 SIGINT/SIGTERM are passed on too; the ranks save and the launcher does not restart. Children live in their
 own session (a terminal's Ctrl-C reaches only the launcher, which forwards it once) and die with the launcher
 even if it is SIGKILLed (PR_SET_PDEATHSIG).
