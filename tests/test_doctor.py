@@ -21,7 +21,7 @@ import pytest
 from hpc_ddp import checks, cluster, collective, doctor, local, probes
 from hpc_ddp.checks import FAIL, PASS, WARN, RankFacts
 
-from conftest import clean_environ, run_module
+from conftest import clean_environ, die_with_test, run_module
 
 V = {"torch": "2.13.0", "cuda": "12.4", "nccl": "2.21.5", "python": "3.11.7", "hpc_ddp": "0.1.0"}
 
@@ -413,7 +413,8 @@ def test_local_2x2_run_is_healthy_with_collective(tmp_path: Path) -> None:
 def srun(partition: str, nodes: int, per_node: int, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["srun", f"-N{nodes}", f"--ntasks-per-node={per_node}", "-p", partition,
                            sys.executable, "-m", "hpc_ddp.doctor", *args],
-                          env=clean_environ(), capture_output=True, text=True, timeout=300)
+                          env=clean_environ(), capture_output=True, text=True, timeout=300,
+                          preexec_fn=die_with_test)
 
 
 @pytest.mark.slow
@@ -459,7 +460,8 @@ def fake_step(job_id: str, task: int, tasks: int) -> dict[str, str]:
 def start(folder: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     """A doctor that waits only 1 s for its peers."""
     argv = [sys.executable, "-m", "hpc_ddp.doctor", "--join-timeout-s", "1", "--folder", str(folder)]
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=die_with_test)
 
 
 @pytest.fixture(scope="module")
