@@ -12,9 +12,11 @@ rank from Slurm's variables, and global rank 0 writes checkpoints to --folder.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                      help="tasks per node for CPU jobs (default: 2 with --gpus-per-node 0, else = GPUs)")
     job.add_argument("--all-ranks", action="store_true",
                      help="--local: show every rank's output on the console, not just rank 0's progress")
+    job.add_argument("--stop-grace-s", type=float, default=None, metavar="S",
+                     help="--local: after Ctrl-C or SIGTERM the ranks save at the next agreed step and exit; any "
+                          "still running S seconds later (stuck in user code or a collective) are killed, and "
+                          "the launcher exits 130 (Ctrl-C) or 143 (SIGTERM). A second Ctrl-C kills at once "
+                          "(default: 30)")
     job.add_argument("--doctor", action="store_true",
                      help="run `hpc_ddp.doctor` on every rank instead of training")
     job.add_argument("--collective", action="store_true",
@@ -119,9 +126,14 @@ def check_folder(folder: Path) -> None:
 
 
 def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
-              extra_argv: tuple[str, ...] = ()) -> int:
+              extra_argv: tuple[str, ...] = (), stop_grace_s: float | None = None) -> int:
     from hpc_ddp import local
 
+    if stop_grace_s is not None and not (math.isfinite(stop_grace_s) and stop_grace_s >= 0):
+        raise UsageError(f"--stop-grace-s {stop_grace_s:g}: must be 0 or more seconds (0 kills at once)")
+    # Every line of the launcher goes through this console: one whose reader is gone (`| head`) must not
+    # stop the run, nor stall a rank (hpc_ddp.local.Console).
+    console = local.Console(sys.stdout)
     job_id = local.fresh_job_id()
     folder = Path(cfg.folder or os.path.join("runs", f"local-{job_id}"))
     check_folder(folder)
@@ -130,16 +142,17 @@ def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
     if shape.gpus_per_node > 0:
         have = gpu_count()
         if have < shape.nodes * shape.gpus_per_node:
-            print(f"[launcher] --gpus-per-node {shape.gpus_per_node} x {shape.nodes} nodes asked, this machine has "
-                  f"{have} GPU(s): running {shape.tasks_per_node} CPU processes per node with gloo instead",
-                  flush=True)
+            console.line(f"[launcher] --gpus-per-node {shape.gpus_per_node} x {shape.nodes} nodes asked, this "
+                         f"machine has {have} GPU(s): running {shape.tasks_per_node} CPU processes per node with "
+                         "gloo instead")
             extra["CUDA_VISIBLE_DEVICES"] = ""
     job = local.LocalJob(nodes=shape.nodes, tasks_per_node=shape.tasks_per_node, folder=folder,
                          train_argv=cfg.to_argv() + list(extra_argv), max_requeue=cfg.max_requeue,
-                         all_ranks=all_ranks, job_id=job_id, module=module, extra_env=extra)
-    print(f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run folder "
-          f"{folder}, per-rank logs in {folder / 'logs'}", flush=True)
-    return local.Launcher(job).run()
+                         all_ranks=all_ranks, job_id=job_id, module=module, extra_env=extra,
+                         **({} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}))
+    console.line(f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run "
+                 f"folder {folder}, per-rank logs in {folder / 'logs'}")
+    return local.Launcher(job, console).run()  # which hands the console all it has before it returns
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.local:
         if ns.print_sbatch or ns.wait:
             raise UsageError("--print-sbatch and --wait are for Slurm jobs; drop them with --local")
-        return run_local(shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else ())
+        return run_local(shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else (),
+                         ns.stop_grace_s)
     from hpc_ddp import slurm_job
 
     return slurm_job.submit(ns, shape, cfg, module)
