@@ -207,7 +207,7 @@ class Console:
                 self._cond.notify_all()
 
     def _emit(self, text: str) -> bool:
-        """Write all of `text`; False once the console is gone."""
+        """Write all of `text`; False once the console is gone (or anything else went wrong: then it is too)."""
         try:
             if self._fd is None:
                 self.stream.write(text)
@@ -226,7 +226,7 @@ class Console:
                 with self._cond:
                     self._progress = time.monotonic()
             return True
-        except (OSError, ValueError):  # BrokenPipeError, EIO, ENOSPC...; ValueError: a closed stream
+        except Exception:  # OSError: BrokenPipeError, EIO, ENOSPC...; ValueError: a closed stream
             return False
 
     def _mark_gone(self) -> None:
