@@ -8,6 +8,7 @@ PR_SET_PDEATHSIG; any other process found is killed by pid).
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -227,7 +228,9 @@ def test_a_stalled_console_never_blocks_who_writes_to_it() -> None:
     read_end, write_end = os.pipe()  # nobody reads it yet: Ctrl-S on a terminal, `| less` nobody scrolls
     console = Console(os.fdopen(write_end, "w"))
     began = time.monotonic()
-    for i in range(20_000):  # 20 MB: far beyond the pipe (64 KiB) and the console's backlog (16 MiB)
+    # 40 MB: far beyond the pipe (64 KiB) and beyond twice the console's backlog (16 MiB), since the writer may
+    # hold a whole backlog's batch in flight (taken before it blocked) while the queue fills up again.
+    for i in range(40_000):
         console.line(f"{i:05d} " + "y" * 1000)
     assert time.monotonic() - began < 10
     began = time.monotonic()
@@ -237,7 +240,8 @@ def test_a_stalled_console_never_blocks_who_writes_to_it() -> None:
     seen = b""
     deadline = time.monotonic() + 30
     while b"fell behind" not in seen and time.monotonic() < deadline:  # the reader comes back
-        seen = seen[-200:] + os.read(read_end, 1 << 20)
+        if select.select([read_end], [], [], 1.0)[0]:  # never a blocking read: an empty pipe would hang here
+            seen = seen[-200:] + os.read(read_end, 1 << 20)
     assert b"lines were not shown here" in seen
     os.close(read_end)
 
