@@ -33,6 +33,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                      help="tasks per node for CPU jobs (default: 2 with --gpus-per-node 0, else = GPUs)")
     job.add_argument("--all-ranks", action="store_true",
                      help="--local: show every rank's output on the console, not just rank 0's progress")
+    job.add_argument("--stop-grace-s", type=float, default=None, metavar="S",
+                     help="--local: after Ctrl-C or SIGTERM the ranks save at the next agreed step and exit; any "
+                          "still running S seconds later (stuck in user code or a collective) are killed, and "
+                          "the launcher exits 130 (Ctrl-C) or 143 (SIGTERM). A second Ctrl-C kills at once "
+                          "(default: 30)")
     job.add_argument("--doctor", action="store_true",
                      help="run `hpc_ddp.doctor` on every rank instead of training")
     job.add_argument("--collective", action="store_true",
@@ -81,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--print-sbatch and --wait are for Slurm jobs; drop them with --local")
         from hpc_ddp.launch import local
 
-        return local.run_local(shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else ())
+        return local.run_local(shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else (),
+                               ns.stop_grace_s)
     from hpc_ddp.launch.slurm import submitter
 
     return submitter.submit(ns, shape, cfg, module)

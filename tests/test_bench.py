@@ -15,6 +15,7 @@ from hpc_ddp.bench import hand, report, runs, suite
 
 
 @pytest.mark.slow  # about a minute: six short real runs (kit, hand loops, torchrun) and two saves
+@pytest.mark.deadline(200)  # 40 s measured
 def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_module("hpc_ddp.bench", "--quick", "--json", str(out), "--folder", str(tmp_path / "runs"),

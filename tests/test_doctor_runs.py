@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_environ, run_module
+from conftest import clean_environ, die_with_test, run_module
 from hpc_ddp.dist import env as dist_env
 from hpc_ddp.doctor.rules import PASS, WARN
 from hpc_ddp.launch import local
@@ -63,7 +63,8 @@ def test_local_2x2_run_is_healthy_with_collective(tmp_path: Path) -> None:
 def srun(partition: str, nodes: int, per_node: int, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["srun", f"-N{nodes}", f"--ntasks-per-node={per_node}", "-p", partition,
                            sys.executable, "-m", "hpc_ddp.doctor", *args],
-                          env=clean_environ(), capture_output=True, text=True, timeout=300)
+                          env=clean_environ(), capture_output=True, text=True, timeout=300,
+                          preexec_fn=die_with_test)
 
 
 @pytest.mark.slow
@@ -110,7 +111,8 @@ def start(folder: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     """A doctor that waits only 1 s for its peers."""
     argv = [sys.executable, "-m", "hpc_ddp.doctor", "--join-timeout-s", "1", "--folder", str(folder),
             "--requeue-by", "launcher"]  # as the local launcher starts it: its job is no Slurm job
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=die_with_test)
 
 
 @pytest.fixture(scope="module")

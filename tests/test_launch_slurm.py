@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, clean_environ, run_module
+from conftest import DATA, ROOT, clean_environ, die_with_test, run_module
 
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.slurm import request, submitter
@@ -368,7 +368,7 @@ def fake_batch(tmp_path: Path, args: list[str], folder: Path, status: int, recor
         SLURM_JOB_ID="123", SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="node[1-2]",
         SLURM_TASKS_PER_NODE="2(x2)", SLURM_CPUS_PER_TASK="3", SLURM_SUBMIT_DIR=str(tmp_path))
     return subprocess.Popen(["bash", str(DDP_SBATCH), *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_test)
 
 
 @pytest.mark.parametrize("record, status, requeued", [
