@@ -1,29 +1,44 @@
 """hpc_ddp: take a PyTorch model from one process to many GPUs on many Slurm nodes, correctly.
 
 Entry points: `python -m hpc_ddp.submit` (Slurm via submitit, or `--local`), `python -m hpc_ddp.train` (one
-task), `python -m hpc_ddp.doctor`, `python -m hpc_ddp.bench`. Importing this package is cheap: torch is only
-imported when `Task` is first used, so `--help` and usage errors answer at once.
+task), `python -m hpc_ddp.doctor`, `python -m hpc_ddp.bench`; `python -m hpc_ddp` lists them.
+
+The public API, importable from here:
+
+    Task, TrainConfig            what to train, and the training options (hpc_ddp.run)
+    detect, DistEnv              this process's place in the job, from the launcher's variables (hpc_ddp.dist.env)
+    ClusterConfigError           what `detect` raises for missing or inconsistent variables (hpc_ddp.errors)
+
+Importing this package is cheap: each name is imported when first used (torch only with `Task`), so `--help`
+and usage errors answer at once. The layers below are described in the README's "Architecture" section.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-__all__ = ["Task", "TrainConfig", "__version__"]
+from hpc_ddp._version import __version__
+
+__all__ = ["ClusterConfigError", "DistEnv", "Task", "TrainConfig", "__version__", "detect"]
 
 if TYPE_CHECKING:
+    from hpc_ddp.dist.env import DistEnv, detect
+    from hpc_ddp.errors import ClusterConfigError
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.run.tasks import Task
 
+# name -> the module that defines it, imported on first use (PEP 562)
+_PUBLIC = {"Task": "hpc_ddp.run.tasks", "TrainConfig": "hpc_ddp.run.config", "detect": "hpc_ddp.dist.env",
+           "DistEnv": "hpc_ddp.dist.env", "ClusterConfigError": "hpc_ddp.errors"}
+
 
 def __getattr__(name: str) -> Any:
-    if name == "Task":
-        from hpc_ddp.run.tasks import Task
+    if name in _PUBLIC:
+        import importlib
 
-        return Task
-    if name == "TrainConfig":
-        from hpc_ddp.run.config import TrainConfig
-
-        return TrainConfig
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'hpc_ddp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -12,43 +12,13 @@ rank from Slurm's variables, and global rank 0 writes checkpoints to --folder.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
-from dataclasses import dataclass
-from pathlib import Path
 
-from hpc_ddp.run.config import TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import UsageError, run_main
+from hpc_ddp.launch.shape import job_shape
+from hpc_ddp.run.config import add_train_arguments, from_namespace
 
 PROG = "python -m hpc_ddp.submit"
-
-
-@dataclass(frozen=True)
-class JobShape:
-    """How many nodes and tasks, validated once for every path (local, submitit, print-sbatch)."""
-
-    nodes: int
-    gpus_per_node: int
-    tasks_per_node: int
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.tasks_per_node
-
-
-def job_shape(nodes: int, gpus_per_node: int, tasks_per_node: int | None) -> JobShape:
-    if nodes <= 0:
-        raise UsageError(f"--nodes {nodes}: must be at least 1")
-    if gpus_per_node < 0:
-        raise UsageError(f"--gpus-per-node {gpus_per_node}: must be 0 (CPU job) or more")
-    if tasks_per_node is not None and tasks_per_node <= 0:
-        raise UsageError(f"--tasks-per-node {tasks_per_node}: must be at least 1")
-    if gpus_per_node > 0 and tasks_per_node not in (None, gpus_per_node):
-        raise UsageError(f"--tasks-per-node {tasks_per_node} conflicts with --gpus-per-node {gpus_per_node}: "
-                         "hpc_ddp runs one task per GPU. Drop --tasks-per-node (or use --gpus-per-node 0 for CPU)")
-    tasks = gpus_per_node if gpus_per_node > 0 else (tasks_per_node or 2)
-    return JobShape(nodes, gpus_per_node, tasks)
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +33,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                      help="tasks per node for CPU jobs (default: 2 with --gpus-per-node 0, else = GPUs)")
     job.add_argument("--all-ranks", action="store_true",
                      help="--local: show every rank's output on the console, not just rank 0's progress")
+    job.add_argument("--stop-grace-s", type=float, default=None, metavar="S",
+                     help="--local: after Ctrl-C or SIGTERM the ranks save at the next agreed step and exit; any "
+                          "still running S seconds later (stuck in user code or a collective) are killed, and "
+                          "the launcher exits 130 (Ctrl-C) or 143 (SIGTERM). A second Ctrl-C kills at once "
+                          "(default: 30)")
     job.add_argument("--doctor", action="store_true",
                      help="run `hpc_ddp.doctor` on every rank instead of training")
     job.add_argument("--collective", action="store_true",
@@ -99,49 +74,6 @@ def build_argparser() -> argparse.ArgumentParser:
     return parser
 
 
-def gpu_count() -> int:
-    """GPUs on this machine, without importing torch (nvidia-smi, else 0)."""
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
-def check_folder(folder: Path) -> None:
-    """Create the run folder and prove it is writable by writing to it (os.access lies for root)."""
-    from hpc_ddp.train import prepare_folder  # light: no torch at import time
-
-    prepare_folder(folder)
-    (folder / "logs").mkdir(exist_ok=True)
-
-
-def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
-              extra_argv: tuple[str, ...] = ()) -> int:
-    from hpc_ddp.launch import local
-
-    job_id = local.fresh_job_id()
-    folder = Path(cfg.folder or os.path.join("runs", f"local-{job_id}"))
-    check_folder(folder)
-    cfg = cfg.with_folder(str(folder))
-    extra = {}
-    if shape.gpus_per_node > 0:
-        have = gpu_count()
-        if have < shape.nodes * shape.gpus_per_node:
-            print(f"[launcher] --gpus-per-node {shape.gpus_per_node} x {shape.nodes} nodes asked, this machine has "
-                  f"{have} GPU(s): running {shape.tasks_per_node} CPU processes per node with gloo instead",
-                  flush=True)
-            extra["CUDA_VISIBLE_DEVICES"] = ""
-    job = local.LocalJob(nodes=shape.nodes, tasks_per_node=shape.tasks_per_node, folder=folder,
-                         train_argv=cfg.to_argv() + list(extra_argv), max_requeue=cfg.max_requeue,
-                         all_ranks=all_ranks, job_id=job_id, module=module, extra_env=extra)
-    print(f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run folder "
-          f"{folder}, per-rank logs in {folder / 'logs'}", flush=True)
-    return local.Launcher(job).run()
-
-
 def main(argv: list[str] | None = None) -> int:
     ns = build_argparser().parse_args(argv)
     shape = job_shape(ns.nodes, ns.gpus_per_node, ns.tasks_per_node)
@@ -152,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     if ns.local:
         if ns.print_sbatch or ns.wait:
             raise UsageError("--print-sbatch and --wait are for Slurm jobs; drop them with --local")
-        return run_local(shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else ())
+        from hpc_ddp.launch import local
+
+        return local.run_local(shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else (),
+                               ns.stop_grace_s)
     from hpc_ddp.launch.slurm import submitter
 
     return submitter.submit(ns, shape, cfg, module)

@@ -2,24 +2,42 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from hpc_ddp.dist.env import without_launcher
+from hpc_ddp.dist.placement import THREAD_VARS
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 CLUSTER = ROOT / "env" / "slurm" / "cluster.sh"
 
+pytest_plugins = ["deadline"]  # tests/deadline.py: every test has a deadline (pyproject's deadline_s, the marker)
+
+_PYTEST_PID = os.getpid()
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: no dlopen between fork and exec
+
+
+def die_with_test() -> None:
+    """preexec_fn for every process a test starts: SIGKILL it when the test process dies, however it dies (a
+    run stopped by its deadline leaves nothing behind). Linux ties it to the starting thread: use it only for
+    children started on pytest's main thread."""
+    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != _PYTEST_PID:  # the test process died before prctl took effect
+        os._exit(1)
+
 
 def clean_environ(**extra: str) -> dict[str, str]:
-    """os.environ without launcher variables (the test runner itself may run inside a Slurm job)."""
-    dropped = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS"}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in dropped}
+    """os.environ without launcher variables (the test runner itself may run inside a Slurm job) or thread
+    counts (hpc_ddp.dist.env's table, hpc_ddp.dist.placement.THREAD_VARS)."""
+    env = {k: v for k, v in without_launcher(os.environ).items() if k not in THREAD_VARS}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
     env.update(extra)
     return env
@@ -29,14 +47,7 @@ def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float 
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m module args` in a clean environment; output captured as text."""
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env or clean_environ(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture
-def environ_clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith("SLURM_") or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            monkeypatch.delenv(key)
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=die_with_test)
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,11 @@ import math
 import pytest
 from conftest import run_module
 
-from hpc_ddp.bench import hand, suite
+from hpc_ddp.bench import hand, report, runs, suite
 
 
 @pytest.mark.slow  # about a minute: six short real runs (kit, hand loops, torchrun) and two saves
+@pytest.mark.deadline(200)  # 40 s measured
 def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_module("hpc_ddp.bench", "--quick", "--json", str(out), "--folder", str(tmp_path / "runs"),
@@ -51,10 +52,10 @@ def test_bad_arguments_are_one_line_usage_errors():
 
 
 def test_ratios_pair_trials_and_targets_compare():
-    assert suite.ratios([2.0, 3.0], [1.0, 2.0]) == [2.0, 1.5]
-    assert suite.median(suite.ratios([2.0, 3.0, 8.0], [1.0, 2.0, 2.0])) == 2.0
-    assert suite.Target("x", 0.9, "<=", 1.0).met and not suite.Target("x", 1.1, "<=", 1.0).met
-    assert suite.Target("x", 1.8, ">=", 1.8).met and not suite.Target("x", 0.96, ">=", 0.97).met
+    assert runs.ratios([2.0, 3.0], [1.0, 2.0]) == [2.0, 1.5]
+    assert runs.median(runs.ratios([2.0, 3.0, 8.0], [1.0, 2.0, 2.0])) == 2.0
+    assert report.Target("x", 0.9, "<=", 1.0).met and not report.Target("x", 1.1, "<=", 1.0).met
+    assert report.Target("x", 1.8, ">=", 1.8).met and not report.Target("x", 0.96, ">=", 0.97).met
 
 
 def test_hand_loop_rate_counts_steps_after_the_first_like_the_kit():

@@ -342,3 +342,18 @@ def test_rank0_not_on_the_first_node_fails_fast_instead_of_hanging() -> None:
     assert dist_env.detect(env).master_addr == "node1"
     env.update(SLURMD_NODENAME="node2", MASTER_ADDR="node2")  # the documented fix
     assert dist_env.detect(env).master_addr == "node2"
+
+
+def test_every_variable_detect_reads_is_one_that_launchers_remove() -> None:
+    """One table: what `detect` reads, `torch_env` writes and `without_launcher` removes are the same names."""
+    read = {name for table in (dist_env.SLURM_VARS, dist_env.TORCHRUN_VARS) for names in table.values()
+            for name in names}
+    assert all(dist_env.is_launcher_var(name) for name in read | set(DistEnv(
+        rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1, master_addr="h",
+        master_port=1, job_id=None, launcher="single").torch_env()))
+    outer = {"SLURM_PROCID": "1", "SRUN_CPUS_PER_TASK": "3", "SLURMD_NODENAME": "n1", "SALLOC_X": "1",
+             "SUBMITIT_EXECUTOR": "slurm", "TORCHELASTIC_RUN_ID": "x", "GROUP_WORLD_SIZE": "2", "RANK": "1",
+             "HPC_DDP_FOLDER_FILE": "/tmp/f", "SLURM_CONF": "/etc/slurm/slurm.conf", "SBATCH_ACCOUNT": "proj",
+             "OMP_NUM_THREADS": "4", "PATH": "/usr/bin"}
+    assert dist_env.without_launcher(outer) == {"SLURM_CONF": "/etc/slurm/slurm.conf", "SBATCH_ACCOUNT": "proj",
+                                                "OMP_NUM_THREADS": "4", "PATH": "/usr/bin"}

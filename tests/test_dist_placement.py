@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpc_ddp.dist import placement
-from hpc_ddp.errors import ClusterConfigError
 from hpc_ddp.dist.placement import CpuPlan, plan_cpus, select_device, shared_gpus
+from hpc_ddp.errors import ClusterConfigError
 
-from conftest import clean_environ
+from conftest import clean_environ, die_with_test
 
 
 @pytest.mark.parametrize("local_rank, local_world, cuda_count, expected", [
@@ -115,6 +115,7 @@ placement.apply_cpu_plan(placement.CpuPlan((cpu,), 1, "test", pin=True))
 print(json.dumps([cpu, psutil.Process().cpu_affinity(), torch.get_num_threads()]))
 """
     out = subprocess.run([sys.executable, "-c", code], env=clean_environ(), capture_output=True, text=True,
+                         preexec_fn=die_with_test,
                          timeout=120, check=True).stdout
     cpu, mask, threads = json.loads(out.splitlines()[-1])
     assert (mask, threads) == ([cpu], 1)

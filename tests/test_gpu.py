@@ -16,7 +16,8 @@ from hpc_ddp.dist import placement
 from hpc_ddp.dist.group import process_group
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.deadline(300)]  # not measured (no GPU where the deadlines were set): generous
 
 
 def test_nccl_group_of_one_rank_on_its_pinned_gpu() -> None:

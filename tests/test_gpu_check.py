@@ -1,5 +1,6 @@
-"""env/gpu-check.sh, the prepared GPU check, run here in its CPU mode (`--cpu`) so that it cannot rot unseen:
-every step but the two that need a GPU (nvidia-smi, tests/test_gpu.py) runs with its shortest settings."""
+"""env/gpu-check.sh, the prepared GPU check, run here in its CPU mode (`--cpu`) so that it cannot rot unseen.
+
+Every step but the two that need a GPU (nvidia-smi, tests/test_gpu.py) runs with its shortest settings."""
 
 from __future__ import annotations
 

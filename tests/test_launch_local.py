@@ -12,15 +12,15 @@ import psutil
 import pytest
 import torch
 
-from conftest import clean_environ
+from conftest import clean_environ, die_with_test
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.deadline(60)]  # each 8-10 s (measured)
 
 
 def start(folder: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(folder), *args]
     return subprocess.Popen(cmd, env=clean_environ(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, preexec_fn=die_with_test)
 
 
 def read_until(proc: subprocess.Popen[str], needle: str, timeout: float = 120) -> list[str]:

@@ -1,5 +1,8 @@
-"""The sbatch side without a cluster: flag tables, Slurm's answers, the --print-sbatch golden file, and the
-consistency of `slurm/ddp.sbatch` with what `submit` generates.
+"""The Slurm side without a cluster: request rules, Slurm's answers, the submitter, --print-sbatch, ddp.sbatch.
+
+Flag tables and Slurm's answers (hpc_ddp.launch.slurm.request), the submitter's folder, follower and report
+(hpc_ddp.launch.slurm.submitter), the --print-sbatch golden file, and the consistency of `slurm/ddp.sbatch`
+with what `submit` generates.
 
 The golden file is `tests/data/golden/print_sbatch.txt`; after an intended change, regenerate it with
 
@@ -21,11 +24,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, clean_environ, run_module
+from conftest import DATA, ROOT, clean_environ, die_with_test, run_module
 
-from hpc_ddp.launch.slurm import request, submitter
-from hpc_ddp.run import preemption
 from hpc_ddp.errors import UsageError
+from hpc_ddp.launch.slurm import request, submitter
+from hpc_ddp.run import folder as run_folder
 
 GOLDEN = DATA / "golden" / "print_sbatch.txt"
 DDP_SBATCH = ROOT / "slurm" / "ddp.sbatch"
@@ -337,7 +340,7 @@ def test_no_sbatch_on_path_exits_2_with_one_line(tmp_path: Path) -> None:
 
 FAKE_SRUN = """#!/bin/bash
 printf '%s\\n' "$@" > "$FAKE_DIR/srun_args"
-# Global rank 0 tells the batch script the run folder it resolved (hpc_ddp.run.preemption.tell_folder).
+# Global rank 0 tells the batch script the run folder it resolved (hpc_ddp.run.folder.tell_folder).
 printf '%s\\n' "${HPC_DDP_FOLDER_FILE:-}" > "$FAKE_DIR/folder_file"
 if [[ -n ${FAKE_TELL:-} ]]; then printf '%s\\n' "$FAKE_TELL" > "$HPC_DDP_FOLDER_FILE"; fi
 if [[ -n ${FAKE_RECORD:-} ]]; then mkdir -p "$FAKE_FOLDER" && printf '%s\\n' "$FAKE_RECORD" > "$FAKE_FOLDER/preempted.json"; fi
@@ -365,7 +368,7 @@ def fake_batch(tmp_path: Path, args: list[str], folder: Path, status: int, recor
         SLURM_JOB_ID="123", SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="node[1-2]",
         SLURM_TASKS_PER_NODE="2(x2)", SLURM_CPUS_PER_TASK="3", SLURM_SUBMIT_DIR=str(tmp_path))
     return subprocess.Popen(["bash", str(DDP_SBATCH), *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_test)
 
 
 @pytest.mark.parametrize("record, status, requeued", [
@@ -426,10 +429,10 @@ def test_rank_0_tells_its_run_folder_to_the_file_ddp_sbatch_names(tmp_path: Path
     told = tmp_path / "folder_file"
     told.write_text("")  # ddp.sbatch makes it with mktemp
     monkeypatch.chdir(tmp_path)
-    preemption.tell_folder(Path("runs/7"), {"HPC_DDP_FOLDER_FILE": str(told)})
+    run_folder.tell_folder(Path("runs/7"), {"HPC_DDP_FOLDER_FILE": str(told)})
     assert told.read_text() == f"{tmp_path}/runs/7\n"  # absolute: the batch shell may be elsewhere
-    preemption.tell_folder(Path("runs/8"), {})  # not under ddp.sbatch: nothing to tell
-    preemption.tell_folder(Path("runs/8"), {"HPC_DDP_FOLDER_FILE": ""})
+    run_folder.tell_folder(Path("runs/8"), {})  # not under ddp.sbatch: nothing to tell
+    run_folder.tell_folder(Path("runs/8"), {"HPC_DDP_FOLDER_FILE": ""})
     assert told.read_text() == f"{tmp_path}/runs/7\n"
 
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import DATA, ROOT, clean_environ
+from conftest import DATA, ROOT, clean_environ, die_with_test
 
 from hpc_ddp.launch.slurm import submitter
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(120)]  # 10-21 s each (measured)
 
 DDP_SBATCH = ROOT / "slurm" / "ddp.sbatch"
 HANG_GUARD_S = 600  # only against a hung job; no assertion depends on time
@@ -40,13 +40,13 @@ def submit_argv(folder: Path, *args: str) -> list[str]:
 
 def run_submit(folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(submit_argv(folder, *args), env=env or clean_environ(), capture_output=True, text=True,
-                          check=False, timeout=HANG_GUARD_S)
+                          check=False, timeout=HANG_GUARD_S, preexec_fn=die_with_test)
 
 
 def start_submit(folder: Path, *args: str, **env: str) -> tuple[subprocess.Popen[str], str]:
     """`submit --wait` in the background; returns it and the job id from its first line."""
     proc = subprocess.Popen(submit_argv(folder, *args, "--wait"), env=clean_environ(**env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_test)
     assert proc.stdout is not None
     first = proc.stdout.readline()
     match = re.match(r"Submitted job (\d+):", first)
@@ -185,6 +185,7 @@ def test_ddp_sbatch_with_cpu_overrides(slurm_cluster: str, tmp_path: Path) -> No
     assert len(curve) == 3 and curve[-1] < curve[0]
 
 
+@pytest.mark.deadline(240)  # 55 s measured
 def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(slurm_cluster: str,
                                                                              tmp_path: Path) -> None:
     """Tasks that cannot run scontrol leave "mode": "exit" in preempted.json and the batch shell requeues. It
@@ -222,6 +223,7 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(slur
 
 # ----- preemption, failure, cancel, time limit ------------------------------------------------------------
 
+@pytest.mark.deadline(300)  # 39-52 s, + 14-18 s for `reference` when run alone (measured)
 def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any], tmp_path: Path) -> None:
     folder = tmp_path / "run"
     proc, job_id = start_submit(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.1")
@@ -293,6 +295,7 @@ def time_limit_job(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory)
         subprocess.run(["scancel", job_id], check=False)
 
 
+@pytest.mark.deadline(300)  # 1 s after the others (its job runs meanwhile); alone, Slurm's clock: 60-90 s
 def test_time_limit_signal_checkpoints_requeues_and_finishes(time_limit_job: dict[str, Any]) -> None:
     proc, job_id = time_limit_job["proc"], time_limit_job["job_id"]
     log = submitter.log_path(time_limit_job["folder"], job_id)

@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from conftest import clean_environ
+from conftest import clean_environ, die_with_test
+from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.run import checkpoint, resume
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.run.trainer import _SkipSampler
 
 
@@ -89,7 +89,7 @@ for step in range(2, 100):
 @pytest.mark.slow
 def test_sigkill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], env=clean_environ(),
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, preexec_fn=die_with_test)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "first"
     directory = checkpoint.ckpt_dir(tmp_path)
     deadline = time.monotonic() + 60

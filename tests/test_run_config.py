@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc_ddp.run.config import AMP_CHOICES, TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import UsageError
+from hpc_ddp.run.config import AMP_CHOICES, TrainConfig, add_train_arguments, from_namespace
 
 
 def parse(argv: list[str]) -> TrainConfig:

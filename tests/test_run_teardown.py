@@ -1,5 +1,7 @@
-"""End of life: nothing that holds the process group outlives it, errors reach every rank, and a task always
-exits with its own code, fast (hpc_ddp.dist.group teardown, Trainer.close, exitcodes.leave)."""
+"""End of life: nothing outlives the process group, rank 0's errors reach all ranks, a task exits with its code.
+
+Nothing that holds the process group outlives it, errors reach every rank, and a task always exits with its
+own code, fast (hpc_ddp.dist.group teardown, Trainer.close, hpc_ddp.run.session, exitcodes.leave)."""
 
 from __future__ import annotations
 
@@ -19,13 +21,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import clean_environ, die_with_test
 from hpc_ddp import exitcodes
-from hpc_ddp.run import tasks
 from hpc_ddp.dist import env as dist_env
 from hpc_ddp.dist import group
-from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.log import RankLog
-from hpc_ddp.run.trainer import Trainer
 from hpc_ddp.dist.group import GroupLifetimeError
+from hpc_ddp.log import RankLog
+from hpc_ddp.run import tasks
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.trainer import Trainer
 from slow_tasks import _data
 
 CPU = torch.device("cpu")
@@ -109,10 +111,10 @@ def test_a_ddp_alive_at_teardown_is_an_error_not_a_later_deadlock() -> None:
 
 RANK0_SCRIPT = """
 import sys, time
-from hpc_ddp import train
 from hpc_ddp.dist.env import detect
-from hpc_ddp.errors import UsageError
 from hpc_ddp.dist.group import process_group
+from hpc_ddp.errors import UsageError
+from hpc_ddp.run import session
 import torch
 from hpc_ddp.launch import local
 from pathlib import Path
@@ -126,7 +128,7 @@ def fn():
 start = time.monotonic()
 with process_group(env, torch.device("cpu"), "gloo", 120.0):
     try:
-        train._rank0(env, fn)
+        session._rank0(env, fn)
     except Exception as e:
         print(f"rank {env.rank} raised {type(e).__name__}: {e} after {time.monotonic() - start:.1f} s", flush=True)
 """

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_ddp.run import tasks
 from hpc_ddp.dist import env as dist_env
-from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.log import RankLog
-from hpc_ddp.run.trainer import Trainer
 from hpc_ddp.dist.group import process_group
+from hpc_ddp.log import RankLog
+from hpc_ddp.run import tasks
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.trainer import Trainer
 
 
 @pytest.fixture
@@ -70,3 +70,41 @@ def test_state_restores_position_optimizer_and_rng(single: dist_env.DistEnv, tmp
     assert second.pos == first.pos and second.pos.step == 5
     assert all(torch.equal(a, b) for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True))
     assert torch.equal(torch.get_rng_state(), state["rng"][0]["cpu"])
+
+
+def test_train_step_is_one_step_of_the_loop(single: dist_env.DistEnv, tmp_path: Path) -> None:
+    """The public step the bench drives does what the loop does: same weights after one step, same loss."""
+    cfg = TrainConfig(epochs=1, max_steps=1, save_every_epochs=0, log_every_s=0)
+    (tmp_path / "loop").mkdir()
+    with process_group(single, torch.device("cpu")):
+        with make(cfg, single, tmp_path / "loop") as looped:
+            looped.run()
+            looped.metrics.end(looped.pos)
+        with make(cfg, single, tmp_path / "step") as stepped:
+            stepped.sampler.set_epoch(0)
+            stepped.loader_gen.manual_seed(cfg.seed * 1_000_003)
+            inputs, target = next(iter(stepped.loader))
+            agreed = stepped.train_step(inputs, target)
+    assert all(torch.equal(a, b) for a, b in zip(looped.model.parameters(), stepped.model.parameters(), strict=True))
+    first = json.loads((tmp_path / "loop" / "metrics.jsonl").read_text().splitlines()[0])
+    assert agreed.count == 1 and agreed.loss_sum == pytest.approx(first["loss"]) and not agreed.requeue
+
+
+def test_the_checkpoint_commit_is_the_callers_to_swap(single: dist_env.DistEnv, tmp_path: Path) -> None:
+    """Trainer(commit=...) makes every checkpoint durable through the function it is given."""
+    from hpc_ddp.run import checkpoint
+
+    calls: list[int] = []
+
+    def counted(folder: Path, state: dict, step: int, keep: int) -> tuple[Path, int]:
+        calls.append(step)
+        return checkpoint.commit(folder, state, step, keep)
+
+    cfg = TrainConfig(epochs=2, save_every_epochs=1)
+    with process_group(single, torch.device("cpu")):
+        torch.manual_seed(cfg.seed)
+        with Trainer(cfg, single, torch.device("cpu"), tasks.build(cfg), tmp_path, RankLog(0),
+                     commit=counted) as trainer:
+            trainer.run()
+            trainer.save(final=True)
+    assert calls == [31, 62] and checkpoint.read_latest(tmp_path) == tmp_path / "checkpoints" / "ckpt-00000062.pt"

@@ -32,6 +32,12 @@ T = TypeVar("T")
 PORT_BASE = 10000
 PORT_SPAN = 32768 - PORT_BASE
 
+# ----- The launcher variables: one table ----------------------------------------------------------------
+# Every variable a launcher sets for its tasks is named here and nowhere else. `detect` reads them; whatever
+# starts tasks or jobs of its own (the local launcher, sbatch from inside a job, the bench, the tests) first
+# removes them all from what it passes on (`without_launcher`): inherited, they describe the *outer* job, and
+# a task started with them would believe it is one of that job's ranks.
+#
 # Slurm variable names, as data. The first name that is set wins: step-level before job-level. Measured inside
 # `srun -N1 -n1 -w node2` in a `-N2` allocation (tests/data/slurm_env/step_node2_1x1.json): SLURM_NODEID=0
 # (relative to the step, so the step's first node is node 0), SLURM_NNODES=1 and SLURM_NTASKS=1 (srun rewrites
@@ -46,8 +52,11 @@ SLURM_VARS: dict[str, tuple[str, ...]] = {
     "nodelist": ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"),
     "tasks_per_node": ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
     "job_id": ("SLURM_JOB_ID", "SLURM_JOBID"),
+    # srun exports these to its tasks; the batch shell and salloc have neither (they have SLURM_PROCID=0 too).
+    "step_id": ("SLURM_STEP_ID", "SLURM_STEPID"),
 }
 
+# What torchrun sets; the first seven are also what `DistEnv.torch_env` writes for user code.
 TORCHRUN_VARS: dict[str, tuple[str, ...]] = {
     "rank": ("RANK",),
     "local_rank": ("LOCAL_RANK",),
@@ -57,12 +66,34 @@ TORCHRUN_VARS: dict[str, tuple[str, ...]] = {
     "master_addr": ("MASTER_ADDR",),
     "master_port": ("MASTER_PORT",),
     "job_id": ("TORCHELASTIC_RUN_ID",),
+    "num_nodes": ("GROUP_WORLD_SIZE",),  # torchrun >= 2.0
 }
 
-# Variables a torch program reads. sbatch copies the submitting shell's environment into the job, so a stale
-# `export RANK=0` from an earlier experiment would arrive in every task: they must agree with Slurm or fail.
-TORCH_RANK_VARS = {"RANK": "rank", "LOCAL_RANK": "local_rank", "WORLD_SIZE": "world_size",
-                   "LOCAL_WORLD_SIZE": "local_world_size"}
+# slurm/ddp.sbatch names a file here for its tasks; global rank 0 writes its run folder into it.
+FOLDER_FILE_VAR = "HPC_DDP_FOLDER_FILE"
+
+# Everything else Slurm, srun, salloc, submitit and torchrun set for a task goes by these prefixes (srun reads
+# SLURM_*/SRUN_* as defaults: a stale SLURM_CPUS_PER_TASK from an outer job would reshape an inner one).
+LAUNCHER_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
+LAUNCHER_NAMES = frozenset({name for names in TORCHRUN_VARS.values() for name in names} | {FOLDER_FILE_VAR})
+# Kept: which cluster to talk to is the site's setting, not the job's. (SBATCH_* are kept too: Slurm never sets
+# them, so they are the user's own defaults.)
+SITE_VARS = frozenset({"SLURM_CONF"})
+
+# The torch variables that name a rank. sbatch copies the submitting shell's environment into the job, so a
+# stale `export RANK=0` from an earlier experiment would arrive in every task: they must agree with Slurm or fail.
+TORCH_RANK_VARS = {TORCHRUN_VARS[field][0]: field for field in ("rank", "local_rank", "world_size",
+                                                                "local_world_size")}
+
+
+def is_launcher_var(name: str) -> bool:
+    """Set by a launcher for its tasks (and so never to be passed on to tasks or jobs started from one)."""
+    return name not in SITE_VARS and (name.startswith(LAUNCHER_PREFIXES) or name in LAUNCHER_NAMES)
+
+
+def without_launcher(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` minus every launcher variable: what a process may pass on to the tasks or jobs it starts."""
+    return {k: v for k, v in environ.items() if not is_launcher_var(k)}
 
 
 @dataclass(frozen=True)
@@ -89,11 +120,8 @@ class DistEnv:
 
     def torch_env(self) -> dict[str, str]:
         """The variables torch and user code expect (what torchrun would have set)."""
-        return {
-            "RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.world_size),
-            "LOCAL_WORLD_SIZE": str(self.local_world_size), "GROUP_RANK": str(self.node_rank),
-            "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
-        }
+        fields = ("rank", "local_rank", "world_size", "local_world_size", "node_rank", "master_addr", "master_port")
+        return {TORCHRUN_VARS[field][0]: str(getattr(self, field)) for field in fields}
 
 
 def port_for_job(job_id: str) -> int:
@@ -154,7 +182,7 @@ def _int(environ: Mapping[str, str], names: tuple[str, ...], fix: str) -> int:
 def _in_srun_step(environ: Mapping[str, str]) -> bool:
     # srun exports SLURM_STEP_ID/SLURM_STEPID to its tasks; the batch shell and salloc have neither, only the
     # job's SLURM_PROCID=0. Our local launcher sets them as srun would.
-    return bool(environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"))
+    return _first(environ, SLURM_VARS["step_id"]) is not None
 
 
 def _expected_tasks(environ: Mapping[str, str]) -> tuple[str, int] | None:
@@ -300,7 +328,8 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
     fix = "These are set by torchrun; was the environment changed after it started?"
     values = {field: _int(environ, names, fix) for field, names in TORCHRUN_VARS.items()
               if field in ("rank", "local_rank", "world_size", "local_world_size")}
-    node_rank = _int(environ, TORCHRUN_VARS["node_rank"], fix) if environ.get("GROUP_RANK") else 0
+    given = _first(environ, TORCHRUN_VARS["node_rank"])
+    node_rank = _int(environ, TORCHRUN_VARS["node_rank"], fix) if given else 0
     if values["rank"] >= values["world_size"] or values["local_rank"] >= values["local_world_size"]:
         raise ClusterConfigError(f"torchrun gave RANK={values['rank']} WORLD_SIZE={values['world_size']} "
                                  f"LOCAL_RANK={values['local_rank']} LOCAL_WORLD_SIZE={values['local_world_size']}: "
@@ -309,8 +338,8 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
     if not addr:
         raise ClusterConfigError(f"MASTER_ADDR is not set. {fix}")
     port = _int(environ, TORCHRUN_VARS["master_port"], fix)
-    if environ.get("GROUP_WORLD_SIZE"):
-        num_nodes = _int(environ, ("GROUP_WORLD_SIZE",), fix)
+    if _first(environ, TORCHRUN_VARS["num_nodes"]):
+        num_nodes = _int(environ, TORCHRUN_VARS["num_nodes"], fix)
     else:  # torchrun < 2.0 did not export it
         num_nodes = max(1, values["world_size"] // values["local_world_size"])
     if node_rank >= num_nodes:

@@ -103,17 +103,22 @@ def _store(env: "DistEnv", timeout: timedelta):  # -> torch.distributed.Store
 
 @contextmanager
 def process_group(env: "DistEnv", device: "torch.device", backend: str | None = None,
-                  timeout_s: float = 600.0) -> Iterator[str]:
-    """Join the job's process group for the duration of the block; yields the backend name."""
+                  timeout_s: float = 600.0, store: Any = None) -> Iterator[str]:
+    """Join the job's process group for the duration of the block; yields the backend name.
+
+    `store`: an existing torch.distributed Store to rendezvous through (the doctor's, which already holds
+    MASTER_PORT) instead of creating one; give it a prefix of its own if others use it too."""
     import torch.distributed as dist
 
     name = pick_backend(device, backend)
     timeout = timedelta(seconds=timeout_s)
     with hang_watch(timeout_s):
-        if env.launcher == "torchrun":
+        if store is not None:
+            kwargs: dict[str, Any] = {"store": store}
+        elif env.launcher == "torchrun":
             # torchrun's agent already hosts the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE); env://
             # knows to connect to it instead of binding a second one.
-            kwargs: dict[str, Any] = {"init_method": "env://"}
+            kwargs = {"init_method": "env://"}
         else:
             kwargs = {"store": _store(env, timeout)}
         if device.type == "cuda":

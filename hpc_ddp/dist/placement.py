@@ -16,12 +16,17 @@ one thread per core of the whole machine, N ranks x all cores, and they fight (2
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hpc_ddp.errors import ClusterConfigError
+
+# Thread counts a user may export. `plan_cpus` honours OMP_NUM_THREADS; a process that compares or starts runs
+# with the kit's own thread plan (the bench, the tests) removes them from what it passes on.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 if TYPE_CHECKING:
     import torch
@@ -97,6 +102,28 @@ def apply_cpu_plan(plan: CpuPlan) -> None:
         torch.set_num_interop_threads(max(1, min(plan.threads, 2)))
     except RuntimeError:
         pass
+
+
+def place(local_rank: int, local_world_size: int, environ: Mapping[str, str], cuda_count: int | None = None,
+          pin: bool = True) -> tuple["torch.device", CpuPlan]:
+    """Put this process where its rank belongs, in this order: choose its GPU (`select_device`) and make it the
+    current CUDA device, so that NCCL and every allocation without an index land on it; then plan its CPUs
+    (`plan_cpus`), pin to them and size torch's thread pools. Training, the doctor's all-reduce benchmark and
+    the bench's checkpoint section all place themselves with this one sequence.
+
+    `cuda_count`: the GPUs this process sees (default: torch's count). `pin=False` sizes the threads but keeps
+    the CPU mask: for a process that goes on to start others, which would inherit it (the bench).
+    Raises ClusterConfigError for a GPU count or OMP_NUM_THREADS that cannot work.
+    """
+    import torch
+
+    device = select_device(local_rank, local_world_size,
+                           torch.cuda.device_count() if cuda_count is None else cuda_count)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    plan = plan_cpus(current_affinity(), local_rank, local_world_size, environ)
+    apply_cpu_plan(plan if pin else dataclasses.replace(plan, pin=False))
+    return device, plan
 
 
 def current_affinity() -> list[int]:

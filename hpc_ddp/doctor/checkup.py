@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import socket
@@ -31,10 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp import exitcodes
+from hpc_ddp.cli import build_parser
 from hpc_ddp.doctor import rules
-from hpc_ddp.doctor.rules import FAIL, PASS, WARN, Check, RankFacts
-from hpc_ddp.run.config import TrainConfig, add_train_arguments, build_parser, from_namespace
+from hpc_ddp.doctor.facts import RankFacts
+from hpc_ddp.doctor.report import render, render_bench, render_checks
+from hpc_ddp.doctor.rules import FAIL, WARN, Check
 from hpc_ddp.errors import ClusterConfigError, UsageError
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
 
 PROG = "python -m hpc_ddp.doctor"
 ACK_WAIT_S = 10.0  # how long rank 0 keeps its store up for the others to read the verdict
@@ -77,7 +79,7 @@ def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_tim
     from hpc_ddp.dist.env import detect
     from hpc_ddp.doctor.facts import gather, missing_dirs, remove_marker, write_marker
     from hpc_ddp.log import RankLog
-    from hpc_ddp.train import default_folder
+    from hpc_ddp.run.folder import default_for_task
 
     try:
         env = detect(environ)
@@ -88,10 +90,11 @@ def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_tim
     # torchrun's agent already hosts a store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE): rank 0 joins it as
     # a client like everyone else, and there is no port of ours to check.
     agent = env.launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    job = _Run(env, cfg, Path(cfg.folder or default_folder(env.job_id)), "agent" if agent else "rank0",
+    job = _Run(env, cfg, Path(cfg.folder) if cfg.folder else default_for_task(env.job_id), "agent" if agent else "rank0",
                collective, join_timeout_s, RankLog(env.rank))
     hosts_store = env.is_main and not agent
-    facts = gather(env, job.folder, environ, job.store_host, hosts_store and env.master_port != 0)
+    facts = gather(env, job.folder, environ, job.store_host, hosts_store and env.master_port != 0,
+                   cfg.requeue_by)
     nonce, created = uuid.uuid4().hex, missing_dirs(job.folder) if env.is_main else []
     try:
         if env.is_main:
@@ -212,7 +215,7 @@ def _collective(job: _Run, store: Any, facts: RankFacts,
     from hpc_ddp.doctor import collective
 
     world = job.env.world_size
-    runs = {0: _benchmark(job, store, facts)}
+    runs = {0: _benchmark(job, store)}
     runs.update({r: json.loads(store.get(f"bench/{r}")) for r in range(1, world)})
     broken = {r: one["error"] for r, one in runs.items() if one.get("error")}
     if broken:
@@ -237,7 +240,7 @@ def _follow(job: _Run, store: Any, facts: RankFacts) -> int:
             folder_marker=read_marker(job.folder, nonce) if nonce else "rank 0 could not write it")
         store.set(f"facts/{rank}", facts.to_json())
         if store.get("plan").decode() == "collective":
-            store.set(f"bench/{rank}", json.dumps(_benchmark(job, store, facts)))
+            store.set(f"bench/{rank}", json.dumps(_benchmark(job, store)))
         code = int(store.get("verdict").decode())
         store.add("acks", 1)
     except (RuntimeError, OSError) as e:  # rank 0 died or was killed, and its store with it
@@ -248,92 +251,25 @@ def _follow(job: _Run, store: Any, facts: RankFacts) -> int:
     return code
 
 
-def _benchmark(job: _Run, store: Any, facts: RankFacts) -> dict[str, Any]:
+def _benchmark(job: _Run, store: Any) -> dict[str, Any]:
     """Join a process group through the doctor's store and time all-reduces, placed as training would be."""
-    import torch
     import torch.distributed as dist
 
-    from hpc_ddp.doctor import collective
     from hpc_ddp.dist import group, placement
+    from hpc_ddp.doctor import collective
 
     env = job.env
-    device = torch.device(facts.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if not facts.thread_error:
-        placement.apply_cpu_plan(placement.plan_cpus(facts.affinity, env.local_rank, env.local_world_size,
-                                                     os.environ))
-    backend = group.pick_backend(device, job.cfg.backend or None)
-    # process_group.process_group() would bind a second store on MASTER_PORT, which the doctor's store holds:
-    # join through the doctor's store instead, with the same backend rule, timeout and hang watch.
+    backend = job.cfg.backend
     try:
-        with group.hang_watch(job.timeout_s):
-            dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
-                                    world_size=env.world_size, timeout=timedelta(seconds=job.timeout_s),
-                                    device_id=device if device.type == "cuda" else None)
-            try:
+        device, _ = placement.place(env.local_rank, env.local_world_size, os.environ)
+        # A process group of its own would bind a second store on MASTER_PORT, which the doctor's store holds:
+        # it joins through the doctor's store (under a prefix of its own) instead, with training's backend
+        # rule, timeout, hang watch and teardown. The benchmark itself runs under the hang watch too.
+        with group.process_group(env, device, job.cfg.backend or None, job.timeout_s,
+                                 store=dist.PrefixStore("pg", store)) as backend:
+            with group.hang_watch(job.timeout_s):
                 times, correct = collective.run(device, env.rank, env.world_size)
-            finally:
-                dist.destroy_process_group()
     except (RuntimeError, ValueError) as e:  # a peer died mid-benchmark, NCCL refused: a finding, not a crash
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return {"times": {}, "correct": False, "backend": backend, "error": first}
     return {"times": {str(s): t for s, t in times.items()}, "correct": correct, "backend": backend}
-
-
-# ---- the report (pure) --------------------------------------------------------------------------------
-
-ROW = "{:>5} {:>5} {:>4}  {:<14} {:<8} {:<22} {:<8} {:<9} {:>7}"
-
-
-def cpu_list(cpus: Sequence[int]) -> str:
-    return rules.ranks_text(cpus).replace(", ", ",")
-
-
-def machine_label(key: str) -> str:
-    """A short stable name for a machine key (the machine-id is long and not for display)."""
-    return hashlib.sha1(key.encode()).hexdigest()[:6]
-
-
-def render_rows(facts: Sequence[RankFacts]) -> list[str]:
-    lines = [ROW.format("rank", "local", "node", "host", "machine", "master", "device", "cpus", "threads")]
-    for f in facts:
-        lines.append(ROW.format(f.rank, f.local_rank, f.node_rank, f.host[:14], machine_label(f.machine),
-                                f"{f.master_addr}:{f.master_port}"[:22], f.device or "refused",
-                                cpu_list(f.cpus)[:9], f.threads))
-    return lines
-
-
-def render_checks(results: Sequence[Check]) -> str:
-    width = max((len(c.name) for c in results), default=0) + 2
-    lines = []
-    for c in results:
-        lines.append(f"{c.status}  {c.name:<{width}}{c.reason}")
-        if c.fix and c.status != PASS:
-            lines.append(f"{'':6}{'':<{width}}fix: {c.fix}")
-    return "\n".join(lines)
-
-
-def render_bench(times: Mapping[int, Mapping[int, float]], world: int, backend: str) -> list[str]:
-    from hpc_ddp.doctor import collective
-
-    lines = [f"all-reduce over {backend}, {world} rank(s), float32; busbw = algbw * 2(n-1)/n (nccl-tests)",
-             f"{'size':>8} {'calls':>6} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
-    for size, mean, algbw, busbw in collective.table(times, world):
-        lines.append(f"{collective.human_size(size):>8} {collective.iterations(size):>6} {mean * 1e6:>11.1f} "
-                     f"{algbw:>13.3f} {busbw:>13.3f}")
-    return lines
-
-
-def render(env: Any, facts: Sequence[RankFacts], results: Sequence[Check], bench: Sequence[str] = ()) -> str:
-    machines = len({f.machine for f in facts})
-    head = (f"hpc_ddp doctor: {env.world_size} rank(s) on {env.num_nodes} node(s), {machines} machine(s) "
-            f"seen, launcher {env.launcher}" + (f", job {env.job_id}" if env.job_id else ""))
-    lines = [head, *(f"using {o} from the environment" for o in env.overrides), *render_rows(facts), ""]
-    lines += [*bench, ""] if bench else []
-    lines.append(render_checks(results))
-    counts = {s: sum(c.status == s for c in results) for s in (FAIL, WARN, PASS)}
-    lines.append(f"doctor: {counts[FAIL]} FAIL, {counts[WARN]} WARN, {counts[PASS]} PASS"
-                 + (" -> exit 1" if counts[FAIL] else ""))
-    return "\n".join(lines)
-

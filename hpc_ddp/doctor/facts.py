@@ -1,33 +1,88 @@
 """What one rank finds about itself for `hpc_ddp.doctor`: the system-reading half of the checks.
 
 Each probe is small and returns plain data (an error is a string, not an exception), so a rank that finds
-something wrong still reports it to rank 0 instead of dying alone. `gather` assembles a `rules.RankFacts`
-from the kit's own derivations (`dist.env.detect`, `placement.select_device`, `placement.plan_cpus`); the
-rules that judge the facts live in `hpc_ddp.doctor.rules`.
+something wrong still reports it to rank 0 instead of dying alone. `gather` assembles a `RankFacts` from the
+kit's own derivations (`dist.env.detect`, `placement.select_device`, `placement.plan_cpus`); the rules that
+judge the facts live in `hpc_ddp.doctor.rules`.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import platform
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.dist import placement
-from hpc_ddp.doctor.rules import RankFacts
+from hpc_ddp.dist.env import SLURM_VARS
 from hpc_ddp.errors import ClusterConfigError
+from hpc_ddp.run.folder import write_test
 
 if TYPE_CHECKING:
     from hpc_ddp.dist.env import DistEnv
 
 # The variables the rules look at; only these travel to rank 0.
 RULE_VARS = ("OMP_NUM_THREADS", "SLURM_CPU_BIND", "SLURM_CPU_BIND_TYPE", "SLURM_CPU_BIND_LIST",
-             "SLURM_CPUS_PER_TASK", "SLURM_STEP_ID", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-             "CUDA_VISIBLE_DEVICES", "HPC_DDP_LOCAL")
+             "SLURM_CPUS_PER_TASK", *SLURM_VARS["step_id"], "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+             "CUDA_VISIBLE_DEVICES")
 MARKER = ".hpc_ddp-doctor-{nonce}"
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """What one rank derived and found about itself; sent to rank 0 as JSON through the store."""
+
+    rank: int
+    local_rank: int = 0
+    node_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    launcher: str = "single"
+    host: str = "host"  # socket.gethostname() on this rank
+    machine: str = "m"  # /etc/machine-id + boot id: the same on every rank of one machine
+    netns: str = ""  # network namespace: loopback reaches only processes in the same one
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    master_ips: tuple[str, ...] = ()  # MASTER_ADDR as resolved on this rank
+    resolve_error: str = ""
+    own_ips: tuple[str, ...] = ()  # this host's interface addresses
+    interfaces: tuple[str, ...] = ()
+    host_ips: tuple[str, ...] = ()  # this host's own name, resolved (gloo binds there by default)
+    store_host: str = "rank0"  # "rank0", or "agent" when torchrun's agent hosts the store
+    port_error: str | None = None  # rank 0 only: None not checked, "" free, else why not
+    ephemeral: tuple[int, int] = (32768, 60999)
+    port_override: bool = False  # MASTER_PORT came from the environment, not from the job id
+    device: str = "cpu"  # what placement.select_device chose ("" if it refused)
+    device_error: str = ""
+    cuda_count: int = 0
+    gpu_uuid: str = ""
+    affinity: tuple[int, ...] = (0,)  # the CPUs this rank may use
+    cpus: tuple[int, ...] = (0,)  # what placement.plan_cpus would pin it to
+    threads: int = 1  # and how many intra-op threads it would run
+    thread_reason: str = ""
+    thread_error: str = ""
+    environ: Mapping[str, str] = field(default_factory=dict)  # the variables the rules look at
+    versions: Mapping[str, str] = field(default_factory=dict)
+    slurm_version: str | None = None  # None: not a Slurm job; "": scontrol not found
+    requeue_by: str = "auto"  # --requeue-by: "launcher" when the launcher restarts the run (submit --local)
+    folder: str = ""
+    folder_error: str = ""  # "" when this rank wrote a file there
+    folder_marker: str = ""  # others: "seen", "missing", ... for rank 0's marker file
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RankFacts:
+        data: dict[str, Any] = json.loads(text)
+        tuples = {f.name for f in fields(cls) if str(f.type).startswith("tuple")}  # JSON has only lists
+        values: dict[str, Any] = {k: tuple(v) if k in tuples else v for k, v in data.items()}
+        return cls(**values)
 
 
 def _read(path: str) -> str:
@@ -129,7 +184,7 @@ def versions() -> dict[str, str]:
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp import __version__
+    from hpc_ddp._version import __version__
 
     nccl = "none"
     if dist.is_nccl_available():
@@ -184,18 +239,13 @@ def read_marker(folder: Path, nonce: str) -> str:
 
 def write_probe(folder: Path, rank: int, nonce: str) -> str:
     """Every rank other than 0 writes (and removes) a file of its own: '' or why it could not."""
-    probe = folder / f".hpc_ddp-doctor-probe-{rank}-{nonce}"
-    try:
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        return e.strerror or str(e)
-    return ""
+    return write_test(folder, f".hpc_ddp-doctor-probe-{rank}-{nonce}")
 
 
-def slurm_version(environ: Mapping[str, str]) -> str | None:
-    """None outside Slurm (and in the local launcher's emulation), '' if scontrol is missing."""
-    if not environ.get("SLURM_JOB_ID") or environ.get("HPC_DDP_LOCAL"):
+def slurm_version(environ: Mapping[str, str], requeue_by: str = "auto") -> str | None:
+    """None outside Slurm and where the launcher, not Slurm, restarts the run (--requeue-by launcher: the local
+    launcher's emulated job), '' if scontrol is missing."""
+    if not environ.get("SLURM_JOB_ID") or requeue_by == "launcher":
         return None
     from hpc_ddp.run import record
 
@@ -203,7 +253,7 @@ def slurm_version(environ: Mapping[str, str]) -> str | None:
 
 
 def gather(env: DistEnv, folder: Path, environ: Mapping[str, str], store_host: str,
-           check_port: bool) -> RankFacts:
+           check_port: bool, requeue_by: str = "auto") -> RankFacts:
     """This rank's facts, before any rank talks to another (the folder marker comes later)."""
     import torch
 
@@ -251,6 +301,7 @@ def gather(env: DistEnv, folder: Path, environ: Mapping[str, str], store_host: s
         thread_error=thread_error,
         environ={k: environ[k] for k in RULE_VARS if environ.get(k)},
         versions=versions(),
-        slurm_version=slurm_version(environ),
+        slurm_version=slurm_version(environ, requeue_by),
+        requeue_by=requeue_by,
         folder=str(folder),
     )

@@ -1,8 +1,9 @@
 """The doctor's rules: pure functions from what each rank found (`RankFacts`) to PASS / WARN / FAIL `Check`s.
 
 Rules read data, never the live system, so each failure mode is a row in a test table: two ranks holding one
-GPU, a loopback MASTER_ADDR across two machines, a folder only one node can see. `hpc_ddp.doctor.facts` gathers the
-facts on each rank; `hpc_ddp.doctor.checkup` brings them to rank 0, which runs `evaluate` and prints the verdict.
+GPU, a loopback MASTER_ADDR across two machines, a folder only one node can see. `hpc_ddp.doctor.facts`
+gathers the facts on each rank; `hpc_ddp.doctor.checkup` brings them to rank 0, which runs `evaluate` and
+prints the verdict (`hpc_ddp.doctor.report`).
 
 "Machine" means one kernel (and one network namespace for loopback questions), told apart by /etc/machine-id
 and the boot id, never by Slurm node names: the local launcher and the test cluster emulate several nodes on
@@ -12,12 +13,12 @@ one machine, where a loopback MASTER_ADDR is perfectly reachable.
 from __future__ import annotations
 
 import ipaddress
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hpc_ddp.dist import placement
+from hpc_ddp.dist.env import SLURM_VARS
+from hpc_ddp.doctor.facts import RankFacts
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 VERSION_KEYS = ("torch", "cuda", "nccl", "python", "hpc_ddp")
@@ -33,57 +34,6 @@ class Check:
     name: str
     reason: str
     fix: str = ""
-
-
-@dataclass(frozen=True)
-class RankFacts:
-    """What one rank derived and found about itself; sent to rank 0 as JSON through the store."""
-
-    rank: int
-    local_rank: int = 0
-    node_rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-    launcher: str = "single"
-    host: str = "host"  # socket.gethostname() on this rank
-    machine: str = "m"  # /etc/machine-id + boot id: the same on every rank of one machine
-    netns: str = ""  # network namespace: loopback reaches only processes in the same one
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
-    master_ips: tuple[str, ...] = ()  # MASTER_ADDR as resolved on this rank
-    resolve_error: str = ""
-    own_ips: tuple[str, ...] = ()  # this host's interface addresses
-    interfaces: tuple[str, ...] = ()
-    host_ips: tuple[str, ...] = ()  # this host's own name, resolved (gloo binds there by default)
-    store_host: str = "rank0"  # "rank0", or "agent" when torchrun's agent hosts the store
-    port_error: str | None = None  # rank 0 only: None not checked, "" free, else why not
-    ephemeral: tuple[int, int] = (32768, 60999)
-    port_override: bool = False  # MASTER_PORT came from the environment, not from the job id
-    device: str = "cpu"  # what placement.select_device chose ("" if it refused)
-    device_error: str = ""
-    cuda_count: int = 0
-    gpu_uuid: str = ""
-    affinity: tuple[int, ...] = (0,)  # the CPUs this rank may use
-    cpus: tuple[int, ...] = (0,)  # what placement.plan_cpus would pin it to
-    threads: int = 1  # and how many intra-op threads it would run
-    thread_reason: str = ""
-    thread_error: str = ""
-    environ: Mapping[str, str] = field(default_factory=dict)  # the variables the rules look at
-    versions: Mapping[str, str] = field(default_factory=dict)
-    slurm_version: str | None = None  # None: not a Slurm job; "": scontrol not found
-    folder: str = ""
-    folder_error: str = ""  # "" when this rank wrote a file there
-    folder_marker: str = ""  # others: "seen", "missing", ... for rank 0's marker file
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> RankFacts:
-        data: dict[str, Any] = json.loads(text)
-        tuples = {f.name for f in fields(cls) if str(f.type).startswith("tuple")}  # JSON has only lists
-        values: dict[str, Any] = {k: tuple(v) if k in tuples else v for k, v in data.items()}
-        return cls(**values)
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
@@ -337,7 +287,7 @@ def threads(facts: Sequence[RankFacts]) -> Check:
 def cpu_binding(facts: Sequence[RankFacts]) -> Check:
     """A SLURM_CPU_BIND that leaked in from another allocation, and Slurm 22.05's --cpus-per-task change."""
     for f in facts:
-        in_step = bool(f.environ.get("SLURM_STEP_ID"))
+        in_step = any(f.environ.get(name) for name in SLURM_VARS["step_id"])
         bind = {k: v for k, v in f.environ.items() if k.startswith("SLURM_CPU_BIND")}
         if bind and not in_step:
             k, v = next(iter(bind.items()))
@@ -358,8 +308,9 @@ def cpu_binding(facts: Sequence[RankFacts]) -> Check:
 def slurm_version(facts: Sequence[RankFacts]) -> Check:
     slurm = [f for f in facts if f.slurm_version is not None]
     if not slurm:
-        local = any(f.environ.get("HPC_DDP_LOCAL") for f in facts)
-        return Check(PASS, "slurm", "local run (submit --local): no Slurm" if local else "not a Slurm job")
+        local = any(f.requeue_by == "launcher" for f in facts)
+        return Check(PASS, "slurm", "restarted by its launcher (--requeue-by launcher, as in a local run): no "
+                                    "Slurm to check" if local else "not a Slurm job")
     missing = [f for f in slurm if not f.slurm_version]
     if missing:
         return Check(WARN, "slurm", f"scontrol not found on {who(missing)}",

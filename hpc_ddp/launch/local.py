@@ -8,17 +8,32 @@ The launcher supervises like Slurm with `--kill-on-bad-exit`: when a rank exits 
 are stopped within seconds and the launcher names the failed rank and prints the end of its log. Signals:
 SIGUSR1/SIGUSR2 are passed to every rank, which save at an agreed step and exit PREEMPTED; the launcher then
 plays Slurm's requeue and starts them again (SLURM_RESTART_COUNT+1) while `preempted.json` says so.
-SIGINT/SIGTERM are passed on too; the ranks save and the launcher does not restart. Children live in their
-own session (a terminal's Ctrl-C reaches only the launcher, which forwards it once) and die with the launcher
-even if it is SIGKILLed (PR_SET_PDEATHSIG).
+Every rank is told `--requeue-by launcher` (its fake job id is no Slurm job for scontrol to requeue).
+SIGINT/SIGTERM are passed on too (Ctrl-C as SIGTERM); the ranks save and the launcher does not restart.
+Children live in their own session (a terminal's Ctrl-C reaches only the launcher, which forwards it) and die
+with the launcher even if it is SIGKILLed (PR_SET_PDEATHSIG).
+
+It must never hang, whatever the ranks or the machine do, since a hung launcher holds every rank:
+
+- A rank stops only at an agreed step, and one stuck in user code or in a collective never gets there. So a
+  stop has a deadline, as under torchrun and Slurm (KillWait): a second Ctrl-C, or `stop_grace_s` after the
+  first Ctrl-C/SIGTERM, SIGKILLs every rank's process group and the launcher exits 128 + signal, naming the
+  ranks that did not stop.
+- A rank blocks in print() once its pipe to the launcher is full, and its peers then wait for it in the next
+  collective until the timeout blames the wrong rank. So each rank's pipe is drained to its end whatever
+  happens to the copies: a log file that cannot be written (full disk) is reported once and dropped, and the
+  console is written by its own thread from a bounded queue, so a console that stalls (Ctrl-S, `| less`)
+  or is gone (`| head`, a dead ssh session) costs console lines, never training.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
+import dataclasses
+import math
 import os
 import random
+import select
 import signal
 import socket
 import subprocess
@@ -31,9 +46,19 @@ from pathlib import Path
 from typing import TextIO
 
 from hpc_ddp import exitcodes
-from hpc_ddp.dist.env import port_for_job
+from hpc_ddp.dist.env import port_for_job, without_launcher
+from hpc_ddp.errors import UsageError
+from hpc_ddp.launch.shape import JobShape
+from hpc_ddp.proc import run as run_command
+from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.config import TrainConfig
 
 GRACE_S = 3.0  # after a failure, survivors get SIGTERM, then SIGKILL after this long
+STOP_GRACE_S = 30.0  # after Ctrl-C/SIGTERM to the launcher: time to save and exit before SIGKILL (Slurm's KillWait)
+KILL_WAIT_S = 5.0  # how long a SIGKILLed rank may take to disappear before the launcher says so and goes on
+READER_JOIN_S = 5.0  # after the ranks are gone, all their readers together get this long to copy the last lines
+CONSOLE_BACKLOG = 16 << 20  # characters queued for the console at most; beyond, lines are dropped (not from logs)
+CONSOLE_STALL_S = 30.0  # at exit, give up on a console that took nothing for this long (ranks are all gone)
 TAIL_LINES = 15
 
 
@@ -48,6 +73,7 @@ class LocalJob:
     job_id: str = ""
     module: str = "hpc_ddp.train"
     extra_env: dict[str, str] = field(default_factory=dict)
+    stop_grace_s: float = STOP_GRACE_S  # Ctrl-C/SIGTERM: how long the ranks get to save and exit before SIGKILL
 
     @property
     def world_size(self) -> int:
@@ -72,7 +98,6 @@ def slurm_env(job: LocalJob, rank: int, restarts: int) -> dict[str, str]:
         "SLURM_STEP_NUM_TASKS": str(job.world_size), "SLURM_STEP_TASKS_PER_NODE": per_node,
         "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
         "SLURMD_NODENAME": f"127.0.0.{node + 1}", "SLURM_CPUS_ON_NODE": str(os.cpu_count() or 1),
-        "HPC_DDP_LOCAL": "1",  # preemption: no real Slurm to requeue; exit PREEMPTED and let us restart
     }
     if restarts:
         env["SLURM_RESTART_COUNT"] = str(restarts)  # unset on the first run, as in Slurm
@@ -81,9 +106,7 @@ def slurm_env(job: LocalJob, rank: int, restarts: int) -> dict[str, str]:
 
 def child_environ(base: dict[str, str], job: LocalJob, rank: int, restarts: int) -> dict[str, str]:
     """The parent's environment minus any launcher variables it carries, plus this rank's fake srun step."""
-    dropped = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
-               "MASTER_ADDR", "MASTER_PORT"}
-    env = {k: v for k, v in base.items() if not k.startswith("SLURM_") and k not in dropped}
+    env = without_launcher(base)
     env.update(slurm_env(job, rank, restarts))
     env.update(job.extra_env)
     env["PYTHONUNBUFFERED"] = "1"
@@ -103,56 +126,239 @@ def fresh_job_id() -> str:
     raise RuntimeError("no free port found for the local run in 50 tries")
 
 
+# Looked up once, here: the launcher has threads (readers, console) when it forks a rank, and a dlopen/dlsym
+# between fork and exec can deadlock on a loader lock one of them held at the fork.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _die_with_parent(parent: int) -> None:
     # Runs in the child between fork and exec: SIGKILL us when the launcher dies, however it dies.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the launcher died before prctl took effect
         os._exit(1)
+
+
+class Console:
+    """The launcher's terminal, which must never hold up a rank, nor the launcher's supervision.
+
+    The readers that drain the ranks' pipes only queue lines here; one writer thread alone talks to the
+    terminal. A console that stalls (Ctrl-S, `| less` nobody scrolls) lets the queue grow to CONSOLE_BACKLOG
+    characters and then drops lines, and says how many once it catches up; all of them are in the per-rank logs.
+    A console that is gone (`| head` exited: BrokenPipeError; a closed terminal: EIO; any OSError) is marked
+    gone and nothing more is said there; its file descriptor is pointed at /dev/null, the Python docs'
+    recipe for SIGPIPE, so that no later print() and no flush at interpreter exit fails on it either.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.gone = False
+        self.encoding = getattr(stream, "encoding", None) or "utf-8"
+        self._queue: deque[str] = deque()
+        self._queued = 0  # characters in the queue
+        self._dropped = 0
+        self._busy = False  # the writer holds a batch it has not finished writing
+        self._progress = time.monotonic()  # last time the console took some output
+        self._cond = threading.Condition()
+        try:
+            self._fd: int | None = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both; no fd (a StringIO)
+            self._fd = None
+        try:
+            stream.flush()  # what was printed before us goes first
+        except (OSError, ValueError):
+            self._mark_gone()
+        self._writer = threading.Thread(target=self._write_loop, name="console", daemon=True)
+        self._writer.start()
+
+    def line(self, text: str) -> None:
+        """Queue one line; never blocks, never raises."""
+        with self._cond:
+            if self.gone:
+                return
+            if self._queued + len(text) >= CONSOLE_BACKLOG:
+                self._dropped += 1
+                return
+            self._queue.append(text + "\n")
+            self._queued += len(text) + 1
+            self._cond.notify()
+
+    def drain(self, stall_s: float = CONSOLE_STALL_S) -> None:
+        """Wait until everything queued was written, the console is gone, or it took nothing for `stall_s`."""
+        began = time.monotonic()
+        with self._cond:
+            while (self._queue or self._busy) and not self.gone:
+                if time.monotonic() - max(self._progress, began) > stall_s:
+                    return  # a console nobody reads: the run is over, its lines are in the logs
+                self._cond.wait(timeout=0.1)
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self.gone:
+                    self._cond.wait()
+                if self.gone:
+                    return
+                batch, dropped = "".join(self._queue), self._dropped
+                self._queue.clear()
+                self._queued, self._dropped, self._busy = 0, 0, True
+            if dropped:
+                batch += (f"[launcher] the console fell behind: {dropped} lines were not shown here (they are all "
+                          "in the per-rank logs)\n")
+            ok = self._emit(batch)
+            with self._cond:
+                self._busy = False
+                if not ok:
+                    self._mark_gone()
+                self._cond.notify_all()
+
+    def _emit(self, text: str) -> bool:
+        """Write all of `text`; False once the console is gone (or anything else went wrong: then it is too)."""
+        try:
+            if self._fd is None:
+                self.stream.write(text)
+                self.stream.flush()
+                return True
+            # Straight to the fd, not through the stream: a write blocked on a stalled console then holds no
+            # lock of sys.stdout's, so the interpreter's own flush at exit cannot wait on it.
+            data = memoryview(text.encode(self.encoding, "replace"))
+            while data:
+                try:
+                    n = os.write(self._fd, data[:65536])
+                except BlockingIOError:  # a terminal or pipe someone left non-blocking: wait until writable
+                    select.select([], [self._fd], [], 1.0)
+                    continue
+                data = data[n:]
+                with self._cond:
+                    self._progress = time.monotonic()
+            return True
+        except Exception:  # OSError: BrokenPipeError, EIO, ENOSPC...; ValueError: a closed stream
+            return False
+
+    def _mark_gone(self) -> None:
+        # Called with self._cond held (or before the writer exists).
+        self.gone = True
+        self._queue.clear()
+        self._queued = 0
+        if self._fd is not None:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self._fd)
+                os.close(devnull)
+            except OSError:
+                pass
 
 
 class _Rank:
     """One child process, its log file and the tail of its output."""
 
-    def __init__(self, rank: int, proc: subprocess.Popen[bytes], log_path: Path, console: TextIO,
+    def __init__(self, rank: int, proc: subprocess.Popen[bytes], log_path: Path, console: Console,
                  show_all: bool) -> None:
         self.rank, self.proc, self.log_path = rank, proc, log_path
+        self.console, self.show_all = console, show_all
+        self.log_lost = False
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self.reader = threading.Thread(target=self._pump, args=(console, show_all), daemon=True)
+        self.reader = threading.Thread(target=self._pump, name=f"rank{rank}-reader", daemon=True)
         self.reader.start()
 
-    def _pump(self, console: TextIO, show_all: bool) -> None:
+    def _pump(self) -> None:
+        # The rank blocks in print() as soon as its pipe is full, and its peers then wait for it in the next
+        # collective: whatever fails while copying a line, the pipe is read to its end (the rank's exit).
+        assert self.proc.stdout is not None
+        try:
+            self._copy()
+        except Exception as e:  # a bug in the copying: say it once, then only drain
+            self.console.line(f"[launcher] rank {self.rank}'s output: copying stopped ({type(e).__name__}: {e}); "
+                              f"the rest is not saved in {self.log_path} nor shown")
+        finally:
+            try:
+                while self.proc.stdout.read(65536):
+                    pass
+            except (OSError, ValueError):
+                pass
+
+    def _copy(self) -> None:
         # The console shows rank 0's lines and the other ranks' own messages (start, end, warnings: the
         # lines hpc_ddp.log prefixes); everything, C++ warnings and tracebacks included, goes to the log file.
         prefix = "" if self.rank == 0 else f"[rank {self.rank}] "
         assert self.proc.stdout is not None
-        with open(self.log_path, "a", encoding="utf-8") as log:
+        log: TextIO | None = None
+        try:
+            log = open(self.log_path, "a", encoding="utf-8")
+        except OSError as e:
+            self._log_lost(e)
+        try:
             for raw in self.proc.stdout:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
-                log.write(line + "\n")
-                log.flush()
                 self.tail.append(line)
-                if self.rank == 0 or show_all or line.startswith(prefix):
-                    shown = line if line.startswith(prefix) else prefix + line
-                    console.write(shown + "\n")
-                    console.flush()
+                if log is not None:
+                    try:
+                        log.write(line + "\n")
+                        log.flush()
+                    except OSError as e:
+                        self._log_lost(e)
+                        _close_quietly(log)
+                        log = None
+                if self.rank == 0 or self.show_all or line.startswith(prefix):
+                    self.console.line(line if line.startswith(prefix) else prefix + line)
+        finally:
+            _close_quietly(log)
+
+    def _log_lost(self, error: OSError) -> None:
+        # Once: a full disk would otherwise repeat this for every line. Training goes on; the log is the only loss.
+        self.log_lost = True
+        self.console.line(f"[launcher] rank {self.rank}'s log {self.log_path}: cannot write "
+                          f"({error.strerror or error}); its lines are dropped from that file from here on. "
+                          "Training goes on, and the console and a failure report still get them as before")
+
+
+def _close_quietly(log: TextIO | None) -> None:
+    # close() flushes first; on a full disk that fails again, but the file is closed all the same.
+    if log is not None:
+        try:
+            log.close()
+        except OSError:
+            pass
+
+
+_OUT_OF_TIME = -1  # _supervise: a stop ran out of time (second Ctrl-C, or stop_grace_s after the first signal)
+
+
+def _send(proc: subprocess.Popen[bytes], sig: int, group: bool = False) -> None:
+    """Signal a rank (with `group`, its whole process group: its DataLoader workers and anything it started).
+
+    Only while the launcher has not reaped it: until then its pid, and so its process-group id, cannot belong
+    to anyone else. Only the main thread reaps (poll/wait), and the signal handler does not, so nothing reaps
+    between this check and the kill."""
+    if proc.returncode is not None:
+        return
+    try:
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class Launcher:
     """Starts, supervises, signals and restarts the ranks of one local job."""
 
-    def __init__(self, job: LocalJob, console: TextIO = sys.stdout) -> None:
-        self.job, self.console = job, console
+    def __init__(self, job: LocalJob, console: Console | TextIO | None = None) -> None:
+        self.job = job
+        self.console = console if isinstance(console, Console) else Console(console or sys.stdout)
         self.ranks: list[_Rank] = []
         self.forwarded: list[int] = []  # signals the launcher received and passed on
         self.stop_requested = False
+        self.stop_signal = 0  # the first SIGINT/SIGTERM: its stop's grace period is running
+        self.stop_deadline: float | None = None
+        self.kill_now = False  # a Ctrl-C after the first stop signal: kill without waiting any longer
+        self._announced = False
 
     def say(self, message: str) -> None:
-        self.console.write(f"[launcher] {message}\n")
-        self.console.flush()
+        self.console.line(f"[launcher] {message}")
 
     def _start(self, restarts: int) -> None:
-        logs = self.job.folder / "logs"
+        logs = self.job.folder / run_folder.LOGS
         logs.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-u", "-m", self.job.module, *self.job.train_argv]
         parent = os.getpid()
@@ -164,64 +370,127 @@ class Launcher:
             self.ranks.append(_Rank(rank, proc, logs / f"rank{rank}.log", self.console, self.job.all_ranks))
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        # Runs on the main thread between two bytecodes of whatever it was doing: only take note and pass the
+        # signal on (os.kill is safe here; the console's lock and reaping children are not). The supervision
+        # loop does the rest: announcing, and killing when the stop runs out of time.
         self.forwarded.append(signum)
         if signum in (signal.SIGINT, signal.SIGTERM):
             self.stop_requested = True
+            if not self.stop_signal:
+                self.stop_signal = signum
+                self.stop_deadline = time.monotonic() + self.job.stop_grace_s
+            elif signum == signal.SIGINT:
+                # A second Ctrl-C: the user will not wait for the agreed step, which a rank stuck in user code
+                # or in a collective never reaches. A second SIGTERM is only passed on (it must not tear a
+                # save): whoever sends SIGTERM gives the grace period, as Slurm's KillWait does.
+                self.kill_now = True
+                return
         # Ctrl-C becomes SIGTERM for the ranks: same "save and stop" path as scancel.
         child_signal = signal.SIGTERM if signum == signal.SIGINT else signum
         for r in self.ranks:
-            if r.proc.poll() is None:
-                try:
-                    os.kill(r.proc.pid, child_signal)
-                except ProcessLookupError:
-                    pass
+            _send(r.proc, child_signal)
 
-    def _stop_all(self) -> None:
-        """SIGTERM the survivors, then SIGKILL whoever is still there after GRACE_S."""
-        for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 5.0)):
-            alive = [r for r in self.ranks if r.proc.poll() is None]
-            for r in alive:
-                try:
-                    os.kill(r.proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while alive and time.monotonic() < deadline:
-                time.sleep(0.05)
-                alive = [r for r in alive if r.proc.poll() is None]
+    def _alive(self, ranks: list[_Rank] | None = None) -> list[_Rank]:
+        return [r for r in (self.ranks if ranks is None else ranks) if r.proc.poll() is None]
 
-    def _supervise(self) -> int | None:
-        """Wait for all ranks; returns the first failure's rank index, or None if none failed."""
+    def _wait_gone(self, ranks: list[_Rank], seconds: float, until_kill: bool = False) -> list[_Rank]:
+        """Wait up to `seconds` (less if `until_kill` and a kill was asked for) for `ranks` to exit; the living."""
+        deadline = time.monotonic() + seconds
+        alive = self._alive(ranks)
+        while alive and time.monotonic() < deadline and not (until_kill and self.kill_now):
+            time.sleep(0.05)
+            alive = self._alive(alive)
+        return alive
+
+    def _kill(self, ranks: list[_Rank]) -> list[_Rank]:
+        """SIGKILL `ranks` with their process groups; returns those still there after KILL_WAIT_S."""
+        for r in ranks:
+            _send(r.proc, signal.SIGKILL, group=True)
+        return self._wait_gone(ranks, KILL_WAIT_S)
+
+    def _stop_all(self) -> list[_Rank]:
+        """SIGTERM the survivors, then SIGKILL whoever is still there after GRACE_S; returns the ranks that
+        outlived even SIGKILL (a process stuck in the kernel, e.g. on a dead file system)."""
+        alive = self._alive()
+        for r in alive:
+            _send(r.proc, signal.SIGTERM)
+        alive = self._wait_gone(alive, GRACE_S, until_kill=True)
+        return self._kill(alive) if alive else []
+
+    def _join_readers(self) -> None:
+        # A reader ends at the end of its pipe: when the rank and everything that inherited its stdout are gone.
+        # Something the rank started and left behind may hold it open for good, so all together wait a while.
+        deadline = time.monotonic() + READER_JOIN_S
+        for r in self.ranks:
+            r.reader.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def _announce_stop(self) -> None:
+        self._announced = True
+        grace = f"{self.job.stop_grace_s:g} s"
+        if self.stop_signal == signal.SIGINT:
+            self.say(f"Ctrl-C: asked every rank to save at the next agreed step and stop; Ctrl-C again kills them "
+                     f"now, and they are killed anyway if still running in {grace} (--stop-grace-s)")
+        else:
+            self.say(f"{signal.Signals(self.stop_signal).name}: asked every rank to save at the next agreed step "
+                     f"and stop; they are killed if still running in {grace} (--stop-grace-s)")
+
+    def _supervise(self) -> int:
+        """Wait for all ranks. Returns the first failure's rank index, -1 (_OUT_OF_TIME) when a stop ran out of
+        time with ranks still running, or world_size when all exited OK or PREEMPTED."""
         while True:
+            if self.stop_signal and not self._announced:
+                self._announce_stop()
             codes = [r.proc.poll() for r in self.ranks]
             failed = [i for i, c in enumerate(codes) if c not in (None, exitcodes.OK, exitcodes.PREEMPTED)]
             if failed:
                 return failed[0]
             if all(c is not None for c in codes):
-                return None
+                return len(self.ranks)
+            if self.kill_now or (self.stop_deadline is not None and time.monotonic() >= self.stop_deadline):
+                return _OUT_OF_TIME
             time.sleep(0.05)
+
+    def _kill_stopping(self) -> int | None:
+        """The stop ran out of time: SIGKILL every rank still running and say which; the launcher's exit code,
+        or None if they all exited meanwhile after all."""
+        alive = self._alive()
+        if not alive:
+            return None
+        if self.kill_now:
+            why, signum = "second Ctrl-C", signal.SIGINT
+        else:
+            asked = "Ctrl-C" if self.stop_signal == signal.SIGINT else signal.Signals(self.stop_signal).name
+            why, signum = f"{self.job.stop_grace_s:g} s after {asked}", self.stop_signal
+        stuck = self._kill(alive)
+        self._join_readers()
+        names = ", ".join(f"rank {r.rank} (pid {r.proc.pid})" for r in alive)
+        self.say(f"{why}: killed the ranks that did not stop: {names}. Their work since the last checkpoint "
+                 f"(if any) in {self.job.folder} is lost; the same command resumes from it")
+        self._report_stuck(stuck)
+        return 128 + signum  # as a shell reports a process killed by that signal: 130 for Ctrl-C
+
+    def _report_stuck(self, stuck: list[_Rank]) -> None:
+        for r in stuck:
+            self.say(f"rank {r.rank} (pid {r.proc.pid}) is still there {KILL_WAIT_S:g} s after SIGKILL: stuck in "
+                     "the kernel (a dead file system or device?); it ends when that call returns")
 
     def _report_failure(self, index: int) -> int:
         failed = self.ranks[index]
         code = failed.proc.returncode
-        self._stop_all()
-        for r in self.ranks:
-            r.reader.join(timeout=5)
+        self._report_stuck(self._stop_all())
+        self._join_readers()
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         node = index // self.job.tasks_per_node
+        source = f"its output ({failed.log_path} could not be written)" if failed.log_lost else failed.log_path
         self.say(f"rank {index} (node {node}, pid {failed.proc.pid}) {how}; stopped the other ranks. "
-                 f"Last lines of {failed.log_path}:")
-        for line in failed.tail:
-            self.console.write(f"    {line}\n")
-        self.console.flush()
+                 f"Last lines of {source}:")
+        for line in list(failed.tail):  # a copy: a reader that outlived its join may still append
+            self.console.line(f"    {line}")
         return exitcodes.USAGE if code == exitcodes.USAGE else exitcodes.FAILED
 
     def _restart_wanted(self) -> bool:
-        try:
-            record = json.loads((self.job.folder / "preempted.json").read_text())
-        except (OSError, ValueError):
-            return False
-        return bool(record.get("requeue")) and not self.stop_requested
+        record = run_folder.read_preempted(self.job.folder)
+        return record is not None and record.requeue and not self.stop_requested
 
     def run(self) -> int:
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -229,13 +498,20 @@ class Launcher:
         try:
             restarts = 0
             while True:
-                (self.job.folder / "preempted.json").unlink(missing_ok=True)
+                run_folder.clear_preempted(self.job.folder)
                 self._start(restarts)
-                failed = self._supervise()
-                if failed is not None:
-                    return self._report_failure(failed)
-                for r in self.ranks:
-                    r.reader.join(timeout=5)
+                if self.stop_requested:  # the stop came while they were starting: make sure each rank has it
+                    for r in self.ranks:
+                        _send(r.proc, signal.SIGTERM)
+                outcome = self._supervise()
+                if outcome == _OUT_OF_TIME:
+                    code = self._kill_stopping()
+                    if code is not None:
+                        return code
+                    outcome = self._supervise()  # they all exited just before the kill: as if in time
+                if outcome < len(self.ranks):
+                    return self._report_failure(outcome)
+                self._join_readers()
                 if all(r.proc.returncode == exitcodes.OK for r in self.ranks):
                     return exitcodes.OK
                 if not self._restart_wanted() or restarts >= self.job.max_requeue:
@@ -245,6 +521,51 @@ class Launcher:
                 restarts += 1
                 self.say(f"preempted: restarting all ranks ({restarts} of --max-requeue {self.job.max_requeue})")
         finally:
-            self._stop_all()
+            # Every path, an exception in the launcher included, ends every rank it started.
+            self._report_stuck(self._stop_all())
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            # The ranks are all gone; hand the console what is left for it (a Ctrl-C here stops waiting).
+            self.console.drain()
+
+
+def gpu_count() -> int:
+    """GPUs on this machine, without importing torch (nvidia-smi, else 0)."""
+    out = run_command(["nvidia-smi", "-L"], timeout_s=10).stdout
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
+              extra_argv: tuple[str, ...] = (), stop_grace_s: float | None = None) -> int:
+    """`python -m hpc_ddp.submit --local`: prepare the run folder, start the ranks here, supervise them."""
+    if stop_grace_s is not None and not (math.isfinite(stop_grace_s) and stop_grace_s >= 0):
+        raise UsageError(f"--stop-grace-s {stop_grace_s:g}: must be 0 or more seconds (0 kills at once)")
+    if cfg.requeue_by == "scontrol":
+        raise UsageError("--requeue-by scontrol: a local run is no Slurm job that scontrol could requeue; its "
+                         "launcher restarts it after a preemption. Fix: drop --requeue-by")
+    # Said explicitly to every rank: there is no real Slurm job to requeue (its job id is fake), so after a
+    # preemption the ranks exit PREEMPTED and this launcher starts them again (see Launcher.run).
+    cfg = dataclasses.replace(cfg, requeue_by="launcher")
+    # Every line of the launcher goes through this console: one whose reader is gone (`| head`) must not
+    # stop the run, nor stall a rank (Console).
+    console = Console(sys.stdout)
+    job_id = fresh_job_id()
+    folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_local_run(job_id)
+    run_folder.prepare(folder)
+    (folder / run_folder.LOGS).mkdir(exist_ok=True)
+    cfg = cfg.with_folder(str(folder))
+    extra = {}
+    if shape.gpus_per_node > 0:
+        have = gpu_count()
+        if have < shape.nodes * shape.gpus_per_node:
+            console.line(f"[launcher] --gpus-per-node {shape.gpus_per_node} x {shape.nodes} nodes asked, this "
+                         f"machine has {have} GPU(s): running {shape.tasks_per_node} CPU processes per node with "
+                         "gloo instead")
+            extra["CUDA_VISIBLE_DEVICES"] = ""
+    job = LocalJob(nodes=shape.nodes, tasks_per_node=shape.tasks_per_node, folder=folder,
+                   train_argv=cfg.to_argv() + list(extra_argv), max_requeue=cfg.max_requeue,
+                   all_ranks=all_ranks, job_id=job_id, module=module, extra_env=extra,
+                   **({} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}))
+    console.line(f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run "
+                 f"folder {folder}, per-rank logs in {folder / run_folder.LOGS}")
+    return Launcher(job, console).run()  # which hands the console all it has before it returns

@@ -1,10 +1,9 @@
 """Checkpoints on shared storage: atomic writes, a `latest` pointer, rotation, and safe loading.
 
-Layout of a run folder:
+Layout of `<folder>/checkpoints/` (the rest of the run folder: hpc_ddp.run.folder):
 
-    <folder>/checkpoints/ckpt-00000120.pt   one file per save, named by optimizer step
-    <folder>/checkpoints/latest             the name of the newest complete file, updated last
-    <folder>/model.pth                      the final weights, a plain state dict
+    ckpt-00000120.pt   one file per save, named by optimizer step
+    latest             the name of the newest complete file, updated last
 
 A save writes a temporary file in the same directory (same filesystem, so the rename is atomic), flushes and
 fsyncs it, renames it into place, fsyncs the directory, and only then rewrites `latest` the same way. A crash
@@ -27,49 +26,18 @@ from typing import Any, BinaryIO
 import torch
 
 from hpc_ddp.errors import CheckpointError
+from hpc_ddp.run.folder import CHECKPOINTS, atomic_write, atomic_write_bytes
 
-CKPT_DIR = "checkpoints"
 LATEST = "latest"
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
 
 
 def ckpt_dir(folder: str | os.PathLike[str]) -> Path:
-    return Path(folder) / CKPT_DIR
+    return Path(folder) / CHECKPOINTS
 
 
 def ckpt_name(step: int) -> str:
     return f"ckpt-{step:08d}.pt"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> int:
-    """Let `write` fill a temporary file next to `path`, make it durable, then rename it into place: readers
-    see the old file or the whole new one, never a part. Returns the file's size."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-            size = f.tell()
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return size
-
-
-def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
-    """Write `data` to `path` so that readers see the old file or the whole new one, never a part."""
-    _atomic_write(path, lambda f: f.write(data))
 
 
 class _EarlyWriteback:
@@ -121,7 +89,7 @@ def _save_stream(obj: Any, f: BinaryIO) -> None:
 
 def atomic_save(obj: Any, path: Path) -> int:
     """torch.save `obj` to `path` atomically; returns the bytes written."""
-    return _atomic_write(path, lambda f: _save_stream(obj, f))
+    return atomic_write(path, lambda f: _save_stream(obj, f))
 
 
 def to_cpu(obj: Any) -> Any:
@@ -172,16 +140,23 @@ def read_latest(folder: str | os.PathLike[str]) -> Path | None:
     return path if _NAME.match(name) and path.is_file() else None
 
 
-def commit(folder: str | os.PathLike[str], state: dict[str, Any], step: int, keep: int) -> tuple[Path, int]:
-    """Write checkpoint `step`, point `latest` at it, then drop all but the newest `keep`."""
+def commit(folder: str | os.PathLike[str], state: dict[str, Any], step: int, keep: int,
+           save: Callable[[Any, Path], int] = atomic_save) -> tuple[Path, int]:
+    """Write checkpoint `step` with `save` (durable, renamed into place, when it returns), point `latest` at
+    it, then drop all but the newest `keep`. Returns the checkpoint's path and size."""
     directory = ckpt_dir(folder)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / ckpt_name(step)
-    nbytes = atomic_save(state, path)
+    nbytes = save(state, path)
     atomic_write_bytes(directory / LATEST, (path.name + "\n").encode())
     for old in list_checkpoints(folder)[keep:]:
         old.unlink(missing_ok=True)
     return path, nbytes
+
+
+# How a Trainer makes a checkpoint durable: commit(folder, state, step, keep) -> (path, bytes). `commit` above
+# unless the Trainer is given another (the bench passes `commit` with a timed `save`).
+Commit = Callable[[Path, dict[str, Any], int, int], tuple[Path, int]]
 
 
 def load(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:

@@ -17,6 +17,7 @@ from hpc_ddp.errors import UsageError
 
 BUILTIN_TASKS = ("linear", "mlp")
 AMP_CHOICES = ("none", "bf16", "fp16")
+REQUEUE_BY = ("auto", "scontrol", "launcher")
 MAX_TIMEOUT_S = 30 * 86400.0  # timedelta and faulthandler overflow on absurd values (1e12 s)
 
 
@@ -52,6 +53,11 @@ class TrainConfig:
                                                                  "resumed run ends bitwise equal to an "
                                                                  "uninterrupted one"})
     max_requeue: int = field(default=3, metadata={"help": "times a preempted run may requeue itself"})
+    requeue_by: str = field(default="auto", metadata={
+        "help": "who restarts a preempted run: scontrol (rank 0 runs `scontrol requeue` for the job), launcher "
+                "(every task exits 75 and its launcher or batch script starts it again; submit --local passes "
+                "this), or auto: scontrol inside a real Slurm job with scontrol on PATH, else the launcher",
+        "choices": REQUEUE_BY})
     backend: str = field(default="", metadata={"help": "process-group backend (default: nccl on GPU, gloo "
                                                        "on CPU)"})
     timeout_s: float = field(default=600.0, metadata={"help": "seconds a collective may wait for a peer "
@@ -86,6 +92,8 @@ class TrainConfig:
             raise UsageError(f"--num-workers {self.num_workers}: use -1 (auto) or a count >= 0")
         if self.amp not in AMP_CHOICES:
             raise UsageError(f"--amp {self.amp}: choose one of {', '.join(AMP_CHOICES)}")
+        if self.requeue_by not in REQUEUE_BY:
+            raise UsageError(f"--requeue-by {self.requeue_by}: choose one of {', '.join(REQUEUE_BY)}")
         if self.backend not in ("", "gloo", "nccl", "mpi", "ucc"):
             raise UsageError(f"--backend {self.backend}: choose gloo or nccl (or leave it out)")
         module, _, function = self.task.partition(":")
@@ -140,33 +148,3 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def from_namespace(ns: argparse.Namespace) -> TrainConfig:
     """Build the validated config from parsed flags (raises UsageError)."""
     return TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
-
-
-def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """A parser whose usage errors exit 2 with one line naming the flag.
-
-    Long options are never abbreviated: argparse's default would take `--fold x` as `--folder x`, and a
-    prefix that is unique today becomes ambiguous, or means another option, when a flag is added.
-    """
-    return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                   allow_abbrev=False)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> "argparse.NoReturn":  # type: ignore[name-defined]
-        # argparse prints the whole usage block first; one line with the fix is easier to read in a job log.
-        self.exit(2, f"{self.prog}: error: {message} ({self._did_you_mean(message)}see --help)\n")
-
-    def _did_you_mean(self, message: str) -> str:
-        """For an unrecognized abbreviation of exactly one option: 'did you mean --folder? ...; '."""
-        prefix = "unrecognized arguments: "
-        if not message.startswith(prefix):
-            return ""
-        for word in message[len(prefix):].split():
-            name = word.split("=", 1)[0]
-            if not name.startswith("--"):
-                continue
-            matches = [o for o in self._option_string_actions if o.startswith(name) and o != name]
-            if len(matches) == 1:
-                return f"did you mean {matches[0]}? options are never abbreviated; "
-        return ""

@@ -13,17 +13,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp.run.folder import METRICS
+
 if TYPE_CHECKING:
     from hpc_ddp.dist.env import DistEnv
     from hpc_ddp.run.config import TrainConfig
-    from hpc_ddp.run.trainer import Position
+    from hpc_ddp.run.position import Position
 
 
 class Recorder:
     """Collects step timings on every rank; writes and prints on rank 0 only (folder is None elsewhere)."""
 
     def __init__(self, folder: Path | None, cfg: "TrainConfig", env: "DistEnv") -> None:
-        self.path = folder / "metrics.jsonl" if folder else None
+        self.path = folder / METRICS if folder else None
         self.interval = cfg.log_every_s
         self.tty = sys.stdout.isatty()
         self.started = time.monotonic()

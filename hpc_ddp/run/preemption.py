@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+
+from hpc_ddp import proc
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 STOP_SIGNALS = (signal.SIGTERM,)
 
-# Index of each flag in the tensor the loop all-reduces every optimizer step (see loop.py).
+# Index of each flag in the tensor the loop all-reduces every optimizer step (see hpc_ddp.run.trainer).
 REQUEUE, STOP = 0, 1
 
 _received: list[int] = [0, 0]
@@ -89,38 +88,19 @@ def decide(requeue_votes: float, stop_votes: float, environ: Mapping[str, str], 
     return Decision(True, f"preempted: checkpoint saved, requeue {restarts + 1} of {max_requeue}")
 
 
-def requeue_mode(environ: Mapping[str, str], launcher: str) -> str:
-    """'scontrol' inside a real Slurm job with scontrol; else 'exit' (the launcher or batch script requeues)."""
-    if launcher == "slurm" and environ.get("HPC_DDP_LOCAL") != "1" and shutil.which("scontrol"):
+def requeue_mode(requeue_by: str, launcher: str) -> str:
+    """Who restarts the run after a preempted exit, as preempted.json's "mode" says it: "scontrol" (rank 0
+    requeues the job) or "exit" (the tasks exit PREEMPTED and their launcher or batch script starts them
+    again). `requeue_by` is --requeue-by; "auto" means scontrol in an srun step (`launcher` "slurm") when
+    scontrol is on PATH, else exit. The local launcher says "launcher": its fake job id is no Slurm job."""
+    if requeue_by == "scontrol":
+        return "scontrol"
+    if requeue_by == "auto" and launcher == "slurm" and shutil.which("scontrol"):
         return "scontrol"
     return "exit"
 
 
-FOLDER_FILE_VAR = "HPC_DDP_FOLDER_FILE"
-
-
-def tell_folder(folder: Path, environ: Mapping[str, str]) -> None:
-    """Write the run folder's absolute path to the file named by $HPC_DDP_FOLDER_FILE, if set (global rank 0).
-
-    slurm/ddp.sbatch names a file on its own node (rank 0 runs on the step's first node, the batch host) and
-    after srun returns reads it to find `<folder>/preempted.json`: the folder as the task resolved it (its
-    --folder or runs/<job id>, from the task's working directory), whatever the script's arguments say.
-    """
-    path = environ.get(FOLDER_FILE_VAR)
-    if not path:
-        return
-    try:
-        with open(path, "w") as f:
-            f.write(f"{folder.absolute()}\n")
-    except OSError as e:  # costs only the batch script's requeue after a preemption: not worth failing the run
-        print(f"warning: cannot write the run folder to {FOLDER_FILE_VAR}={path} ({e.strerror or e}): the batch "
-              "script will not requeue this job after a preemption", file=sys.stderr, flush=True)
-
-
 def scontrol_requeue(job_id: str) -> str | None:
     """Ask Slurm to requeue the job; returns an error text, or None on success."""
-    try:
-        proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit code {proc.returncode}")
+    out = proc.run(["scontrol", "requeue", job_id])
+    return None if out.ok else out.error

@@ -7,24 +7,19 @@ from __future__ import annotations
 
 import json
 import platform
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.run import checkpoint
+from hpc_ddp import proc
+from hpc_ddp.run.folder import RUN_RECORD, atomic_write_bytes
 
 
 def _command_output(argv: list[str], cwd: str | None = None) -> str | None:
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=5, cwd=cwd)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout.strip() or None if proc.returncode == 0 else None
+    """What a version query printed, or None: run.json records what it can find and nothing else."""
+    out = proc.run(argv, timeout_s=5, cwd=cwd)
+    return (out.stdout.strip() or None) if out.ok else None
 
 
 def slurm_version() -> str | None:
@@ -44,9 +39,9 @@ def git_commit(cwd: str) -> str | None:
 def write(folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str) -> None:
     import torch
 
-    from hpc_ddp import __version__
+    from hpc_ddp._version import __version__
 
-    path = folder / "run.json"
+    path = folder / RUN_RECORD
     starts: list[float] = []
     if path.is_file():
         try:
@@ -63,4 +58,4 @@ def write(folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str) -
         "git_commit": git_commit(cwd),
         "starts": starts + [round(time.time(), 3)],
     }
-    checkpoint.atomic_write_bytes(path, (json.dumps(info, indent=2, default=str) + "\n").encode())
+    atomic_write_bytes(path, (json.dumps(info, indent=2, default=str) + "\n").encode())

@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.run import checkpoint
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.errors import CheckpointError, UsageError
+from hpc_ddp.run.folder import MODEL
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
 MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp")
@@ -45,7 +46,7 @@ def choose(cfg: TrainConfig, folder: Path, environ: Mapping[str, str],
                              "--overwrite to delete them, use another --folder, or drop --resume never to continue")
         if existing:
             shutil.rmtree(checkpoint.ckpt_dir(folder))
-            (folder / "model.pth").unlink(missing_ok=True)
+            (folder / MODEL).unlink(missing_ok=True)
         return None
     path = Path(mode)
     if not path.is_file():

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.errors import UsageError
+from hpc_ddp.run.config import TrainConfig
 
 
 @dataclass

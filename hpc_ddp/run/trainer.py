@@ -3,6 +3,9 @@
 One all-reduce of four numbers per optimizer step carries [loss sum, micro-batches, requeue votes, stop
 votes]: the loss is averaged over all ranks for reporting, and a signal seen by any rank stops every rank at
 the same step, at no extra collective.
+
+Two seams serve whoever drives a Trainer other than `run()` (the bench): `train_step` is one optimizer step
+exactly as the loop takes it, and `commit` (a constructor argument) is how a checkpoint is made durable.
 """
 
 from __future__ import annotations
@@ -11,45 +14,36 @@ import contextlib
 import itertools
 import random
 import traceback
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from hpc_ddp.run import checkpoint, metrics, preemption, resume
+from hpc_ddp._version import __version__
 from hpc_ddp.dist import group
 from hpc_ddp.dist.env import DistEnv
-from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.dist.group import hang_watch
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
-from hpc_ddp.dist.group import hang_watch
+from hpc_ddp.run import checkpoint, metrics, preemption, resume
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.position import Outcome, Position
 from hpc_ddp.run.tasks import Task
 
 
-@dataclass
-class Position:
-    """Where training stands; saved in every checkpoint so a resume continues mid-epoch."""
+class Agreed(NamedTuple):
+    """What the per-step all-reduce returns: this step's numbers summed over every rank."""
 
-    epoch: int = 0
-    batch: int = 0  # micro-batches of this epoch already consumed (always an optimizer-step boundary)
-    step: int = 0  # optimizer steps done since the start of the run
-    loss_sum: float = 0.0  # this epoch's reduced loss so far, so a resumed epoch reports the same mean
-    loss_count: float = 0.0
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How the loop ended: finished, or stopped at an agreed step by a signal."""
-
-    finished: bool
-    requeue_votes: float = 0.0
-    stop_votes: float = 0.0
+    loss_sum: float  # the micro-batch losses of the step
+    count: float  # the micro-batches
+    requeue: float  # ranks that saw SIGUSR1/SIGUSR2 (their votes to stop and requeue)
+    stop: float  # ranks that saw SIGTERM (their votes to stop)
 
 
 class _SkipSampler(Sampler[int]):
@@ -88,11 +82,15 @@ class Trainer:
     """Owns the model, optimizer and data of one rank; `run()` trains until done or an agreed stop.
 
     Use it as a context manager inside `process_group()`: leaving the block closes it (see `close`), on
-    errors too, so its DDP module never outlives the group."""
+    errors too, so its DDP module never outlives the group.
+
+    `commit(folder, state, step, keep)` makes a checkpoint durable on the writer thread (rank 0):
+    `checkpoint.commit` unless the caller passes its own, e.g. one that times it."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task, folder: Path,
-                 log: RankLog) -> None:
+                 log: RankLog, commit: checkpoint.Commit = checkpoint.commit) -> None:
         self.cfg, self.env, self.device, self.folder, self.log = cfg, env, device, folder, log
+        self.commit = commit
         self.loss_fn = task.loss_fn
         self.sampler: DistributedSampler[Any] = DistributedSampler(
             task.dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed, drop_last=True)
@@ -128,6 +126,7 @@ class Trainer:
                                  num_workers=workers, pin_memory=device.type == "cuda",
                                  worker_init_fn=preemption.ignore if workers else None,
                                  generator=self.loader_gen)
+        self._step_loss = torch.zeros((), device=device)  # this step's micro-batch losses, on the device
         self.pos = Position()
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
         self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
@@ -179,7 +178,6 @@ class Trainer:
                  for k, v in rng.items()} for rng in rngs]
         if not self.env.is_main:
             return None
-        from hpc_ddp import __version__
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None, "position": asdict(self.pos),
                 "rng": rngs, "world_size": self.env.world_size, "config": self.cfg.as_dict(),
@@ -194,7 +192,7 @@ class Trainer:
             if self.env.is_main:
                 snapshot = checkpoint.to_cpu(state)
                 step, keep = self.pos.step, self.cfg.keep
-                self.writer.submit(lambda: checkpoint.commit(self.folder, snapshot, step, keep))
+                self.writer.submit(lambda: self.commit(self.folder, snapshot, step, keep))
         if final and self.env.is_main:
             self.writer.wait()
 
@@ -213,7 +211,29 @@ class Trainer:
         if self.device.type == "cuda" and rng.get("cuda") is not None:
             torch.cuda.set_rng_state(rng["cuda"], self.device)
 
-    # ----- the loop -----------------------------------------------------------------------------------
+    # ----- one optimizer step -------------------------------------------------------------------------
+    def train_step(self, inputs: Any, target: Any) -> Agreed:
+        """One optimizer step on one batch, as the loop takes it: forward and backward through DDP (whose
+        backward all-reduces the gradients), the optimizer, then the per-step all-reduce of the loss and of
+        every rank's signal votes. A collective: every rank calls it with its own batch."""
+        return self.accumulated_step([(inputs, target)], 1)
+
+    def accumulated_step(self, micro_batches: Iterable[tuple[Any, Any]], count: int) -> Agreed:
+        """One optimizer step over `count` micro-batches (--grad-accum): the gradients of all but the last
+        accumulate locally (`no_sync`) and the last one's backward all-reduces them, once per step. Each
+        micro-batch is computed under the hang watch; `micro_batches` is read lazily, so loading data (a
+        DataLoader iterator) stays outside it, and no more than one batch is held at a time."""
+        self._step_loss.zero_()
+        done = 0
+        for inputs, target in micro_batches:
+            done += 1
+            with hang_watch(self.cfg.timeout_s):
+                self._step_loss += self._micro_step(inputs, target, 1.0 / count, sync=done == count)
+                if done == count:
+                    self._optimizer_step()
+                    return self._agree(self._step_loss, count)
+        raise RuntimeError(f"internal error: {done} micro-batch(es) came for an optimizer step of {count}")
+
     def _micro_step(self, inputs: Any, target: Any, scale: float, sync: bool) -> torch.Tensor:
         inputs = inputs.to(self.device, non_blocking=True)
         target = target.to(self.device, non_blocking=True)
@@ -241,7 +261,7 @@ class Trainer:
         # of a memset of every bucket here plus an in-place add during backward.
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _agree(self, loss_sum: torch.Tensor, count: int) -> tuple[float, float, float, float]:
+    def _agree(self, loss_sum: torch.Tensor, count: int) -> Agreed:
         """The one per-step all-reduce: loss and micro-batch counts, plus every rank's signal votes."""
         requeue, stop = preemption.pending()
         packet = torch.stack([loss_sum.float(), torch.tensor(float(count), device=self.device),
@@ -249,34 +269,26 @@ class Trainer:
                               torch.tensor(float(stop), device=self.device)])
         dist.all_reduce(packet)
         values = packet.tolist()
-        return values[0], values[1], values[2], values[3]
+        return Agreed(values[0], values[1], values[2], values[3])
 
+    # ----- the loop -----------------------------------------------------------------------------------
     def _epoch(self, epoch: int) -> Outcome | None:
         """Train the rest of one epoch; an Outcome if the loop must end inside it."""
         cfg, pos = self.cfg, self.pos
         self.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one after a restart
         self.skip.skip = pos.batch * cfg.batch_size
         self.loader_gen.manual_seed(cfg.seed * 1_000_003 + epoch)
-        accum = torch.zeros((), device=self.device)
-        done_in_group = 0
-        for index, (inputs, target) in enumerate(self.loader, start=pos.batch):
-            group_start = index - index % cfg.grad_accum
-            group_size = min(cfg.grad_accum, self.batches_per_epoch - group_start)
-            last = index == group_start + group_size - 1
-            with hang_watch(cfg.timeout_s):
-                accum += self._micro_step(inputs, target, 1.0 / group_size, sync=last)
-                done_in_group += 1
-                if not last:
-                    continue
-                self._optimizer_step()
-                loss_sum, count, requeue, stop = self._agree(accum, done_in_group)
-            pos.batch, pos.step = index + 1, pos.step + 1
-            pos.loss_sum, pos.loss_count = pos.loss_sum + loss_sum, pos.loss_count + count
-            accum.zero_()
-            done_in_group = 0
-            self.metrics.step(pos, loss_sum / max(count, 1.0), cfg.batch_size * group_size * self.env.world_size)
-            if requeue or stop:
-                return Outcome(False, requeue, stop)
+        batches = iter(self.loader)
+        while pos.batch < self.batches_per_epoch:
+            # A resumed epoch starts at a step boundary; the epoch's last step may have fewer micro-batches.
+            size = min(cfg.grad_accum, self.batches_per_epoch - pos.batch)
+            agreed = self.accumulated_step(itertools.islice(batches, size), size)
+            pos.batch, pos.step = pos.batch + size, pos.step + 1
+            pos.loss_sum, pos.loss_count = pos.loss_sum + agreed.loss_sum, pos.loss_count + agreed.count
+            self.metrics.step(pos, agreed.loss_sum / max(agreed.count, 1.0),
+                              cfg.batch_size * size * self.env.world_size)
+            if agreed.requeue or agreed.stop:
+                return Outcome(False, agreed.requeue, agreed.stop)
             if cfg.save_every_steps and pos.step % cfg.save_every_steps == 0:
                 self.save()
             if cfg.max_steps and pos.step >= cfg.max_steps:

@@ -1,6 +1,6 @@
 """The Slurm side of `submit`, as pure functions: flags -> submitit parameters, and Slurm's answers -> meaning.
 
-Nothing here runs a command or reads `os.environ`: `slurm_job` (the thin shell) passes the environment and
+Nothing here runs a command or reads `os.environ`: `submitter` (the thin shell) passes the environment and
 the text that `sbatch`, `sacct` and `scontrol` printed. That keeps every rule testable with a table.
 
 The job that `submit` builds and `slurm/ddp.sbatch` are the same job in two forms; both carry:
@@ -18,19 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_ddp.dist.env import without_launcher
 from hpc_ddp.errors import UsageError
 
 SIGNAL = "USR2"  # submitit's default too; NCCL has been known to catch USR1
 SRUN_FLAGS = ("--kill-on-bad-exit=1",)  # plus --cpus-per-task=N when it is known
-
-# What a job inherits but must not pass on to a job it submits. sbatch exports the submitting environment
-# into the new job (--export=ALL), and srun reads SLURM_* as defaults: a stale SLURM_CPUS_PER_TASK or
-# SLURM_NTASKS_PER_NODE from the outer job would silently reshape the inner one. SLURM_CONF stays: it says
-# which cluster to talk to. SBATCH_* stay too: Slurm never sets them, so they are the user's own defaults.
-_LEAKING_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
-_LEAKING_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                            "MASTER_PORT", "HPC_DDP_LOCAL"})
-_KEPT = frozenset({"SLURM_CONF"})
 
 # sbatch options that `submit` sets from its own flags: `--slurm` must not set them behind the flag's back.
 _OWN_OPTIONS = {"nodes": "--nodes", "ntasks-per-node": "--tasks-per-node", "gpus-per-node": "--gpus-per-node",
@@ -85,9 +77,11 @@ def parse_extras(items: Sequence[str]) -> dict[str, Any]:
 
 
 def submit_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment to run sbatch in: `environ` minus what an enclosing job or launcher put there."""
-    return {k: v for k, v in environ.items()
-            if k in _KEPT or not (k.startswith(_LEAKING_PREFIXES) or k in _LEAKING_NAMES)}
+    """The environment to run sbatch in: `environ` minus what an enclosing job or launcher put there. sbatch
+    exports the submitting environment into the new job (--export=ALL), and srun reads SLURM_* as defaults:
+    a stale SLURM_CPUS_PER_TASK or SLURM_NTASKS_PER_NODE from the outer job would silently reshape the inner
+    one. SLURM_CONF and the user's SBATCH_* stay (hpc_ddp.dist.env: the launcher variables)."""
+    return without_launcher(environ)
 
 
 def mem_text(mem_gb: float) -> str:
@@ -102,7 +96,7 @@ def srun_args(cpus_per_task: int | None) -> list[str]:
 
 @dataclass(frozen=True)
 class SlurmRequest:
-    """The validated Slurm side of a submission (the job shape comes from `submit.JobShape`)."""
+    """The validated Slurm side of a submission (the job shape comes from `launch.shape.JobShape`)."""
 
     nodes: int
     tasks_per_node: int

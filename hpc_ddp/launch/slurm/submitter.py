@@ -29,7 +29,6 @@ import io
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -39,20 +38,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from hpc_ddp import exitcodes
+from hpc_ddp import exitcodes, proc
+from hpc_ddp.errors import UsageError, run_task
 from hpc_ddp.launch.slurm.request import (JobState, SlurmRequest, check_signal_delay, mem_text, parse_extras,
                                           parse_sacct, parse_scontrol, parse_time, pending_hint, sbatch_error,
                                           submit_environ)
+from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import preemption
-from hpc_ddp.errors import UsageError, run_task
 
 if TYPE_CHECKING:
+    from hpc_ddp.launch.shape import JobShape
     from hpc_ddp.run.config import TrainConfig
-    from hpc_ddp.submit import JobShape
 
 POLL_S = 2.0  # --wait: seconds between two looks at the job's state (one sacct call each)
 TAIL_LINES = 20  # lines of the failing rank's log shown when the job failed
-SUBMITIT_DIR = "submitit"
+SUBMITIT_DIR = run_folder.SUBMITIT
 
 
 @dataclass(frozen=True)
@@ -97,11 +97,6 @@ def log_path(folder: Path, job_id: str, rank: int = 0) -> Path:
     return folder / SUBMITIT_DIR / f"{job_id}_{rank}_log.out"
 
 
-def default_folder(job_name: str, now: float | None = None) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    return Path("runs", f"{job_name}-{stamp}").absolute()
-
-
 def request_from(ns: argparse.Namespace, shape: JobShape) -> SlurmRequest:
     """Validate the Slurm flags (raises UsageError)."""
     minutes = parse_time(ns.time)
@@ -130,17 +125,7 @@ def sbatch_text(request: SlurmRequest, folder: Path) -> str:
 def prepare_folder(folder: Path) -> None:
     """Create the run folder and its submitit folder, owner-only; refuse one that others can write."""
     for path in (folder, folder / SUBMITIT_DIR):
-        try:
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot create run folder {path} ({e.strerror or e}). Fix: --folder a writable "
-                             "directory on storage that every node sees") from None
-        mode = path.stat().st_mode
-        if mode & 0o022:
-            raise UsageError(f"run folder {path} is writable by others (mode {mode & 0o777:o}); submitit loads "
-                             f"and runs pickles from it. Fix: chmod go-w {path}, or use another --folder")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise UsageError(f"run folder {path} is not writable. Fix: --folder a directory you can write")
+        run_folder.prepare(path, private=True)
 
 
 @contextmanager
@@ -162,7 +147,7 @@ def submit(ns: argparse.Namespace, shape: JobShape, cfg: TrainConfig, module: st
     request = request_from(ns, shape)
     if importlib.util.find_spec(module) is None:
         raise UsageError(f"{module} is not available in this installation of hpc_ddp")
-    folder = Path(cfg.folder).absolute() if cfg.folder else default_folder(ns.job_name)
+    folder = Path(cfg.folder).absolute() if cfg.folder else run_folder.default_for_submission(ns.job_name)
     cfg = cfg.with_folder(str(folder))  # the tasks, and a requeued run, write to and resume from here
     argv = (*cfg.to_argv(), *(["--collective"] if getattr(ns, "collective", False) else []))  # a doctor option
     if ns.print_sbatch:
@@ -215,11 +200,9 @@ def _submit(request: SlurmRequest, folder: Path, entry: TaskEntry, max_requeue: 
 # ----- following a job ---------------------------------------------------------------------------------
 
 def _run(argv: list[str]) -> str | None:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    """A Slurm command's output, or None when it failed (the caller asks again at its next poll)."""
+    out = proc.run(argv)
+    return out.stdout if out.ok else None
 
 
 def job_state(job_id: str) -> JobState | None:
@@ -311,7 +294,7 @@ def report(job_id: str, folder: Path, world_size: int, state: JobState, submitte
            out: TextIO) -> int:
     """The final word on a finished job, and the exit code that `--wait` returns."""
     say = lambda text: print(f"[submit] {text}", file=out, flush=True)
-    saved = _saved_since(folder, submitted_at)
+    saved = run_folder.preempted_since(folder, submitted_at)
     resume = f"; the ranks saved a checkpoint first: run the same command to resume from {folder}"
     if state.state == "COMPLETED":
         say(f"job {job_id} completed; run folder {folder}")
@@ -330,14 +313,6 @@ def report(job_id: str, folder: Path, world_size: int, state: JobState, submitte
     if state.state != "CANCELLED":
         _show_failure(job_id, folder, world_size, say)
     return exitcodes.USAGE if state.exit_code == exitcodes.USAGE else exitcodes.FAILED
-
-
-def _saved_since(folder: Path, since: float) -> bool:
-    marker = folder / "preempted.json"
-    try:
-        return marker.stat().st_mtime >= since
-    except OSError:
-        return False
 
 
 def failing_rank(job_id: str, folder: Path, world_size: int) -> int | None:

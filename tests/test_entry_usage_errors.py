@@ -57,6 +57,8 @@ SUBMIT_CASES = [
     (["--resume", "auto", "--overwrite"], ["--overwrite only applies with --resume never"]),
     (["--timeout-s", "0"], ["--timeout-s 0.0: must be positive"]),
     (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
+    (["--requeue-by", "scontrol"], ["--requeue-by scontrol: a local run is no Slurm job", "drop --requeue-by"]),
+    (["--requeue-by", "slurm"], ["argument --requeue-by: invalid choice: 'slurm'"]),
 ]
 
 

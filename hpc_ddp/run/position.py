@@ -1,0 +1,26 @@
+"""Where training stands (`Position`) and how the loop ended (`Outcome`): plain data that the trainer, the
+metrics and the session share, kept apart so that none of them imports another just for a dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Position:
+    """Where training stands; saved in every checkpoint so a resume continues mid-epoch."""
+
+    epoch: int = 0
+    batch: int = 0  # micro-batches of this epoch already consumed (always an optimizer-step boundary)
+    step: int = 0  # optimizer steps done since the start of the run
+    loss_sum: float = 0.0  # this epoch's reduced loss so far, so a resumed epoch reports the same mean
+    loss_count: float = 0.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the loop ended: finished, or stopped at an agreed step by a signal."""
+
+    finished: bool
+    requeue_votes: float = 0.0
+    stop_votes: float = 0.0

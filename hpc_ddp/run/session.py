@@ -1,0 +1,191 @@
+"""What one task of a job does, from its options to its exit code: detect, place, join, train, save.
+
+`run(cfg, environ)` is `python -m hpc_ddp.train` without the command line. The order matters: the cheap
+checks first (environment, run folder), then torch, placement, the process group, and training inside it.
+Every rank runs the same code; where only global rank 0 may act (the run folder's files, the choice of the
+checkpoint to resume from, the requeue), it acts alone and every rank learns the outcome through a
+collective, so no rank ever waits for an answer that will not come.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from hpc_ddp import exitcodes
+from hpc_ddp.dist.env import DistEnv, detect
+from hpc_ddp.errors import UsageError
+from hpc_ddp.log import RankLog
+from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run import preemption
+from hpc_ddp.run.config import TrainConfig
+
+if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and a usage error must not wait for it
+    import torch
+
+    from hpc_ddp.run.position import Outcome
+
+T = TypeVar("T")
+
+
+def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
+    """Detect, place, join, train, save; returns the exit code (exitcodes.OK or PREEMPTED)."""
+    env = detect(environ)
+    folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_task(env.job_id)
+    cfg = cfg.with_folder(str(folder))
+    if env.is_main:
+        # Before torch (seconds) and the rendezvous: a bad --folder is a one-line error at once. Only rank 0
+        # writes there; the other ranks are stopped by their launcher (srun --kill-on-bad-exit, torchrun).
+        run_folder.prepare(folder)
+        run_folder.tell_folder(folder, environ)  # where slurm/ddp.sbatch finds preempted.json
+
+    from hpc_ddp.dist import placement
+    from hpc_ddp.dist.group import process_group
+
+    log = RankLog(env.rank)
+    os.environ.update(env.torch_env())  # what user code and libraries expect from torchrun
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic cuBLAS
+    device, plan = placement.place(env.local_rank, env.local_world_size, environ)
+    if env.is_main:
+        for override in env.overrides:
+            log.info(f"using {override} from the environment")
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if environ.get(var):
+                log.info(f"using {var}={environ[var]} from the environment")
+    with process_group(env, device, cfg.backend or None, cfg.timeout_s) as backend:
+        log.info(f"Process {env.rank} initialized on {socket.gethostname()} (node {env.node_rank}, "
+                 f"local rank {env.local_rank}, {device}, {backend}, {plan.threads} threads; "
+                 f"world size {env.world_size})")
+        code = _train(cfg, env, device, folder, log, environ)
+    log.info("Process group destroyed")
+    return code
+
+
+def _rank0(env: DistEnv, fn: Callable[[], T]) -> T:
+    """Run `fn` on rank 0 only and give every rank its result. Any error on rank 0 is raised on every rank at
+    once: the others would otherwise wait in the broadcast until the collective timeout."""
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    error: BaseException | None = None
+    if env.is_main:
+        try:
+            box[0] = ("ok", fn())
+        except Exception as e:
+            # The exception itself may not pickle: the others get its kind and text, rank 0 raises the original.
+            error = e
+            box[0] = ("usage" if isinstance(e, UsageError) else "error", f"{type(e).__name__}: {e}", str(e))
+    dist.broadcast_object_list(box, src=0)
+    kind, value, *text = box[0]
+    if error is not None:
+        raise error
+    if kind == "usage":
+        raise UsageError(text[0])
+    if kind == "error":
+        raise RuntimeError(f"rank 0 failed ({value}); see rank 0's log for its traceback")
+    return value  # type: ignore[no-any-return]
+
+
+def _check_gpus(env: DistEnv, device: torch.device) -> None:
+    """Fail fast if two ranks of one node hold the same physical GPU (wrong binding, duplicate indices)."""
+    import torch.distributed as dist
+
+    from hpc_ddp.dist import placement
+
+    mine = (env.rank, env.node_rank, placement.gpu_uuid(device))
+    everyone: list[Any] = [None] * env.world_size
+    dist.all_gather_object(everyone, mine)
+    clashes = placement.shared_gpus(everyone)
+    if clashes:
+        node, ranks, uuid = clashes[0]
+        raise UsageError(f"ranks {ranks} on node {node} share one GPU ({uuid}). Each rank needs its own GPU: check "
+                         "--gpus-per-node vs --ntasks-per-node, and CUDA_VISIBLE_DEVICES / --gpu-bind")
+
+
+def _check_in_sync(model: torch.nn.Module, env: DistEnv, log: RankLog) -> None:
+    """DDP keeps replicas equal only if every rank applies the same update; prove it once at the end.
+    Bitwise-equal parameters give bitwise-equal float64 sums, so two numbers per rank are enough."""
+    import torch
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        flat = [p.detach().double() for p in model.parameters()]
+        mine = (sum(float(t.sum()) for t in flat), sum(float((t * t).sum()) for t in flat))
+    everyone: list[object] = [None] * env.world_size
+    dist.all_gather_object(everyone, mine)
+    differing = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
+    if differing and env.is_main:
+        log.warn(f"parameters differ between rank 0 and ranks {differing} at the end of training")
+    elif not differing:
+        log.main(f"Parameters identical on all {env.world_size} ranks")
+
+
+def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, log: RankLog,
+           environ: Mapping[str, str]) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from hpc_ddp.run import checkpoint, record, resume, tasks
+    from hpc_ddp.run.trainer import Trainer
+
+    if device.type == "cuda":
+        _check_gpus(env, device)
+    if env.is_main:
+        record.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
+        checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
+    start = _rank0(env, lambda: resume.choose(cfg, folder, environ, log.warn))
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    # Leaving the block closes the trainer on every path, errors included: the checkpoint in flight is
+    # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed.
+    with Trainer(cfg, env, device, tasks.build(cfg), folder, log) as trainer:
+        if start is not None:
+            trainer.restore(checkpoint.load(start), start)
+            log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
+        outcome = trainer.run()
+        if not outcome.finished:
+            log.main(f"{preemption.signal_name()}: every rank stopped at step {trainer.pos.step}; saving a "
+                     "checkpoint")
+        signals = preemption.count()
+        trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
+        if preemption.count() > signals and env.is_main:
+            log.info("another signal came during the save: noted, the save went on to the end")
+        trainer.metrics.end(trainer.pos)
+    if outcome.finished:
+        _check_in_sync(trainer.model, env, log)
+        if env.is_main:
+            model_path = folder / run_folder.MODEL
+            checkpoint.atomic_save(checkpoint.to_cpu(trainer.model.state_dict()), model_path)
+            log.info(f"Model saved by rank 0 to {model_path}")
+        dist.barrier()
+        return exitcodes.OK
+    return _preempted(cfg, env, folder, log, environ, outcome)
+
+
+def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, environ: Mapping[str, str],
+               outcome: Outcome) -> int:
+    """After the agreed save: every rank is past it (barrier), then rank 0 requeues or reports."""
+    import torch.distributed as dist
+
+    dist.barrier()  # a requeue makes Slurm SIGTERM every task: all must be past the save first
+    if env.is_main:
+        decision = preemption.decide(outcome.requeue_votes, outcome.stop_votes, environ, cfg.max_requeue)
+        mode = preemption.requeue_mode(cfg.requeue_by, env.launcher)
+        # The launcher (local run) or a batch script reads this to decide whether to start the job again.
+        run_folder.write_preempted(folder, run_folder.Preempted(decision.requeue, preemption.signal_name(), mode))
+        log.info(f"{preemption.signal_name()}: {decision.message}")
+        if decision.requeue and mode == "scontrol" and env.job_id:
+            error = preemption.scontrol_requeue(env.job_id)
+            log.info(f"requeued job {env.job_id}" if error is None else
+                     f"scontrol requeue {env.job_id} failed: {error}; exiting {exitcodes.PREEMPTED} instead")
+    # Nobody exits before rank 0 has requeued: under `srun --kill-on-bad-exit=1` the first task to exit
+    # PREEMPTED (non-zero) gets the whole step killed, rank 0 included, maybe before its scontrol call.
+    dist.barrier()
+    return exitcodes.PREEMPTED
+

@@ -1,0 +1,222 @@
+"""The layers (README, "Architecture"): every hpc_ddp import goes to its own layer or a lower one; no cycle.
+
+Every `import` and `from ... import` of every module counts, wherever it stands: at module level, inside a
+function (the lazy imports that keep `--help` fast) and under `if TYPE_CHECKING:`. A module's layer follows
+from its path; a new module outside the known places fails until it is given one here.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "hpc_ddp"
+# Lowest first. A module may import its own layer and the ones before it.
+LAYERS = ("base", "dist", "run", "launch", "tools", "entry")
+BASE = {"hpc_ddp._version", "hpc_ddp.cli", "hpc_ddp.errors", "hpc_ddp.exitcodes", "hpc_ddp.log", "hpc_ddp.proc"}
+ENTRY = {"hpc_ddp", "hpc_ddp.__main__", "hpc_ddp.train", "hpc_ddp.submit"}
+PACKAGES = {"hpc_ddp.dist": "dist", "hpc_ddp.run": "run", "hpc_ddp.launch": "launch", "hpc_ddp.doctor": "tools",
+            "hpc_ddp.bench": "tools"}
+# hpc_ddp.slurm_job only re-exports launch.slurm.submitter.TaskEntry for old pickles: it sits in that layer.
+ALIASES = {"hpc_ddp.slurm_job": "launch"}
+
+
+def layer_of(module: str) -> str | None:
+    if module in BASE:
+        return "base"
+    if module in ENTRY:
+        return "entry"
+    if module in ALIASES:
+        return ALIASES[module]
+    for package, layer in PACKAGES.items():
+        if module == package or module.startswith(package + "."):
+            return layer
+    return None
+
+
+def tool_of(module: str) -> str | None:
+    """'hpc_ddp.doctor' or 'hpc_ddp.bench' for the modules of a tool, else None."""
+    parts = module.split(".")
+    package = ".".join(parts[:2])
+    return package if PACKAGES.get(package) == "tools" else None
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(source: str, module: str, is_package: bool, known: Iterable[str]) -> list[tuple[int, str]]:
+    """(line, imported hpc_ddp module) for every import statement anywhere in `source`.
+
+    `from pkg import name` counts as importing `pkg.name` when that is a module, else `pkg` itself."""
+    known = set(known)
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):  # every statement: module level, functions, TYPE_CHECKING blocks
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against this module's package
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[:len(package) - node.level + 1]
+                base = ".".join(package + ([node.module] if node.module else []))
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.append((node.lineno, candidate if candidate in known else base))
+    return [(line, name) for line, name in found if name == "hpc_ddp" or name.startswith("hpc_ddp.")]
+
+
+def violations(module: str, targets: Iterable[tuple[int, str]], where: str) -> list[str]:
+    """What is wrong with `module` importing `targets`, one message per offending import."""
+    mine = layer_of(module)
+    if mine is None:
+        return [f"{where}: {module} has no layer; place it in tests/test_architecture.py (and the README)"]
+    allowed = LAYERS[:LAYERS.index(mine) + 1]
+    found = []
+    for line, target in targets:
+        theirs = layer_of(target)
+        if theirs is None:
+            found.append(f"{where}:{line}: {module} imports {target}, which has no layer")
+        elif theirs not in allowed:
+            found.append(f"{where}:{line}: {module} ({mine}) imports {target} ({theirs}); {mine} may import "
+                         f"only {', '.join(allowed)}")
+        elif mine == theirs == "tools" and tool_of(module) != tool_of(target):
+            found.append(f"{where}:{line}: {module} imports {target}; the doctor and the bench do not import "
+                         "each other (what both need belongs in a lower layer)")
+    return found
+
+
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The import cycles of `graph` (module -> imported modules): each strongly connected component of more than
+    one module, or a module that imports itself (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {name: {target for _, target in imports(path.read_text(), name, path.name == "__init__.py", modules)
+                   if target != name}
+            for name, path in modules.items()}
+
+
+# ----- the package as it is ---------------------------------------------------------------------------------
+
+def test_every_folder_of_modules_is_a_package() -> None:
+    """setuptools packages only folders with an __init__.py: one missing leaves its modules out of a wheel."""
+    folders = {path.parent for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
+    assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file()) == []
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [name for name in all_modules() if layer_of(name) is None] == []
+
+
+def test_every_import_goes_to_the_same_layer_or_a_lower_one() -> None:
+    modules = all_modules()
+    found = []
+    for name, path in modules.items():
+        targets = imports(path.read_text(), name, path.name == "__init__.py", modules)
+        found += violations(name, targets, str(path.relative_to(ROOT)))
+    assert found == [], "\n".join(found)
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_check_sees_the_imports_that_are_there() -> None:
+    """Not vacuous: the graph holds the lazy and TYPE_CHECKING imports the package really has."""
+    graph = import_graph()
+    assert "hpc_ddp.run.session" in graph["hpc_ddp.train"]
+    assert "hpc_ddp.run.trainer" in graph["hpc_ddp.run.session"]  # inside a function
+    assert "hpc_ddp.run.position" in graph["hpc_ddp.run.metrics"]  # under TYPE_CHECKING
+    assert "hpc_ddp.launch.slurm.submitter" in graph["hpc_ddp.slurm_job"]
+
+
+# ----- the rule itself, on synthetic modules ------------------------------------------------------------------
+
+KNOWN = ["hpc_ddp", "hpc_ddp.launch", "hpc_ddp.launch.local", "hpc_ddp.run", "hpc_ddp.run.session",
+         "hpc_ddp.run.folder", "hpc_ddp.dist", "hpc_ddp.dist.env", "hpc_ddp.doctor", "hpc_ddp.doctor.facts",
+         "hpc_ddp.bench", "hpc_ddp.bench.runs", "hpc_ddp.errors"]
+
+
+def check(module: str, source: str, is_package: bool = False) -> list[str]:
+    return violations(module, imports(source, module, is_package, KNOWN), "x.py")
+
+
+@pytest.mark.parametrize("module, source, named", [
+    ("hpc_ddp.run.session", "def f():\n    from hpc_ddp.launch.local import Launcher\n", "hpc_ddp.launch.local"),
+    ("hpc_ddp.dist.env", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                         "    from hpc_ddp.run.folder import MODEL\n", "hpc_ddp.run.folder"),
+    ("hpc_ddp.run.session", "from ..launch import local\n", "hpc_ddp.launch.local"),
+    ("hpc_ddp.run.session", "import hpc_ddp.launch.local as l\n", "hpc_ddp.launch.local"),
+    ("hpc_ddp.run.session", "from hpc_ddp import Task\n", "hpc_ddp (entry)"),
+    ("hpc_ddp.errors", "from hpc_ddp.dist import env\n", "hpc_ddp.dist.env"),
+    ("hpc_ddp.doctor.facts", "from hpc_ddp.bench import runs\n", "the doctor and the bench do not import"),
+    ("hpc_ddp.bench.runs", "def f():\n    from hpc_ddp.doctor.facts import gather\n", "hpc_ddp.doctor.facts"),
+])
+def test_the_rule_names_an_upward_or_sideways_import(module: str, source: str, named: str) -> None:
+    found = check(module, source)
+    assert len(found) == 1 and named in found[0], found
+    assert found[0].startswith("x.py:")
+
+
+@pytest.mark.parametrize("module, source", [
+    ("hpc_ddp.launch.local", "from hpc_ddp.run import folder\nfrom hpc_ddp.dist.env import detect\n"),
+    ("hpc_ddp.run.session", "from . import folder\nfrom hpc_ddp import errors\n"),
+    ("hpc_ddp.doctor.facts", "def f():\n    from hpc_ddp.launch import local\n"),
+    ("hpc_ddp", "def __getattr__(name):\n    from hpc_ddp.doctor.facts import gather\n"),
+])
+def test_the_rule_lets_downward_imports_pass(module: str, source: str) -> None:
+    assert check(module, source) == []
+
+
+def test_a_module_without_a_layer_is_named() -> None:
+    assert check("hpc_ddp.stray", "import os\n") == [
+        "x.py: hpc_ddp.stray has no layer; place it in tests/test_architecture.py (and the README)"]
+
+
+def test_cycles_are_found_and_named() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert cycles(graph) == [["a", "b", "c"], ["e"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

@@ -1,0 +1,66 @@
+"""The run folder: its default locations, the writability check, atomic writes and the preemption record."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.errors import UsageError
+from hpc_ddp.run import folder as run_folder
+
+
+def test_each_launch_path_has_its_default_folder() -> None:
+    assert run_folder.default_for_task("4242") == Path("runs/4242")
+    assert run_folder.default_for_task(None) == Path(f"runs/single-{os.getpid()}")
+    assert run_folder.default_for_local_run("123") == Path("runs/local-123")
+    stamp = time.mktime((2024, 5, 6, 7, 8, 9, 0, 0, -1))
+    assert run_folder.default_for_submission("golden", stamp) == Path("runs/golden-20240506-070809").absolute()
+
+
+def test_prepare_creates_the_folder_and_leaves_nothing_in_it(tmp_path: Path) -> None:
+    run_folder.prepare(tmp_path / "a" / "run")
+    assert list((tmp_path / "a" / "run").iterdir()) == []
+
+
+def test_prepare_refuses_a_path_under_a_file_with_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError, match=r"run folder .*/file/run is not writable \(Not a directory\)\. Fix: --folder"):
+        run_folder.prepare(tmp_path / "file" / "run")
+    assert run_folder.write_test(tmp_path / "file", "probe") == "Not a directory"
+
+
+def test_a_private_folder_is_owner_only(tmp_path: Path) -> None:
+    run_folder.prepare(tmp_path / "private", private=True)
+    assert (tmp_path / "private").stat().st_mode & 0o777 == 0o700
+
+
+def test_atomic_write_replaces_the_whole_file(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    run_folder.atomic_write_bytes(path, b"old")
+    run_folder.atomic_write_bytes(path, b"new")
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_the_preemption_record_keeps_the_text_ddp_sbatch_greps_for(tmp_path: Path) -> None:
+    assert run_folder.read_preempted(tmp_path) is None
+    record = run_folder.Preempted(requeue=True, signal="SIGUSR2", mode="exit")
+    since = time.time() - 1
+    run_folder.write_preempted(tmp_path, record)
+    text = (tmp_path / "preempted.json").read_text()
+    assert '"requeue": true' in text and '"mode": "exit"' in text
+    assert json.loads(text) == {"requeue": True, "signal": "SIGUSR2", "mode": "exit"}
+    assert run_folder.read_preempted(tmp_path) == record
+    assert run_folder.preempted_since(tmp_path, since) and not run_folder.preempted_since(tmp_path, time.time() + 60)
+    run_folder.clear_preempted(tmp_path)
+    assert run_folder.read_preempted(tmp_path) is None and not run_folder.preempted_since(tmp_path, 0)
+
+
+def test_an_unreadable_preemption_record_restarts_nothing(tmp_path: Path) -> None:
+    (tmp_path / "preempted.json").write_text("{not json")
+    assert run_folder.read_preempted(tmp_path) is None
+    (tmp_path / "preempted.json").write_text("{}")
+    assert run_folder.read_preempted(tmp_path) is None
