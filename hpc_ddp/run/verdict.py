@@ -63,8 +63,8 @@ def decide(reports: Sequence[Mapping[str, Any]], world_size: int,
         if not others:
             return ""
         phases = sorted({str(by_rank[r]["phase"]) for r in others})
-        return f"; ranks {ranks_text(others)} wait for {'it' if len(culprits) == 1 else 'them'} in " + \
-            " / ".join(phases)
+        who = f"rank {others[0]} waits" if len(others) == 1 else f"ranks {ranks_text(others)} wait"
+        return f"; {who} for {'it' if len(culprits) == 1 else 'them'} in " + " / ".join(phases)
 
     if missing:
         hosts = [peers[r][0] if r < len(peers) else "?" for r in missing]

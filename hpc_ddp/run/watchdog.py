@@ -183,13 +183,18 @@ class Watchdog:
             mine = self.report(phase, step, stalled)
             _write_json(where / f"rank-{who.rank}.json", mine)
             reports = self._collect(where)
-            verdict = self._verdict(where, reports)
-            self.say(verdict.get("line", "hang: no verdict was written in time; see every rank's log"))
-            self.say(f"rank {who.rank} was in {phase} at step {step} for {stalled:.0f} s; its stacks:\n"
-                     f"{mine['stack']}")
+            verdict, decided = self._verdict(where, reports)
+            line = verdict.get("line", "hang: no verdict was written in time; see every rank's log")
+            # The verdict once on the job's console (by the rank that decided it); every rank's own report in
+            # its log only: unprefixed lines of ranks other than 0 stay out of the local launcher's console.
+            if decided:
+                self.say(line)
+            _raw(f"{line}\nhpc_ddp: rank {who.rank} was in {phase} at step {step} for {stalled:.0f} s; its "
+                 f"stacks:\n{mine['stack']}")
         except Exception as e:  # the run folder is gone or read-only: still end, never hang here
             self.say(f"hang: rank {who.rank} stalled in {phase} at step {step} for {stalled:.0f} s, and its "
                      f"report could not be written ({e})")
+        _end_children()
         self.leave(exitcodes.HANG)
 
     def _collect(self, where: Path) -> list[dict[str, Any]]:
@@ -205,7 +210,8 @@ class Watchdog:
                 return reports
             time.sleep(0.2)
 
-    def _verdict(self, where: Path, reports: list[dict[str, Any]]) -> dict[str, Any]:
+    def _verdict(self, where: Path, reports: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+        """The verdict record, and whether this rank decided it."""
         verdict_path = self.folder / VERDICT
         lowest = min((int(r["rank"]) for r in reports), default=self.who.rank)
         if lowest == self.who.rank:
@@ -217,17 +223,41 @@ class Watchdog:
                 record = decide(reports, self.who.world_size, self.who.peers, WINDOW_S)
                 record.update(run_id=self.who.run_id, decided_by=self.who.rank, reports=reports)
                 _write_json(verdict_path, record)
-                return record
+                return record, True
         deadline = time.monotonic() + 2 * WINDOW_S
         while time.monotonic() < deadline:
             try:
                 record = json.loads(verdict_path.read_text())
                 if record.get("run_id") == self.who.run_id:
-                    return dict(record)
+                    return dict(record), False
             except (OSError, ValueError):
                 pass
             time.sleep(0.2)
-        return {}
+        return {}, False
+
+
+def _end_children() -> None:
+    """SIGKILL the processes this rank started (DataLoader workers): one stuck in the user's __getitem__ never
+    looks for its parent, and would outlive the rank's os._exit."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def _raw(text: str) -> None:
+    try:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def read_verdict(folder: Path, since: float = 0.0) -> dict[str, Any] | None:
