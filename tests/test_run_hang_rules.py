@@ -108,3 +108,11 @@ def test_a_healthy_run_names_nobody() -> None:
 def test_a_slow_window_then_a_normal_one_resets_the_streak() -> None:
     judge = stragglers.Judge()
     assert judge.add(rows(1)) == [] and judge.add(rows(None)) == [] and judge.add(rows(1)) == []
+
+
+def test_nccl_defaults_leave_what_the_user_set() -> None:
+    from hpc_ddp.dist.group import nccl_defaults
+
+    chosen = nccl_defaults({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, "/runs/x")
+    assert chosen == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                      "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/runs/x/nccl-trace/rank"}

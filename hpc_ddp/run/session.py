@@ -46,7 +46,7 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         run_folder.tell_folder(folder, environ)  # where slurm/ddp.sbatch finds preempted.json
 
     from hpc_ddp.dist import placement
-    from hpc_ddp.dist.group import process_group
+    from hpc_ddp.dist.group import nccl_defaults, process_group
 
     log = RankLog(env.rank)
     os.environ.update(env.torch_env())  # what user code and libraries expect from torchrun
@@ -59,6 +59,12 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if environ.get(var):
                 log.info(f"using {var}={environ[var]} from the environment")
+    if device.type == "cuda":
+        nccl = nccl_defaults(environ, str(folder))
+        os.makedirs(os.path.join(folder, "nccl-trace"), exist_ok=True)
+        os.environ.update(nccl)  # read by torch when the NCCL group is created, just below
+        if env.is_main and nccl:
+            log.info(f"NCCL settings (unless set): {' '.join(f'{k}={v}' for k, v in nccl.items())}")
     with process_group(env, device, cfg.backend or None, cfg.timeout_s) as backend:
         log.info(f"Process {env.rank} initialized on {socket.gethostname()} (node {env.node_rank}, "
                  f"local rank {env.local_rank}, {device}, {backend}, {plan.threads} threads; "
