@@ -189,8 +189,8 @@ class Watchdog:
             # its log only: unprefixed lines of ranks other than 0 stay out of the local launcher's console.
             if decided:
                 self.say(line)
-            _raw(f"{line}\nhpc_ddp: rank {who.rank} was in {phase} at step {step} for {stalled:.0f} s; its "
-                 f"stacks:\n{mine['stack']}")
+            _raw(("" if decided else f"{line}\n") + f"hpc_ddp: rank {who.rank} was in {phase} at step {step} for "
+                 f"{stalled:.0f} s; its stacks:\n{mine['stack']}")
         except Exception as e:  # the run folder is gone or read-only: still end, never hang here
             self.say(f"hang: rank {who.rank} stalled in {phase} at step {step} for {stalled:.0f} s, and its "
                      f"report could not be written ({e})")
