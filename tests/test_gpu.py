@@ -48,3 +48,15 @@ def test_doctor_passes_on_gpu(tmp_path: Path) -> None:
     proc = run_module("hpc_ddp.doctor", "--folder", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "cuda" in proc.stdout and "FAIL" not in proc.stdout.split("doctor:")[0]
+
+
+def test_a_hang_on_nccl_is_named_with_the_nccl_defaults_set(tmp_path: Path) -> None:
+    """The watchdog on NCCL: one rank on its GPU stops in its loss function; verdict, hang.json, exit 76."""
+    from conftest import clean_environ
+
+    env = clean_environ(HANG_RANK="0")
+    proc = run_module("hpc_ddp.train", "--task", "hang_tasks:in_loss", "--hang-timeout-s", "5", "--folder",
+                      str(tmp_path), env=env, timeout=120)
+    assert proc.returncode == 76, proc.stdout + proc.stderr
+    assert "hang at step 3: rank 0 (" in proc.stdout + proc.stderr
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in proc.stdout and (tmp_path / "hang.json").is_file()

@@ -14,6 +14,8 @@ import torch
 
 from conftest import clean_environ, die_with_test
 
+from hpc_ddp import exitcodes
+
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(60)]  # each 8-10 s (measured)
 
 
@@ -96,11 +98,14 @@ def test_killing_the_launcher_leaves_no_process(tmp_path: Path) -> None:
 
 
 def test_a_hang_dumps_every_rank_stack_to_its_log_then_fails(tmp_path: Path) -> None:
+    """With --timeout-s 8 the auto hang threshold is 4 s: the watchdog's verdict comes first (run/watchdog.py),
+    and every rank's log holds its stacks."""
     proc = start(tmp_path, "--task", "slow_tasks:hang", "--nodes", "1", "--timeout-s", "8")
     code, out = finish(proc, timeout=120)
-    assert code == 1, out
+    assert code == exitcodes.HANG, out
+    assert "[launcher] hang at step 2: rank 1 (" in out
     waiting = (tmp_path / "logs" / "rank0.log").read_text()
     stuck = (tmp_path / "logs" / "rank1.log").read_text()
     # rank 0 shows where it waited (DDP's gradient all-reduce in backward), rank 1 where it is stuck (loss_fn)
-    assert "Timeout (0:00:07" in waiting and "in backward" in waiting and "in _micro_step" in waiting
+    assert "in backward" in waiting and "in _micro_step" in waiting
     assert "slow_tasks.py" in stuck and "in loss_fn" in stuck

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import DATA, ROOT, clean_environ, die_with_test, run_module
 
+from hpc_ddp import exitcodes
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.slurm import request, submitter
 from hpc_ddp.run import folder as run_folder
@@ -466,3 +467,12 @@ def test_pending_reasons_that_waiting_will_not_cure_say_so() -> None:
     assert request.pending_hint("Resources") == "Resources"
     assert request.pending_hint("PartitionConfig").startswith("PartitionConfig: Slurm will not start this job as asked")
     assert "scancel it" in request.pending_hint("QOSMaxNodePerJobLimit")
+
+
+def test_report_shows_a_hang_verdict_whatever_srun_made_of_the_exit_codes(tmp_path: Path) -> None:
+    verdict = {"line": "hang at step 3: rank 1 (node2, pid 9) has been in data loading for 41 s", "run_id": "7-0"}
+    (tmp_path / "hang.json").write_text(json.dumps(verdict))
+    code, text = report(tmp_path, request.JobState("FAILED", 137))  # srun's code after it killed the others
+    assert code == exitcodes.HANG
+    assert text == (f"[submit] job 7: {verdict['line']}; every rank's report: {tmp_path / 'hang.json'}\n")
+    assert report(tmp_path, request.JobState("FAILED", 1), since=time.time() + 60)[0] == 1  # an older verdict

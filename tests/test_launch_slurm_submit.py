@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import DATA, ROOT, clean_environ, die_with_test
 
+from hpc_ddp import exitcodes
 from hpc_ddp.launch.slurm import submitter
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(120)]  # 10-21 s each (measured)
@@ -219,6 +220,28 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(slur
                                                                     "mode": "exit"}
     assert "Resuming from" in text and (folder / "model.pth").is_file()
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.deadline(240)
+def test_ddp_sbatch_ends_a_hung_job_with_the_verdict(slurm_cluster: str, tmp_path: Path) -> None:
+    """Under srun on two nodes: rank 1 stops in its loss function; the watchdogs name it, the job ends with 76
+    and the batch log says who, where and on which node, as the local launcher does."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = clean_environ(PATH=f"{venv_bin}:{os.environ['PATH']}")
+    folder = tmp_path / "run"
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--nodes=2", "--gpus-per-node=0",
+         "--ntasks-per-node=2", "--cpus-per-task=1", str(DDP_SBATCH), "--task", "hang_tasks:in_loss",
+         "--hang-timeout-s", "5", "--folder", str(folder)], cwd=tmp_path, env=env, capture_output=True,
+        text=True, check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    assert wait_job(job_id) == "FAILED"
+    log = (tmp_path / f"hpc_ddp-{job_id}.out").read_text()
+    verdict = json.loads((folder / "hang.json").read_text())
+    assert verdict["culprits"] == [1] and verdict["host"] == "node1", log
+    assert "[ddp.sbatch] hang at step 3: rank 1 (node1, pid " in log
+    assert "has been in forward and backward" in log and "ranks 0,2-3 wait for it" in log
+    assert submitter.job_state(job_id).exit_code == exitcodes.HANG
 
 
 # ----- preemption, failure, cancel, time limit ------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,9 +23,9 @@ def single() -> dist_env.DistEnv:
     return dist_env.detect({})
 
 
-def make(cfg: TrainConfig, env: dist_env.DistEnv, folder: Path) -> Trainer:
+def make(cfg: TrainConfig, env: dist_env.DistEnv, folder: Path, **kwargs: Any) -> Trainer:
     torch.manual_seed(cfg.seed)
-    return Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), folder, RankLog(0))
+    return Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), folder, RankLog(0), **kwargs)
 
 
 def test_grad_accum_all_reduces_once_per_optimizer_step(single: dist_env.DistEnv, tmp_path: Path) -> None:
@@ -37,8 +38,7 @@ def test_grad_accum_all_reduces_once_per_optimizer_step(single: dist_env.DistEnv
         fut.set_result(bucket.buffer())
         return fut
 
-    with process_group(single, torch.device("cpu")), make(cfg, single, tmp_path) as trainer:
-        trainer.ddp.register_comm_hook(None, counting)
+    with process_group(single, torch.device("cpu")), make(cfg, single, tmp_path, comm_hook=counting) as trainer:
         outcome = trainer.run()
     assert outcome.finished
     assert trainer.pos.step == 25  # 100 micro-batches / 4

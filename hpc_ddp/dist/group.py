@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import os
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,20 @@ def live_holders() -> list[Any]:
     gc.collect()
     _holders[:] = [ref for ref in _holders if ref() is not None]
     return [obj for obj in (ref() for ref in _holders) if obj is not None]
+
+
+def nccl_defaults(environ: Mapping[str, str], folder: str) -> dict[str, str]:
+    """The NCCL/torch settings a user would want on GPU, for the variables the user did not set (pure):
+
+    - TORCH_NCCL_ASYNC_ERROR_HANDLING=1: a failed or timed-out collective aborts the communicator and raises,
+      instead of leaving the rank blocked in the CUDA stream;
+    - TORCH_NCCL_TRACE_BUFFER_SIZE=2000: PyTorch's flight recorder keeps the last 2,000 collectives per rank;
+    - TORCH_NCCL_DUMP_ON_TIMEOUT=1 and TORCH_NCCL_DEBUG_INFO_TEMP_FILE=<folder>/nccl-trace/rank: on a timeout
+      each rank dumps that record into the run folder (a post-mortem beside the watchdog's hang.json)."""
+    wanted = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+              "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(folder, "nccl-trace", "rank")}
+    return {k: v for k, v in wanted.items() if k not in environ}
 
 
 def pick_backend(device: "torch.device", requested: str | None = None) -> str:

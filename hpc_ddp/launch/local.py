@@ -51,6 +51,7 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.shape import JobShape
 from hpc_ddp.proc import run as run_command
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run import watchdog
 from hpc_ddp.run.config import TrainConfig
 
 GRACE_S = 3.0  # after a failure, survivors get SIGTERM, then SIGKILL after this long
@@ -353,11 +354,13 @@ class Launcher:
         self.stop_deadline: float | None = None
         self.kill_now = False  # a Ctrl-C after the first stop signal: kill without waiting any longer
         self._announced = False
+        self.started_at = 0.0  # when the ranks were last started (epoch seconds)
 
     def say(self, message: str) -> None:
         self.console.line(f"[launcher] {message}")
 
     def _start(self, restarts: int) -> None:
+        self.started_at = time.time()  # a hang verdict older than this belongs to an earlier start
         logs = self.job.folder / run_folder.LOGS
         logs.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-u", "-m", self.job.module, *self.job.train_argv]
@@ -477,7 +480,14 @@ class Launcher:
     def _report_failure(self, index: int) -> int:
         failed = self.ranks[index]
         code = failed.proc.returncode
+        if code == exitcodes.HANG:
+            self._end_after_verdict()
         self._report_stuck(self._stop_all())
+        verdict = watchdog.read_verdict(self.job.folder, since=self.started_at)
+        if verdict is not None:
+            self._join_readers()
+            self.say(f"{verdict.get('line', 'hang')}; every rank's report: {self.job.folder / watchdog.VERDICT}")
+            return exitcodes.HANG
         self._join_readers()
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         node = index // self.job.tasks_per_node
@@ -487,6 +497,18 @@ class Launcher:
         for line in list(failed.tail):  # a copy: a reader that outlived its join may still append
             self.console.line(f"    {line}")
         return exitcodes.USAGE if code == exitcodes.USAGE else exitcodes.FAILED
+
+    def _end_after_verdict(self) -> None:
+        """A rank ended on a hang verdict; the others that can still run end on their own once it is written
+        (run/watchdog.py): let them, and kill at once the ranks it names unresponsive (stopped, frozen)."""
+        deadline = time.monotonic() + 3 * watchdog.WINDOW_S
+        verdict = None
+        while verdict is None and self._alive() and time.monotonic() < deadline:
+            verdict = watchdog.read_verdict(self.job.folder, since=self.started_at)
+            time.sleep(0.1)
+        frozen = set(verdict.get("unresponsive", [])) if verdict else set()
+        self._report_stuck(self._kill([r for r in self._alive() if r.rank in frozen]))
+        self._wait_gone(self._alive(), watchdog.WINDOW_S)
 
     def _restart_wanted(self) -> bool:
         record = run_folder.read_preempted(self.job.folder)

@@ -62,6 +62,12 @@ class TrainConfig:
                                                        "on CPU)"})
     timeout_s: float = field(default=600.0, metadata={"help": "seconds a collective may wait for a peer "
                                                               "before the job fails (stacks dumped first)"})
+    hang_timeout_s: str = field(default="auto", metadata={"help": (
+        "seconds a rank may stay in one phase (data, forward/backward, all-reduce, ...) at one step before the "
+        "hang watchdog names the stalled rank, its host and its line, writes <folder>/hang.json and ends the run "
+        "with exit code 76. auto: 20 median step times, at least 60 s, at most half of --timeout-s (half of "
+        "--timeout-s during startup, saves and the first 3 steps); 0: no watchdog; a number: that many seconds, "
+        "below --timeout-s (default: auto)")})
     num_workers: int = field(default=-1, metadata={"help": "DataLoader workers per rank (-1: 0 on CPU, 2 "
                                                            "per GPU rank)"})
     log_every_s: float = field(default=30.0, metadata={"help": "seconds between progress lines when output "
@@ -88,6 +94,7 @@ class TrainConfig:
         if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
             raise UsageError(f"--timeout-s {self.timeout_s}: must be positive and at most {MAX_TIMEOUT_S:.0f} (30 "
                              "days), e.g. --timeout-s 600")
+        self.hang_setting()  # validates --hang-timeout-s
         if self.num_workers < -1:
             raise UsageError(f"--num-workers {self.num_workers}: use -1 (auto) or a count >= 0")
         if self.amp not in AMP_CHOICES:
@@ -102,6 +109,23 @@ class TrainConfig:
                              "module.path:function for your own (e.g. --task mytasks:build)")
         if self.overwrite and self.resume != "never":
             raise UsageError("--overwrite only applies with --resume never (it deletes the folder's checkpoints)")
+
+    def hang_setting(self) -> float | None:
+        """--hang-timeout-s as the watchdog takes it: None for auto, 0.0 for off, else seconds."""
+        if self.hang_timeout_s == "auto":
+            return None
+        try:
+            seconds = float(self.hang_timeout_s)
+        except ValueError:
+            seconds = -1.0
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise UsageError(f"--hang-timeout-s {self.hang_timeout_s}: use auto, 0 (off) or a number of seconds, "
+                             "e.g. --hang-timeout-s 120")
+        if seconds >= self.timeout_s:
+            raise UsageError(f"--hang-timeout-s {self.hang_timeout_s} is not below --timeout-s {self.timeout_s:g}: "
+                             "the collective timeout would end the run before the watchdog could say why. Fix: "
+                             "a smaller --hang-timeout-s, or auto")
+        return seconds
 
     def to_argv(self) -> list[str]:
         """The flags that reproduce this config (defaults left out), for a task's command line.

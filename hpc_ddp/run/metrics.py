@@ -1,7 +1,8 @@
 """Rank 0's view of progress: periodic lines (or a live bar on a terminal) and `metrics.jsonl`.
 
 Each line of `<folder>/metrics.jsonl` is one JSON object with an `event` of "step" (every progress interval),
-"epoch" or "end". The "end" record's `samples_per_s` is measured from the end of the first optimizer step
+"epoch", "straggler" (a rank named slower than the others: rank, host, phase, how many times slower) or
+"end". The "end" record's `samples_per_s` is measured from the end of the first optimizer step
 (which pays for DDP's bucket setup and allocator warm-up) to the last one, over all ranks' samples.
 """
 
@@ -78,6 +79,11 @@ class Recorder:
             sys.stdout.write("\r\033[K")
         self._write({"event": "epoch", "epoch": pos.epoch, "step": pos.step, "loss": loss,
                      "samples_per_s": self.samples_per_s()})
+
+    def straggler(self, pos: "Position", rank: int, host: str, phase: str, slower: float) -> None:
+        """A rank named slower than the others (run/stragglers.py): rank 0 records it."""
+        self._write({"event": "straggler", "epoch": pos.epoch, "step": pos.step, "rank": rank, "host": host,
+                     "phase": phase, "slower": round(slower, 2)})
 
     def end(self, pos: "Position") -> None:
         times = sorted(self.step_times)

@@ -9,6 +9,7 @@ collective, so no rank ever waits for an answer that will not come.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -21,12 +22,14 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import preemption
+from hpc_ddp.run.beacon import FINISHING, USER_CODE, Beacon
 from hpc_ddp.run.config import TrainConfig
 
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and a usage error must not wait for it
     import torch
 
     from hpc_ddp.run.position import Outcome
+    from hpc_ddp.run.trainer import Trainer
 
 T = TypeVar("T")
 
@@ -43,7 +46,7 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         run_folder.tell_folder(folder, environ)  # where slurm/ddp.sbatch finds preempted.json
 
     from hpc_ddp.dist import placement
-    from hpc_ddp.dist.group import process_group
+    from hpc_ddp.dist.group import nccl_defaults, process_group
 
     log = RankLog(env.rank)
     os.environ.update(env.torch_env())  # what user code and libraries expect from torchrun
@@ -56,6 +59,12 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if environ.get(var):
                 log.info(f"using {var}={environ[var]} from the environment")
+    if device.type == "cuda":
+        nccl = nccl_defaults(environ, str(folder))
+        os.makedirs(os.path.join(folder, "nccl-trace"), exist_ok=True)
+        os.environ.update(nccl)  # read by torch when the NCCL group is created, just below
+        if env.is_main and nccl:
+            log.info(f"NCCL settings (unless set): {' '.join(f'{k}={v}' for k, v in nccl.items())}")
     with process_group(env, device, cfg.backend or None, cfg.timeout_s) as backend:
         log.info(f"Process {env.rank} initialized on {socket.gethostname()} (node {env.node_rank}, "
                  f"local rank {env.local_rank}, {device}, {backend}, {plan.threads} threads; "
@@ -142,22 +151,30 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+    beacon = Beacon()
+    beacon.set(USER_CODE)  # the task's build function is the user's: a hang there is named as such
+    task = tasks.build(cfg)
     # Leaving the block closes the trainer on every path, errors included: the checkpoint in flight is
-    # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed.
-    with Trainer(cfg, env, device, tasks.build(cfg), folder, log) as trainer:
+    # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed. The
+    # watchdog is stopped first, and covers everything up to then: training, saves, the final barriers.
+    with Trainer(cfg, env, device, task, folder, log, beacon=beacon) as trainer, \
+            _watchdog(cfg, env, folder, log, trainer, environ):
         if start is not None:
             trainer.restore(checkpoint.load(start), start)
             log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
         outcome = trainer.run()
+        beacon.set(FINISHING)
         if not outcome.finished:
             log.main(f"{preemption.signal_name()}: every rank stopped at step {trainer.pos.step}; saving a "
                      "checkpoint")
         signals = preemption.count()
         trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
+        beacon.set(FINISHING)
         if preemption.count() > signals and env.is_main:
             log.info("another signal came during the save: noted, the save went on to the end")
         trainer.metrics.end(trainer.pos)
-    if outcome.finished:
+        if not outcome.finished:
+            return _preempted(cfg, env, folder, log, environ, outcome)
         _check_in_sync(trainer.model, env, log)
         if env.is_main:
             model_path = folder / run_folder.MODEL
@@ -165,7 +182,22 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
             log.info(f"Model saved by rank 0 to {model_path}")
         dist.barrier()
         return exitcodes.OK
-    return _preempted(cfg, env, folder, log, environ, outcome)
+
+
+def _watchdog(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, trainer: Trainer,
+              environ: Mapping[str, str]) -> contextlib.AbstractContextManager[object]:
+    """The hang watchdog for this rank (run/watchdog.py), or nothing with --hang-timeout-s 0."""
+    from hpc_ddp.run.watchdog import Identity, Watchdog
+
+    setting = cfg.hang_setting()
+    if setting == 0:
+        return contextlib.nullcontext()
+    restart = environ.get("SLURM_RESTART_COUNT") or environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    # The same on every rank, new for every start of the job: a requeued run's reports never mix with the last.
+    run_id = f"{env.job_id or 'pid' + str(trainer.peers[0][1])}-{restart}"
+    who = Identity(env.rank, env.world_size, socket.gethostname(), tuple(trainer.peers), run_id)
+    return Watchdog(trainer.beacon, who, folder, setting, cfg.timeout_s,
+                    lambda: trainer.metrics.step_times[-100:], log.info)
 
 
 def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, environ: Mapping[str, str],

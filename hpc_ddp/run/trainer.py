@@ -6,15 +6,22 @@ the same step, at no extra collective.
 
 Two seams serve whoever drives a Trainer other than `run()` (the bench): `train_step` is one optimizer step
 exactly as the loop takes it, and `commit` (a constructor argument) is how a checkpoint is made durable.
+
+Hangs and stragglers: the loop keeps the rank's progress beacon (run/beacon.py) on the phase it is in, for
+the hang watchdog (run/watchdog.py), and splits each step's time into data, compute and communication wait.
+Every few steps the ranks compare those splits with one small all-gather (run/stragglers.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import itertools
 import random
+import socket
+import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
@@ -22,16 +29,18 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from hpc_ddp._version import __version__
 from hpc_ddp.dist import group
 from hpc_ddp.dist.env import DistEnv
-from hpc_ddp.dist.group import hang_watch
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import checkpoint, metrics, preemption, resume
+from hpc_ddp.run import beacon as phase
+from hpc_ddp.run import checkpoint, metrics, preemption, resume, stragglers
+from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.position import Outcome, Position
 from hpc_ddp.run.tasks import Task
@@ -78,6 +87,14 @@ def _ordered_mean_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP ch
     return future.then(ordered_sum)
 
 
+CommHook = Callable[[Any, Any], "torch.futures.Future[torch.Tensor]"]
+
+
+def _allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
+    """DDP's own: an average over the ranks (what it does without a hook)."""
+    return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+
 class Trainer:
     """Owns the model, optimizer and data of one rank; `run()` trains until done or an agreed stop.
 
@@ -88,9 +105,17 @@ class Trainer:
     `checkpoint.commit` unless the caller passes its own, e.g. one that times it."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task, folder: Path,
-                 log: RankLog, commit: checkpoint.Commit = checkpoint.commit) -> None:
+                 log: RankLog, commit: checkpoint.Commit = checkpoint.commit, beacon: Beacon | None = None,
+                 comm_hook: CommHook | None = None) -> None:
         self.cfg, self.env, self.device, self.folder, self.log = cfg, env, device, folder, log
         self.commit = commit
+        self.beacon = beacon or Beacon()  # what this rank does, for the hang watchdog (run/watchdog.py)
+        self.window = stragglers.Window()  # this rank's time split since the last straggler check
+        self.judge = stragglers.Judge()
+        self._grads_ready = 0.0  # when backward's last gradient bucket was ready (the comm wait starts)
+        # Every rank's host and pid, once, at start: the straggler report and the hang verdict name hosts.
+        self.peers: list[tuple[str, int]] = [("", 0)] * env.world_size
+        dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
         self.loss_fn = task.loss_fn
         self.sampler: DistributedSampler[Any] = DistributedSampler(
             task.dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed, drop_last=True)
@@ -105,14 +130,17 @@ class Trainer:
                        gradient_as_bucket_view=True)
         group.hold(self.ddp)  # its Reducer holds the group: it must be gone before the group is
         try:
-            self._finish_init(cfg, env, device, task)
+            self._finish_init(cfg, env, device, task, comm_hook)
         except BaseException:
             self.close()  # a user optimizer or the DataLoader raised: release DDP before the group goes
             raise
 
-    def _finish_init(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task) -> None:
-        if cfg.deterministic and env.world_size > 1:
-            self.ddp.register_comm_hook(None, _ordered_mean_hook)
+    def _finish_init(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task,
+                     comm_hook: CommHook | None) -> None:
+        # Every bucket's all-reduce goes through this hook, which notes when backward's last bucket is ready:
+        # from then on this rank only waits for the others (the beacon's "gradient all-reduce").
+        inner = comm_hook or (_ordered_mean_hook if cfg.deterministic and env.world_size > 1 else _allreduce_hook)
+        self.ddp.register_comm_hook(None, self._marking(inner))
         params = self.model.parameters()  # the same tensors as DDP's, without a reference to the DDP module
         self.optimizer = task.optimizer(params) if task.optimizer else torch.optim.SGD(params, lr=cfg.lr)
         self.scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
@@ -130,6 +158,16 @@ class Trainer:
         self.pos = Position()
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
         self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
+
+    def _marking(self, inner: CommHook) -> CommHook:
+        beacon = self.beacon
+
+        def marked(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
+            if bucket.is_last():
+                self._grads_ready = beacon.set(phase.GRAD_ALLREDUCE)
+            return inner(state, bucket)
+
+        return marked
 
     # ----- end of life ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -187,6 +225,7 @@ class Trainer:
         """Checkpoint at the current position: rank 0 copies state to CPU now and writes it in the background.
         `final` also waits until the file is durable. A position already saved is not written twice."""
         if self.saved_step != self.pos.step:
+            self.beacon.set(phase.CHECKPOINT)
             state = self.state()  # collective: every rank takes part, so every rank decides the same way
             self.saved_step = self.pos.step
             if self.env.is_main:
@@ -220,18 +259,30 @@ class Trainer:
 
     def accumulated_step(self, micro_batches: Iterable[tuple[Any, Any]], count: int) -> Agreed:
         """One optimizer step over `count` micro-batches (--grad-accum): the gradients of all but the last
-        accumulate locally (`no_sync`) and the last one's backward all-reduces them, once per step. Each
-        micro-batch is computed under the hang watch; `micro_batches` is read lazily, so loading data (a
-        DataLoader iterator) stays outside it, and no more than one batch is held at a time."""
+        accumulate locally (`no_sync`) and the last one's backward all-reduces them, once per step. The beacon
+        follows each phase and the straggler window gets its time split; `micro_batches` is read lazily, so
+        loading data (the loader iterator, timed as data loading) happens between micro-steps."""
         self._step_loss.zero_()
         done = 0
+        window, beacon = self.window, self.beacon
         for inputs, target in micro_batches:
             done += 1
-            with hang_watch(self.cfg.timeout_s):
-                self._step_loss += self._micro_step(inputs, target, 1.0 / count, sync=done == count)
-                if done == count:
-                    self._optimizer_step()
-                    return self._agree(self._step_loss, count)
+            start = beacon.set(phase.COMPUTE)
+            self._grads_ready = 0.0
+            self._step_loss += self._micro_step(inputs, target, 1.0 / count, sync=done == count)
+            if done == count:
+                now = beacon.set(phase.OPTIMIZER)
+                ready = self._grads_ready or now  # no hook call: world of one without buckets, or no_sync
+                window.compute_s += ready - start
+                window.comm_s += now - ready  # what remained of the gradient all-reduce after backward
+                self._optimizer_step()
+                now, start = beacon.set(phase.STEP_ALLREDUCE), now
+                window.compute_s += now - start
+                agreed = self._agree(self._step_loss, count)
+                window.comm_s += time.monotonic() - now
+                window.steps += 1
+                return agreed
+            window.compute_s += time.monotonic() - start
         raise RuntimeError(f"internal error: {done} micro-batch(es) came for an optimizer step of {count}")
 
     def _micro_step(self, inputs: Any, target: Any, scale: float, sync: bool) -> torch.Tensor:
@@ -278,7 +329,7 @@ class Trainer:
         self.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one after a restart
         self.skip.skip = pos.batch * cfg.batch_size
         self.loader_gen.manual_seed(cfg.seed * 1_000_003 + epoch)
-        batches = iter(self.loader)
+        batches = self._timed(iter(self.loader))
         while pos.batch < self.batches_per_epoch:
             # A resumed epoch starts at a step boundary; the epoch's last step may have fewer micro-batches.
             size = min(cfg.grad_accum, self.batches_per_epoch - pos.batch)
@@ -289,11 +340,37 @@ class Trainer:
                               cfg.batch_size * size * self.env.world_size)
             if agreed.requeue or agreed.stop:
                 return Outcome(False, agreed.requeue, agreed.stop)
+            if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1:
+                self.check_stragglers()
             if cfg.save_every_steps and pos.step % cfg.save_every_steps == 0:
                 self.save()
             if cfg.max_steps and pos.step >= cfg.max_steps:
                 return Outcome(True)
         return None
+
+    def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The loader's batches, each fetched in the beacon's "data loading" phase and timed."""
+        while True:
+            start = self.beacon.set(phase.DATA, self.pos.step + 1)  # the step in the making, counted from 1
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            self.window.data_s += time.monotonic() - start
+            yield batch
+
+    def check_stragglers(self) -> None:
+        """Every EVERY_STEPS steps, on every rank at the same step: all-gather each rank's time split of the
+        window (one fixed-size row) and judge it the same way everywhere; rank 0 names a straggler."""
+        self.beacon.set(phase.STRAGGLER_GATHER)
+        mine = torch.tensor(self.window.row(), dtype=torch.float64, device=self.device)
+        rows = [torch.empty_like(mine) for _ in range(self.env.world_size)]
+        dist.all_gather(rows, mine)
+        self.window.reset()
+        for slow in self.judge.add([row.tolist() for row in rows]):
+            host = self.peers[slow.rank][0]
+            self.log.main(stragglers.describe(slow, host, self.pos.step))
+            self.metrics.straggler(self.pos, slow.rank, host, slow.phase, slow.slower)
 
     def run(self) -> Outcome:
         """Train from `self.pos` to the end, or until every rank agreed to stop."""

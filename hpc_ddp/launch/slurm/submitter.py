@@ -44,7 +44,7 @@ from hpc_ddp.launch.slurm.request import (JobState, SlurmRequest, check_signal_d
                                           parse_sacct, parse_scontrol, parse_time, pending_hint, sbatch_error,
                                           submit_environ)
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import preemption
+from hpc_ddp.run import preemption, watchdog
 
 if TYPE_CHECKING:
     from hpc_ddp.launch.shape import JobShape
@@ -299,6 +299,11 @@ def report(job_id: str, folder: Path, world_size: int, state: JobState, submitte
     if state.state == "COMPLETED":
         say(f"job {job_id} completed; run folder {folder}")
         return exitcodes.OK
+    # A hang verdict decides, not the exit code alone: srun reports the highest task code or 128+signal.
+    verdict = watchdog.read_verdict(folder, since=submitted_at)
+    if verdict is not None and state.state != "CANCELLED":
+        say(f"job {job_id}: {verdict.get('line', 'hang')}; every rank's report: {folder / watchdog.VERDICT}")
+        return exitcodes.HANG
     if state.state == "FAILED" and state.exit_code == exitcodes.PREEMPTED:
         say(f"job {job_id} stopped after a signal and was not requeued (see the log above){resume}")
         return exitcodes.PREEMPTED

@@ -1,0 +1,100 @@
+"""The hang verdict: from the reports of the ranks that still answer, one line that names the culprit.
+
+Pure: reports in, text and a record out (`run/watchdog.py` gathers the reports through the run folder).
+A report is what one rank says about itself once its watchdog fired: rank, host, pid, phase, step, seconds
+in that phase, whether the phase is a collective (waiting for others), its innermost user frame and its
+stacks. The rules, in order:
+
+1. Ranks that sent nothing within the collection window are unresponsive (stopped, frozen in native code
+   holding the GIL, or their node is gone): they are the culprits.
+2. Otherwise the ranks that are *not* waiting in a collective are the culprits (stuck in data loading, in
+   forward and backward, in the optimizer, in a save); the ranks in a collective wait for them.
+3. Otherwise, every rank waits in a collective: if they wait in different ones (or at different steps) the
+   collectives do not match and no single rank is to blame; if all wait in the same one, no rank is to
+   blame either (a peer outside the job, the network).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 4, 6, 7] -> '0-2,4,6-7'."""
+    parts: list[str] = []
+    ordered = sorted(set(ranks))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _who(rank: int, host: str, pid: int | None) -> str:
+    return f"rank {rank} ({host}, pid {pid})" if pid else f"rank {rank} ({host})"
+
+
+def _where(frame: Mapping[str, Any] | None) -> str:
+    if not frame:
+        return ""
+    return f'File "{frame["file"]}", line {frame["line"]}, in {frame["function"]}'
+
+
+def decide(reports: Sequence[Mapping[str, Any]], world_size: int,
+           peers: Sequence[tuple[str, int]], window_s: float) -> dict[str, Any]:
+    """The verdict record: `line` (one line for humans), `culprits`, `unresponsive`, `waiting`, `phase` and
+    `step` of the first culprit (what a requeue decision needs), and `reason` (which rule applied)."""
+    by_rank = {int(r["rank"]): r for r in reports}
+    missing = [r for r in range(world_size) if r not in by_rank]
+    waiting = sorted(r for r, rep in by_rank.items() if rep["collective"])
+    working = sorted(r for r, rep in by_rank.items() if not rep["collective"])
+    steps = [int(r["step"]) for r in reports]
+    step = min(steps) if steps else None
+    head = f"hang at step {step}: " if step is not None else "hang: "
+    record: dict[str, Any] = {"step": step, "unresponsive": missing, "waiting": waiting, "culprits": [],
+                              "phase": None, "host": None}
+
+    def waiters_text(culprits: Sequence[int]) -> str:
+        others = [r for r in waiting if r not in culprits]
+        if not others:
+            return ""
+        phases = sorted({str(by_rank[r]["phase"]) for r in others})
+        who = f"rank {others[0]} waits" if len(others) == 1 else f"ranks {ranks_text(others)} wait"
+        return f"; {who} for {'it' if len(culprits) == 1 else 'them'} in " + " / ".join(phases)
+
+    if missing:
+        hosts = [peers[r][0] if r < len(peers) else "?" for r in missing]
+        names = ", ".join(_who(r, h, peers[r][1] if r < len(peers) else None) for r, h in zip(missing, hosts))
+        verb = "is" if len(missing) == 1 else "are"
+        line = (f"{head}{names} {verb} unresponsive: no report within {window_s:g} s (stopped, frozen in native "
+                f"code, or its node is gone)" + waiters_text(missing))
+        record.update(culprits=missing, reason="unresponsive", host=hosts[0])
+        if working:
+            line += f". Also not waiting: ranks {ranks_text(working)}"
+        return {**record, "line": line}
+    if working:
+        first = by_rank[working[0]]
+        names = ", ".join(_who(r, str(by_rank[r]["host"]), by_rank[r].get("pid")) for r in working)
+        verb = "has" if len(working) == 1 else "have"
+        line = (f"{head}{names} {verb} been in {first['phase']} for {float(first['stalled_s']):.0f} s"
+                + waiters_text(working))
+        where = _where(first.get("user_frame"))
+        if where:
+            line += f". Rank {first['rank']}'s stack: ... {where}"
+        record.update(culprits=working, reason="stuck", phase=first["phase"], host=first["host"])
+        return {**record, "line": line}
+    spots = sorted({(str(r["phase"]), int(r["step"])) for r in reports})
+    if len(spots) > 1:
+        groups = "; ".join(
+            f"ranks {ranks_text([r for r, rep in by_rank.items() if (rep['phase'], rep['step']) == spot])} in "
+            f"{spot[0]} at step {spot[1]}" for spot in spots)
+        line = (f"{head}no single rank is to blame: the ranks wait in different collectives ({groups}); a "
+                "collective that only some ranks call (rank-dependent code) deadlocks like this")
+        return {**record, "line": line, "reason": "mismatched"}
+    line = (f"{head}no single rank is to blame: every rank waits in {spots[0][0]} (a peer outside this job, "
+            "or the network between the nodes)")
+    return {**record, "line": line, "reason": "all-waiting"}

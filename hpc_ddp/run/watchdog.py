@@ -1,0 +1,272 @@
+"""The hang watchdog: notice a stalled rank within seconds, find the culprit while every rank is alive, end.
+
+One daemon thread per rank reads the progress beacon (`run/beacon.py`) once per `TICK_S`. When this rank has
+been in the same phase at the same step for longer than the hang threshold, it diagnoses:
+
+1. It writes its own report (rank, host, pid, phase, step, seconds stalled, every thread's Python stack, the
+   innermost frame of user code) to `<folder>/hang/<run id>/rank-<N>.json` on shared storage. Not through the
+   TCP store, which lives in rank 0's process and dies with it; never through USR1/USR2/TERM, which mean
+   preemption. In a hang every rank stalls within about a step of the others (the culprit where it is stuck,
+   the rest in the next collective), so every watchdog fires at about the same time.
+2. It waits up to `WINDOW_S` for the other ranks' reports. The lowest rank that reported claims the verdict
+   (an O_EXCL file, so exactly one writes it), decides it (`run/verdict.py`), and writes `<folder>/hang.json`
+   atomically; the others wait for that file. Every rank prints the verdict line and its own stack to its log.
+3. Every rank that can still run exits with `exitcodes.HANG` (os._exit, from this thread: the main thread is
+   the one that is stuck). srun, torchrun and the local launcher then end the step; they read hang.json.
+
+What can run when: a main thread blocked in a gloo or NCCL wait, in `time.sleep` or in I/O releases the GIL,
+so this thread runs. One stuck in native code that holds the GIL stops every Python thread, this one too.
+For that case the watchdog keeps faulthandler's timer (a C thread) armed a little beyond the threshold and
+pushes it forward on every tick: a dead man's switch. If the ticks stop, faulthandler dumps every thread's
+stack to the rank's log and exits 1, and the other ranks' verdict names this rank as unresponsive.
+
+Healthy runs cost one beacon read per second and one timer re-arm; shared storage is never touched.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from hpc_ddp import exitcodes
+from hpc_ddp.run import beacon as phases
+from hpc_ddp.run.beacon import Beacon
+from hpc_ddp.run.verdict import decide
+
+TICK_S = 1.0
+WINDOW_S = 5.0  # how long the ranks' reports are collected: a rank silent that long is unresponsive
+FLOOR_S = 60.0  # auto: never below this (within the cap), whatever the step times say
+STEP_MULTIPLE = 20.0  # auto: this many median step times
+MIN_STEPS = 3  # auto: until this many steps were timed, only the long threshold applies
+BACKSTOP_MARGIN_S = 30.0  # faulthandler fires this long after the threshold if the ticks stopped
+HANG_DIR = "hang"
+VERDICT = "hang.json"
+
+
+def threshold_s(setting: float | None, timeout_s: float, step_times: Sequence[float], phase: str) -> float:
+    """How long a rank may stay in one phase at one step (pure). `setting` None means auto.
+
+    auto: half of --timeout-s (so the verdict always comes before the collective timeout) for slow phases
+    (startup, user setup, saves, the end) and until `MIN_STEPS` steps were timed; else 20 median step times,
+    at least 60 s, at most half of --timeout-s."""
+    if setting is not None:
+        return setting
+    cap = timeout_s / 2
+    if phase in phases.SLOW or len(step_times) < MIN_STEPS:
+        return cap
+    ordered = sorted(step_times)
+    median = ordered[len(ordered) // 2]
+    return min(cap, max(FLOOR_S, STEP_MULTIPLE * median))
+
+
+_LIBRARY_DIRS = tuple({os.path.dirname(os.path.dirname(__file__)) + os.sep,  # hpc_ddp
+                       sysconfig.get_paths()["stdlib"] + os.sep})
+
+
+def _is_library(filename: str) -> bool:
+    return filename.startswith(_LIBRARY_DIRS) or f"{os.sep}torch{os.sep}" in filename or filename.startswith("<")
+
+
+def user_frame(frame: FrameType | None) -> dict[str, Any] | None:
+    """The innermost frame of user code (not hpc_ddp, torch or the standard library) in a thread's stack."""
+    while frame is not None:
+        if not _is_library(frame.f_code.co_filename):
+            return {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
+        frame = frame.f_back
+    return None
+
+
+def stacks(skip: int) -> str:
+    """Every thread's Python stack but thread `skip` (the watchdog's own), main thread first."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    frames = sys._current_frames()
+    main = threading.main_thread().ident
+    out = []
+    for ident in sorted(frames, key=lambda i: i != main):
+        if ident == skip:
+            continue
+        out.append(f'Thread "{names.get(ident, ident)}":\n' + "".join(traceback.format_stack(frames[ident])))
+    return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this rank is, and every rank's host and pid (one all-gather at start, for unresponsive ranks)."""
+
+    rank: int
+    world_size: int
+    host: str
+    peers: tuple[tuple[str, int], ...]
+    run_id: str  # job id and restart: reports of a requeued run never mix with the last one's
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Watchdog:
+    """Start it once training is about to begin, stop it before teardown (see the module docstring)."""
+
+    def __init__(self, beacon: Beacon, who: Identity, folder: Path, setting: float | None, timeout_s: float,
+                 step_times: Callable[[], Sequence[float]], say: Callable[[str], None],
+                 leave: Callable[[int], Any] = exitcodes.leave) -> None:
+        self.beacon, self.who, self.folder, self.setting, self.timeout_s = beacon, who, folder, setting, timeout_s
+        self.step_times, self.say, self.leave = step_times, say, leave
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="hpc_ddp-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._arm()
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=2 * TICK_S)
+        faulthandler.cancel_dump_traceback_later()
+
+    def __enter__(self) -> Watchdog:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def limit(self) -> float:
+        return threshold_s(self.setting, self.timeout_s, self.step_times(), self.beacon.state[0])
+
+    def _arm(self) -> None:
+        # The dead man's switch: pushed forward on every tick; fires only if the ticks stop (GIL held).
+        faulthandler.dump_traceback_later(self.limit() + WINDOW_S + BACKSTOP_MARGIN_S, exit=True)
+
+    def _watch(self) -> None:
+        while not self.stopped.wait(TICK_S):
+            self._arm()
+            phase, step, since = self.beacon.state
+            stalled = time.monotonic() - since
+            if stalled > self.limit() and not self.stopped.is_set():
+                faulthandler.cancel_dump_traceback_later()  # from here on, this thread ends the process
+                self.diagnose(phase, step, stalled)
+                return
+
+    # ----- diagnosis ------------------------------------------------------------------------------------
+    def report(self, phase: str, step: int, stalled: float) -> dict[str, Any]:
+        main = sys._current_frames().get(threading.main_thread().ident or 0)
+        return {"rank": self.who.rank, "host": self.who.host, "pid": os.getpid(), "phase": phase, "step": step,
+                "stalled_s": round(stalled, 1), "collective": phase in phases.COLLECTIVE,
+                "user_frame": user_frame(main), "stack": stacks(skip=threading.get_ident()),
+                "time": round(time.time(), 3)}
+
+    def diagnose(self, phase: str, step: int, stalled: float) -> None:
+        """Report, collect, decide (lowest reporting rank), print, and leave with exitcodes.HANG."""
+        who = self.who
+        try:
+            where = self.folder / HANG_DIR / who.run_id
+            where.mkdir(parents=True, exist_ok=True)
+            mine = self.report(phase, step, stalled)
+            _write_json(where / f"rank-{who.rank}.json", mine)
+            reports = self._collect(where)
+            verdict, decided = self._verdict(where, reports)
+            line = verdict.get("line", "hang: no verdict was written in time; see every rank's log")
+            # The verdict once on the job's console (by the rank that decided it); every rank's own report in
+            # its log only: unprefixed lines of ranks other than 0 stay out of the local launcher's console.
+            if decided:
+                self.say(line)
+            _raw(("" if decided else f"{line}\n") + f"hpc_ddp: rank {who.rank} was in {phase} at step {step} for "
+                 f"{stalled:.0f} s; its stacks:\n{mine['stack']}")
+        except Exception as e:  # the run folder is gone or read-only: still end, never hang here
+            self.say(f"hang: rank {who.rank} stalled in {phase} at step {step} for {stalled:.0f} s, and its "
+                     f"report could not be written ({e})")
+        _end_children()
+        self.leave(exitcodes.HANG)
+
+    def _collect(self, where: Path) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + WINDOW_S
+        while True:
+            reports = []
+            for path in where.glob("rank-*.json"):
+                try:
+                    reports.append(json.loads(path.read_text()))
+                except (OSError, ValueError):  # being written (the rename is atomic, a torn read is not)
+                    continue
+            if len(reports) >= self.who.world_size or time.monotonic() >= deadline:
+                return reports
+            time.sleep(0.2)
+
+    def _verdict(self, where: Path, reports: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+        """The verdict record, and whether this rank decided it."""
+        verdict_path = self.folder / VERDICT
+        lowest = min((int(r["rank"]) for r in reports), default=self.who.rank)
+        if lowest == self.who.rank:
+            try:  # exactly one rank writes the verdict, even if two saw themselves lowest
+                os.close(os.open(where / "verdict.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                record = decide(reports, self.who.world_size, self.who.peers, WINDOW_S)
+                record.update(run_id=self.who.run_id, decided_by=self.who.rank, reports=reports)
+                _write_json(verdict_path, record)
+                return record, True
+        deadline = time.monotonic() + 2 * WINDOW_S
+        while time.monotonic() < deadline:
+            try:
+                record = json.loads(verdict_path.read_text())
+                if record.get("run_id") == self.who.run_id:
+                    return dict(record), False
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        return {}, False
+
+
+def _end_children() -> None:
+    """SIGKILL the processes this rank started (DataLoader workers): one stuck in the user's __getitem__ never
+    looks for its parent, and would outlive the rank's os._exit."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def _raw(text: str) -> None:
+    try:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def read_verdict(folder: Path, since: float = 0.0) -> dict[str, Any] | None:
+    """The hang verdict of a run folder, if one was written after `since` (epoch seconds); for launchers."""
+    path = folder / VERDICT
+    try:
+        if path.stat().st_mtime < since:
+            return None
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None

@@ -1,0 +1,101 @@
+"""The hang watchdog and straggler report on real runs (gloo, the local launcher): who, where, how fast."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_launch_local import finish, read_until, start
+
+from hpc_ddp import exitcodes
+
+pytestmark = [pytest.mark.slow, pytest.mark.deadline(120)]
+
+THRESHOLD_S = 4
+
+
+def hung_run(tmp_path: Path, task: str, *args: str, **env: str) -> tuple[int, str, float, dict]:
+    """A 1-node x 2-rank run whose rank 1 hangs; exit code, output, seconds from 'stuck now' to the verdict."""
+    proc = start(tmp_path, "--task", f"hang_tasks:{task}", "--nodes", "1", "--epochs", "3",
+                 "--hang-timeout-s", str(THRESHOLD_S), *args, **env)
+    read_until(proc, "stuck now", timeout=90)
+    stuck_at = time.monotonic()
+    code, out = finish(proc, timeout=90)
+    took = time.monotonic() - stuck_at
+    children_gone(proc)
+    return code, out, took, json.loads((tmp_path / "hang.json").read_text())
+
+
+def children_gone(proc: object) -> None:
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "hang_tasks:" in " ".join(p.info["cmdline"] or [])
+                and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def verdict_line(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("[launcher] hang at step"))
+
+
+def test_a_rank_stuck_in_its_loss_function_is_named_with_its_line(tmp_path: Path) -> None:
+    code, out, took, verdict = hung_run(tmp_path, "in_loss")
+    assert code == exitcodes.HANG, out
+    line = verdict_line(out)
+    assert "hang at step 3: rank 1 (" in line and "has been in forward and backward for" in line
+    assert "rank 0 waits for it in the gradient all-reduce" in line
+    assert 'hang_tasks.py", line' in line and "in _stuck" in line
+    assert verdict["culprits"] == [1] and verdict["phase"] == "forward and backward" and verdict["step"] == 3
+    assert {r["rank"] for r in verdict["reports"]} == {0, 1}
+    assert "in loss_fn" in (tmp_path / "logs" / "rank1.log").read_text()  # its full stack, in its log
+    assert took < THRESHOLD_S + 10, f"detected after {took:.1f} s"
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_rank_stuck_in_getitem_is_named_in_data_loading(workers: str, tmp_path: Path) -> None:
+    code, out, took, verdict = hung_run(tmp_path, "in_getitem", "--num-workers", workers)
+    assert code == exitcodes.HANG, out
+    line = verdict_line(out)
+    assert "rank 1 (" in line and "has been in data loading for" in line, line
+    if workers == "0":  # in the rank's own process: its line is named
+        assert "in _stuck" in line and verdict["reports"][0]["user_frame"] is not None or "in _stuck" in line
+    assert verdict["culprits"] == [1] and verdict["phase"] == "data loading"
+    assert took < THRESHOLD_S + 10, f"detected after {took:.1f} s"
+
+
+def test_a_frozen_rank_is_named_unresponsive_with_its_host(tmp_path: Path) -> None:
+    proc = start(tmp_path, "--task", "slow_tasks:slow", "--nodes", "1", "--epochs", "50",
+                 "--hang-timeout-s", str(THRESHOLD_S), SLOW_TASK_SLEEP_S="0.01")
+    read_until(proc, "Epoch 0,", timeout=90)
+    rank1 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "1")
+    rank1.send_signal(signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    code, out = finish(proc, timeout=90)
+    took = time.monotonic() - frozen_at
+    assert code == exitcodes.HANG, out
+    line = verdict_line(out)
+    assert f"rank 1 (" in line and f"pid {rank1.pid}) is unresponsive" in line, line
+    assert not rank1.is_running() or rank1.status() == psutil.STATUS_ZOMBIE
+    assert took < THRESHOLD_S + 15, f"detected after {took:.1f} s"
+
+
+def test_a_rank_three_times_slower_is_named_a_straggler_within_20_steps(tmp_path: Path) -> None:
+    code, out = finish(start(tmp_path, "--task", "hang_tasks:straggler", "--epochs", "2", "--batch-size", "8",
+                             "--max-steps", "25"), timeout=90)
+    assert code == 0, out
+    named = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if '"straggler"' in line]
+    assert named and named[0]["rank"] == 1 and named[0]["phase"] == "data loading", out
+    assert named[0]["step"] <= 20 and named[0]["slower"] > 1.5
+    assert f"straggler at step {named[0]['step']}: rank 1 (" in out
+    assert len({r["rank"] for r in named}) == 1  # nobody else
+
+
+def test_a_healthy_run_with_a_slow_first_step_and_slow_saves_raises_no_alarm(tmp_path: Path) -> None:
+    """auto with --timeout-s 8: every threshold is 4 s; the first step and each save take 3 s."""
+    code, out = finish(start(tmp_path, "--task", "hang_tasks:slow_start_and_save", "--epochs", "2",
+                             "--timeout-s", "8", SLOW_S="3"), timeout=90)
+    assert code == 0, out
+    assert "hang" not in out.lower() and "straggler" not in out
+    assert not (tmp_path / "hang.json").exists()
