@@ -49,7 +49,7 @@ WINDOW_S = 5.0  # how long the ranks' reports are collected: a rank silent that 
 FLOOR_S = 60.0  # auto: never below this (within the cap), whatever the step times say
 STEP_MULTIPLE = 20.0  # auto: this many median step times
 MIN_STEPS = 3  # auto: until this many steps were timed, only the long threshold applies
-BACKSTOP_MARGIN_S = 30.0  # faulthandler fires this long after the threshold if the ticks stopped
+BACKSTOP_MARGIN_S = 10.0  # faulthandler fires this long after threshold + window if the ticks stopped
 HANG_DIR = "hang"
 VERDICT = "hang.json"
 
