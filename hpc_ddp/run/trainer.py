@@ -102,11 +102,14 @@ class Trainer:
     errors too, so its DDP module never outlives the group.
 
     `commit(folder, state, step, keep)` makes a checkpoint durable on the writer thread (rank 0):
-    `checkpoint.commit` unless the caller passes its own, e.g. one that times it."""
+    `checkpoint.commit` unless the caller passes its own, e.g. one that times it.
+
+    `mark_grads=False` (the baseline of `python -m hpc_ddp.bench watchdog`): no marking hook; `comm_hook`,
+    if given, is registered as it is, and without one DDP all-reduces on its own C++ path (no Python)."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task, folder: Path,
                  log: RankLog, commit: checkpoint.Commit = checkpoint.commit, beacon: Beacon | None = None,
-                 comm_hook: CommHook | None = None) -> None:
+                 comm_hook: CommHook | None = None, mark_grads: bool = True) -> None:
         self.cfg, self.env, self.device, self.folder, self.log = cfg, env, device, folder, log
         self.commit = commit
         self.beacon = beacon or Beacon()  # what this rank does, for the hang watchdog (run/watchdog.py)
@@ -130,17 +133,20 @@ class Trainer:
                        gradient_as_bucket_view=True)
         group.hold(self.ddp)  # its Reducer holds the group: it must be gone before the group is
         try:
-            self._finish_init(cfg, env, device, task, comm_hook)
+            self._finish_init(cfg, env, device, task, comm_hook, mark_grads)
         except BaseException:
             self.close()  # a user optimizer or the DataLoader raised: release DDP before the group goes
             raise
 
     def _finish_init(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task,
-                     comm_hook: CommHook | None) -> None:
+                     comm_hook: CommHook | None, mark_grads: bool) -> None:
         # Every bucket's all-reduce goes through this hook, which notes when backward's last bucket is ready:
         # from then on this rank only waits for the others (the beacon's "gradient all-reduce").
-        inner = comm_hook or (_ordered_mean_hook if cfg.deterministic and env.world_size > 1 else _allreduce_hook)
-        self.ddp.register_comm_hook(None, self._marking(inner))
+        inner = comm_hook or (_ordered_mean_hook if cfg.deterministic and env.world_size > 1 else None)
+        if mark_grads:
+            self.ddp.register_comm_hook(None, self._marking(inner or _allreduce_hook))
+        elif inner is not None:
+            self.ddp.register_comm_hook(None, inner)
         params = self.model.parameters()  # the same tensors as DDP's, without a reference to the DDP module
         self.optimizer = task.optimizer(params) if task.optimizer else torch.optim.SGD(params, lr=cfg.lr)
         self.scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
