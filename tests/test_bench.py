@@ -9,13 +9,21 @@ import json
 import math
 
 import pytest
+import torch
 from conftest import run_module
 
-from hpc_ddp.bench import hand, report, runs, suite
+from hpc_ddp.bench import hand, report, runs, suite, watching
+from hpc_ddp.dist.env import detect
+from hpc_ddp.dist.group import process_group
+from hpc_ddp.log import RankLog
+from hpc_ddp.run import tasks
+from hpc_ddp.run.beacon import NullBeacon
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.trainer import Trainer
 
 
-@pytest.mark.slow  # about a minute: six short real runs (kit, hand loops, torchrun) and two saves
-@pytest.mark.deadline(200)  # 40 s measured
+@pytest.mark.slow  # about a minute: six short real runs (kit, hand loops, torchrun), two saves, a 2-rank job
+@pytest.mark.deadline(200)  # 40 s measured, and about 10 s for the watchdog section
 def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_module("hpc_ddp.bench", "--quick", "--json", str(out), "--folder", str(tmp_path / "runs"),
@@ -26,15 +34,61 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     assert list(sections) == list(suite.SECTIONS)
     figures = [sections["overhead"]["kit_vs_naive"], sections["overhead"]["kit_vs_tuned"],
                sections["scaling"]["efficiency"], sections["checkpoint"]["kit_vs_raw"],
-               sections["checkpoint"]["stall_ms"], sections["launch"]["local_vs_torchrun"]]
+               sections["checkpoint"]["stall_ms"], sections["launch"]["local_vs_torchrun"],
+               sections["watchdog"]["with_vs_without"], sections["watchdog"]["with_samples_per_s"],
+               sections["watchdog"]["without_samples_per_s"]]
     assert all(isinstance(x, float) and math.isfinite(x) and x > 0 for x in figures), figures
     assert [t["name"] for t in report["targets"]] == [
         "kit / hand loop, default threads", "kit / hand loop, tuned threads", "checkpoint / raw write",
-        "launch / torchrun"]
+        "launch / torchrun", "hang watch on / off"]
     assert all(isinstance(t["met"], bool) for t in report["targets"])
     assert report["settings"]["quick"] is True
     assert "samples/s" in proc.stdout and "target  launch / torchrun" in proc.stdout  # the table
     assert "[bench] trial 1/1 launch-torchrun:" in proc.stderr  # a progress line per run
+    assert "[bench] trial 1/1 watchdog: with" in proc.stderr
+    assert [len(x) for x in sections["watchdog"]["trials"].values()] == [1, 1]
+
+
+@pytest.mark.slow  # a 2-rank job: about 10 s
+@pytest.mark.deadline(120)
+def test_quick_watchdog_section_alone_reports_its_ratio(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run_module("hpc_ddp.bench", "watchdog", "--quick", "--json", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    watch = report["sections"]["watchdog"]
+    assert list(report["sections"]) == ["watchdog"] and watch["ranks"] == 2
+    ratio = watch["with_vs_without"]
+    assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0
+    assert report["targets"] == [
+        {"name": "hang watch on / off", "value": ratio, "op": ">=", "threshold": 0.99, "met": ratio >= 0.99}]
+    assert "CPU on / off" in proc.stdout and "target  hang watch on / off" in proc.stdout
+    assert watch["with_cpu_ms_per_step"] > 0 and watch["cpu_with_vs_without"] > 0
+
+
+def test_watchdog_baseline_has_no_comm_hook_and_trains_the_same_steps(tmp_path):
+    """Neither variant has a comm hook (DDP's built-in all-reduce); the default marks the end of backward for
+    the beacon, Trainer(mark_grads=False) (the section's `without`) does not; the same parameters after the
+    same steps."""
+    cfg = TrainConfig(epochs=1, batch_size=50, save_every_epochs=0, max_steps=3)
+    single = detect({})
+    params = []
+    with process_group(single, torch.device("cpu")):
+        for kwargs in ({}, {"beacon": NullBeacon(), "mark_grads": False}):
+            torch.manual_seed(cfg.seed)
+            with Trainer(cfg, single, torch.device("cpu"), tasks.build(cfg), tmp_path, RankLog(0),
+                         **kwargs) as trainer:
+                hooks = len(trainer.ddp._comm_hooks)
+                trainer.run()
+                marked = trainer._grads_ready > 0
+            assert hooks == 0 and marked == (not kwargs)
+            params.append([p.detach().clone() for p in trainer.model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*params, strict=True))
+
+
+def test_watchdog_blocks_split_a_trial():
+    assert watching.blocks(60) == [10] * 6
+    assert watching.blocks(25) == [10, 10, 5] and watching.blocks(4) == [4]
 
 
 def test_help_explains_each_section():

@@ -24,15 +24,21 @@ def hung_run(tmp_path: Path, task: str, *args: str, **env: str) -> tuple[int, st
                  "--hang-timeout-s", str(THRESHOLD_S), *args, **env)
     read_until(proc, "stuck now", timeout=90)
     stuck_at = time.monotonic()
+    started = psutil.Process(proc.pid).children(recursive=True)  # the ranks and their DataLoader workers
     code, out = finish(proc, timeout=90)
     took = time.monotonic() - stuck_at
-    children_gone(proc)
+    assert all_gone(started), out
     return code, out, took, json.loads((tmp_path / "hang.json").read_text())
 
 
-def children_gone(proc: object) -> None:
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "hang_tasks:" in " ".join(p.info["cmdline"] or [])
-                and p.status() != psutil.STATUS_ZOMBIE]
+def all_gone(processes: list[psutil.Process]) -> bool:
+    """None of `processes` is left (a zombie waiting for its reaper counts as gone)."""
+    def gone(p: psutil.Process) -> bool:
+        try:
+            return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    return all(gone(p) for p in processes)
 
 
 def verdict_line(out: str) -> str:

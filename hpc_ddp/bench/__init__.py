@@ -1,6 +1,6 @@
 """Measure the kit on this machine, side by side with what users would run without it.
 
-    python -m hpc_ddp.bench                        # every section, 5 interleaved trials (about 5 minutes)
+    python -m hpc_ddp.bench                        # every section, 5 interleaved trials (about 6 minutes)
     python -m hpc_ddp.bench overhead launch        # some sections only
     python -m hpc_ddp.bench --quick --json b.json  # one short trial each: tests the bench, measures nothing
 
@@ -36,8 +36,20 @@ Sections:
               wall-clock time rank 0 stamps on its metrics.jsonl record of step 1, written right after its
               first optimizer step (--log-every-s 0 makes both runs write it); the start is taken just before
               the command.
+  watchdog    What the hang watch costs: kit samples/s with it against without it, in one job of N ranks
+              (hpc_ddp/bench/watching.py) holding a Trainer of each. On: the progress beacons, the Trainer's
+              default comm hook (DDP's all-reduce in Python, marking when backward's last gradient bucket is
+              ready), the straggler all-gather every 5 steps, a running Watchdog with --hang-timeout-s auto.
+              Off: NullBeacon, no comm hook at all (DDP's built-in C++ all-reduce), no straggler check, no
+              watchdog. Both train through Trainer.run() in blocks of 10 steps that alternate A B B A ...
+              between the two (whole runs of seconds were too coarse for a 1 % target on a shared machine);
+              each trial is --steps steps of each, timed on rank 0, after one uncounted warm-up block each.
+              2 x --trials trials; the ratio is the median of the per-trial ratios. Also rank 0's CPU time
+              per step in each (its process, every thread): steadier than throughput on a busy machine, it
+              shows what the hang watch adds in work alone (no target).
 
 Targets (this 2-CPU machine): kit / default-threads loop >= 1.8x; kit / tuned loop >= 0.97x; checkpoint
->= 0.8x of the raw write; launch <= 1.0x of torchrun. The table and the JSON say which were met; the exit
-code is 0 whenever the bench ran (1 if a measured run failed, 2 for a usage error).
+>= 0.8x of the raw write; launch <= 1.0x of torchrun; hang watch on / off >= 0.99x (at most 1 % slower).
+The table and the JSON say which were met; the exit code is 0 whenever the bench ran (1 if a measured run
+failed, 2 for a usage error).
 """

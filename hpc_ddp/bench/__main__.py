@@ -17,9 +17,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("sections", nargs="*", metavar="SECTION",
                         help=f"sections to run: {', '.join(SECTIONS)} (default: all)")
     parser.add_argument("--trials", type=int, default=MIN_TRIALS,
-                        help=f"interleaved trials per figure (default: {MIN_TRIALS}; checkpoint: 10x)")
+                        help=f"interleaved trials per figure (default: {MIN_TRIALS}; checkpoint: 10x, "
+                             "watchdog: 2x)")
     parser.add_argument("--steps", type=int, default=60,
-                        help="optimizer steps per throughput run; the first is warm-up (default: 60)")
+                        help="optimizer steps per throughput run; the first is warm-up (watchdog: steps of "
+                             "each variant per trial, after a warm-up block) (default: 60)")
     parser.add_argument("--world-size", type=int, default=2, help="ranks on this machine (default: 2)")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default: 32)")
     parser.add_argument("--quick", action="store_true",

@@ -35,6 +35,8 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
         found.append(Target("checkpoint / raw write", results["checkpoint"]["kit_vs_raw"], ">=", 0.8))
     if "launch" in results:
         found.append(Target("launch / torchrun", results["launch"]["local_vs_torchrun"], "<=", 1.0))
+    if "watchdog" in results:
+        found.append(Target("hang watch on / off", results["watchdog"]["with_vs_without"], ">=", 0.99))
     return found
 
 
@@ -67,6 +69,15 @@ def rows(results: dict[str, dict[str, Any]], s: Settings) -> list[tuple[str, str
         out += [("launch", "submit --local: start to first step", f"{la['local_s']:.2f} s"),
                 ("", "torchrun --standalone: start to first step", f"{la['torchrun_s']:.2f} s"),
                 ("", "submit --local / torchrun", f"{la['local_vs_torchrun']:.2f}x")]
+    if "watchdog" in results:
+        w = results["watchdog"]
+        out += [("watchdog", f"on: beacons, marking hook, watchdog, {w['ranks']} ranks",
+                 f"{w['with_samples_per_s']:,.0f} samples/s"),
+                ("", "off: NullBeacon, DDP's own all-reduce", f"{w['without_samples_per_s']:,.0f} samples/s"),
+                ("", "on / off", f"{w['with_vs_without']:.3f}x"),
+                ("", "rank 0 CPU per step, on / off",
+                 f"{w['with_cpu_ms_per_step']:.1f} / {w['without_cpu_ms_per_step']:.1f} ms"),
+                ("", "CPU on / off", f"{w['cpu_with_vs_without']:.3f}x")]
     return out
 
 

@@ -43,6 +43,10 @@ class Settings:
     def launch_steps(self) -> int:
         return 1
 
+    @property
+    def watch_trials(self) -> int:
+        return self.trials if self.quick else 2 * self.trials  # ~5 s each, and a 1 % target
+
 
 class RunFailed(Exception):
     """A measured command failed: the bench stops, since its figures would mean nothing."""

@@ -13,12 +13,12 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.bench import saving, startup, throughput
+from hpc_ddp.bench import saving, startup, throughput, watching
 from hpc_ddp.bench.report import header, table, targets
 from hpc_ddp.bench.runs import TASK, RunFailed, Settings, load_average, progress
 
 PROG = "python -m hpc_ddp.bench"
-SECTIONS = ("overhead", "scaling", "checkpoint", "launch")
+SECTIONS = ("overhead", "scaling", "checkpoint", "launch", "watchdog")
 
 
 def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -29,6 +29,8 @@ def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, An
         results["checkpoint"] = saving.checkpoint_section(s)
     if "launch" in sections:
         results["launch"] = startup.launch_section(s)
+    if "watchdog" in sections:
+        results["watchdog"] = watching.watchdog_section(s)
     return {name: results[name] for name in SECTIONS if name in results}
 
 

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
@@ -90,11 +90,6 @@ def _ordered_mean_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP ch
 CommHook = Callable[[Any, Any], "torch.futures.Future[torch.Tensor]"]
 
 
-def _allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
-    """DDP's own: an average over the ranks (what it does without a hook)."""
-    return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
-
-
 class Trainer:
     """Owns the model, optimizer and data of one rank; `run()` trains until done or an agreed stop.
 
@@ -102,11 +97,14 @@ class Trainer:
     errors too, so its DDP module never outlives the group.
 
     `commit(folder, state, step, keep)` makes a checkpoint durable on the writer thread (rank 0):
-    `checkpoint.commit` unless the caller passes its own, e.g. one that times it."""
+    `checkpoint.commit` unless the caller passes its own, e.g. one that times it.
+
+    `comm_hook`, if given, is DDP's comm hook (none by default: DDP's own C++ all-reduce). `mark_grads=False`
+    (the baseline of `python -m hpc_ddp.bench watchdog`) skips the end-of-backward mark of the beacon."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task, folder: Path,
                  log: RankLog, commit: checkpoint.Commit = checkpoint.commit, beacon: Beacon | None = None,
-                 comm_hook: CommHook | None = None) -> None:
+                 comm_hook: CommHook | None = None, mark_grads: bool = True) -> None:
         self.cfg, self.env, self.device, self.folder, self.log = cfg, env, device, folder, log
         self.commit = commit
         self.beacon = beacon or Beacon()  # what this rank does, for the hang watchdog (run/watchdog.py)
@@ -130,17 +128,19 @@ class Trainer:
                        gradient_as_bucket_view=True)
         group.hold(self.ddp)  # its Reducer holds the group: it must be gone before the group is
         try:
-            self._finish_init(cfg, env, device, task, comm_hook)
+            self._finish_init(cfg, env, device, task, comm_hook, mark_grads)
         except BaseException:
             self.close()  # a user optimizer or the DataLoader raised: release DDP before the group goes
             raise
 
     def _finish_init(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task,
-                     comm_hook: CommHook | None) -> None:
-        # Every bucket's all-reduce goes through this hook, which notes when backward's last bucket is ready:
-        # from then on this rank only waits for the others (the beacon's "gradient all-reduce").
-        inner = comm_hook or (_ordered_mean_hook if cfg.deterministic and env.world_size > 1 else _allreduce_hook)
-        self.ddp.register_comm_hook(None, self._marking(inner))
+                     comm_hook: CommHook | None, mark_grads: bool) -> None:
+        # No comm hook unless one is needed: any hook, even a Python copy of DDP's own all-reduce, costs an
+        # extra pass over every gradient (DDP divides while copying into its buckets only without a hook).
+        hook = comm_hook or (_ordered_mean_hook if cfg.deterministic and env.world_size > 1 else None)
+        if hook is not None:
+            self.ddp.register_comm_hook(None, hook)
+        self.mark_grads = mark_grads
         params = self.model.parameters()  # the same tensors as DDP's, without a reference to the DDP module
         self.optimizer = task.optimizer(params) if task.optimizer else torch.optim.SGD(params, lr=cfg.lr)
         self.scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
@@ -159,15 +159,14 @@ class Trainer:
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
         self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
 
-    def _marking(self, inner: CommHook) -> CommHook:
-        beacon = self.beacon
+    def _queue_mark(self, grad: torch.Tensor) -> None:
+        # Runs as backward starts (the loss's gradient): queue a callback for the end of the backward graph.
+        # It was queued before DDP's own (which DDP queues once its last bucket is ready), so it runs first:
+        # all gradients are computed, and from here on this rank only waits for the all-reduce to finish.
+        Variable._execution_engine.queue_callback(self._mark_grads_ready)
 
-        def marked(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
-            if bucket.is_last():
-                self._grads_ready = beacon.set(phase.GRAD_ALLREDUCE)
-            return inner(state, bucket)
-
-        return marked
+    def _mark_grads_ready(self) -> None:
+        self._grads_ready = self.beacon.set(phase.GRAD_ALLREDUCE)
 
     # ----- end of life ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -294,6 +293,8 @@ class Trainer:
                                 enabled=self.autocast_dtype is not None):
                 loss = self.loss_fn(self.ddp(inputs), target)
             scaled = loss * scale
+            if sync and self.mark_grads:
+                scaled.register_hook(self._queue_mark)
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         return loss.detach()
 
