@@ -37,11 +37,10 @@ Sections:
               first optimizer step (--log-every-s 0 makes both runs write it); the start is taken just before
               the command.
   watchdog    What the hang watch costs: kit samples/s with it against without it, in one job of N ranks
-              (hpc_ddp/bench/watching.py) holding a Trainer of each. On: the progress beacons, the Trainer's
-              default comm hook (DDP's all-reduce in Python, marking when backward's last gradient bucket is
-              ready), the straggler all-gather every 5 steps, a running Watchdog with --hang-timeout-s auto.
-              Off: NullBeacon, no comm hook at all (DDP's built-in C++ all-reduce), no straggler check, no
-              watchdog. Both train through Trainer.run() in blocks of 10 steps that alternate A B B A ...
+              (hpc_ddp/bench/watching.py) holding a Trainer of each. On: the progress beacons, the end-of-backward
+              mark (an autograd callback; DDP keeps its built-in C++ all-reduce), the straggler all-gather
+              every 5 steps, a running Watchdog with --hang-timeout-s auto. Off: NullBeacon, no mark, no
+              straggler check, no watchdog. Both train through Trainer.run() in blocks of 10 steps that alternate A B B A ...
               between the two (whole runs of seconds were too coarse for a 1 % target on a shared machine);
               each trial is --steps steps of each, timed on rank 0, after one uncounted warm-up block each.
               2 x --trials trials; the ratio is the median of the per-trial ratios. Also rank 0's CPU time

@@ -71,9 +71,9 @@ def rows(results: dict[str, dict[str, Any]], s: Settings) -> list[tuple[str, str
                 ("", "submit --local / torchrun", f"{la['local_vs_torchrun']:.2f}x")]
     if "watchdog" in results:
         w = results["watchdog"]
-        out += [("watchdog", f"on: beacons, marking hook, watchdog, {w['ranks']} ranks",
+        out += [("watchdog", f"on: beacons, backward mark, watchdog, {w['ranks']} ranks",
                  f"{w['with_samples_per_s']:,.0f} samples/s"),
-                ("", "off: NullBeacon, DDP's own all-reduce", f"{w['without_samples_per_s']:,.0f} samples/s"),
+                ("", "off: NullBeacon, no mark, no watchdog", f"{w['without_samples_per_s']:,.0f} samples/s"),
                 ("", "on / off", f"{w['with_vs_without']:.3f}x"),
                 ("", "rank 0 CPU per step, on / off",
                  f"{w['with_cpu_ms_per_step']:.1f} / {w['without_cpu_ms_per_step']:.1f} ms"),

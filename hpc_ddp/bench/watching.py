@@ -6,11 +6,11 @@ One job of --world-size ranks on this machine (gloo, CPU, started with `torch.mu
 rank placed and pinned as the kit places it) holds two Trainers of the `mlp` task side by side, from the same
 seed, one per variant:
 
-  - `with`: the kit as it trains: a `Beacon`, the Trainer's default comm hook (DDP's all-reduce in Python,
-    marking when backward's last bucket is ready), the straggler check's all-gather every 5 steps (with more
-    than one rank), and a running `Watchdog` with --hang-timeout-s auto.
-  - `without`: a `NullBeacon` (it records nothing), no comm hook at all (`Trainer(mark_grads=False)`: DDP's
-    built-in C++ all-reduce), no straggler check, no watchdog.
+  - `with`: the kit as it trains: a `Beacon`, the end-of-backward mark (an autograd callback; DDP keeps its
+    built-in C++ all-reduce), the straggler check's all-gather every 5 steps (with more than one rank), and a
+    running `Watchdog` with --hang-timeout-s auto.
+  - `without`: a `NullBeacon` (it records nothing), no mark (`Trainer(mark_grads=False)`), no straggler
+    check, no watchdog.
 
 Both train through the kit's own loop, `Trainer.run()`, in blocks of 10 steps (two straggler windows) that
 alternate between the variants, A B B A A B ...: each block resumes the loop where that Trainer's last block
@@ -73,10 +73,9 @@ def watchdog_section(s: Settings) -> dict[str, Any]:
                         f"{BLOCK_STEPS} steps of Trainer.run(), the two variants' blocks alternating A B B A "
                         "... in one job; --steps steps of each per trial, after one uncounted warm-up block "
                         "each",
-            "with": "Beacon, the default marking comm hook, the straggler all-gather every 5 steps, a "
+            "with": "Beacon, the end-of-backward mark, the straggler all-gather every 5 steps, a "
                     "running Watchdog (--hang-timeout-s auto)",
-            "without": "NullBeacon, no comm hook (DDP's built-in all-reduce), no straggler check, no "
-                       "watchdog",
+            "without": "NullBeacon, no mark, no straggler check, no watchdog",
             "cpu": "rank 0's process CPU time (every thread) per step in each variant's blocks: steadier "
                    "than throughput on a busy machine; a ratio above 1 is CPU the hang watch adds"}
 
