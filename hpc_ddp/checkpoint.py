@@ -11,13 +11,19 @@ fsyncs it, renames it into place, fsyncs the directory, and only then rewrites `
 or SIGKILL at any instant leaves either the old or the new checkpoint complete, and never a promoted partial
 file. Loading uses `weights_only=True`: a checkpoint is data and can never run code.
 
+Integrity: each file's SHA-256 is computed while it is written (no second pass) and kept next to it in
+`<name>.sha256`, in `sha256sum` format (`cd checkpoints && sha256sum -c ckpt-00000120.pt.sha256` checks it by
+hand). A load re-reads the file and compares: a flipped bit is "corrupt" and the previous checkpoint is used.
+
 `AsyncWriter` moves the slow part (serialisation and fsync) off the training thread: the caller snapshots the
 state to CPU (a copy, so training can keep changing its tensors) and the writer thread makes it durable.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import queue
 import re
 import threading
 from collections.abc import Callable
@@ -26,11 +32,13 @@ from typing import Any, BinaryIO
 
 import torch
 
-from hpc_ddp.errors import CheckpointError
+from hpc_ddp.errors import CheckpointCorrupt, CheckpointError
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
+SUMS_SUFFIX = ".sha256"
+_SUMS_LINE = re.compile(r"^([0-9a-f]{64}) [ *]")
 
 
 def ckpt_dir(folder: str | os.PathLike[str]) -> Path:
@@ -41,6 +49,11 @@ def ckpt_name(step: int) -> str:
     return f"ckpt-{step:08d}.pt"
 
 
+def checksum_path(path: Path) -> Path:
+    """Where the SHA-256 of `path` is kept: `<name>.sha256` next to it."""
+    return path.with_name(path.name + SUMS_SUFFIX)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -49,9 +62,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> int:
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object], sync_dir: bool = True) -> int:
     """Let `write` fill a temporary file next to `path`, make it durable, then rename it into place: readers
-    see the old file or the whole new one, never a part. Returns the file's size."""
+    see the old file or the whole new one, never a part. Returns the file's size. Without `sync_dir` the
+    caller fsyncs the folder itself (after renaming more files into it)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         with open(tmp, "wb") as f:
@@ -63,7 +77,8 @@ def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> int:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
     return size
 
 
@@ -79,11 +94,14 @@ class _EarlyWriteback:
 
     CHUNK = 4 << 20
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, digest: Any = None) -> None:
         self.f, self.written, self.started = f, 0, 0
+        self.digest = digest  # fed every byte on its way to the file (no second read): a _Sha256Pipe
 
     def write(self, data: Any) -> int:
         n = self.f.write(data)
+        if self.digest is not None:
+            self.digest.update(data)
         self.written += n
         if self.written - self.started >= self.CHUNK and hasattr(os, "posix_fadvise"):
             self.f.flush()
@@ -100,10 +118,10 @@ class _EarlyWriteback:
 _CRC_LOCK = threading.Lock()
 
 
-def _save_stream(obj: Any, f: BinaryIO) -> None:
+def _save_stream(obj: Any, f: BinaryIO, digest: Any = None) -> None:
     """torch.save straight into the open temporary file, with no in-memory copy of the whole file first."""
-    # Without zip CRC32s: torch.load never checks them (a torn file is caught by the zip directory; the atomic
-    # rename keeps files whole), and they cost ~6 ms per 14 MB, a sixth of a save (hpc_ddp.bench). The setting
+    # Without zip CRC32s: torch.load never checks them (the file's SHA-256 is what load() verifies, see
+    # atomic_save), and they cost ~6 ms per 14 MB, a sixth of a save (hpc_ddp.bench). The setting
     # is process-wide, hence the lock; a user's torch.save meanwhile in another thread also skips them,
     # harmlessly.
     get = getattr(torch.serialization, "get_crc32_options", None)
@@ -113,15 +131,117 @@ def _save_stream(obj: Any, f: BinaryIO) -> None:
         if set_:
             set_(False)
         try:
-            torch.save(obj, _EarlyWriteback(f))  # type: ignore[arg-type]  # a file object: write(), flush()
+            torch.save(obj, _EarlyWriteback(f, digest))  # type: ignore[arg-type]  # a file object: write(), flush()
         finally:
             if set_ and previous is not None:
                 set_(previous)
 
 
 def atomic_save(obj: Any, path: Path) -> int:
-    """torch.save `obj` to `path` atomically; returns the bytes written."""
-    return _atomic_write(path, lambda f: _save_stream(obj, f))
+    """torch.save `obj` to `path` atomically, its SHA-256 (computed while writing) in `<path>.sha256`; returns
+    the bytes written.
+
+    The old checksum goes first, the new one is renamed in after the file and made durable by the same folder
+    fsync: a crash in between leaves a file without a checksum (loaded unverified), never one with a wrong
+    checksum. The small checksum file is not fsynced on its own (that would cost a second journal commit per
+    save); after a crash it may be empty, which reads as "no checksum" too."""
+    sums = checksum_path(path)
+    sums.unlink(missing_ok=True)
+    digest = _Sha256Pipe()
+    try:
+        size = _atomic_write(path, lambda f: _save_stream(obj, f, digest), sync_dir=False)
+    finally:
+        hexdigest = digest.finish()
+    try:
+        _replace_unsynced(sums, f"{hexdigest}  {path.name}\n".encode())
+    finally:
+        _fsync_dir(path.parent)
+    return size
+
+
+class _Sha256Pipe:
+    """The SHA-256 of a byte stream, computed on a helper thread while the stream is still being written.
+
+    SHA-256 runs at about the disk's speed (~1.6 GB/s with the CPU's SHA instructions, faster than zlib's
+    crc32 here), so hashing in line would add about as much again to a save. Instead the writer copies each
+    piece into one of a few chunk buffers (a memcpy) and goes on; the helper hashes full chunks in order
+    (hashlib releases the GIL), alongside serialisation and the final fsync. Copying keeps it independent of
+    how long the buffers torch hands to write() stay valid. `python -m hpc_ddp.bench checkpoint`, 3 x 20
+    saves on this loaded 2-CPU machine: kit / raw 0.33-0.39 before, 0.35-0.37 with it (no visible change)."""
+
+    CHUNK = 4 << 20
+    SLOTS = 3  # at most this many chunks in memory; the writer waits for a free one if the helper lags
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for _ in range(self.SLOTS - 1):
+            self._free.put(bytearray(self.CHUNK))
+        self._full: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
+        self._buffer, self._used = bytearray(self.CHUNK), 0
+        self._thread = threading.Thread(target=self._hash, name="hpc_ddp-ckpt-sha256", daemon=True)
+        self._thread.start()
+
+    def update(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            n = min(len(view), self.CHUNK - self._used)
+            self._buffer[self._used:self._used + n] = view[:n]
+            self._used += n
+            view = view[n:]
+            if self._used == self.CHUNK:
+                self._full.put((self._buffer, self._used))
+                self._buffer, self._used = self._free.get(), 0
+
+    def _hash(self) -> None:
+        while (item := self._full.get()) is not None:
+            buffer, used = item
+            self._digest.update(memoryview(buffer)[:used])
+            self._free.put(buffer)
+
+    def finish(self) -> str:
+        """The hex digest of everything given; ends the helper (call it on every path)."""
+        if self._used:
+            self._full.put((self._buffer, self._used))
+            self._used = 0
+        self._full.put(None)
+        self._thread.join()
+        return self._digest.hexdigest()
+
+
+def _replace_unsynced(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def recorded_checksum(path: Path) -> str | None:
+    """The SHA-256 recorded when `path` was written, or None (no `.sha256` file, or an unreadable one)."""
+    try:
+        match = _SUMS_LINE.match(checksum_path(path).read_text(encoding="ascii", errors="replace"))
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buffer = bytearray(4 << 20)
+        view = memoryview(buffer)
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint file and its checksum."""
+    path.unlink(missing_ok=True)
+    checksum_path(path).unlink(missing_ok=True)
 
 
 def to_cpu(obj: Any) -> Any:
@@ -180,12 +300,26 @@ def commit(folder: str | os.PathLike[str], state: dict[str, Any], step: int, kee
     nbytes = atomic_save(state, path)
     atomic_write_bytes(directory / LATEST, (path.name + "\n").encode())
     for old in list_checkpoints(folder)[keep:]:
-        old.unlink(missing_ok=True)
+        remove(old)
     return path, nbytes
 
 
-def load(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint as data only (`weights_only=True`); CheckpointError if it is unreadable."""
+def load(path: str | os.PathLike[str], map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
+    """Load a checkpoint as data only (`weights_only=True`) after checking its SHA-256 against the one
+    recorded when it was written (`verify`, when there is one). CheckpointCorrupt if its bytes are damaged,
+    CheckpointError if it cannot be loaded otherwise."""
+    path = Path(path)
+    expected = recorded_checksum(path) if verify else None
+    if expected is not None:
+        try:
+            actual = file_sha256(path)
+        except OSError as e:
+            raise CheckpointCorrupt(f"checkpoint {path} cannot be loaded safely: it cannot be read "
+                                    f"({e.strerror or e})") from e
+        if actual != expected:
+            raise CheckpointCorrupt(f"checkpoint {path} cannot be loaded safely: it is corrupt (its SHA-256 is "
+                                    f"{actual[:16]}..., {checksum_path(path).name} recorded {expected[:16]}... "
+                                    "when it was written)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated zip, bad pickle, or a pickle that would run code

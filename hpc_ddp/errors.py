@@ -27,6 +27,11 @@ class CheckpointError(UsageError):
     """A checkpoint cannot be used: wrong model, incompatible config, or nothing valid to resume from."""
 
 
+class CheckpointCorrupt(CheckpointError):
+    """A checkpoint's bytes are damaged: its checksum differs from the one recorded when it was written, or it
+    is torn or unreadable. Only this means "corrupt"; resuming falls back to the previous checkpoint."""
+
+
 def fail(prog: str, message: str, code: int = exitcodes.USAGE) -> NoReturn:
     """Print `prog: error: message` as one line on stderr and exit."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,42 @@
+"""Checkpoints that can be checked and always loaded, in-process and fast: one section per item of the issue
+"Nothing lost, nothing hidden" (the same rules in real runs are in tests/test_run_folder_rules.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc_ddp import checkpoint, resume
+from hpc_ddp.config import TrainConfig
+from test_checkpoint import sample_state
+
+
+# --- 14. A checksum of every checkpoint, verified on load ---------------------------------------------------
+
+
+def test_a_flipped_bit_is_corrupt_and_the_previous_checkpoint_is_used(tmp_path: Path) -> None:
+    first, _ = checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
+    state = sample_state(2)
+    newest, _ = checkpoint.commit(tmp_path, state, step=2, keep=3)
+    # Kept next to the file in sha256sum's format, so `sha256sum -c` checks it by hand too.
+    sums = (newest.parent / (newest.name + ".sha256")).read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}  ckpt-00000002\.pt\n", sums)
+    assert sums.split()[0] == hashlib.sha256(newest.read_bytes()).hexdigest()
+
+    data = bytearray(newest.read_bytes())
+    at = data.find(state["model"]["weight"].numpy().tobytes())
+    assert at > 0
+    data[at + 5] ^= 0x10  # one bit of one weight
+    newest.write_bytes(bytes(data))
+    damaged = torch.load(newest, weights_only=True)  # what loaded silently before: torch does not notice
+    assert not torch.equal(damaged["model"]["weight"], state["model"]["weight"])
+
+    warnings: list[str] = []
+    found = checkpoint.find_resumable(tmp_path, warnings.append)
+    assert found is not None and found[0] == first
+    assert "ckpt-00000002.pt cannot be loaded safely: it is corrupt (its SHA-256 is" in warnings[0], warnings
+
