@@ -7,12 +7,17 @@ others receive its answer: a path, None (start fresh), or an error message that 
 `--resume never` and `--resume PATH` apply to a run's first start only. A restarted run (SLURM_RESTART_COUNT
 > 0: a requeue, or the local launcher's restart) always continues from its own latest checkpoint; anything else
 would start over, or go back to a stale file, after every preemption.
+
+Deciding and changing are two steps: `plan` only looks (rank 0, before anything else is checked), `apply`
+changes the folder (rank 0, once the task, the checkpoint and every option have been checked). A start that
+is refused for any reason has deleted and rewritten nothing.
 """
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,30 +33,53 @@ def is_restart(environ: Mapping[str, str]) -> bool:
     return int(environ.get("SLURM_RESTART_COUNT") or 0) > 0
 
 
+@dataclass(frozen=True)
+class Plan:
+    """Where a start begins and what it will change in the folder once everything is checked (`apply`)."""
+
+    start: Path | None  # the checkpoint to load; None: from scratch
+    overwrite: bool = False  # --resume never --overwrite: delete the folder's checkpoints and model.pth
+
+
 def choose(cfg: TrainConfig, folder: Path, environ: Mapping[str, str],
            warn: Callable[[str], None]) -> Path | None:
-    """Rank 0: the checkpoint to start from, or None. Raises UsageError/CheckpointError for the user."""
+    """Rank 0: `plan` and `apply` at once; the checkpoint to start from, or None."""
+    chosen = plan(cfg, folder, environ, warn)
+    apply(chosen, folder, warn)
+    return chosen.start
+
+
+def plan(cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Callable[[str], None]) -> Plan:
+    """Rank 0: where to start, changing nothing. Raises UsageError/CheckpointError for the user."""
     mode = "auto" if is_restart(environ) else cfg.resume
     if mode == "auto":
         found = checkpoint.find_resumable(folder, warn)
         if found is None and checkpoint.list_checkpoints(folder):
             raise CheckpointError(f"no checkpoint in {checkpoint.ckpt_dir(folder)} can be loaded (all are corrupt); "
                                   "fix: --resume never --overwrite to start over, or --resume PATH")
-        return found[0] if found else None
+        return Plan(found[0] if found else None)
     if mode == "never":
         existing = checkpoint.list_checkpoints(folder)
         if existing and not cfg.overwrite:
             raise UsageError(f"--resume never, but {folder} already holds {len(existing)} checkpoint(s). Fix: add "
                              "--overwrite to delete them, use another --folder, or drop --resume never to continue")
-        if existing:
-            shutil.rmtree(checkpoint.ckpt_dir(folder))
-            (folder / "model.pth").unlink(missing_ok=True)
-        return None
+        return Plan(None, overwrite=bool(existing))
     path = Path(mode)
     if not path.is_file():
         raise UsageError(f"--resume {mode}: no such file. Use auto, never, or the path of a checkpoint")
     checkpoint.load(path)  # refuses an unreadable or code-running file now, with its name in the message
-    return path
+    return Plan(path)
+
+
+def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
+    """Rank 0, once the start is fully checked: make the folder match the plan, saying what changed."""
+    model = folder / "model.pth"
+    if chosen.overwrite:
+        count = len(checkpoint.list_checkpoints(folder))
+        shutil.rmtree(checkpoint.ckpt_dir(folder))
+        model.unlink(missing_ok=True)
+        checkpoint.checksum_path(model).unlink(missing_ok=True)
+        say(f"--resume never --overwrite: deleted the {count} checkpoint(s) and model.pth of {folder}")
 
 
 def check_compatible(state: dict[str, Any], path: Path, cfg: TrainConfig, world_size: int) -> None:
@@ -77,3 +105,4 @@ def load_model_state(model: Any, state: dict[str, Any], path: Path) -> None:
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(f"checkpoint {path} is for a different model: missing {list(result.missing_keys)[:5]}, "
                               f"unexpected {list(result.unexpected_keys)[:5]}. Fix: the same --task, or another --folder")
+

@@ -8,6 +8,10 @@ Runs the same way under `srun` (one task per GPU), under torchrun, under `submit
 
 Order matters: signal handlers first (a preemption signal can come before torch is even imported), then the
 cheap checks (flags, environment), then torch, placement, the process group, and training.
+
+A start changes nothing in the run folder until everything has been checked: the task, the checkpoint it
+resumes, every option (`resume.plan` looks, `resume.apply` changes; `run.json` is written last, only by a
+start that trains).
 """
 
 from __future__ import annotations
@@ -167,24 +171,26 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp import checkpoint, resume, runinfo, tasks
+    from hpc_ddp import checkpoint, resume, tasks
     from hpc_ddp.loop import Trainer
 
     if device.type == "cuda":
         _check_gpus(env, device)
-    if env.is_main:
-        runinfo.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
-        checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
-    start = _rank0(env, lambda: resume.choose(cfg, folder, environ, log.warn))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+    task = tasks.build(cfg)  # the user's code and --task are checked before anything in the folder changes
+    plan = _rank0(env, lambda: resume.plan(cfg, folder, environ, log.warn))  # looks; changes nothing
+    start = plan.start
     # Leaving the block closes the trainer on every path, errors included: the checkpoint in flight is
     # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed.
-    with Trainer(cfg, env, device, tasks.build(cfg), folder, log) as trainer:
+    with Trainer(cfg, env, device, task, folder, log) as trainer:
         if start is not None:
-            trainer.restore(checkpoint.load(start), start)
+            trainer.restore(checkpoint.load(start, verify=False), start)  # rank 0 verified it in plan()
+        # Everything is checked: only now does this start change the folder, and record itself.
+        _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log))
+        if start is not None:
             log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
         outcome = trainer.run()
         if not outcome.finished:
@@ -204,6 +210,15 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
         dist.barrier()
         return exitcodes.OK
     return _preempted(cfg, env, folder, log, environ, outcome)
+
+
+def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: RankLog) -> None:
+    """Rank 0, once the start is fully checked: tidy, apply the resume plan, write run.json."""
+    from hpc_ddp import checkpoint, resume, runinfo
+
+    checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
+    resume.apply(plan, folder, log.info)
+    runinfo.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
 
 
 def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, environ: Mapping[str, str],

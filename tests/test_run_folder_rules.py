@@ -1,0 +1,90 @@
+"""Run folders that survive misuse, reruns and faults, in real runs (gloo): one process (`python -m
+hpc_ddp.train`, ~3 s) where the rule is about the folder, the local launcher (1 node x 2 ranks) where it is
+about a job. The rules are stated in README.md, "What a run folder holds".
+
+Deadlines are about 5x the time each took on a loaded 2-core machine (2.5-20 s; the module's `trained` fixture,
+~3.5 s, is paid by the first test that uses it). Most tests start from a copy of one trained folder (`trained`: the linear task, 2 epochs of 31 steps, so
+checkpoints at steps 31 and 62, and model.pth).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_environ, die_with_test
+from hpc_ddp import checkpoint, exitcodes
+from test_local_run import finish, start
+
+
+def train(folder: Path, *args: str, cwd: Path | None = None, **env: str) -> tuple[int, str]:
+    """`python -m hpc_ddp.train` alone: one rank, a real gloo group; exit code and all output."""
+    proc = subprocess.run([sys.executable, "-m", "hpc_ddp.train", "--folder", str(folder), *args], cwd=cwd,
+                          env=clean_environ(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=120, preexec_fn=die_with_test)
+    return proc.returncode, proc.stdout
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file a run writes (logs and the lock aside), with its bytes and modification time."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
+            if p.is_file() and "logs" not in p.relative_to(folder).parts and p.name != "run.lock"}
+
+
+def steps(folder: Path) -> list[int]:
+    return [int(p.name[len("ckpt-"):-len(".pt")]) for p in checkpoint.list_checkpoints(folder)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("trained")
+    code, out = train(folder, "--epochs", "2")
+    assert code == 0, out
+    assert steps(folder) == [62, 31]
+    return folder
+
+
+@pytest.fixture
+def copy(trained: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "run"
+    shutil.copytree(trained, folder)
+    return folder
+
+
+# --- 3. Validate everything first, delete last -------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(30)
+def test_resume_never_overwrite_with_a_typo_deletes_nothing(copy: Path) -> None:
+    before = snapshot(copy)
+    code, out = train(copy, "--resume", "never", "--overwrite", "--task", "slow_tasks:slwo")
+    assert code == exitcodes.USAGE, out
+    assert "slow_tasks has no function 'slwo'" in out and "Traceback" not in out
+    assert snapshot(copy) == before  # every checkpoint and model.pth still there, run.json not rewritten
+
+
+# --- 10. Records are written only by a start that trains ------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(60)
+def test_a_refused_start_writes_no_record_and_earlier_starts_are_kept(tmp_path: Path) -> None:
+    code, out = finish(start(tmp_path, "--nodes", "1", "--epochs", "1"), timeout=60)  # 2 ranks
+    assert code == 0, out
+    record = (tmp_path / "run.json").read_bytes()
+    code, out = train(tmp_path, "--epochs", "2")  # 1 rank: refused
+    assert code == exitcodes.USAGE and "world size 2 (now 1)" in out, out
+    assert (tmp_path / "run.json").read_bytes() == record
+    code, out = finish(start(tmp_path, "--nodes", "1", "--epochs", "2"), timeout=60)
+    assert code == 0, out
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["config"]["epochs"] == 2 and len(info["starts"]) == 2
+    first = json.loads(record)
+    assert info["earlier"] == [first]  # kept whole, not replaced
+
