@@ -49,6 +49,12 @@ def ckpt_name(step: int) -> str:
     return f"ckpt-{step:08d}.pt"
 
 
+def ckpt_step(path: Path) -> int:
+    """The optimizer step in a checkpoint's file name (-1 for a file not named like one)."""
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else -1
+
+
 def checksum_path(path: Path) -> Path:
     """Where the SHA-256 of `path` is kept: `<name>.sha256` next to it."""
     return path.with_name(path.name + SUMS_SUFFIX)
@@ -293,13 +299,17 @@ def read_latest(folder: str | os.PathLike[str]) -> Path | None:
 
 
 def commit(folder: str | os.PathLike[str], state: dict[str, Any], step: int, keep: int) -> tuple[Path, int]:
-    """Write checkpoint `step`, point `latest` at it, then drop all but the newest `keep`."""
+    """Write checkpoint `step`, point `latest` at it, then drop all but the newest `keep` of its line.
+
+    Rotation keeps this file and the `keep - 1` newest before it. It never deletes a file with a higher step:
+    such a file is no part of the line this run continues (a start from an earlier checkpoint sets those
+    aside first, `resume.apply`), and deleting by step number alone once deleted the file just written."""
     directory = ckpt_dir(folder)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / ckpt_name(step)
     nbytes = atomic_save(state, path)
     atomic_write_bytes(directory / LATEST, (path.name + "\n").encode())
-    for old in list_checkpoints(folder)[keep:]:
+    for old in [p for p in list_checkpoints(folder) if ckpt_step(p) < step][keep - 1:]:
         remove(old)
     return path, nbytes
 

@@ -197,6 +197,10 @@ class Trainer:
         if final and self.env.is_main:
             self.writer.wait()
 
+    def finished(self) -> bool:
+        """Nothing left to train at this position under the current --epochs and --max-steps."""
+        return self.pos.epoch >= self.cfg.epochs or bool(self.cfg.max_steps and self.pos.step >= self.cfg.max_steps)
+
     def restore(self, state: dict[str, Any], path: Path) -> None:
         """Load a checkpoint's model, optimizer, scaler, position and this rank's RNG."""
         resume.check_compatible(state, path, self.cfg, self.env.world_size)
@@ -284,6 +288,8 @@ class Trainer:
 
     def run(self) -> Outcome:
         """Train from `self.pos` to the end, or until every rank agreed to stop."""
+        if self.finished():  # never one more step than --max-steps, also after a resume
+            return Outcome(True)
         while self.pos.epoch < self.cfg.epochs:
             outcome = self._epoch(self.pos.epoch)
             if outcome is not None and not outcome.finished:

@@ -188,6 +188,9 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
     with Trainer(cfg, env, device, task, folder, log) as trainer:
         if start is not None:
             trainer.restore(checkpoint.load(start, verify=False), start)  # rank 0 verified it in plan()
+            if trainer.finished():
+                _rank0(env, lambda: _finished_already(trainer, folder, log))
+                return exitcodes.OK
         # Everything is checked: only now does this start change the folder, and record itself.
         _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log))
         if start is not None:
@@ -219,6 +222,21 @@ def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: R
     checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
     resume.apply(plan, folder, log.info)
     runinfo.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
+
+
+def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
+    """Rank 0: a rerun of a finished run trains nothing and writes nothing (but a missing model.pth)."""
+    from hpc_ddp import checkpoint
+
+    cfg, pos = trainer.cfg, trainer.pos
+    limits = f"--epochs {cfg.epochs}" + (f" --max-steps {cfg.max_steps}" if cfg.max_steps else "")
+    model_path = folder / "model.pth"
+    if not model_path.is_file():
+        checkpoint.atomic_save(checkpoint.to_cpu(trainer.model.state_dict()), model_path)
+        log.info(f"model.pth was missing: written from the final checkpoint to {model_path}")
+    log.info(f"The run in {folder} already finished at epoch {pos.epoch}, step {pos.step} ({limits}): nothing to "
+             "train, nothing written. To train further, raise --epochs or --max-steps; to start over, use "
+             "another --folder or --resume never --overwrite")
 
 
 def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, environ: Mapping[str, str],

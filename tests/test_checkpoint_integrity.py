@@ -40,3 +40,16 @@ def test_a_flipped_bit_is_corrupt_and_the_previous_checkpoint_is_used(tmp_path: 
     assert found is not None and found[0] == first
     assert "ckpt-00000002.pt cannot be loaded safely: it is corrupt (its SHA-256 is" in warnings[0], warnings
 
+
+# --- 1. Rotation keeps the line it continues --------------------------------------------------------------
+
+
+def test_rotation_keeps_the_file_it_just_wrote_and_never_deletes_a_later_step(tmp_path: Path) -> None:
+    for step in (15, 30, 45):
+        checkpoint.commit(tmp_path, sample_state(step), step=step, keep=3)
+    path, _ = checkpoint.commit(tmp_path, sample_state(25), step=25, keep=1)
+    assert path.is_file() and checkpoint.read_latest(tmp_path) == path
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == \
+        ["ckpt-00000045.pt", "ckpt-00000030.pt", "ckpt-00000025.pt"]  # 15 is older than 25: rotated
+    assert not (checkpoint.ckpt_dir(tmp_path) / "ckpt-00000015.pt.sha256").exists()
+

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import clean_environ, die_with_test
 from hpc_ddp import checkpoint, exitcodes
@@ -56,6 +57,57 @@ def copy(trained: Path, tmp_path: Path) -> Path:
     return folder
 
 
+# --- 1. A start from an earlier checkpoint ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(75)
+def test_a_start_from_an_earlier_checkpoint_keeps_its_new_line_and_sets_the_later_one_aside(tmp_path: Path) -> None:
+    code, out = train(tmp_path, "--max-steps", "45", "--save-every-steps", "15", "--save-every-epochs", "0")
+    assert code == 0, out
+    assert steps(tmp_path) == [45, 30, 15]
+    old_model = (tmp_path / "model.pth").read_bytes()
+    step15 = checkpoint.ckpt_dir(tmp_path) / "ckpt-00000015.pt"
+    code, out = train(tmp_path, "--max-steps", "25", "--keep", "1", "--resume", str(step15),
+                      "--save-every-epochs", "0")
+    assert code == 0, out
+    assert steps(tmp_path) == [25]  # rotation kept the file it wrote
+    assert checkpoint.read_latest(tmp_path) == checkpoint.ckpt_dir(tmp_path) / "ckpt-00000025.pt"
+    aside = list(checkpoint.ckpt_dir(tmp_path).glob("abandoned-*"))
+    assert len(aside) == 1, out
+    assert sorted(p.name for p in aside[0].iterdir()) == [
+        "ckpt-00000030.pt", "ckpt-00000030.pt.sha256", "ckpt-00000045.pt", "ckpt-00000045.pt.sha256", "model.pth",
+        "model.pth.sha256"]
+    assert (aside[0] / "model.pth").read_bytes() == old_model  # the abandoned line's weights: kept, not lost
+    assert "ckpt-00000030.pt, ckpt-00000045.pt) and model.pth belong to another line of training" in out
+    final = checkpoint.load(checkpoint.ckpt_dir(tmp_path) / "ckpt-00000025.pt")["model"]
+    model = torch.load(tmp_path / "model.pth", weights_only=True)
+    assert all(torch.equal(model[k], final[k]) for k in final)
+    # The next run continues the new line: done at step 25, nothing trained, model.pth left alone.
+    code, out = train(tmp_path, "--max-steps", "25")
+    assert code == 0 and "already finished at epoch 0, step 25" in out, out
+
+
+# --- 2. A finished run is finished ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(45)
+def test_rerunning_a_finished_run_trains_nothing_until_asked_for_more(tmp_path: Path) -> None:
+    args = ("--max-steps", "20", "--save-every-epochs", "0")
+    code, out = train(tmp_path, *args)
+    assert code == 0, out
+    done = snapshot(tmp_path)
+    code, out = train(tmp_path, *args)
+    assert code == 0, out
+    assert ("The run in " in out and "already finished at epoch 0, step 20 (--epochs 10 --max-steps 20): "
+            "nothing to train, nothing written" in out), out
+    assert snapshot(tmp_path) == done  # no step 21, no checkpoint, model.pth/run.json/metrics untouched
+    code, out = train(tmp_path, "--max-steps", "30", "--save-every-epochs", "0")
+    assert code == 0 and "at epoch 0, step 20" in out, out
+    assert steps(tmp_path) == [30, 20]
+
+
 # --- 3. Validate everything first, delete last -------------------------------------------------------------
 
 
@@ -88,3 +140,21 @@ def test_a_refused_start_writes_no_record_and_earlier_starts_are_kept(tmp_path: 
     first = json.loads(record)
     assert info["earlier"] == [first]  # kept whole, not replaced
 
+
+# --- 14. A flipped bit in a real run's checkpoint ----------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(30)
+def test_a_flipped_bit_in_the_newest_checkpoint_resumes_from_the_one_before(copy: Path) -> None:
+    newest = checkpoint.ckpt_dir(copy) / "ckpt-00000062.pt"
+    weight = checkpoint.load(newest)["model"]["weight"].numpy().tobytes()
+    data = bytearray(newest.read_bytes())
+    data[data.find(weight) + 2] ^= 0x01
+    newest.write_bytes(bytes(data))
+    code, out = train(copy, "--epochs", "3")
+    assert code == 0, out
+    assert "ckpt-00000062.pt cannot be loaded safely: it is corrupt (its SHA-256 is" in out
+    assert "ckpt-00000031.pt at epoch 1, step 31" in out
+    moved = list(checkpoint.ckpt_dir(copy).glob("abandoned-*/ckpt-00000062.pt"))
+    assert len(moved) == 1 and moved[0].read_bytes() == bytes(data)  # the damaged file is kept, aside
