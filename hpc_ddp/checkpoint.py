@@ -287,15 +287,27 @@ def remove_stale_temporaries(folder: str | os.PathLike[str]) -> int:
     return len(stale)
 
 
-def read_latest(folder: str | os.PathLike[str]) -> Path | None:
-    """The file `latest` points to, if the pointer exists and names an existing file."""
+def read_latest(folder: str | os.PathLike[str], warn: Callable[[str], None] | None = None) -> Path | None:
+    """The file `latest` points to, if the pointer exists and names an existing file. A pointer that cannot be
+    read (not UTF-8, a directory, an I/O error) counts as none; `warn` hears about it."""
     pointer = ckpt_dir(folder) / LATEST
     try:
-        name = pointer.read_text().strip()
+        text = pointer.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except (OSError, ValueError) as e:  # IsADirectoryError, UnicodeDecodeError, EIO...
+        if warn is not None:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+            warn(f"{pointer} is unreadable ({reason}); using the newest checkpoint that loads instead")
+        return None
+    name = text.strip()
     path = ckpt_dir(folder) / name
-    return path if _NAME.match(name) and path.is_file() else None
+    if _NAME.match(name) and path.is_file():
+        return path
+    if warn is not None and name:
+        warn(f"{pointer} names {name[:80]!r}, which is not a checkpoint of this folder; using the newest "
+             "checkpoint that loads instead")
+    return None
 
 
 def commit(folder: str | os.PathLike[str], state: dict[str, Any], step: int, keep: int) -> tuple[Path, int]:
@@ -340,9 +352,10 @@ def load(path: str | os.PathLike[str], map_location: Any = "cpu", verify: bool =
 
 
 def find_resumable(folder: str | os.PathLike[str], warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint of `folder` that loads, starting at `latest`; each bad one is reported and skipped."""
+    """The newest checkpoint of `folder` that loads, starting at `latest`; each bad one is reported and skipped.
+    An unreadable `latest` is reported and the checkpoints are tried newest first."""
     candidates = list_checkpoints(folder)
-    latest = read_latest(folder)
+    latest = read_latest(folder, warn)
     if latest is not None:
         candidates = [latest] + [p for p in candidates if p != latest]
     for path in candidates:

@@ -125,17 +125,22 @@ def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
             "nothing was deleted")
     pointer = directory / checkpoint.LATEST
     if chosen.repoint and chosen.start is not None:
+        if pointer.is_dir() or (pointer.exists() and not pointer.is_file()):
+            broken = _new_folder(directory, "latest.unreadable", create=False)
+            os.replace(pointer, broken)
+            say(f"{pointer} was not a file; moved to {broken}")
         checkpoint.atomic_write_bytes(pointer, (chosen.start.name + "\n").encode())
     elif chosen.set_aside and pointer.is_file() and checkpoint.read_latest(folder) is None:
         pointer.unlink()  # it named a file that was set aside; the first save writes it again
 
 
-def _new_folder(directory: Path, prefix: str) -> Path:
+def _new_folder(directory: Path, prefix: str, create: bool = True) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
         path = directory / (f"{prefix}-{stamp}" + (f"-{n}" if n else ""))
         if not path.exists():
-            path.mkdir()
+            if create:
+                path.mkdir()
             return path
     raise UsageError(f"{directory}: too many {prefix}-{stamp}* entries; remove some")
 

@@ -41,6 +41,32 @@ def test_a_flipped_bit_is_corrupt_and_the_previous_checkpoint_is_used(tmp_path: 
     assert "ckpt-00000002.pt cannot be loaded safely: it is corrupt (its SHA-256 is" in warnings[0], warnings
 
 
+# --- 6. A `latest` pointer that cannot be read --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("breakage", ["not UTF-8", "a directory"])
+def test_an_unreadable_latest_falls_back_to_the_newest_checkpoint_and_is_repaired(tmp_path: Path,
+                                                                                 breakage: str) -> None:
+    checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
+    checkpoint.commit(tmp_path, sample_state(2), step=2, keep=3)
+    pointer = checkpoint.ckpt_dir(tmp_path) / "latest"
+    pointer.unlink()
+    if breakage == "not UTF-8":
+        pointer.write_bytes(b"ckpt-\xff\xfe\x80.pt\n")
+    else:
+        pointer.mkdir()
+        (pointer / "junk").write_text("x")
+    warnings: list[str] = []
+    found = checkpoint.find_resumable(tmp_path, warnings.append)
+    assert found is not None and found[0].name == "ckpt-00000002.pt"
+    assert f"{pointer} is unreadable" in warnings[0] and "using the newest checkpoint that loads" in warnings[0]
+    # A start from it points `latest` at it again (a directory is moved aside, not deleted), and saves work.
+    assert resume.choose(TrainConfig(), tmp_path, {}, warnings.append) == found[0]
+    assert checkpoint.read_latest(tmp_path) == found[0]
+    checkpoint.commit(tmp_path, sample_state(3), step=3, keep=3)
+    assert checkpoint.read_latest(tmp_path).name == "ckpt-00000003.pt"  # type: ignore[union-attr]
+
+
 # --- 1. Rotation keeps the line it continues --------------------------------------------------------------
 
 

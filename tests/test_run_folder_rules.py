@@ -121,6 +121,23 @@ def test_resume_never_overwrite_with_a_typo_deletes_nothing(copy: Path) -> None:
     assert snapshot(copy) == before  # every checkpoint and model.pth still there, run.json not rewritten
 
 
+# --- 6. A `latest` that cannot be read ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(30)
+def test_a_latest_that_is_a_directory_falls_back_and_the_run_goes_on(copy: Path) -> None:
+    pointer = checkpoint.ckpt_dir(copy) / "latest"
+    pointer.unlink()
+    pointer.mkdir()
+    code, out = train(copy, "--epochs", "3")
+    assert code == 0, out
+    assert f"{pointer} is unreadable (Is a directory); using the newest checkpoint that loads" in out
+    assert "Resuming from" in out and "ckpt-00000062.pt at epoch 2, step 62" in out
+    assert checkpoint.read_latest(copy) == checkpoint.ckpt_dir(copy) / "ckpt-00000093.pt"
+    assert len(list(checkpoint.ckpt_dir(copy).glob("latest.unreadable-*"))) == 1
+
+
 # --- 10. Records are written only by a start that trains ------------------------------------------------------
 
 
