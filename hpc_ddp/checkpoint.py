@@ -14,6 +14,10 @@ file. Loading uses `weights_only=True`: a checkpoint is data and can never run c
 Integrity: each file's SHA-256 is computed while it is written (no second pass) and kept next to it in
 `<name>.sha256`, in `sha256sum` format (`cd checkpoints && sha256sum -c ckpt-00000120.pt.sha256` checks it by
 hand). A load re-reads the file and compares: a flipped bit is "corrupt" and the previous checkpoint is used.
+"Corrupt" means exactly that (`CheckpointCorrupt`): the bytes differ from what was written, or the file is
+torn. An intact file that a `weights_only` load refuses is `CheckpointRefused`, never called corrupt; and
+`to_cpu` makes sure the kit never writes one (numpy scalars become Python numbers, anything else that such a
+load would refuse fails the save at once, naming where it is).
 
 `AsyncWriter` moves the slow part (serialisation and fsync) off the training thread: the caller snapshots the
 state to CPU (a copy, so training can keep changing its tensors) and the writer thread makes it durable.
@@ -22,17 +26,20 @@ state to CPU (a copy, so training can keep changing its tensors) and the writer 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
+import pickle
 import queue
 import re
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
-from hpc_ddp.errors import CheckpointCorrupt, CheckpointError
+from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
@@ -250,19 +257,123 @@ def remove(path: Path) -> None:
     checksum_path(path).unlink(missing_ok=True)
 
 
-def to_cpu(obj: Any) -> Any:
-    """A deep copy of a (nested) state with every tensor on CPU, safe to write while training goes on."""
+def to_cpu(obj: Any, what: str = "the state") -> Any:
+    """A deep copy of a (nested) state with every tensor on CPU, safe to write while training goes on, made
+    only of what a `weights_only` load accepts: numpy scalars become Python numbers (an optimizer built with
+    `lr=np.float64(...)` used to save checkpoints that never loaded); anything else such a load would refuse
+    raises CheckpointError naming where it is, before a byte is written."""
+    try:
+        return _copy(obj)
+    except _Unsavable as e:
+        raise CheckpointError(e.message(what)) from None
+
+
+def check_savable(obj: Any, what: str) -> None:
+    """What `to_cpu` would refuse, found without copying a tensor: every rank calls it before training, so
+    that a state that could never be loaded back is a usage error at start, not a failed save later."""
+    try:
+        _walk(obj)
+    except _Unsavable as e:
+        raise CheckpointError(e.message(what)) from None
+
+
+class _Unsavable(Exception):
+    def __init__(self, value: Any) -> None:
+        self.value, self.where = value, []  # keys from the inside out
+
+    def message(self, what: str) -> str:
+        where = what + "".join(f"[{k!r}]" for k in reversed(self.where))
+        kind = type(self.value)
+        return (f"{where} is a {kind.__module__}.{kind.__qualname__} ({repr(self.value)[:60]}), which a "
+                "checkpoint cannot hold: torch.load(weights_only=True) refuses it, so the checkpoint could never "
+                "be resumed. Fix: keep plain Python numbers, strings, lists, dicts and torch tensors in the "
+                "model's and optimizer's state (or register the type with torch.serialization.add_safe_globals "
+                "in your task module)")
+
+
+def _copy(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
+    if type(obj) in _SCALARS:
+        return obj
     if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+        out = {}
+        for k, v in obj.items():
+            try:
+                out[k if type(k) in _SCALARS else _leaf(k)] = _copy(v)
+            except _Unsavable as e:
+                e.where.append(k)
+                raise
+        return out
+    if type(obj) in (list, tuple, torch.Size):
         if set(map(type, obj)) <= _SCALARS:
             # Copied whole, at C speed: walking each rank's 625-int Python RNG state item by item cost
             # ~0.25 ms per rank on every save, on the training thread (hpc_ddp.bench).
             return type(obj)(obj)
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj
+        return type(obj)(_copy_items(obj))
+    if type(obj) is set:
+        return set(_copy_items(obj))
+    return _leaf(obj)
+
+
+def _copy_items(items: Iterable[Any]) -> Iterable[Any]:
+    for i, v in enumerate(items):
+        try:
+            yield _copy(v)
+        except _Unsavable as e:
+            e.where.append(i)
+            raise
+
+
+def _walk(obj: Any) -> None:
+    if isinstance(obj, torch.Tensor) or type(obj) in _SCALARS:
+        return
+    if isinstance(obj, dict):
+        pairs: Iterable[tuple[Any, Any]] = obj.items()
+    elif type(obj) in (list, tuple, torch.Size, set):
+        pairs = enumerate(obj)
+    else:
+        _leaf(obj)
+        return
+    for k, v in pairs:
+        try:
+            if isinstance(obj, dict) and type(k) not in _SCALARS:
+                _leaf(k)
+            _walk(v)
+        except _Unsavable as e:
+            e.where.append(k)
+            raise
+
+
+def _leaf(obj: Any) -> Any:
+    """A value that is no container and no tensor, as it can be saved: numpy scalars (and 0-d arrays) as the
+    Python number they hold; other types only if a weights_only load accepts them."""
+    kind = type(obj)
+    if kind.__module__ == "numpy" and getattr(obj, "ndim", None) == 0 and hasattr(obj, "item"):
+        return obj.item()
+    if kind is complex or isinstance(obj, (torch.dtype, torch.device)) or _qualname(kind) in _loadable_globals():
+        return obj
+    raise _Unsavable(obj)
+
+
+def _qualname(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _loadable_globals() -> set[str]:
+    """Types a weights_only load rebuilds: torch's own list and whatever the user registered as safe."""
+    names: set[str] = set()
+    try:
+        from torch import _weights_only_unpickler
+
+        names.update(_weights_only_unpickler._get_allowed_globals())
+    except (ImportError, AttributeError):
+        pass
+    for entry in getattr(torch.serialization, "get_safe_globals", list)():
+        target = entry[0] if isinstance(entry, tuple) else entry
+        if isinstance(target, type):
+            names.add(_qualname(target))
+    return names
 
 
 _SCALARS = frozenset({int, float, bool, str, bytes, type(None)})
@@ -326,10 +437,16 @@ def commit(folder: str | os.PathLike[str], state: dict[str, Any], step: int, kee
     return path, nbytes
 
 
+# Globals that numpy scalars pickle as: data only (a dtype and raw bytes). Checkpoints written before the kit
+# converted numpy scalars hold them (an optimizer built with lr=np.float64); they load with these allowed.
+_NUMPY_SCALAR_GLOBALS = re.compile(r"^numpy(\._core|\.core)?\.(multiarray\.scalar|dtype|dtypes\.\w+DType)$")
+
+
 def load(path: str | os.PathLike[str], map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
     """Load a checkpoint as data only (`weights_only=True`) after checking its SHA-256 against the one
     recorded when it was written (`verify`, when there is one). CheckpointCorrupt if its bytes are damaged,
-    CheckpointError if it cannot be loaded otherwise."""
+    CheckpointRefused if it is intact but holds what such a load refuses, CheckpointError if it is no
+    hpc_ddp checkpoint."""
     path = Path(path)
     expected = recorded_checksum(path) if verify else None
     if expected is not None:
@@ -343,12 +460,53 @@ def load(path: str | os.PathLike[str], map_location: Any = "cpu", verify: bool =
                                     f"{actual[:16]}..., {checksum_path(path).name} recorded {expected[:16]}... "
                                     "when it was written)")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated zip, bad pickle, or a pickle that would run code
-        raise CheckpointError(f"checkpoint {path} cannot be loaded safely: {str(e).splitlines()[0][:300]}") from e
+        state = _load_weights_only(path, map_location)
+    except CheckpointError:
+        raise
+    except Exception as e:  # a torn zip, a damaged pickle
+        raise CheckpointCorrupt(f"checkpoint {path} cannot be loaded safely: it is corrupt "
+                                f"({str(e).splitlines()[0][:300] if str(e) else type(e).__name__})") from e
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not an hpc_ddp checkpoint (no 'model' entry)")
     return state
+
+
+def _load_weights_only(path: Path, map_location: Any) -> Any:
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights only" not in str(e).lower():
+            raise
+        refused = _refused_globals(path, str(e))
+    if refused and all(_NUMPY_SCALAR_GLOBALS.match(name) for name in refused):
+        with torch.serialization.safe_globals([_resolve(name) for name in refused] + _numpy_dtype_classes()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    names = ", ".join(refused) or "objects"
+    raise CheckpointRefused(f"checkpoint {path} cannot be loaded safely: it is intact, but holds {names}, which a "
+                            "weights_only load refuses (unpickling them could run code). Fix: resume from "
+                            "another checkpoint (--resume PATH), or another --folder; load it yourself only if "
+                            "you trust where it came from")
+
+
+def _refused_globals(path: Path, message: str) -> list[str]:
+    finder = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if finder is not None:
+        try:
+            return sorted(finder(path))
+        except Exception:  # a damaged file: say what the error said
+            pass
+    return sorted(set(re.findall(r"GLOBAL ([\w.]+)", message)))
+
+
+def _numpy_dtype_classes() -> list[type]:
+    """numpy's dtype classes (numpy.dtypes.Float64DType...), which a pickled dtype is rebuilt as (numpy 1.25+)."""
+    dtypes = getattr(sys.modules.get("numpy"), "dtypes", None)
+    return [getattr(dtypes, name) for name in dir(dtypes) if name.endswith("DType")] if dtypes else []
+
+
+def _resolve(name: str) -> Any:
+    module, _, attr = name.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
 
 
 def find_resumable(folder: str | os.PathLike[str], warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:

@@ -32,6 +32,10 @@ class CheckpointCorrupt(CheckpointError):
     is torn or unreadable. Only this means "corrupt"; resuming falls back to the previous checkpoint."""
 
 
+class CheckpointRefused(CheckpointError):
+    """A checkpoint that is intact but holds objects a `weights_only` load refuses (it could run code)."""
+
+
 def fail(prog: str, message: str, code: int = exitcodes.USAGE) -> NoReturn:
     """Print `prog: error: message` as one line on stderr and exit."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)

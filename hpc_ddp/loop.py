@@ -130,6 +130,10 @@ class Trainer:
         self.pos = Position()
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
         self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
+        # What a checkpoint must hold, checked on every rank before the first step: a state that a
+        # weights_only load would refuse is a usage error now, not a checkpoint that never loads.
+        checkpoint.check_savable(self.model.state_dict(), "the model's state_dict()")
+        checkpoint.check_savable(self.optimizer.state_dict(), "the optimizer's state_dict()")
 
     # ----- end of life ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -191,7 +195,7 @@ class Trainer:
             state = self.state()  # collective: every rank takes part, so every rank decides the same way
             self.saved_step = self.pos.step
             if self.env.is_main:
-                snapshot = checkpoint.to_cpu(state)
+                snapshot = checkpoint.to_cpu(state, "the checkpoint state")
                 step, keep = self.pos.step, self.cfg.keep
                 self.writer.submit(lambda: checkpoint.commit(self.folder, snapshot, step, keep))
         if final and self.env.is_main:

@@ -28,7 +28,7 @@ from typing import Any
 
 from hpc_ddp import checkpoint
 from hpc_ddp.config import TrainConfig
-from hpc_ddp.errors import CheckpointError, UsageError
+from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, UsageError
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
 MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp")
@@ -63,8 +63,7 @@ def plan(cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Calla
     if mode == "auto":
         found = checkpoint.find_resumable(folder, warn)
         if found is None and checkpoint.list_checkpoints(folder):
-            raise CheckpointError(f"no checkpoint in {checkpoint.ckpt_dir(folder)} can be loaded (all are corrupt); "
-                                  "fix: --resume never --overwrite to start over, or --resume PATH")
+            raise _nothing_loads(folder)
         if found is None and restart and cfg.resume not in ("auto", "never"):
             return _from_path(cfg.resume, folder)  # restarted before it wrote a checkpoint of its own
         return _continue(found[0], folder) if found else Plan(None)
@@ -75,6 +74,26 @@ def plan(cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Calla
                              "--overwrite to delete them, use another --folder, or drop --resume never to continue")
         return Plan(None, overwrite=bool(existing))
     return _from_path(mode, folder)
+
+
+def _nothing_loads(folder: Path) -> CheckpointError:
+    """Every checkpoint failed to load (each was reported): say whether they are corrupt or only refused."""
+    corrupt, intact = [], []
+    for path in checkpoint.list_checkpoints(folder):
+        try:
+            checkpoint.load(path)
+        except CheckpointCorrupt:
+            corrupt.append(path.name)
+        except CheckpointError:
+            intact.append(path.name)
+    where = checkpoint.ckpt_dir(folder)
+    if not intact:
+        return CheckpointError(f"no checkpoint in {where} can be loaded: all {len(corrupt)} are corrupt (see above). "
+                               "Fix: --resume never --overwrite to start over, or --resume PATH")
+    return CheckpointError(f"no checkpoint in {where} can be loaded: {', '.join(intact)} are intact but refused by "
+                           f"a weights_only load{' and ' + ', '.join(corrupt) + ' are corrupt' if corrupt else ''} "
+                           "(see above). Fix: --resume PATH of a checkpoint that loads, or another --folder "
+                           "(--resume never --overwrite would delete the intact files)")
 
 
 def _continue(start: Path, folder: Path) -> Plan:

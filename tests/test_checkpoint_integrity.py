@@ -7,11 +7,13 @@ import hashlib
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from hpc_ddp import checkpoint, resume
 from hpc_ddp.config import TrainConfig
+from hpc_ddp.errors import CheckpointError
 from test_checkpoint import sample_state
 
 
@@ -65,6 +67,57 @@ def test_an_unreadable_latest_falls_back_to_the_newest_checkpoint_and_is_repaire
     assert checkpoint.read_latest(tmp_path) == found[0]
     checkpoint.commit(tmp_path, sample_state(3), step=3, keep=3)
     assert checkpoint.read_latest(tmp_path).name == "ckpt-00000003.pt"  # type: ignore[union-attr]
+
+
+# --- 4. What the kit saves, it can load; "corrupt" means corrupt -------------------------------------------
+
+
+class _NotData:
+    """Pickled by reference to this module: a weights_only load refuses it."""
+
+
+def test_numpy_scalars_are_saved_as_python_numbers_and_other_types_fail_before_writing(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=np.float64(0.01), momentum=np.float32(0.9))
+    state = {**sample_state(1), "optimizer": opt.state_dict()}
+    snapshot = checkpoint.to_cpu(state)
+    group = snapshot["optimizer"]["param_groups"][0]
+    assert type(group["lr"]) is float and type(group["momentum"]) is float and group["lr"] == 0.01
+    path, _ = checkpoint.commit(tmp_path, snapshot, step=1, keep=3)
+    assert checkpoint.load(path)["optimizer"]["param_groups"][0]["lr"] == 0.01
+
+    odd = {"param_groups": [{"lr": 0.1, "tracker": _NotData()}]}
+    pattern = r"the optimizer's state_dict\(\)\['param_groups'\]\[0\]\['tracker'\] is a .*_NotData"
+    with pytest.raises(CheckpointError, match=pattern):
+        checkpoint.check_savable(odd, "the optimizer's state_dict()")
+    with pytest.raises(CheckpointError, match=r"\['tracker'\] is a .*_NotData.*weights_only"):
+        checkpoint.to_cpu({"optimizer": odd})
+    with pytest.raises(CheckpointError, match=r"\['w'\] is a numpy.ndarray"):
+        checkpoint.to_cpu({"w": np.zeros(3)})
+
+
+def test_a_checkpoint_with_numpy_scalars_from_before_the_fix_still_loads(tmp_path: Path) -> None:
+    state = sample_state(1)
+    state["optimizer"]["param_groups"][0]["lr"] = np.float64(0.01)
+    path = checkpoint.ckpt_dir(tmp_path) / checkpoint.ckpt_name(1)
+    path.parent.mkdir(parents=True)
+    torch.save(state, path)  # as the kit used to write them: no checksum, numpy inside
+    assert checkpoint.load(path)["optimizer"]["param_groups"][0]["lr"] == 0.01
+
+
+def test_an_intact_checkpoint_a_safe_load_refuses_is_never_called_corrupt(tmp_path: Path) -> None:
+    path = checkpoint.ckpt_dir(tmp_path) / checkpoint.ckpt_name(1)
+    path.parent.mkdir(parents=True)
+    torch.save({**sample_state(1), "extra": _NotData()}, path)
+    warnings: list[str] = []
+    assert checkpoint.find_resumable(tmp_path, warnings.append) is None
+    assert "it is intact, but holds test_checkpoint_integrity._NotData" in warnings[0], warnings
+    assert "corrupt" not in warnings[0]
+    with pytest.raises(CheckpointError) as refused:
+        resume.choose(TrainConfig(), tmp_path, {}, warnings.append)
+    assert "ckpt-00000001.pt are intact but refused" in str(refused.value)
+    assert "corrupt" not in str(refused.value)
+    assert path.is_file()
 
 
 # --- 1. Rotation keeps the line it continues --------------------------------------------------------------

@@ -121,6 +121,21 @@ def test_resume_never_overwrite_with_a_typo_deletes_nothing(copy: Path) -> None:
     assert snapshot(copy) == before  # every checkpoint and model.pth still there, run.json not rewritten
 
 
+# --- 4. What the kit saves, it can load -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(45)
+def test_a_numpy_learning_rate_saves_checkpoints_that_resume(tmp_path: Path) -> None:
+    code, out = train(tmp_path, "--task", "robust_tasks:numpy_lr", "--epochs", "1")
+    assert code == 0, out
+    code, out = train(tmp_path, "--task", "robust_tasks:numpy_lr", "--epochs", "2")
+    assert code == 0, out
+    assert "Resuming from" in out and "corrupt" not in out
+    latest = checkpoint.read_latest(tmp_path)
+    assert latest is not None and checkpoint.load(latest)["optimizer"]["param_groups"][0]["lr"] == 0.01
+
+
 # --- 6. A `latest` that cannot be read ----------------------------------------------------------------------
 
 

@@ -1,0 +1,31 @@
+"""User tasks for the run-folder and fault tests, loaded as `--task robust_tasks:NAME` (tests/ on PYTHONPATH).
+
+Each is the article's linear model on slow_tasks' data, with one thing a demanding user's task really does:
+a numpy learning rate.
+Environment variables choose when the fault happens, so that one task name (which a resume must keep) can
+train cleanly first and misbehave later.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from hpc_ddp import Task
+from slow_tasks import _data
+
+
+def _sleepy_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    time.sleep(float(os.environ.get("ROBUST_SLEEP_S", "0")))
+    return nn.functional.mse_loss(output, target)
+
+
+def numpy_lr(config):  # type: ignore[no-untyped-def]
+    """An optimizer whose learning rate is a numpy float (from a config file, an LR finder...)."""
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse,
+                optimizer=lambda params: torch.optim.SGD(params, lr=np.float64(config.lr), momentum=0.9))
+
