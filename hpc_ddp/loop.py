@@ -129,6 +129,7 @@ class Trainer:
                                  generator=self.loader_gen)
         self.pos = Position()
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
+        self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
         # What a checkpoint must hold, checked on every rank before the first step: a state that a
         # weights_only load would refuse is a usage error now, not a checkpoint that never loads.
@@ -206,10 +207,14 @@ class Trainer:
         return self.pos.epoch >= self.cfg.epochs or bool(self.cfg.max_steps and self.pos.step >= self.cfg.max_steps)
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
-        """Load a checkpoint's model, optimizer, scaler, position and this rank's RNG."""
+        """Load a checkpoint's model, optimizer, scaler, position and this rank's RNG. A --lr that differs from
+        the checkpoint's is applied, and said (`notes`), or refused if the optimizer does not take it."""
         resume.check_compatible(state, path, self.cfg, self.env.world_size)
         resume.load_model_state(self.model, state, path)
+        fresh = [group.get("lr") for group in self.optimizer.param_groups]  # as the current options build it
         self.optimizer.load_state_dict(state["optimizer"])
+        note = resume.reapply_lr(self.optimizer, fresh, state, self.cfg, path)
+        self.notes = [note] if note else []
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.pos = Position(**state["position"])

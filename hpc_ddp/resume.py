@@ -188,3 +188,25 @@ def load_model_state(model: Any, state: dict[str, Any], path: Path) -> None:
         raise CheckpointError(f"checkpoint {path} is for a different model: missing {list(result.missing_keys)[:5]}, "
                               f"unexpected {list(result.unexpected_keys)[:5]}. Fix: the same --task, or another --folder")
 
+
+def reapply_lr(optimizer: Any, fresh: list[Any], state: dict[str, Any], cfg: TrainConfig, path: Path) -> str | None:
+    """A resume restores the optimizer's state, learning rates included. When --lr differs from the value the
+    checkpoint was trained with, the learning rates the current options build (`fresh`, read before the state
+    was loaded) are put back and this says so; if the optimizer does not take its rates from --lr (a task's own
+    optimizer may not), the new value could not apply, and the start is refused rather than recording it."""
+    saved = state.get("config", {}).get("lr")
+    if saved is None or saved == cfg.lr:
+        return None
+    restored = [group.get("lr") for group in optimizer.param_groups]
+    if _rates(fresh) == _rates(restored):
+        raise UsageError(f"--lr {cfg.lr}: checkpoint {path} was trained with --lr {saved}, but this task's optimizer "
+                         f"does not take its learning rate from --lr (it is {_rates(restored)} either way), so the "
+                         f"new value would not apply. Fix: --lr {saved}, or change the learning rate in the task")
+    for group, rate in zip(optimizer.param_groups, fresh, strict=True):
+        group["lr"] = rate
+    return (f"--lr changed from {saved} to {cfg.lr} on resume: applied, the optimizer's learning rate is now "
+            f"{_rates(fresh)} (was {_rates(restored)})")
+
+
+def _rates(values: list[Any]) -> list[float | None]:
+    return [None if v is None else float(v) for v in values]

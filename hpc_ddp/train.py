@@ -193,6 +193,8 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
                 return exitcodes.OK
         # Everything is checked: only now does this start change the folder, and record itself.
         _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log))
+        for note in trainer.notes:
+            log.main(note)
         if start is not None:
             log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
         outcome = trainer.run()

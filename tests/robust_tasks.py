@@ -1,7 +1,7 @@
 """User tasks for the run-folder and fault tests, loaded as `--task robust_tasks:NAME` (tests/ on PYTHONPATH).
 
 Each is the article's linear model on slow_tasks' data, with one thing a demanding user's task really does:
-a numpy learning rate.
+a numpy learning rate, an optimizer that ignores --lr.
 Environment variables choose when the fault happens, so that one task name (which a resume must keep) can
 train cleanly first and misbehave later.
 """
@@ -28,4 +28,10 @@ def numpy_lr(config):  # type: ignore[no-untyped-def]
     """An optimizer whose learning rate is a numpy float (from a config file, an LR finder...)."""
     return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse,
                 optimizer=lambda params: torch.optim.SGD(params, lr=np.float64(config.lr), momentum=0.9))
+
+
+def fixed_lr(config):  # type: ignore[no-untyped-def]
+    """An optimizer that does not take its learning rate from --lr."""
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse,
+                optimizer=lambda params: torch.optim.SGD(params, lr=0.003))
 

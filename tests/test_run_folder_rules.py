@@ -153,6 +153,30 @@ def test_a_latest_that_is_a_directory_falls_back_and_the_run_goes_on(copy: Path)
     assert len(list(checkpoint.ckpt_dir(copy).glob("latest.unreadable-*"))) == 1
 
 
+# --- 9. What a resume may change ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(45)
+def test_a_new_lr_on_resume_is_applied_and_said_or_refused(copy: Path, tmp_path: Path) -> None:
+    code, out = train(copy, "--epochs", "3", "--lr", "0.005")  # the default SGD takes --lr
+    assert code == 0, out
+    assert ("--lr changed from 0.01 to 0.005 on resume: applied, the optimizer's learning rate is now [0.005] "
+            "(was [0.01])") in out
+    last = checkpoint.load(checkpoint.read_latest(copy))  # type: ignore[arg-type]
+    assert last["optimizer"]["param_groups"][0]["lr"] == 0.005 and last["config"]["lr"] == 0.005
+
+    own = tmp_path / "own"
+    code, out = train(own, "--task", "robust_tasks:fixed_lr", "--epochs", "1")
+    assert code == 0, out
+    before = snapshot(own)
+    code, out = train(own, "--task", "robust_tasks:fixed_lr", "--epochs", "2", "--lr", "0.005")
+    assert code == exitcodes.USAGE, out
+    assert "--lr 0.005: checkpoint " in out and "was trained with --lr 0.01, but this task's optimizer does not " \
+        "take its learning rate from --lr (it is [0.003] either way)" in out
+    assert snapshot(own) == before  # nothing recorded of what did not happen
+
+
 # --- 10. Records are written only by a start that trains ------------------------------------------------------
 
 
