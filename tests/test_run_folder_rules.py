@@ -20,6 +20,7 @@ import torch
 
 from conftest import clean_environ, die_with_test
 from hpc_ddp import checkpoint, exitcodes
+from hpc_ddp.metrics import read_records
 from test_local_run import finish, start
 
 
@@ -151,6 +152,26 @@ def test_a_latest_that_is_a_directory_falls_back_and_the_run_goes_on(copy: Path)
     assert "Resuming from" in out and "ckpt-00000062.pt at epoch 2, step 62" in out
     assert checkpoint.read_latest(copy) == checkpoint.ckpt_dir(copy) / "ckpt-00000093.pt"
     assert len(list(checkpoint.ckpt_dir(copy).glob("latest.unreadable-*"))) == 1
+
+
+# --- 8. A torn metrics.jsonl ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(30)
+def test_a_cut_metrics_line_stays_alone_and_readers_skip_it(copy: Path) -> None:
+    metrics = copy / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    cut = lines[-1][: len(lines[-1]) // 2]  # a crash in the middle of the last record
+    metrics.write_text("\n".join(lines[:-1] + [cut]))
+    code, out = train(copy, "--epochs", "3")
+    assert code == 0, out
+    after = metrics.read_text().splitlines()
+    assert after[len(lines) - 1] == cut  # nothing glued onto it
+    for line in after[len(lines):]:
+        json.loads(line)  # every new record is whole
+    records = read_records(metrics)
+    assert len(records) == len(after) - 1 and records[-1]["event"] == "end"
 
 
 # --- 9. What a resume may change ------------------------------------------------------------------------------
