@@ -39,7 +39,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused
+from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused, NonFinite
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
@@ -377,6 +377,18 @@ def _loadable_globals() -> set[str]:
 
 
 _SCALARS = frozenset({int, float, bool, str, bytes, type(None)})
+
+
+def require_finite(model_state: dict[str, Any], names: Iterable[str], step: int) -> None:
+    """Refuse to write weights that are NaN or infinite (an update that overflowed): the checkpoint would
+    replace a good one. Only `names` (the parameters) are checked: buffers may hold -inf on purpose (masks)."""
+    bad = [n for n in names if isinstance(model_state.get(n), torch.Tensor) and model_state[n].is_floating_point()
+           and not bool(torch.isfinite(model_state[n]).all())]
+    if bad:
+        raise NonFinite(f"the weights at step {step} are not finite ({', '.join(bad[:3])}"
+                        f"{', ...' if len(bad) > 3 else ''}): the update before it overflowed. That checkpoint was "
+                        "not written, and the earlier ones are kept. Fix: a smaller --lr (or --clip-grad), then "
+                        "run the same command to resume from the last good checkpoint")
 
 
 def list_checkpoints(folder: str | os.PathLike[str]) -> list[Path]:

@@ -17,6 +17,7 @@ from hpc_ddp.errors import UsageError
 
 BUILTIN_TASKS = ("linear", "mlp")
 AMP_CHOICES = ("none", "bf16", "fp16")
+NONFINITE_CHOICES = ("stop", "skip")
 MAX_TIMEOUT_S = 30 * 86400.0  # timedelta and faulthandler overflow on absurd values (1e12 s)
 
 
@@ -60,6 +61,12 @@ class TrainConfig:
                                                            "per GPU rank)"})
     log_every_s: float = field(default=30.0, metadata={"help": "seconds between progress lines when output "
                                                                "is not a terminal"})
+    nonfinite_loss: str = field(default="stop", metadata={"help": "when the loss averaged over all ranks is NaN "
+                                                                  "or infinite: stop (exit 65; that update is "
+                                                                  "not applied and nothing is saved after the "
+                                                                  "last finite step) or skip the step (the run "
+                                                                  "still stops after 10 in a row)",
+                                                          "choices": NONFINITE_CHOICES})
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # nan/inf pass every comparison below the wrong way
@@ -86,6 +93,8 @@ class TrainConfig:
             raise UsageError(f"--num-workers {self.num_workers}: use -1 (auto) or a count >= 0")
         if self.amp not in AMP_CHOICES:
             raise UsageError(f"--amp {self.amp}: choose one of {', '.join(AMP_CHOICES)}")
+        if self.nonfinite_loss not in NONFINITE_CHOICES:
+            raise UsageError(f"--nonfinite-loss {self.nonfinite_loss}: choose one of {', '.join(NONFINITE_CHOICES)}")
         if self.backend not in ("", "gloo", "nccl", "mpi", "ucc"):
             raise UsageError(f"--backend {self.backend}: choose gloo or nccl (or leave it out)")
         module, _, function = self.task.partition(":")

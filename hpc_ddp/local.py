@@ -481,7 +481,7 @@ class Launcher:
                  f"Last lines of {source}:")
         for line in list(failed.tail):  # a copy: a reader that outlived its join may still append
             self.console.line(f"    {line}")
-        return exitcodes.USAGE if code == exitcodes.USAGE else exitcodes.FAILED
+        return code if code in (exitcodes.USAGE, exitcodes.NONFINITE) else exitcodes.FAILED
 
     def _restart_wanted(self) -> bool:
         try:

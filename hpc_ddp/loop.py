@@ -2,13 +2,16 @@
 
 One all-reduce of four numbers per optimizer step carries [loss sum, micro-batches, requeue votes, stop
 votes]: the loss is averaged over all ranks for reporting, and a signal seen by any rank stops every rank at
-the same step, at no extra collective.
+the same step, at no extra collective. It comes before the optimizer step, so a loss that is NaN or infinite
+on any rank is non-finite in the sum on every rank at the same step, and its update is never applied
+(`--nonfinite-loss`: stop, the default, or skip that step).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import random
 import traceback
 from collections.abc import Iterator
@@ -25,10 +28,13 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from hpc_ddp import checkpoint, metrics, preemption, process_group, resume
 from hpc_ddp.cluster import DistEnv
 from hpc_ddp.config import TrainConfig
-from hpc_ddp.errors import UsageError
+from hpc_ddp.errors import NonFinite, UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.process_group import hang_watch
 from hpc_ddp.tasks import Task
+
+
+MAX_SKIPPED = 10  # --nonfinite-loss skip: this many non-finite steps in a row stop the run anyway
 
 
 @dataclass
@@ -129,7 +135,9 @@ class Trainer:
                                  generator=self.loader_gen)
         self.pos = Position()
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
+        self.skipped = 0  # non-finite steps in a row (--nonfinite-loss skip)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
+        self.param_names = [name for name, _ in self.model.named_parameters()]
         self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
         # What a checkpoint must hold, checked on every rank before the first step: a state that a
         # weights_only load would refuse is a usage error now, not a checkpoint that never loads.
@@ -197,8 +205,13 @@ class Trainer:
             self.saved_step = self.pos.step
             if self.env.is_main:
                 snapshot = checkpoint.to_cpu(state, "the checkpoint state")
-                step, keep = self.pos.step, self.cfg.keep
-                self.writer.submit(lambda: checkpoint.commit(self.folder, snapshot, step, keep))
+                step, keep, names = self.pos.step, self.cfg.keep, self.param_names
+
+                def write() -> tuple[Path, int]:  # on the writer thread: the check costs the training nothing
+                    checkpoint.require_finite(snapshot["model"], names, step)
+                    return checkpoint.commit(self.folder, snapshot, step, keep)
+
+                self.writer.submit(write)
         if final and self.env.is_main:
             self.writer.wait()
 
@@ -263,6 +276,33 @@ class Trainer:
         values = packet.tolist()
         return values[0], values[1], values[2], values[3]
 
+    def _nonfinite(self, loss: float, step: int) -> None:
+        """The loss of `step`, averaged over all ranks, is NaN or infinite (every rank sees the same value):
+        its update was not applied. Stop (raise NonFinite), or with --nonfinite-loss skip go on without it."""
+        value = "NaN" if math.isnan(loss) else ("+inf" if loss > 0 else "-inf")
+        where = f"step {step} (epoch {self.pos.epoch})"
+        if self.cfg.nonfinite_loss == "skip" and self.skipped < MAX_SKIPPED:
+            self.skipped += 1
+            if self.env.is_main:
+                self.log.warn(f"{where}: the loss averaged over all ranks is {value}; that step's update was "
+                              f"skipped (--nonfinite-loss skip; {self.skipped} in a row, the run stops at "
+                              f"{MAX_SKIPPED + 1})")
+            return
+        self.metrics.nonfinite(self.pos, step, self.cfg.nonfinite_loss)
+        last = checkpoint.read_latest(self.folder)
+        kept = f"the last checkpoint, {last.name}, is kept" if last else "no checkpoint was written"
+        if (self.folder / "model.pth").is_file():
+            kept += ", model.pth is untouched"
+        if self.skipped:
+            cause = (f"{where}: the loss averaged over all ranks was not finite in {self.skipped + 1} steps in a "
+                     f"row ({value} now), so the weights themselves are probably not finite")
+        else:
+            cause = (f"{where}: the loss averaged over all {self.env.world_size} ranks is {value} (a rank's loss "
+                     "or data became NaN/inf, or the learning rate is too high)")
+        raise NonFinite(f"{cause}. The run stopped before applying that update and saved nothing after the last "
+                        f"finite step ({kept}). Fix: check the data, a smaller --lr or --clip-grad; "
+                        "--nonfinite-loss skip drops such steps instead")
+
     def _epoch(self, epoch: int) -> Outcome | None:
         """Train the rest of one epoch; an Outcome if the loop must end inside it."""
         cfg, pos = self.cfg, self.pos
@@ -280,10 +320,19 @@ class Trainer:
                 done_in_group += 1
                 if not last:
                     continue
-                self._optimizer_step()
+                # Agreed before the update: every rank learns at this step that some rank's loss is not finite.
                 loss_sum, count, requeue, stop = self._agree(accum, done_in_group)
+                finite = math.isfinite(loss_sum)
+                if finite:
+                    self._optimizer_step()
+                else:
+                    self.optimizer.zero_grad(set_to_none=True)  # the update that would poison the weights
+            if not finite:
+                self._nonfinite(loss_sum, pos.step + 1)  # raises, unless --nonfinite-loss skip
+            if finite:
+                self.skipped = 0
+                pos.loss_sum, pos.loss_count = pos.loss_sum + loss_sum, pos.loss_count + count
             pos.batch, pos.step = index + 1, pos.step + 1
-            pos.loss_sum, pos.loss_count = pos.loss_sum + loss_sum, pos.loss_count + count
             accum.zero_()
             done_in_group = 0
             self.metrics.step(pos, loss_sum / max(count, 1.0), cfg.batch_size * group_size * self.env.world_size)

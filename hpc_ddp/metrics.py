@@ -2,7 +2,8 @@
 
 Each line of `<folder>/metrics.jsonl` is one JSON object with an `event` of "step" (every progress interval),
 "epoch" or "end". The "end" record's `samples_per_s` is measured from the end of the first optimizer step
-(which pays for DDP's bucket setup and allocator warm-up) to the last one, over all ranks' samples.
+(which pays for DDP's bucket setup and allocator warm-up) to the last one, over all ranks' samples. A loss
+that is not finite is written as null (JSON has no NaN), and a run stopped by one writes a "nonfinite" record.
 
 The file only grows, and a crash can cut its last line. A writer therefore starts on a fresh line (a cut line
 stays cut, and is never glued to the next record), and `read_records` skips lines that are not whole records.
@@ -11,6 +12,7 @@ stays cut, and is never glued to the next record), and `read_records` skips line
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -41,7 +43,7 @@ class Recorder:
     def _write(self, record: dict[str, Any]) -> None:
         if self.path is not None:
             record["time"] = round(time.time(), 3)
-            line = json.dumps(record) + "\n"
+            line = json.dumps({k: _finite_or_none(v) for k, v in record.items()}, allow_nan=False) + "\n"
             with open(self.path, "ab") as f:
                 if not self._fresh_line:
                     self._fresh_line = True
@@ -86,12 +88,19 @@ class Recorder:
         self._write({"event": "epoch", "epoch": pos.epoch, "step": pos.step, "loss": loss,
                      "samples_per_s": self.samples_per_s()})
 
+    def nonfinite(self, pos: "Position", step: int, action: str) -> None:
+        self._write({"event": "nonfinite", "epoch": pos.epoch, "step": step, "loss": None, "action": action})
+
     def end(self, pos: "Position") -> None:
         times = sorted(self.step_times)
         median = times[len(times) // 2] if times else 0.0
         self._write({"event": "end", "epoch": pos.epoch, "step": pos.step, "steps_this_process": self.steps,
                      "samples_per_s": self.samples_per_s(), "median_step_time_s": median,
                      "seconds": round(time.monotonic() - self.started, 3)})
+
+
+def _finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -16,6 +16,7 @@ start that trains).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -154,11 +155,18 @@ def _check_in_sync(model: torch.nn.Module, env: DistEnv, log: RankLog) -> None:
     import torch
     import torch.distributed as dist
 
+    from hpc_ddp.errors import NonFinite
+
     with torch.no_grad():
         flat = [p.detach().double() for p in model.parameters()]
         mine = (sum(float(t.sum()) for t in flat), sum(float((t * t).sum()) for t in flat))
-    everyone: list[object] = [None] * env.world_size
+    everyone: list[Any] = [None] * env.world_size
     dist.all_gather_object(everyone, mine)
+    # NaN equals nothing, itself included: non-finite weights are their own finding, not a difference.
+    broken = [r for r, fp in enumerate(everyone) if not all(math.isfinite(x) for x in fp)]
+    if broken:
+        raise NonFinite(f"the weights are not finite at the end of training (ranks {broken}): model.pth was not "
+                        "written. Fix: a smaller --lr or --clip-grad, then resume from the last good checkpoint")
     differing = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
     if differing and env.is_main:
         log.warn(f"parameters differ between rank 0 and ranks {differing} at the end of training")

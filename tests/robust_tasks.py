@@ -1,7 +1,7 @@
 """User tasks for the run-folder and fault tests, loaded as `--task robust_tasks:NAME` (tests/ on PYTHONPATH).
 
 Each is the article's linear model on slow_tasks' data, with one thing a demanding user's task really does:
-a numpy learning rate, an optimizer that ignores --lr.
+a numpy learning rate, a loss that turns NaN, an optimizer that ignores --lr.
 Environment variables choose when the fault happens, so that one task name (which a resume must keep) can
 train cleanly first and misbehave later.
 """
@@ -34,4 +34,21 @@ def fixed_lr(config):  # type: ignore[no-untyped-def]
     """An optimizer that does not take its learning rate from --lr."""
     return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse,
                 optimizer=lambda params: torch.optim.SGD(params, lr=0.003))
+
+
+def nan_loss(config):  # type: ignore[no-untyped-def]
+    """Rank $NAN_RANK's loss is NaN on its optimizer steps $NAN_STEPS (comma-separated, counted from 1 in
+    this process); no NaN when $NAN_STEPS is unset."""
+    steps = {int(s) for s in os.environ.get("NAN_STEPS", "").split(",") if s}
+    rank = os.environ.get("NAN_RANK", "0")
+    calls = [0]
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        loss = _sleepy_mse(output, target)
+        if calls[0] in steps and os.environ.get("RANK", "0") == rank:
+            return loss * float("nan")
+        return loss
+
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=loss_fn)
 
