@@ -49,6 +49,10 @@ class NonFinite(RunStopped):
     code = exitcodes.NONFINITE
 
 
+class SavingFailed(RunStopped):
+    """Checkpoints could not be written even after the retries: the run stops before more work is at risk."""
+
+
 def fail(prog: str, message: str, code: int = exitcodes.USAGE) -> NoReturn:
     """Print `prog: error: message` as one line on stderr and exit."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)

@@ -1,10 +1,10 @@
 """The DDP training loop: sampler epochs, gradient accumulation, AMP, agreed stops, and checkpoints.
 
-One all-reduce of four numbers per optimizer step carries [loss sum, micro-batches, requeue votes, stop
-votes]: the loss is averaged over all ranks for reporting, and a signal seen by any rank stops every rank at
-the same step, at no extra collective. It comes before the optimizer step, so a loss that is NaN or infinite
-on any rank is non-finite in the sum on every rank at the same step, and its update is never applied
-(`--nonfinite-loss`: stop, the default, or skip that step).
+One all-reduce of five numbers per optimizer step carries [loss sum, micro-batches, requeue votes, stop
+votes, rank 0's saving trouble]: the loss is averaged over all ranks for reporting, and a signal seen by any
+rank stops every rank at the same step, at no extra collective. It comes before the optimizer step, so a loss
+that is NaN or infinite on any rank is non-finite in the sum on every rank at the same step, and its update
+is never applied (`--nonfinite-loss`: stop, the default, or skip that step).
 """
 
 from __future__ import annotations
@@ -28,13 +28,16 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from hpc_ddp import checkpoint, metrics, preemption, process_group, resume
 from hpc_ddp.cluster import DistEnv
 from hpc_ddp.config import TrainConfig
-from hpc_ddp.errors import NonFinite, UsageError
+from hpc_ddp.errors import NonFinite, SavingFailed, UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.process_group import hang_watch
 from hpc_ddp.tasks import Task
 
 
 MAX_SKIPPED = 10  # --nonfinite-loss skip: this many non-finite steps in a row stop the run anyway
+
+# The 5th number of the per-step all-reduce: what rank 0's background writer reports.
+_SAVING_OK, _SAVING_FAILED, _SAVING_NONFINITE = 0.0, 1.0, 2.0
 
 
 @dataclass
@@ -105,7 +108,7 @@ class Trainer:
         if self.batches_per_epoch == 0:  # checked before DDP exists: nothing to release on this error
             raise UsageError(f"each rank gets {len(self.sampler)} samples of the dataset ({env.world_size} ranks), "
                              f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks")
-        self.writer = checkpoint.AsyncWriter()
+        self.writer = checkpoint.AsyncWriter(warn=log.warn)
         self.model = task.model.to(device)
         # gradient_as_bucket_view: gradients live inside DDP's all-reduce buckets, saving a copy per step.
         self.ddp = DDP(self.model, device_ids=[device] if device.type == "cuda" else None,
@@ -136,6 +139,7 @@ class Trainer:
         self.pos = Position()
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
         self.skipped = 0  # non-finite steps in a row (--nonfinite-loss skip)
+        self.save_error: BaseException | None = None  # the writer's error that stopped the run, once raised
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.param_names = [name for name, _ in self.model.named_parameters()]
         self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
@@ -151,7 +155,11 @@ class Trainer:
         `model` and `pos` stay readable. Idempotent; the writer's error, if any, is raised after the release."""
         try:
             if "writer" in self.__dict__:
-                self.writer.wait()
+                try:
+                    self.writer.wait()
+                except BaseException as e:
+                    if e is not self.__dict__.get("save_error"):  # it stopped the run: reported already
+                        raise
         finally:
             for name in ("ddp", "optimizer", "scaler", "loader", "skip"):
                 self.__dict__.pop(name, None)
@@ -199,7 +207,8 @@ class Trainer:
 
     def save(self, final: bool = False) -> None:
         """Checkpoint at the current position: rank 0 copies state to CPU now and writes it in the background.
-        `final` also waits until the file is durable. A position already saved is not written twice."""
+        `final` also waits until the file is durable (retrying a failed write, see checkpoint.AsyncWriter). A
+        position already saved is not written twice."""
         if self.saved_step != self.pos.step:
             state = self.state()  # collective: every rank takes part, so every rank decides the same way
             self.saved_step = self.pos.step
@@ -213,7 +222,33 @@ class Trainer:
 
                 self.writer.submit(write)
         if final and self.env.is_main:
-            self.writer.wait()
+            try:
+                self.writer.wait(retry=True)
+            except BaseException as e:
+                self.save_error = e
+                if isinstance(e, OSError):  # the disk: one line; anything else as it is
+                    raise SavingFailed(self._saving_failed_message(e)) from e
+                raise
+
+    def _saving_failed_message(self, error: BaseException) -> str:
+        last = checkpoint.read_latest(self.folder)
+        kept = f"the last checkpoint written, {last}, is kept" if last else "no checkpoint was written"
+        tries = f" after {self.writer.failures} attempts" if self.writer.failures > 1 else ""
+        return (f"checkpoints cannot be written to {checkpoint.ckpt_dir(self.folder)}{tries}: "
+                f"{checkpoint.describe(error)}. Every rank stops at step {self.pos.step} so that no more work depends "
+                f"on a save that does not happen; {kept}. Fix: free space (or quota) there, then run the same "
+                "command to resume")
+
+    def _stop_for_saving(self, code: float) -> None:
+        """Every rank, at the same step: rank 0's writer gave up (see `_agree`)."""
+        error = self.save_error = self.writer.fatal
+        if isinstance(error, OSError):  # the disk: one line
+            raise SavingFailed(self._saving_failed_message(error)) from error
+        if error is not None:  # non-finite weights (one line), or a bug (its traceback)
+            raise error
+        message = (f"rank 0 could not write checkpoints (see its log); every rank stopped with it at step "
+                   f"{self.pos.step}")
+        raise NonFinite(message) if code == _SAVING_NONFINITE else SavingFailed(message)
 
     def finished(self) -> bool:
         """Nothing left to train at this position under the current --epochs and --max-steps."""
@@ -266,15 +301,20 @@ class Trainer:
         # of a memset of every bucket here plus an in-place add during backward.
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _agree(self, loss_sum: torch.Tensor, count: int) -> tuple[float, float, float, float]:
-        """The one per-step all-reduce: loss and micro-batch counts, plus every rank's signal votes."""
+    def _agree(self, loss_sum: torch.Tensor, count: int) -> tuple[float, float, float, float, float]:
+        """The one per-step all-reduce: loss and micro-batch counts, every rank's signal votes, and whether rank
+        0's background writer gave up (checked without waiting; it also starts a retry that is due)."""
         requeue, stop = preemption.pending()
+        fatal = self.writer.check()  # idle on every rank but 0
+        saving = _SAVING_OK if fatal is None else (_SAVING_NONFINITE if isinstance(fatal, NonFinite)
+                                                   else _SAVING_FAILED)
         packet = torch.stack([loss_sum.float(), torch.tensor(float(count), device=self.device),
                               torch.tensor(float(requeue), device=self.device),
-                              torch.tensor(float(stop), device=self.device)])
+                              torch.tensor(float(stop), device=self.device),
+                              torch.tensor(saving, device=self.device)])
         dist.all_reduce(packet)
         values = packet.tolist()
-        return values[0], values[1], values[2], values[3]
+        return values[0], values[1], values[2], values[3], values[4]
 
     def _nonfinite(self, loss: float, step: int) -> None:
         """The loss of `step`, averaged over all ranks, is NaN or infinite (every rank sees the same value):
@@ -321,14 +361,16 @@ class Trainer:
                 if not last:
                     continue
                 # Agreed before the update: every rank learns at this step that some rank's loss is not finite.
-                loss_sum, count, requeue, stop = self._agree(accum, done_in_group)
+                loss_sum, count, requeue, stop, saving = self._agree(accum, done_in_group)
                 finite = math.isfinite(loss_sum)
-                if finite:
+                if finite and not saving:
                     self._optimizer_step()
                 else:
-                    self.optimizer.zero_grad(set_to_none=True)  # the update that would poison the weights
+                    self.optimizer.zero_grad(set_to_none=True)  # never applied: a poisoned or a last update
             if not finite:
                 self._nonfinite(loss_sum, pos.step + 1)  # raises, unless --nonfinite-loss skip
+            if saving:
+                self._stop_for_saving(saving)
             if finite:
                 self.skipped = 0
                 pos.loss_sum, pos.loss_count = pos.loss_sum + loss_sum, pos.loss_count + count

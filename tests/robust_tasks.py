@@ -1,13 +1,14 @@
 """User tasks for the run-folder and fault tests, loaded as `--task robust_tasks:NAME` (tests/ on PYTHONPATH).
 
 Each is the article's linear model on slow_tasks' data, with one thing a demanding user's task really does:
-a numpy learning rate, a loss that turns NaN, an optimizer that ignores --lr.
+a numpy learning rate, a loss that turns NaN, an optimizer that ignores --lr, a disk that fills up for a while.
 Environment variables choose when the fault happens, so that one task name (which a resume must keep) can
 train cleanly first and misbehave later.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
@@ -52,3 +53,19 @@ def nan_loss(config):  # type: ignore[no-untyped-def]
 
     return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=loss_fn)
 
+
+def flaky_disk(config):  # type: ignore[no-untyped-def]
+    """The first $FLAKY_SAVES checkpoint writes fail with ENOSPC, as on a full disk that is freed later."""
+    from hpc_ddp import checkpoint
+
+    failures = [int(os.environ.get("FLAKY_SAVES", "0"))]
+    real = checkpoint._save_stream
+
+    def save_stream(obj, f, digest=None):  # type: ignore[no-untyped-def]
+        if failures[0] > 0 and "ckpt-" in getattr(f, "name", ""):
+            failures[0] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device", f.name)
+        return real(obj, f) if digest is None else real(obj, f, digest)
+
+    checkpoint._save_stream = save_stream
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse)

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,13 @@ from hpc_ddp import checkpoint, resume
 from hpc_ddp.config import TrainConfig
 from hpc_ddp.errors import CheckpointError
 from test_checkpoint import sample_state
+
+
+def wait_for(predicate, seconds: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
 
 
 # --- 14. A checksum of every checkpoint, verified on load ---------------------------------------------------
@@ -132,3 +141,46 @@ def test_rotation_keeps_the_file_it_just_wrote_and_never_deletes_a_later_step(tm
         ["ckpt-00000045.pt", "ckpt-00000030.pt", "ckpt-00000025.pt"]  # 15 is older than 25: rotated
     assert not (checkpoint.ckpt_dir(tmp_path) / "ckpt-00000015.pt.sha256").exists()
 
+
+# --- 11. A failed background save is reported at once and retried ------------------------------------------
+
+
+def test_a_failed_background_save_is_retried_with_backoff_until_it_is_written(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    writer = checkpoint.AsyncWriter(warn=warnings.append, retries=3, backoff_s=0.05)
+    attempts = [0]
+
+    def job() -> tuple[Path, int]:
+        attempts[0] += 1
+        if attempts[0] <= 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path))
+        return checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
+
+    writer.submit(job)
+    wait_for(lambda: writer.check() is None and attempts[0] >= 1 and not writer._thread)
+    assert "retry 1 of 3 in 0.05 s" in warnings[0] and "No space left on device" in warnings[0]
+    wait_for(lambda: writer.check() is None and writer.last is not None)
+    assert attempts[0] == 3 and "retry 2 of 3 in 0.1 s" in warnings[1]
+    assert "written after 2 failed attempt(s)" in warnings[2]
+    assert checkpoint.read_latest(tmp_path) == writer.wait()[0]  # type: ignore[index]
+
+
+def test_saving_that_keeps_failing_is_reported_when_the_retries_are_spent(tmp_path: Path) -> None:
+    writer = checkpoint.AsyncWriter(warn=lambda _: None, retries=2, backoff_s=0.01)
+    attempts = [0]
+
+    def full() -> tuple[Path, int]:
+        attempts[0] += 1
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    writer.submit(full)
+    wait_for(lambda: writer.check() is not None)
+    assert attempts[0] == 3 and isinstance(writer.check(), OSError)
+    with pytest.raises(OSError, match="No space"):
+        writer.wait(retry=True)
+    # A folder that is a file is no passing trouble: no retry.
+    once = checkpoint.AsyncWriter(warn=lambda _: None, retries=5, backoff_s=0.01)
+    once.submit(lambda: checkpoint.commit(tmp_path / "x" / "y", sample_state(1), 1, 1)
+                if (tmp_path / "x").write_text("a file") else None)  # type: ignore[func-returns-value]
+    wait_for(lambda: once.check() is not None)
+    assert once.failures == 1
