@@ -12,6 +12,9 @@ SIGINT/SIGTERM are passed on too (Ctrl-C as SIGTERM); the ranks save and the lau
 Children live in their own session (a terminal's Ctrl-C reaches only the launcher, which forwards it) and die
 with the launcher even if it is SIGKILLed (PR_SET_PDEATHSIG).
 
+The launcher holds the run folder (`run.lock`, hpc_ddp.train.hold_folder) from before it touches anything
+there until its last rank is gone; its rank 0 inherits the lock. A second run in the same folder is refused.
+
 It must never hang, whatever the ranks or the machine do, since a hung launcher holds every rank:
 
 - A rank stops only at an agreed step, and one stuck in user code or in a collective never gets there. So a
@@ -44,6 +47,8 @@ from pathlib import Path
 from typing import TextIO
 
 from hpc_ddp import cluster, exitcodes
+
+LOCK_VAR = "HPC_DDP_FOLDER_LOCK"  # as hpc_ddp.train.LOCK_VAR (not imported here: the launcher starts fast)
 
 GRACE_S = 3.0  # after a failure, survivors get SIGTERM, then SIGKILL after this long
 STOP_GRACE_S = 30.0  # after Ctrl-C/SIGTERM to the launcher: time to save and exit before SIGKILL (Slurm's KillWait)
@@ -348,6 +353,7 @@ class Launcher:
         self.stop_deadline: float | None = None
         self.kill_now = False  # a Ctrl-C after the first stop signal: kill without waiting any longer
         self._announced = False
+        self.lock_token = ""  # the run folder's lock, which the ranks' rank 0 inherits
 
     def say(self, message: str) -> None:
         self.console.line(f"[launcher] {message}")
@@ -359,7 +365,10 @@ class Launcher:
         parent = os.getpid()
         self.ranks = []
         for rank in range(self.job.world_size):
-            proc = subprocess.Popen(cmd, env=child_environ(dict(os.environ), self.job, rank, restarts),
+            env = child_environ(dict(os.environ), self.job, rank, restarts)
+            if self.lock_token:
+                env[LOCK_VAR] = self.lock_token
+            proc = subprocess.Popen(cmd, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, preexec_fn=lambda: _die_with_parent(parent))
             self.ranks.append(_Rank(rank, proc, logs / f"rank{rank}.log", self.console, self.job.all_ranks))
@@ -491,9 +500,15 @@ class Launcher:
         return bool(record.get("requeue")) and not self.stop_requested
 
     def run(self) -> int:
+        from hpc_ddp.train import hold_folder  # light: no torch at import time
+
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        lock = None
         try:
+            # Before anything in the folder changes (preempted.json, the logs): a second run is refused here.
+            lock = hold_folder(self.job.folder, "launcher", self.job.job_id, 0)
+            self.lock_token = lock.token
             restarts = 0
             while True:
                 (self.job.folder / "preempted.json").unlink(missing_ok=True)
@@ -521,6 +536,8 @@ class Launcher:
         finally:
             # Every path, an exception in the launcher included, ends every rank it started.
             self._report_stuck(self._stop_all())
+            if lock is not None:
+                lock.release()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             # The ranks are all gone; hand the console what is left for it (a Ctrl-C here stops waiting).

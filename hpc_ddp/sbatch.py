@@ -29,7 +29,7 @@ SRUN_FLAGS = ("--kill-on-bad-exit=1",)  # plus --cpus-per-task=N when it is know
 # which cluster to talk to. SBATCH_* stay too: Slurm never sets them, so they are the user's own defaults.
 _LEAKING_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
 _LEAKING_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                            "MASTER_PORT", "HPC_DDP_LOCAL"})
+                            "MASTER_PORT", "HPC_DDP_LOCAL", "HPC_DDP_FOLDER_LOCK"})
 _KEPT = frozenset({"SLURM_CONF"})
 
 # sbatch options that `submit` sets from its own flags: `--slurm` must not set them behind the flag's back.

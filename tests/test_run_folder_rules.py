@@ -10,18 +10,22 @@ checkpoints at steps 31 and 62, and model.pth).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
-from conftest import clean_environ, die_with_test
-from hpc_ddp import checkpoint, exitcodes
+from conftest import clean_environ, die_with_test, run_module
+from hpc_ddp import checkpoint, exitcodes, train as train_module
+from hpc_ddp.errors import UsageError
 from hpc_ddp.metrics import read_records
-from test_local_run import finish, start
+from test_local_run import finish, read_until, start
 
 
 def train(folder: Path, *args: str, cwd: Path | None = None, **env: str) -> tuple[int, str]:
@@ -135,6 +139,62 @@ def test_a_numpy_learning_rate_saves_checkpoints_that_resume(tmp_path: Path) -> 
     assert "Resuming from" in out and "corrupt" not in out
     latest = checkpoint.read_latest(tmp_path)
     assert latest is not None and checkpoint.load(latest)["optimizer"]["param_groups"][0]["lr"] == 0.01
+
+
+# --- 5. One run per folder --------------------------------------------------------------------------------
+
+
+def test_a_lock_from_another_machine_is_taken_over_only_once_stale_and_a_requeue_takes_its_own(
+        tmp_path: Path) -> None:
+    path = tmp_path / "run.lock"
+    path.write_text(json.dumps({"token": "theirs", "role": "rank0", "job_id": "77", "restarts": 0, "host": "far",
+                                "pid": 1, "pid_start": 1, "boot_id": "another boot", "pid_ns": "x",
+                                "since": time.time()}))
+    with pytest.raises(UsageError, match=r"is in use by rank 0 of job 77 \(pid 1 on far, .*refreshed 0 s ago.*"
+                                         r"Fix: wait for it to end or stop it \(scancel 77"):
+        train_module.hold_folder(tmp_path, "rank0", "88", 0)
+    old = time.time() - 2 * train_module.LOCK_STALE_S
+    os.utime(path, (old, old))  # its holder stopped refreshing it two minutes ago
+    mine = train_module.hold_folder(tmp_path, "rank0", "88", 0)
+    assert json.loads(path.read_text())["job_id"] == "88"
+    requeued = train_module.hold_folder(tmp_path, "rank0", "88", 1)  # the same job, restarted
+    mine.release()  # no longer its lock: left alone
+    assert json.loads(path.read_text())["token"] == requeued.token
+    requeued.release()
+    assert not path.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(90)
+def test_a_second_run_in_a_live_folder_is_refused_and_the_lock_dies_with_its_holder(tmp_path: Path) -> None:
+    slow_task = ("--task", "slow_tasks:slow", "--nodes", "1")
+    first = start(tmp_path, *slow_task, "--epochs", "200", SLOW_TASK_SLEEP_S="0.02")
+    job = read_until(first, "[launcher] local job ")[-1].split("local job ")[1].split(":")[0]
+    read_until(first, "Epoch 0,")
+    deadline = time.monotonic() + 30
+    while not checkpoint.list_checkpoints(tmp_path):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    code, out = train(tmp_path, "--task", "slow_tasks:slow")
+    assert code == exitcodes.USAGE, out
+    assert f"is in use by the local launcher of job {job} (pid {first.pid} on " in out, out
+    proc = run_module("hpc_ddp.submit", "--local", "--folder", str(tmp_path), *slow_task, "--resume", "never",
+                      "--overwrite", timeout=60)
+    assert proc.returncode == exitcodes.USAGE, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"is in use by the local launcher of job {job}" in proc.stderr
+    assert checkpoint.list_checkpoints(tmp_path), "the live run's checkpoints must survive"
+    assert json.loads((tmp_path / "run.json").read_text())["dist"]["job_id"] == job
+
+    ranks = psutil.Process(first.pid).children()
+    first.kill()  # SIGKILL: no cleanup runs; its ranks die with it
+    first.wait()
+    psutil.wait_procs(ranks, timeout=15)
+    assert (tmp_path / "run.lock").exists()
+    code, out = finish(start(tmp_path, *slow_task, "--epochs", "1"), timeout=60)
+    assert code == 0, out
+    assert f"took over {tmp_path / 'run.lock'}: its holder, pid {first.pid} on this machine, is gone" in out
+    assert not (tmp_path / "run.lock").exists()
 
 
 # --- 6. A `latest` that cannot be read ----------------------------------------------------------------------
