@@ -12,6 +12,11 @@ SIGINT/SIGTERM are passed on too (Ctrl-C as SIGTERM); the ranks save and the lau
 Children live in their own session (a terminal's Ctrl-C reaches only the launcher, which forwards it) and die
 with the launcher even if it is SIGKILLed (PR_SET_PDEATHSIG).
 
+A signal never kills a rank that is still starting: training ranks start with SIGUSR1/SIGUSR2/SIGTERM
+blocked (inherited through exec) until `preemption.install()` has set their handlers, so a signal that comes
+meanwhile waits in the kernel; and a signal the launcher receives while it (re)starts the ranks, or between
+two runs of a restart, is sent again to every new rank once they all exist.
+
 The launcher holds the run folder (`run.lock`, hpc_ddp.train.hold_folder) from before it touches anything
 there until its last rank is gone; its rank 0 inherits the lock. A second run in the same folder is refused.
 
@@ -131,11 +136,17 @@ def fresh_job_id() -> str:
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
-def _die_with_parent(parent: int) -> None:
+_HELD = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)  # blocked in a training rank until it handles them
+_HOLDS_SIGNALS = ("hpc_ddp.train",)  # modules that unblock them first thing (preemption.install)
+
+
+def _die_with_parent(parent: int, hold: bool = False) -> None:
     # Runs in the child between fork and exec: SIGKILL us when the launcher dies, however it dies.
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the launcher died before prctl took effect
         os._exit(1)
+    if hold:  # the mask survives exec: pending until preemption.install() has set the handlers
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
 
 
 class Console:
@@ -363,6 +374,7 @@ class Launcher:
         logs.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-u", "-m", self.job.module, *self.job.train_argv]
         parent = os.getpid()
+        hold = self.job.module in _HOLDS_SIGNALS
         self.ranks = []
         for rank in range(self.job.world_size):
             env = child_environ(dict(os.environ), self.job, rank, restarts)
@@ -370,8 +382,17 @@ class Launcher:
                 env[LOCK_VAR] = self.lock_token
             proc = subprocess.Popen(cmd, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=lambda: _die_with_parent(parent))
+                                    start_new_session=True, preexec_fn=lambda: _die_with_parent(parent, hold))
             self.ranks.append(_Rank(rank, proc, logs / f"rank{rank}.log", self.console, self.job.all_ranks))
+
+    def _resend(self, since: int) -> None:
+        """Send every rank the signals that came since `forwarded[since]` (while the ranks were being started,
+        or between two runs of a restart): a rank started after one came never got it. Held until the rank
+        handles them (see `_die_with_parent`); a rank that got one twice notes it once."""
+        for signum in dict.fromkeys(self.forwarded[since:]):
+            child_signal = signal.SIGTERM if signum == signal.SIGINT else signum
+            for r in self.ranks:
+                _send(r.proc, child_signal)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         # Runs on the main thread between two bytecodes of whatever it was doing: only take note and pass the
@@ -510,9 +531,11 @@ class Launcher:
             lock = hold_folder(self.job.folder, "launcher", self.job.job_id, 0)
             self.lock_token = lock.token
             restarts = 0
+            seen = len(self.forwarded)
             while True:
                 (self.job.folder / "preempted.json").unlink(missing_ok=True)
                 self._start(restarts)
+                self._resend(seen)  # came after the last run's ranks were gone, before these existed
                 if self.stop_requested:  # the stop came while they were starting: make sure each rank has it
                     for r in self.ranks:
                         _send(r.proc, signal.SIGTERM)
@@ -524,6 +547,7 @@ class Launcher:
                     outcome = self._supervise()  # they all exited just before the kill: as if in time
                 if outcome < len(self.ranks):
                     return self._report_failure(outcome)
+                seen = len(self.forwarded)  # every rank has exited: later signals are for the next ranks
                 self._join_readers()
                 if all(r.proc.returncode == exitcodes.OK for r in self.ranks):
                     return exitcodes.OK
