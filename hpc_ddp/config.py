@@ -18,6 +18,7 @@ from hpc_ddp.errors import UsageError
 BUILTIN_TASKS = ("linear", "mlp")
 AMP_CHOICES = ("none", "bf16", "fp16")
 NONFINITE_CHOICES = ("stop", "skip")
+SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch's generators take (a signed 64-bit integer)
 MAX_TIMEOUT_S = 30 * 86400.0  # timedelta and faulthandler overflow on absurd values (1e12 s)
 
 
@@ -95,6 +96,9 @@ class TrainConfig:
             raise UsageError(f"--amp {self.amp}: choose one of {', '.join(AMP_CHOICES)}")
         if self.nonfinite_loss not in NONFINITE_CHOICES:
             raise UsageError(f"--nonfinite-loss {self.nonfinite_loss}: choose one of {', '.join(NONFINITE_CHOICES)}")
+        if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise UsageError(f"--seed {self.seed}: must be a 64-bit integer, from {SEED_RANGE[0]} to {SEED_RANGE[1]} "
+                             "(e.g. --seed 0)")
         if self.backend not in ("", "gloo", "nccl", "mpi", "ucc"):
             raise UsageError(f"--backend {self.backend}: choose gloo or nccl (or leave it out)")
         module, _, function = self.task.partition(":")

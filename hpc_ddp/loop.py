@@ -348,7 +348,9 @@ class Trainer:
         cfg, pos = self.cfg, self.pos
         self.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one after a restart
         self.skip.skip = pos.batch * cfg.batch_size
-        self.loader_gen.manual_seed(cfg.seed * 1_000_003 + epoch)
+        # Modulo 2**64: the same seed torch derives from a negative or small value, and no overflow for a large
+        # --seed (any 64-bit seed is valid).
+        self.loader_gen.manual_seed((cfg.seed * 1_000_003 + epoch) % 2**64)
         accum = torch.zeros((), device=self.device)
         done_in_group = 0
         for index, (inputs, target) in enumerate(self.loader, start=pos.batch):

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
 from hpc_ddp.errors import UsageError, run_main
@@ -172,5 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     return slurm_job.submit(ns, shape, cfg, module)
 
 
-if __name__ == "__main__":
+def cli() -> NoReturn:
+    """The `hpc-ddp-submit` console script: as `python -m hpc_ddp.submit`, usage errors in one line, exit 2."""
     run_main(PROG, main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from hpc_ddp import exitcodes, preemption
 from hpc_ddp.config import TrainConfig, add_train_arguments, build_parser, from_namespace
@@ -241,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     code = run(cfg, os.environ)
     preemption.ignore()  # done: the checkpoint and model are written; nothing left for a signal to save
     return code
+
+
+def cli() -> NoReturn:
+    """The `hpc-ddp-train` console script: `python -m hpc_ddp.train`, usage errors as one line and exit 2."""
+    run_task(PROG, main)
 
 
 def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
@@ -466,4 +471,4 @@ def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, envir
 
 
 if __name__ == "__main__":
-    run_task(PROG, main)
+    cli()
