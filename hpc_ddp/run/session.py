@@ -27,7 +27,7 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import preemption
-from hpc_ddp.run.beacon import FINISHING, USER_CODE, Beacon
+from hpc_ddp.run.beacon import FINISHING, STARTUP, USER_CODE, Beacon
 from hpc_ddp.run.config import TrainConfig
 
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and a usage error must not wait for it
@@ -180,6 +180,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
     # watchdog is stopped first, and covers everything up to then: training, saves, the final barriers.
     with Trainer(cfg, env, device, task, folder, log, beacon=beacon) as trainer, \
             _watchdog(cfg, env, folder, log, trainer, environ):
+        beacon.set(STARTUP)  # the user's setup is done; the kit resumes and prepares the folder (rank 0)
         if start is not None:
             trainer.restore(checkpoint.load(start, verify=False), start)  # rank 0 verified it in plan()
             if trainer.finished():

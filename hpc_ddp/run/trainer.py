@@ -49,7 +49,6 @@ from hpc_ddp.run.folder import MODEL
 from hpc_ddp.run.position import Outcome, Position
 from hpc_ddp.run.tasks import Task
 
-
 MAX_SKIPPED = 10  # --nonfinite-loss skip: this many non-finite steps in a row stop the run anyway
 
 # The 5th number of the per-step all-reduce: what rank 0's background writer reports.
@@ -124,6 +123,10 @@ class Trainer:
         self.window = stragglers.Window()  # this rank's time split since the last straggler check
         self.judge = stragglers.Judge()
         self._grads_ready = 0.0  # when backward's last gradient bucket was ready (the comm wait starts)
+        # What a checkpoint must hold, checked on every rank before the first step: a state that a weights_only
+        # load would refuse is a usage error now, not a checkpoint that never loads. The model's before the first
+        # collective: a slow state_dict() (a user hook) is then waited for before any rank's watchdog starts.
+        checkpoint.check_savable(task.model.state_dict(), "the model's state_dict()")
         # Every rank's host and pid, once, at start: the straggler report and the hang verdict name hosts.
         self.peers: list[tuple[str, int]] = [("", 0)] * env.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
@@ -173,9 +176,6 @@ class Trainer:
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.param_names = [name for name, _ in self.model.named_parameters()]
         self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
-        # What a checkpoint must hold, checked on every rank before the first step: a state that a
-        # weights_only load would refuse is a usage error now, not a checkpoint that never loads.
-        checkpoint.check_savable(self.model.state_dict(), "the model's state_dict()")
         checkpoint.check_savable(self.optimizer.state_dict(), "the optimizer's state_dict()")
 
     def _marking(self, inner: CommHook) -> CommHook:
@@ -317,7 +317,8 @@ class Trainer:
     def train_step(self, inputs: Any, target: Any) -> Agreed:
         """One optimizer step on one batch, as the loop takes it: forward and backward through DDP (whose
         backward all-reduces the gradients), the per-step all-reduce of the loss and of every rank's signal
-        votes, then the optimizer (skipped when the agreed loss is not finite or rank 0 cannot save). A collective: every rank calls it with its own batch."""
+        votes, then the optimizer (skipped when the agreed loss is not finite or rank 0 cannot save). A
+        collective: every rank calls it with its own batch."""
         return self.accumulated_step([(inputs, target)], 1)
 
     def accumulated_step(self, micro_batches: Iterable[tuple[Any, Any]], count: int) -> Agreed:
