@@ -27,6 +27,32 @@ class CheckpointError(UsageError):
     """A checkpoint cannot be used: wrong model, incompatible config, or nothing valid to resume from."""
 
 
+class CheckpointCorrupt(CheckpointError):
+    """A checkpoint's bytes are damaged: its checksum differs from the one recorded when it was written, or it
+    is torn or unreadable. Only this means "corrupt"; resuming falls back to the previous checkpoint."""
+
+
+class CheckpointRefused(CheckpointError):
+    """A checkpoint that is intact but holds objects a `weights_only` load refuses (it could run code)."""
+
+
+class RunStopped(Exception):
+    """The kit stopped a run on purpose, on every rank at the same step: one line, no traceback, `code`."""
+
+    code = exitcodes.FAILED
+
+
+class NonFinite(RunStopped):
+    """The loss averaged over all ranks, or the weights about to be saved, became NaN or infinite (exit code
+    `exitcodes.NONFINITE`); nothing is saved after the last finite step."""
+
+    code = exitcodes.NONFINITE
+
+
+class SavingFailed(RunStopped):
+    """Checkpoints could not be written even after the retries: the run stops before more work is at risk."""
+
+
 def fail(prog: str, message: str, code: int = exitcodes.USAGE) -> NoReturn:
     """Print `prog: error: message` as one line on stderr and exit."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
@@ -53,6 +79,9 @@ def run_task(prog: str, main: Callable[[], int]) -> NoReturn:
         code = main()
     except UsageError as e:
         code, quiet = exitcodes.USAGE, True
+        _say(f"{prog}: error: {e}")
+    except RunStopped as e:  # one line on every rank, and the exit code says why
+        code = e.code
         _say(f"{prog}: error: {e}")
     except KeyboardInterrupt:
         code = exitcodes.INTERRUPTED

@@ -17,12 +17,13 @@ from typing import NoReturn
 OK = 0
 FAILED = 1  # a task raised or died; the run folder keeps the last good checkpoint
 USAGE = 2  # bad flags, bad environment, unwritable folder: a one-line message says what to fix
+NONFINITE = 65  # EX_DATAERR: the loss became NaN/inf; stopped before that update, nothing saved after it
 PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving; resume by starting again
 HANG = 76  # the hang watchdog's verdict: <folder>/hang.json names the stalled rank, its host, phase and line
 INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
-MEANING = {OK: "finished", FAILED: "failed", USAGE: "usage error", PREEMPTED: "preempted, resumable",
-           HANG: "hang, see hang.json", INTERRUPTED: "interrupted"}
+MEANING = {OK: "finished", FAILED: "failed", USAGE: "usage error", NONFINITE: "non-finite loss",
+           PREEMPTED: "preempted, resumable", HANG: "hang, see hang.json", INTERRUPTED: "interrupted"}
 LEAVE_BACKSTOP_S = 30.0  # flushing into a pipe nobody reads blocks; faulthandler ends that (exit 1)
 
 

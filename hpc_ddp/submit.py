@@ -12,6 +12,7 @@ rank from Slurm's variables, and global rank 0 writes checkpoints to --folder.
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import UsageError, run_main
@@ -93,5 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     return submitter.submit(ns, shape, cfg, module)
 
 
-if __name__ == "__main__":
+def cli() -> NoReturn:
+    """The `hpc-ddp-submit` console script: as `python -m hpc_ddp.submit`, usage errors in one line, exit 2."""
     run_main(PROG, main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -9,11 +9,16 @@ Runs the same way under `srun` (one task per GPU), under torchrun, under `submit
 Order matters: signal handlers first (a preemption signal can come before torch is even imported), then the
 cheap checks (flags, environment), then torch, placement, the process group, and training
 (hpc_ddp.run.session).
+
+The run folder is held by one run at a time (`hpc_ddp.run.folder.hold_folder`, `run.lock`), and a start changes
+nothing in it until everything has been checked: the task, the checkpoint it resumes, every option
+(`resume.plan` looks, `resume.apply` changes; `run.json` is written last, only by a start that trains).
 """
 
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import run_task
@@ -34,5 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-if __name__ == "__main__":
+def cli() -> NoReturn:
+    """The `hpc-ddp-train` console script: `python -m hpc_ddp.train`, usage errors as one line and exit 2."""
     run_task(PROG, main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -476,3 +476,15 @@ def test_report_shows_a_hang_verdict_whatever_srun_made_of_the_exit_codes(tmp_pa
     assert code == exitcodes.HANG
     assert text == (f"[submit] job 7: {verdict['line']}; every rank's report: {tmp_path / 'hang.json'}\n")
     assert report(tmp_path, request.JobState("FAILED", 1), since=time.time() + 60)[0] == 1  # an older verdict
+
+
+def test_report_names_a_non_finite_loss_and_exits_65(tmp_path: Path) -> None:
+    (tmp_path / "submitit").mkdir()
+    code, text = report(tmp_path, request.JobState("FAILED", exitcodes.NONFINITE))
+    assert code == exitcodes.NONFINITE == 65
+    assert text == (f"[submit] job 7 stopped: the loss became NaN or infinite (exit code 65); every rank stopped "
+                    "before applying that update and nothing was saved after the last finite step (see the log "
+                    f"above). Fix: check the data, a smaller --lr or --clip-grad, then resume from {tmp_path}\n")
+    # A hang verdict of this submission still decides: srun's code may be anything then.
+    (tmp_path / "hang.json").write_text(json.dumps({"line": "hang at step 3", "run_id": "7-0"}))
+    assert report(tmp_path, request.JobState("FAILED", exitcodes.NONFINITE))[0] == exitcodes.HANG

@@ -266,8 +266,11 @@ def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any],
     assert len(resumed) == 1
     path, step = Path(resumed[0][0]), int(resumed[0][1])
     assert 4 <= step < FINAL_STEP and path.name == f"ckpt-{step:08d}.pt"
-    assert sorted(p.name for p in (folder / "checkpoints").glob("ckpt-*")) == \
+    assert sorted(p.name for p in (folder / "checkpoints").glob("ckpt-*.pt")) == \
         [path.name, f"ckpt-{FINAL_STEP:08d}.pt"]
+    # Each with its SHA-256 next to it (hpc_ddp.run.checkpoint), and nothing else.
+    assert sorted(p.name for p in (folder / "checkpoints").glob("ckpt-*.sha256")) == \
+        [f"{path.name}.sha256", f"ckpt-{FINAL_STEP:08d}.pt.sha256"]
     # Model and optimizer end bitwise equal to the uninterrupted run.
     ref = reference["folder"]
     assert_bitwise_equal(tensors(torch.load(folder / "model.pth", weights_only=True)),

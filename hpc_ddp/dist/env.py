@@ -71,11 +71,15 @@ TORCHRUN_VARS: dict[str, tuple[str, ...]] = {
 
 # slurm/ddp.sbatch names a file here for its tasks; global rank 0 writes its run folder into it.
 FOLDER_FILE_VAR = "HPC_DDP_FOLDER_FILE"
+# The local launcher holds the run folder's lock (hpc_ddp.run.folder.hold_folder) for its ranks: their rank 0
+# inherits it through this variable. Never passed on to a job or launcher started from inside a run.
+FOLDER_LOCK_VAR = "HPC_DDP_FOLDER_LOCK"
 
 # Everything else Slurm, srun, salloc, submitit and torchrun set for a task goes by these prefixes (srun reads
 # SLURM_*/SRUN_* as defaults: a stale SLURM_CPUS_PER_TASK from an outer job would reshape an inner one).
 LAUNCHER_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
-LAUNCHER_NAMES = frozenset({name for names in TORCHRUN_VARS.values() for name in names} | {FOLDER_FILE_VAR})
+LAUNCHER_NAMES = frozenset({name for names in TORCHRUN_VARS.values() for name in names}
+                           | {FOLDER_FILE_VAR, FOLDER_LOCK_VAR})
 # Kept: which cluster to talk to is the site's setting, not the job's. (SBATCH_* are kept too: Slurm never sets
 # them, so they are the user's own defaults.)
 SITE_VARS = frozenset({"SLURM_CONF"})

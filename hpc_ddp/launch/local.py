@@ -13,6 +13,14 @@ SIGINT/SIGTERM are passed on too (Ctrl-C as SIGTERM); the ranks save and the lau
 Children live in their own session (a terminal's Ctrl-C reaches only the launcher, which forwards it) and die
 with the launcher even if it is SIGKILLed (PR_SET_PDEATHSIG).
 
+A signal never kills a rank that is still starting: training ranks start with SIGUSR1/SIGUSR2/SIGTERM
+blocked (inherited through exec) until `preemption.install()` has set their handlers, so a signal that comes
+meanwhile waits in the kernel; and a signal the launcher receives while it (re)starts the ranks, or between
+two runs of a restart, is sent again to every new rank once they all exist.
+
+The launcher holds the run folder (`run.lock`, hpc_ddp.run.folder.hold_folder) from before it touches anything
+there until its last rank is gone; its rank 0 inherits the lock. A second run in the same folder is refused.
+
 It must never hang, whatever the ranks or the machine do, since a hung launcher holds every rank:
 
 - A rank stops only at an agreed step, and one stuck in user code or in a collective never gets there. So a
@@ -132,11 +140,17 @@ def fresh_job_id() -> str:
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
-def _die_with_parent(parent: int) -> None:
+_HELD = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)  # blocked in a training rank until it handles them
+_HOLDS_SIGNALS = ("hpc_ddp.train",)  # modules that unblock them first thing (preemption.install)
+
+
+def _die_with_parent(parent: int, hold: bool = False) -> None:
     # Runs in the child between fork and exec: SIGKILL us when the launcher dies, however it dies.
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the launcher died before prctl took effect
         os._exit(1)
+    if hold:  # the mask survives exec: pending until preemption.install() has set the handlers
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
 
 
 class Console:
@@ -355,6 +369,7 @@ class Launcher:
         self.kill_now = False  # a Ctrl-C after the first stop signal: kill without waiting any longer
         self._announced = False
         self.started_at = 0.0  # when the ranks were last started (epoch seconds)
+        self.lock_token = ""  # the run folder's lock, which the ranks' rank 0 inherits
 
     def say(self, message: str) -> None:
         self.console.line(f"[launcher] {message}")
@@ -365,12 +380,25 @@ class Launcher:
         logs.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-u", "-m", self.job.module, *self.job.train_argv]
         parent = os.getpid()
+        hold = self.job.module in _HOLDS_SIGNALS
         self.ranks = []
         for rank in range(self.job.world_size):
-            proc = subprocess.Popen(cmd, env=child_environ(dict(os.environ), self.job, rank, restarts),
+            env = child_environ(dict(os.environ), self.job, rank, restarts)
+            if self.lock_token:
+                env[run_folder.LOCK_VAR] = self.lock_token
+            proc = subprocess.Popen(cmd, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=lambda: _die_with_parent(parent))
+                                    start_new_session=True, preexec_fn=lambda: _die_with_parent(parent, hold))
             self.ranks.append(_Rank(rank, proc, logs / f"rank{rank}.log", self.console, self.job.all_ranks))
+
+    def _resend(self, since: int) -> None:
+        """Send every rank the signals that came since `forwarded[since]` (while the ranks were being started,
+        or between two runs of a restart): a rank started after one came never got it. Held until the rank
+        handles them (see `_die_with_parent`); a rank that got one twice notes it once."""
+        for signum in dict.fromkeys(self.forwarded[since:]):
+            child_signal = signal.SIGTERM if signum == signal.SIGINT else signum
+            for r in self.ranks:
+                _send(r.proc, child_signal)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         # Runs on the main thread between two bytecodes of whatever it was doing: only take note and pass the
@@ -496,7 +524,7 @@ class Launcher:
                  f"Last lines of {source}:")
         for line in list(failed.tail):  # a copy: a reader that outlived its join may still append
             self.console.line(f"    {line}")
-        return exitcodes.USAGE if code == exitcodes.USAGE else exitcodes.FAILED
+        return code if code in (exitcodes.USAGE, exitcodes.NONFINITE) else exitcodes.FAILED
 
     def _end_after_verdict(self) -> None:
         """A rank ended on a hang verdict; the others that can still run end on their own once it is written
@@ -517,11 +545,17 @@ class Launcher:
     def run(self) -> int:
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        lock = None
         try:
+            # Before anything in the folder changes (preempted.json, the logs): a second run is refused here.
+            lock = run_folder.hold_folder(self.job.folder, "launcher", self.job.job_id, 0)
+            self.lock_token = lock.token
             restarts = 0
+            seen = len(self.forwarded)
             while True:
                 run_folder.clear_preempted(self.job.folder)
                 self._start(restarts)
+                self._resend(seen)  # came after the last run's ranks were gone, before these existed
                 if self.stop_requested:  # the stop came while they were starting: make sure each rank has it
                     for r in self.ranks:
                         _send(r.proc, signal.SIGTERM)
@@ -533,6 +567,7 @@ class Launcher:
                     outcome = self._supervise()  # they all exited just before the kill: as if in time
                 if outcome < len(self.ranks):
                     return self._report_failure(outcome)
+                seen = len(self.forwarded)  # every rank has exited: later signals are for the next ranks
                 self._join_readers()
                 if all(r.proc.returncode == exitcodes.OK for r in self.ranks):
                     return exitcodes.OK
@@ -545,6 +580,8 @@ class Launcher:
         finally:
             # Every path, an exception in the launcher included, ends every rank it started.
             self._report_stuck(self._stop_all())
+            if lock is not None:
+                lock.release()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             # The ranks are all gone; hand the console what is left for it (a Ctrl-C here stops waiting).

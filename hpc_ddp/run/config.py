@@ -18,6 +18,8 @@ from hpc_ddp.errors import UsageError
 BUILTIN_TASKS = ("linear", "mlp")
 AMP_CHOICES = ("none", "bf16", "fp16")
 REQUEUE_BY = ("auto", "scontrol", "launcher")
+NONFINITE_CHOICES = ("stop", "skip")
+SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch's generators take (a signed 64-bit integer)
 MAX_TIMEOUT_S = 30 * 86400.0  # timedelta and faulthandler overflow on absurd values (1e12 s)
 
 
@@ -72,6 +74,12 @@ class TrainConfig:
                                                            "per GPU rank)"})
     log_every_s: float = field(default=30.0, metadata={"help": "seconds between progress lines when output "
                                                                "is not a terminal"})
+    nonfinite_loss: str = field(default="stop", metadata={"help": "when the loss averaged over all ranks is NaN "
+                                                                  "or infinite: stop (exit 65; that update is "
+                                                                  "not applied and nothing is saved after the "
+                                                                  "last finite step) or skip the step (the run "
+                                                                  "still stops after 10 in a row)",
+                                                          "choices": NONFINITE_CHOICES})
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # nan/inf pass every comparison below the wrong way
@@ -101,6 +109,11 @@ class TrainConfig:
             raise UsageError(f"--amp {self.amp}: choose one of {', '.join(AMP_CHOICES)}")
         if self.requeue_by not in REQUEUE_BY:
             raise UsageError(f"--requeue-by {self.requeue_by}: choose one of {', '.join(REQUEUE_BY)}")
+        if self.nonfinite_loss not in NONFINITE_CHOICES:
+            raise UsageError(f"--nonfinite-loss {self.nonfinite_loss}: choose one of {', '.join(NONFINITE_CHOICES)}")
+        if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise UsageError(f"--seed {self.seed}: must be a 64-bit integer, from {SEED_RANGE[0]} to {SEED_RANGE[1]} "
+                             "(e.g. --seed 0)")
         if self.backend not in ("", "gloo", "nccl", "mpi", "ucc"):
             raise UsageError(f"--backend {self.backend}: choose gloo or nccl (or leave it out)")
         module, _, function = self.task.partition(":")

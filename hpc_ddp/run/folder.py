@@ -8,6 +8,7 @@ files in it are written (atomically), and the preemption record the launchers re
     <folder>/logs/            per-rank output of a local run (hpc_ddp.launch.local)
     <folder>/preempted.json   after a preemption, the decision all ranks agreed on
     <folder>/submitit/        a Slurm submission's job files (hpc_ddp.launch.slurm.submitter)
+    <folder>/run.lock         held by the one run that uses the folder now (`hold_folder`)
 
 The folder is on storage every node sees: the tasks, the launcher that restarts them and the batch script that
 requeues them all find each other's files here. No torch: launchers and `--help` paths import this.
@@ -17,15 +18,17 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from hpc_ddp.dist.env import FOLDER_FILE_VAR
+from hpc_ddp.dist.env import FOLDER_FILE_VAR, FOLDER_LOCK_VAR
 from hpc_ddp.errors import UsageError
 
 CHECKPOINTS = "checkpoints"
@@ -35,6 +38,10 @@ RUN_RECORD = "run.json"
 LOGS = "logs"
 PREEMPTED = "preempted.json"
 SUBMITIT = "submitit"
+LOCK_NAME = "run.lock"
+LOCK_VAR = FOLDER_LOCK_VAR  # the local launcher holds the folder for its ranks; their rank 0 inherits it
+LOCK_HEARTBEAT_S = 10.0  # the holder refreshes the lock's mtime this often
+LOCK_STALE_S = 60.0  # a lock from another machine not refreshed for this long: its holder is gone
 
 
 
@@ -92,6 +99,177 @@ def prepare(folder: Path, private: bool = False) -> None:
         raise UsageError(f"run folder {folder} is not writable ({error}). {fix}")
 
 
+# ----- one run at a time ----------------------------------------------------------------------------------
+
+class FolderLock:
+    """One run at a time in a run folder: `<folder>/run.lock`, created with O_EXCL by the run's global rank 0 (or
+    by the local launcher, whose rank 0 inherits it through $HPC_DDP_FOLDER_LOCK).
+
+    Why a lock file and not flock/fcntl: O_CREAT|O_EXCL is atomic on every shared file system (NFSv3+, Lustre,
+    GPFS, BeeGFS), while POSIX locks depend on the mount (Lustre's `localflock` grants them per node, silently)
+    and a dead node's lock may outlive it. It dies with its holder: removed when the run ends (any way Python
+    ends it); a holder killed outright is recognised as gone at once on the same machine (its pid, with the
+    process start time against pid reuse, in the same pid namespace of the same boot), and from another
+    machine once the lock's mtime, refreshed every LOCK_HEARTBEAT_S by a thread of the holder, is LOCK_STALE_S
+    old, measured by the file system's clock (a file written next to it), not the nodes' clocks. A requeued
+    job (same job id, higher SLURM_RESTART_COUNT) takes over its own previous lock at once.
+    """
+
+    def __init__(self, path: Path, record: dict[str, Any], owned: bool) -> None:
+        self.path, self.record, self.owned = path, record, owned
+        self.token = str(record.get("token"))
+        self._stop = threading.Event()
+        if owned:
+            threading.Thread(target=self._beat, name="hpc_ddp-folder-lock", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(LOCK_HEARTBEAT_S):
+            try:
+                if (_read_lock(self.path) or {}).get("token") != self.token:
+                    print(f"warning: {self.path} was taken over by another run; this run no longer holds its "
+                          "folder", file=sys.stderr, flush=True)
+                    return
+                os.utime(self.path)
+            except OSError:  # a file server hiccup: the next beat tries again
+                pass
+
+    def release(self) -> None:
+        self._stop.set()
+        if self.owned and (_read_lock(self.path) or {}).get("token") == self.token:
+            self.path.unlink(missing_ok=True)
+
+
+def hold_folder(folder: Path, role: str, job_id: str | None, restarts: int,
+                inherited: str | None = None) -> FolderLock:
+    """Take `folder` for this run, or raise UsageError naming the run that holds it (see FolderLock)."""
+    path = folder / LOCK_NAME
+    me = {"token": uuid.uuid4().hex, "role": role, "job_id": job_id, "restarts": restarts,
+          "host": socket.gethostname(), "pid": os.getpid(), "pid_start": _start_ticks(os.getpid()),
+          "boot_id": _boot_id(), "pid_ns": _pid_ns(), "since": round(time.time(), 3), "argv": sys.argv[1:]}
+    for _ in range(5):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = _read_lock(path)
+            if holder is not None and inherited and holder.get("token") == inherited:
+                return FolderLock(path, holder, owned=False)
+            gone = _holder_gone(path, holder, me)
+            if gone is None:
+                raise UsageError(_held_message(folder, path, holder)) from None
+            if _break_lock(path, holder):
+                print(f"warning: took over {path}: {gone}", file=sys.stderr, flush=True)
+            continue
+        except OSError as e:
+            raise UsageError(f"cannot create {path} ({e.strerror or e}). Fix: --folder a directory you can "
+                             "write") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return FolderLock(path, me, owned=True)
+    raise UsageError(f"{path} changed hands 5 times while this run tried to take it: more than one run is starting "
+                     "in this folder. Fix: start one run per --folder")
+
+
+def _read_lock(path: Path) -> dict[str, Any] | None:
+    """The holder's record; None if there is no readable one (gone, or being written right now)."""
+    try:
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _pid_ns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22); None if there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _lock_age(path: Path) -> float:
+    """Seconds since the lock was last refreshed, by the file system's clock (which sets both mtimes)."""
+    probe = path.with_name(f".{LOCK_NAME}.clock-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        probe.write_bytes(b"")
+        now = probe.stat().st_mtime
+    finally:
+        probe.unlink(missing_ok=True)
+    return now - path.stat().st_mtime
+
+
+def _holder_gone(path: Path, holder: dict[str, Any] | None, me: dict[str, Any]) -> str | None:
+    """Why the lock's holder is known to be gone, or None while it may be alive."""
+    try:
+        age = _lock_age(path)
+    except FileNotFoundError:
+        return "it was released meanwhile"
+    if holder is None:
+        return f"an unreadable lock, not refreshed for {age:.0f} s" if age > LOCK_STALE_S else None
+    if holder.get("job_id") and holder.get("job_id") == me["job_id"] and \
+            int(holder.get("restarts") or 0) < me["restarts"]:
+        return f"job {me['job_id']} was restarted (restart {me['restarts']}); the lock was its previous run's"
+    if me["boot_id"] and holder.get("boot_id") == me["boot_id"] and holder.get("pid_ns") == me["pid_ns"]:
+        alive = holder.get("pid_start") is not None and _start_ticks(int(holder.get("pid", -1))) == holder["pid_start"]
+        return None if alive else f"its holder, pid {holder.get('pid')} on this machine, is gone"
+    if age > LOCK_STALE_S:
+        return (f"its holder on {holder.get('host')} has not refreshed it for {age:.0f} s (every "
+                f"{LOCK_HEARTBEAT_S:g} s while it runs)")
+    return None
+
+
+def _break_lock(path: Path, holder: dict[str, Any] | None) -> bool:
+    """Remove the lock judged gone, unless it changed hands meanwhile (then it is put back)."""
+    aside = path.with_name(f".{LOCK_NAME}.stale-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False
+    if _read_lock(aside) == holder:
+        aside.unlink(missing_ok=True)
+        return True
+    try:
+        os.link(aside, path)  # another run took it between our look and the rename: give it back
+    except OSError:
+        pass
+    aside.unlink(missing_ok=True)
+    return False
+
+
+def _held_message(folder: Path, path: Path, holder: dict[str, Any] | None) -> str:
+    if holder is None:
+        return (f"run folder {folder} is being taken by another run ({path} is being written). Fix: start one run "
+                "per --folder")
+    job = holder.get("job_id")
+    role = "the local launcher" if holder.get("role") == "launcher" else "rank 0"
+    who = f"{role} of job {job}" if job else f"{role} of another run"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since") or 0)))
+    try:
+        refreshed = f", refreshed {_lock_age(path):.0f} s ago"
+    except OSError:
+        refreshed = ""
+    stop = f"stop it (scancel {job}, or Ctrl-C its launcher)" if job else "stop it"
+    return (f"run folder {folder} is in use by {who} (pid {holder.get('pid')} on {holder.get('host')}, since "
+            f"{since}{refreshed}; {path}). Two runs in one folder overwrite each other's checkpoints and records. "
+            f"Fix: wait for it to end or {stop}, or use another --folder")
+
+
 # ----- atomic writes ------------------------------------------------------------------------------------
 
 def fsync_dir(path: Path) -> None:
@@ -103,9 +281,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> int:
+def atomic_write(path: Path, write: Callable[[BinaryIO], object], sync_dir: bool = True) -> int:
     """Let `write` fill a temporary file next to `path`, make it durable, then rename it into place: readers
-    see the old file or the whole new one, never a part, whenever the writer dies. Returns the file's size."""
+    see the old file or the whole new one, never a part, whenever the writer dies. Returns the file's size.
+    Without `sync_dir` the caller fsyncs the folder itself (after renaming more files into it)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         with open(tmp, "wb") as f:
@@ -117,7 +296,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> int:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if sync_dir:
+        fsync_dir(path.parent)
     return size
 
 

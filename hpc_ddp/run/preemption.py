@@ -43,9 +43,12 @@ def _note(signum: int, _frame: object) -> None:
 
 
 def install() -> None:
-    """Replace the handlers of SIGUSR1, SIGUSR2 and SIGTERM (submitit's included) with `_note`."""
+    """Replace the handlers of SIGUSR1, SIGUSR2 and SIGTERM (submitit's included) with `_note`, then unblock
+    them: the local launcher starts its ranks with these signals blocked, so that one sent while a rank is
+    still starting waits in the kernel and is delivered here, to `_note`, instead of killing the process."""
     for sig in REQUEUE_SIGNALS + STOP_SIGNALS:
         signal.signal(sig, _note)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, REQUEUE_SIGNALS + STOP_SIGNALS)
 
 
 def ignore(_worker_id: int = 0) -> None:

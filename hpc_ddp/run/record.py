@@ -1,6 +1,9 @@
 """`run.json`: what ran, with which settings and versions, so a result can be traced to its code.
 
-Written by global rank 0 at every start (a restart appends its start time to `starts`).
+Written by global rank 0 at every start that really trains, once every check has passed (a start refused
+for any reason, or a rerun of a finished run, writes nothing). A restart appends its start time to `starts`;
+a start with another command, config, code or versions keeps the record it replaces in `earlier`, oldest
+first, so that the file describes the run as it is now and every way it was started before.
 """
 
 from __future__ import annotations
@@ -36,19 +39,25 @@ def git_commit(cwd: str) -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
+_DESCRIBES = ("command", "cwd", "config", "dist", "versions", "git_commit")  # a start that differs: kept
+
+
 def write(folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str) -> None:
     import torch
 
     from hpc_ddp._version import __version__
 
     path = folder / RUN_RECORD
-    starts: list[float] = []
+    old: dict[str, Any] = {}
     if path.is_file():
         try:
-            starts = list(json.loads(path.read_text()).get("starts", []))
+            loaded = json.loads(path.read_text())
+            old = loaded if isinstance(loaded, dict) else {}
         except (ValueError, OSError):
-            starts = []
-    info = {
+            old = {}
+    starts = list(old.get("starts", []))
+    earlier = list(old.get("earlier", []))
+    info: dict[str, Any] = {
         "command": [sys.executable, *sys.argv],
         "cwd": cwd,
         "config": config,
@@ -58,4 +67,10 @@ def write(folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str) -
         "git_commit": git_commit(cwd),
         "starts": starts + [round(time.time(), 3)],
     }
+    previous = {k: v for k, v in old.items() if k not in ("starts", "earlier")}
+    if previous and any(json.dumps(previous.get(k), default=str) != json.dumps(info[k], default=str)
+                        for k in _DESCRIBES):
+        earlier.append({**previous, "starts": starts})
+    if earlier:
+        info["earlier"] = earlier
     atomic_write_bytes(path, (json.dumps(info, indent=2, default=str) + "\n").encode())

@@ -5,21 +5,31 @@ another, KempnerForge #49), and then load different states or deadlock. So rank 
 others receive its answer: a path, None (start fresh), or an error message that every rank raises.
 
 `--resume never` and `--resume PATH` apply to a run's first start only. A restarted run (SLURM_RESTART_COUNT
-> 0: a requeue, or the local launcher's restart) always continues from its own latest checkpoint; anything else
-would start over, or go back to a stale file, after every preemption.
+> 0: a requeue, or the local launcher's restart) always continues from its own latest checkpoint (or, before
+it wrote one, from where its first start began); anything else would start over, or go back to a stale file,
+after every preemption.
+
+Deciding and changing are two steps: `plan` only looks (rank 0, before anything else is checked), `apply`
+changes the folder (rank 0, once the task, the checkpoint and every option have been checked). A start that
+is refused for any reason has deleted, moved and rewritten nothing. A start from a checkpoint older than the
+folder's newest begins a new line of training: the later checkpoints (and model.pth) are another line's, and
+are moved to `checkpoints/abandoned-<time>/`, never deleted and never resumed by accident.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.errors import CheckpointError, UsageError
+from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, UsageError
 from hpc_ddp.run import checkpoint
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.folder import MODEL
+from hpc_ddp.run.folder import MODEL, fsync_dir
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
 MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp")
@@ -29,30 +39,130 @@ def is_restart(environ: Mapping[str, str]) -> bool:
     return int(environ.get("SLURM_RESTART_COUNT") or 0) > 0
 
 
+@dataclass(frozen=True)
+class Plan:
+    """Where a start begins and what it will change in the folder once everything is checked (`apply`)."""
+
+    start: Path | None  # the checkpoint to load; None: from scratch
+    overwrite: bool = False  # --resume never --overwrite: delete the folder's checkpoints and model.pth
+    set_aside: tuple[Path, ...] = ()  # checkpoints of another line: moved to checkpoints/abandoned-<time>/
+    repoint: bool = False  # `latest` must name `start` (it names another file, or is unreadable)
+
+
 def choose(cfg: TrainConfig, folder: Path, environ: Mapping[str, str],
            warn: Callable[[str], None]) -> Path | None:
-    """Rank 0: the checkpoint to start from, or None. Raises UsageError/CheckpointError for the user."""
-    mode = "auto" if is_restart(environ) else cfg.resume
+    """Rank 0: `plan` and `apply` at once; the checkpoint to start from, or None."""
+    chosen = plan(cfg, folder, environ, warn)
+    apply(chosen, folder, warn)
+    return chosen.start
+
+
+def plan(cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Callable[[str], None]) -> Plan:
+    """Rank 0: where to start, changing nothing. Raises UsageError/CheckpointError for the user."""
+    restart = is_restart(environ)
+    mode = "auto" if restart else cfg.resume
     if mode == "auto":
         found = checkpoint.find_resumable(folder, warn)
         if found is None and checkpoint.list_checkpoints(folder):
-            raise CheckpointError(f"no checkpoint in {checkpoint.ckpt_dir(folder)} can be loaded (all are corrupt); "
-                                  "fix: --resume never --overwrite to start over, or --resume PATH")
-        return found[0] if found else None
+            raise _nothing_loads(folder)
+        if found is None and restart and cfg.resume not in ("auto", "never"):
+            return _from_path(cfg.resume, folder)  # restarted before it wrote a checkpoint of its own
+        return _continue(found[0], folder) if found else Plan(None)
     if mode == "never":
         existing = checkpoint.list_checkpoints(folder)
         if existing and not cfg.overwrite:
             raise UsageError(f"--resume never, but {folder} already holds {len(existing)} checkpoint(s). Fix: add "
                              "--overwrite to delete them, use another --folder, or drop --resume never to continue")
-        if existing:
-            shutil.rmtree(checkpoint.ckpt_dir(folder))
-            (folder / MODEL).unlink(missing_ok=True)
-        return None
+        return Plan(None, overwrite=bool(existing))
+    return _from_path(mode, folder)
+
+
+def _nothing_loads(folder: Path) -> CheckpointError:
+    """Every checkpoint failed to load (each was reported): say whether they are corrupt or only refused."""
+    corrupt, intact = [], []
+    for path in checkpoint.list_checkpoints(folder):
+        try:
+            checkpoint.load(path)
+        except CheckpointCorrupt:
+            corrupt.append(path.name)
+        except CheckpointError:
+            intact.append(path.name)
+    where = checkpoint.ckpt_dir(folder)
+    if not intact:
+        return CheckpointError(f"no checkpoint in {where} can be loaded: all {len(corrupt)} are corrupt (see above). "
+                               "Fix: --resume never --overwrite to start over, or --resume PATH")
+    return CheckpointError(f"no checkpoint in {where} can be loaded: {', '.join(intact)} are intact but refused by "
+                           f"a weights_only load{' and ' + ', '.join(corrupt) + ' are corrupt' if corrupt else ''} "
+                           "(see above). Fix: --resume PATH of a checkpoint that loads, or another --folder "
+                           "(--resume never --overwrite would delete the intact files)")
+
+
+def _continue(start: Path, folder: Path) -> Plan:
+    """Start from `start`, a checkpoint of this folder: the folder's later checkpoints are another line's."""
+    step = checkpoint.ckpt_step(start)
+    later = tuple(p for p in checkpoint.list_checkpoints(folder) if checkpoint.ckpt_step(p) > step)
+    return Plan(start, set_aside=later, repoint=checkpoint.read_latest(folder) != start)
+
+
+def _from_path(mode: str, folder: Path) -> Plan:
     path = Path(mode)
     if not path.is_file():
         raise UsageError(f"--resume {mode}: no such file. Use auto, never, or the path of a checkpoint")
     checkpoint.load(path)  # refuses an unreadable or code-running file now, with its name in the message
-    return path
+    directory = checkpoint.ckpt_dir(folder)
+    if path.parent.resolve() == directory.resolve() and checkpoint.ckpt_step(path) >= 0:
+        return _continue(directory / path.name, folder)
+    # A checkpoint from elsewhere: every checkpoint of this folder belongs to another line.
+    return Plan(path, set_aside=tuple(checkpoint.list_checkpoints(folder)))
+
+
+def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
+    """Rank 0, once the start is fully checked: make the folder match the plan, saying what changed."""
+    directory = checkpoint.ckpt_dir(folder)
+    model = folder / MODEL
+    if chosen.overwrite:
+        count = len(checkpoint.list_checkpoints(folder))
+        shutil.rmtree(directory)
+        model.unlink(missing_ok=True)
+        checkpoint.checksum_path(model).unlink(missing_ok=True)
+        say(f"--resume never --overwrite: deleted the {count} checkpoint(s) and model.pth of {folder}")
+    if chosen.set_aside:
+        aside = _new_folder(directory, "abandoned")
+        moved = sorted((p for p in chosen.set_aside if p.is_file()), key=checkpoint.ckpt_step)
+        for path in moved + ([model] if model.is_file() else []):
+            os.replace(path, aside / path.name)
+            sums = checkpoint.checksum_path(path)
+            if sums.is_file():
+                os.replace(sums, aside / sums.name)
+        has_model = (aside / MODEL).is_file()
+        fsync_dir(aside)
+        fsync_dir(directory)
+        start = f"{chosen.start.name} (step {checkpoint.ckpt_step(chosen.start)})" if chosen.start else "nothing"
+        if chosen.start is not None and chosen.start.parent.resolve() != directory.resolve():
+            start = str(chosen.start)
+        say(f"starting from {start}: {len(moved)} checkpoint(s) of this folder ({', '.join(p.name for p in moved)})"
+            f"{' and model.pth' if has_model else ''} belong to another line of training; moved to {aside}, "
+            "nothing was deleted")
+    pointer = directory / checkpoint.LATEST
+    if chosen.repoint and chosen.start is not None:
+        if pointer.is_dir() or (pointer.exists() and not pointer.is_file()):
+            broken = _new_folder(directory, "latest.unreadable", create=False)
+            os.replace(pointer, broken)
+            say(f"{pointer} was not a file; moved to {broken}")
+        checkpoint.atomic_write_bytes(pointer, (chosen.start.name + "\n").encode())
+    elif chosen.set_aside and pointer.is_file() and checkpoint.read_latest(folder) is None:
+        pointer.unlink()  # it named a file that was set aside; the first save writes it again
+
+
+def _new_folder(directory: Path, prefix: str, create: bool = True) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        path = directory / (f"{prefix}-{stamp}" + (f"-{n}" if n else ""))
+        if not path.exists():
+            if create:
+                path.mkdir()
+            return path
+    raise UsageError(f"{directory}: too many {prefix}-{stamp}* entries; remove some")
 
 
 def check_compatible(state: dict[str, Any], path: Path, cfg: TrainConfig, world_size: int) -> None:
@@ -78,3 +188,26 @@ def load_model_state(model: Any, state: dict[str, Any], path: Path) -> None:
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(f"checkpoint {path} is for a different model: missing {list(result.missing_keys)[:5]}, "
                               f"unexpected {list(result.unexpected_keys)[:5]}. Fix: the same --task, or another --folder")
+
+
+def reapply_lr(optimizer: Any, fresh: list[Any], state: dict[str, Any], cfg: TrainConfig, path: Path) -> str | None:
+    """A resume restores the optimizer's state, learning rates included. When --lr differs from the value the
+    checkpoint was trained with, the learning rates the current options build (`fresh`, read before the state
+    was loaded) are put back and this says so; if the optimizer does not take its rates from --lr (a task's own
+    optimizer may not), the new value could not apply, and the start is refused rather than recording it."""
+    saved = state.get("config", {}).get("lr")
+    if saved is None or saved == cfg.lr:
+        return None
+    restored = [group.get("lr") for group in optimizer.param_groups]
+    if _rates(fresh) == _rates(restored):
+        raise UsageError(f"--lr {cfg.lr}: checkpoint {path} was trained with --lr {saved}, but this task's optimizer "
+                         f"does not take its learning rate from --lr (it is {_rates(restored)} either way), so the "
+                         f"new value would not apply. Fix: --lr {saved}, or change the learning rate in the task")
+    for group, rate in zip(optimizer.param_groups, fresh, strict=True):
+        group["lr"] = rate
+    return (f"--lr changed from {saved} to {cfg.lr} on resume: applied, the optimizer's learning rate is now "
+            f"{_rates(fresh)} (was {_rates(restored)})")
+
+
+def _rates(values: list[Any]) -> list[float | None]:
+    return [None if v is None else float(v) for v in values]

@@ -5,11 +5,16 @@ checks first (environment, run folder), then torch, placement, the process group
 Every rank runs the same code; where only global rank 0 may act (the run folder's files, the choice of the
 checkpoint to resume from, the requeue), it acts alone and every rank learns the outcome through a
 collective, so no rank ever waits for an answer that will not come.
+
+The run folder is held by one run at a time (`folder.hold_folder`, `run.lock`), and a start changes nothing in
+it until everything has been checked: the task, the checkpoint it resumes, every option (`resume.plan` looks,
+`resume.apply` changes; `run.json` is written last, only by a start that trains).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -22,7 +27,7 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import preemption
-from hpc_ddp.run.beacon import FINISHING, USER_CODE, Beacon
+from hpc_ddp.run.beacon import FINISHING, STARTUP, USER_CODE, Beacon
 from hpc_ddp.run.config import TrainConfig
 
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and a usage error must not wait for it
@@ -39,12 +44,23 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
     env = detect(environ)
     folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_task(env.job_id)
     cfg = cfg.with_folder(str(folder))
+    lock = None
     if env.is_main:
-        # Before torch (seconds) and the rendezvous: a bad --folder is a one-line error at once. Only rank 0
-        # writes there; the other ranks are stopped by their launcher (srun --kill-on-bad-exit, torchrun).
+        # Before torch (seconds) and the rendezvous: a bad --folder, or a folder another run holds, is a
+        # one-line error at once. Only rank 0 writes there; the other ranks are stopped by their launcher (srun
+        # --kill-on-bad-exit, torchrun).
         run_folder.prepare(folder)
+        lock = run_folder.hold_folder(folder, "rank0", env.job_id, int(environ.get("SLURM_RESTART_COUNT") or 0),
+                                      environ.get(run_folder.LOCK_VAR))
         run_folder.tell_folder(folder, environ)  # where slurm/ddp.sbatch finds preempted.json
+    try:
+        return _run_holding(cfg, env, folder, environ)
+    finally:
+        if lock is not None:
+            lock.release()
 
+
+def _run_holding(cfg: TrainConfig, env: DistEnv, folder: Path, environ: Mapping[str, str]) -> int:
     from hpc_ddp.dist import placement
     from hpc_ddp.dist.group import nccl_defaults, process_group
 
@@ -121,11 +137,18 @@ def _check_in_sync(model: torch.nn.Module, env: DistEnv, log: RankLog) -> None:
     import torch
     import torch.distributed as dist
 
+    from hpc_ddp.errors import NonFinite
+
     with torch.no_grad():
         flat = [p.detach().double() for p in model.parameters()]
         mine = (sum(float(t.sum()) for t in flat), sum(float((t * t).sum()) for t in flat))
-    everyone: list[object] = [None] * env.world_size
+    everyone: list[Any] = [None] * env.world_size
     dist.all_gather_object(everyone, mine)
+    # NaN equals nothing, itself included: non-finite weights are their own finding, not a difference.
+    broken = [r for r, fp in enumerate(everyone) if not all(math.isfinite(x) for x in fp)]
+    if broken:
+        raise NonFinite(f"the weights are not finite at the end of training (ranks {broken}): model.pth was not "
+                        "written. Fix: a smaller --lr or --clip-grad, then resume from the last good checkpoint")
     differing = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
     if differing and env.is_main:
         log.warn(f"parameters differ between rank 0 and ranks {differing} at the end of training")
@@ -138,29 +161,37 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp.run import checkpoint, record, resume, tasks
+    from hpc_ddp.run import checkpoint, resume, tasks
     from hpc_ddp.run.trainer import Trainer
 
     if device.type == "cuda":
         _check_gpus(env, device)
-    if env.is_main:
-        record.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
-        checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
-    start = _rank0(env, lambda: resume.choose(cfg, folder, environ, log.warn))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
     beacon = Beacon()
     beacon.set(USER_CODE)  # the task's build function is the user's: a hang there is named as such
-    task = tasks.build(cfg)
+    task = tasks.build(cfg)  # the user's code and --task are checked before anything in the folder changes
+    plan = _rank0(env, lambda: resume.plan(cfg, folder, environ, log.warn))  # looks; changes nothing
+    start = plan.start
     # Leaving the block closes the trainer on every path, errors included: the checkpoint in flight is
     # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed. The
     # watchdog is stopped first, and covers everything up to then: training, saves, the final barriers.
     with Trainer(cfg, env, device, task, folder, log, beacon=beacon) as trainer, \
             _watchdog(cfg, env, folder, log, trainer, environ):
+        beacon.set(STARTUP)  # the user's setup is done; the kit resumes and prepares the folder (rank 0)
         if start is not None:
-            trainer.restore(checkpoint.load(start), start)
+            trainer.restore(checkpoint.load(start, verify=False), start)  # rank 0 verified it in plan()
+            if trainer.finished():
+                beacon.set(FINISHING)
+                _rank0(env, lambda: _finished_already(trainer, folder, log))
+                return exitcodes.OK
+        # Everything is checked: only now does this start change the folder, and record itself.
+        _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log))
+        for note in trainer.notes:
+            log.main(note)
+        if start is not None:
             log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
         outcome = trainer.run()
         beacon.set(FINISHING)
@@ -182,6 +213,30 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
             log.info(f"Model saved by rank 0 to {model_path}")
         dist.barrier()
         return exitcodes.OK
+
+
+def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: RankLog) -> None:
+    """Rank 0, once the start is fully checked: tidy, apply the resume plan, write run.json."""
+    from hpc_ddp.run import checkpoint, record, resume
+
+    checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
+    resume.apply(plan, folder, log.info)
+    record.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
+
+
+def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
+    """Rank 0: a rerun of a finished run trains nothing and writes nothing (but a missing model.pth)."""
+    from hpc_ddp.run import checkpoint
+
+    cfg, pos = trainer.cfg, trainer.pos
+    limits = f"--epochs {cfg.epochs}" + (f" --max-steps {cfg.max_steps}" if cfg.max_steps else "")
+    model_path = folder / run_folder.MODEL
+    if not model_path.is_file():
+        checkpoint.atomic_save(checkpoint.to_cpu(trainer.model.state_dict()), model_path)
+        log.info(f"model.pth was missing: written from the final checkpoint to {model_path}")
+    log.info(f"The run in {folder} already finished at epoch {pos.epoch}, step {pos.step} ({limits}): nothing to "
+             "train, nothing written. To train further, raise --epochs or --max-steps; to start over, use "
+             "another --folder or --resume never --overwrite")
 
 
 def _watchdog(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, trainer: Trainer,

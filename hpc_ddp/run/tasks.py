@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -84,10 +85,17 @@ def resolve(spec: str) -> Callable[[TrainConfig], Task]:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        if e.name and module_name.startswith(e.name):
+        # Not found only if what is missing is the task module itself or one of its packages; a module that
+        # exists but imports something missing is another mistake (its name merely starting alike is not it).
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
             raise UsageError(f"--task {spec!r}: module {module_name!r} not found in {os.getcwd()} or PYTHONPATH. "
                              "Fix: run from the folder that holds it, or add that folder to PYTHONPATH") from e
-        raise
+        where = next((f"{os.path.basename(frame.filename)} line {frame.lineno}"
+                      for frame in reversed(traceback.extract_tb(e.__traceback__))
+                      if not frame.filename.startswith("<")), "")
+        raise UsageError(f"--task {spec!r}: {module_name} was found, but importing it failed: {e}"
+                         f"{f' ({where})' if where else ''}. Fix: install that module in this environment, or "
+                         "fix the import") from e
     builder = getattr(module, func_name, None)
     if not callable(builder):
         raise UsageError(f"--task {spec!r}: {module_name} has no function {func_name!r}")

@@ -1,8 +1,10 @@
 """The DDP training loop: sampler epochs, gradient accumulation, AMP, agreed stops, and checkpoints.
 
-One all-reduce of four numbers per optimizer step carries [loss sum, micro-batches, requeue votes, stop
-votes]: the loss is averaged over all ranks for reporting, and a signal seen by any rank stops every rank at
-the same step, at no extra collective.
+One all-reduce of five numbers per optimizer step carries [loss sum, micro-batches, requeue votes, stop
+votes, rank 0's saving trouble]: the loss is averaged over all ranks for reporting, and a signal seen by any
+rank stops every rank at the same step, at no extra collective. It comes before the optimizer step, so a loss
+that is NaN or infinite on any rank is non-finite in the sum on every rank at the same step, and its update
+is never applied (`--nonfinite-loss`: stop, the default, or skip that step).
 
 Two seams serve whoever drives a Trainer other than `run()` (the bench): `train_step` is one optimizer step
 exactly as the loop takes it, and `commit` (a constructor argument) is how a checkpoint is made durable.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import itertools
+import math
 import random
 import socket
 import time
@@ -36,14 +39,20 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from hpc_ddp._version import __version__
 from hpc_ddp.dist import group
 from hpc_ddp.dist.env import DistEnv
-from hpc_ddp.errors import UsageError
+from hpc_ddp.errors import NonFinite, SavingFailed, UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import checkpoint, metrics, preemption, resume, stragglers
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.folder import MODEL
 from hpc_ddp.run.position import Outcome, Position
 from hpc_ddp.run.tasks import Task
+
+MAX_SKIPPED = 10  # --nonfinite-loss skip: this many non-finite steps in a row stop the run anyway
+
+# The 5th number of the per-step all-reduce: what rank 0's background writer reports.
+_SAVING_OK, _SAVING_FAILED, _SAVING_NONFINITE = 0.0, 1.0, 2.0
 
 
 class Agreed(NamedTuple):
@@ -53,6 +62,7 @@ class Agreed(NamedTuple):
     count: float  # the micro-batches
     requeue: float  # ranks that saw SIGUSR1/SIGUSR2 (their votes to stop and requeue)
     stop: float  # ranks that saw SIGTERM (their votes to stop)
+    saving: float = _SAVING_OK  # rank 0's writer gave up: _SAVING_FAILED, or _SAVING_NONFINITE weights
 
 
 class _SkipSampler(Sampler[int]):
@@ -111,6 +121,10 @@ class Trainer:
         self.window = stragglers.Window()  # this rank's time split since the last straggler check
         self.judge = stragglers.Judge()
         self._grads_ready = 0.0  # when backward's last gradient bucket was ready (the comm wait starts)
+        # What a checkpoint must hold, checked on every rank before the first step: a state that a weights_only
+        # load would refuse is a usage error now, not a checkpoint that never loads. The model's before the first
+        # collective: a slow state_dict() (a user hook) is then waited for before any rank's watchdog starts.
+        checkpoint.check_savable(task.model.state_dict(), "the model's state_dict()")
         # Every rank's host and pid, once, at start: the straggler report and the hang verdict name hosts.
         self.peers: list[tuple[str, int]] = [("", 0)] * env.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
@@ -121,7 +135,7 @@ class Trainer:
         if self.batches_per_epoch == 0:  # checked before DDP exists: nothing to release on this error
             raise UsageError(f"each rank gets {len(self.sampler)} samples of the dataset ({env.world_size} ranks), "
                              f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks")
-        self.writer = checkpoint.AsyncWriter()
+        self.writer = checkpoint.AsyncWriter(warn=log.warn)
         self.model = task.model.to(device)
         # gradient_as_bucket_view: gradients live inside DDP's all-reduce buckets, saving a copy per step.
         self.ddp = DDP(self.model, device_ids=[device] if device.type == "cuda" else None,
@@ -157,7 +171,12 @@ class Trainer:
         self._step_loss = torch.zeros((), device=device)  # this step's micro-batch losses, on the device
         self.pos = Position()
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
+        self.skipped = 0  # non-finite steps in a row (--nonfinite-loss skip)
+        self.save_error: BaseException | None = None  # the writer's error that stopped the run, once raised
+        self.notes: list[str] = []  # what a resume changed (said once training really starts)
+        self.param_names = [name for name, _ in self.model.named_parameters()]
         self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
+        checkpoint.check_savable(self.optimizer.state_dict(), "the optimizer's state_dict()")
 
     def _queue_mark(self, grad: torch.Tensor) -> None:
         # Runs as backward starts (the loss's gradient): queue a callback for the end of the backward graph.
@@ -175,7 +194,11 @@ class Trainer:
         `model` and `pos` stay readable. Idempotent; the writer's error, if any, is raised after the release."""
         try:
             if "writer" in self.__dict__:
-                self.writer.wait()
+                try:
+                    self.writer.wait()
+                except BaseException as e:
+                    if e is not self.__dict__.get("save_error"):  # it stopped the run: reported already
+                        raise
         finally:
             for name in ("ddp", "optimizer", "scaler", "loader", "skip"):
                 self.__dict__.pop(name, None)
@@ -222,23 +245,63 @@ class Trainer:
 
     def save(self, final: bool = False) -> None:
         """Checkpoint at the current position: rank 0 copies state to CPU now and writes it in the background.
-        `final` also waits until the file is durable. A position already saved is not written twice."""
+        `final` also waits until the file is durable (retrying a failed write, see checkpoint.AsyncWriter). A
+        position already saved is not written twice."""
         if self.saved_step != self.pos.step:
             self.beacon.set(phase.CHECKPOINT)
             state = self.state()  # collective: every rank takes part, so every rank decides the same way
             self.saved_step = self.pos.step
             if self.env.is_main:
-                snapshot = checkpoint.to_cpu(state)
-                step, keep = self.pos.step, self.cfg.keep
-                self.writer.submit(lambda: self.commit(self.folder, snapshot, step, keep))
+                snapshot = checkpoint.to_cpu(state, "the checkpoint state")
+                step, keep, names, commit = self.pos.step, self.cfg.keep, self.param_names, self.commit
+
+                def write() -> tuple[Path, int]:  # on the writer thread: the check costs the training nothing
+                    checkpoint.require_finite(snapshot["model"], names, step)
+                    return commit(self.folder, snapshot, step, keep)
+
+                self.writer.submit(write)
         if final and self.env.is_main:
-            self.writer.wait()
+            try:
+                self.writer.wait(retry=True)
+            except BaseException as e:
+                self.save_error = e
+                if isinstance(e, OSError):  # the disk: one line; anything else as it is
+                    raise SavingFailed(self._saving_failed_message(e)) from e
+                raise
+
+    def _saving_failed_message(self, error: BaseException) -> str:
+        last = checkpoint.read_latest(self.folder)
+        kept = f"the last checkpoint written, {last}, is kept" if last else "no checkpoint was written"
+        tries = f" after {self.writer.failures} attempts" if self.writer.failures > 1 else ""
+        return (f"checkpoints cannot be written to {checkpoint.ckpt_dir(self.folder)}{tries}: "
+                f"{checkpoint.describe(error)}. Every rank stops at step {self.pos.step} so that no more work depends "
+                f"on a save that does not happen; {kept}. Fix: free space (or quota) there, then run the same "
+                "command to resume")
+
+    def _stop_for_saving(self, code: float) -> None:
+        """Every rank, at the same step: rank 0's writer gave up (see `_agree`)."""
+        error = self.save_error = self.writer.fatal
+        if isinstance(error, OSError):  # the disk: one line
+            raise SavingFailed(self._saving_failed_message(error)) from error
+        if error is not None:  # non-finite weights (one line), or a bug (its traceback)
+            raise error
+        message = (f"rank 0 could not write checkpoints (see its log); every rank stopped with it at step "
+                   f"{self.pos.step}")
+        raise NonFinite(message) if code == _SAVING_NONFINITE else SavingFailed(message)
+
+    def finished(self) -> bool:
+        """Nothing left to train at this position under the current --epochs and --max-steps."""
+        return self.pos.epoch >= self.cfg.epochs or bool(self.cfg.max_steps and self.pos.step >= self.cfg.max_steps)
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
-        """Load a checkpoint's model, optimizer, scaler, position and this rank's RNG."""
+        """Load a checkpoint's model, optimizer, scaler, position and this rank's RNG. A --lr that differs from
+        the checkpoint's is applied, and said (`notes`), or refused if the optimizer does not take it."""
         resume.check_compatible(state, path, self.cfg, self.env.world_size)
         resume.load_model_state(self.model, state, path)
+        fresh = [g.get("lr") for g in self.optimizer.param_groups]  # as the current options build it
         self.optimizer.load_state_dict(state["optimizer"])
+        note = resume.reapply_lr(self.optimizer, fresh, state, self.cfg, path)
+        self.notes = [note] if note else []
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.pos = Position(**state["position"])
@@ -252,8 +315,9 @@ class Trainer:
     # ----- one optimizer step -------------------------------------------------------------------------
     def train_step(self, inputs: Any, target: Any) -> Agreed:
         """One optimizer step on one batch, as the loop takes it: forward and backward through DDP (whose
-        backward all-reduces the gradients), the optimizer, then the per-step all-reduce of the loss and of
-        every rank's signal votes. A collective: every rank calls it with its own batch."""
+        backward all-reduces the gradients), the per-step all-reduce of the loss and of every rank's signal
+        votes, then the optimizer (skipped when the agreed loss is not finite or rank 0 cannot save). A
+        collective: every rank calls it with its own batch."""
         return self.accumulated_step([(inputs, target)], 1)
 
     def accumulated_step(self, micro_batches: Iterable[tuple[Any, Any]], count: int) -> Agreed:
@@ -270,15 +334,20 @@ class Trainer:
             self._grads_ready = 0.0
             self._step_loss += self._micro_step(inputs, target, 1.0 / count, sync=done == count)
             if done == count:
-                now = beacon.set(phase.OPTIMIZER)
+                # The step's all-reduce comes before the update: every rank learns at this step that some
+                # rank's loss is not finite (or that rank 0 cannot save), and nobody applies that update.
+                now = beacon.set(phase.STEP_ALLREDUCE)
                 ready = self._grads_ready or now  # no hook call: world of one without buckets, or no_sync
                 window.compute_s += ready - start
                 window.comm_s += now - ready  # what remained of the gradient all-reduce after backward
-                self._optimizer_step()
-                now, start = beacon.set(phase.STEP_ALLREDUCE), now
-                window.compute_s += now - start
                 agreed = self._agree(self._step_loss, count)
-                window.comm_s += time.monotonic() - now
+                start = beacon.set(phase.OPTIMIZER)
+                window.comm_s += start - now
+                if math.isfinite(agreed.loss_sum) and not agreed.saving:
+                    self._optimizer_step()
+                else:
+                    self.optimizer.zero_grad(set_to_none=True)  # never applied: a poisoned or a last update
+                window.compute_s += time.monotonic() - start
                 window.steps += 1
                 return agreed
             window.compute_s += time.monotonic() - start
@@ -314,14 +383,46 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _agree(self, loss_sum: torch.Tensor, count: int) -> Agreed:
-        """The one per-step all-reduce: loss and micro-batch counts, plus every rank's signal votes."""
+        """The one per-step all-reduce: loss and micro-batch counts, every rank's signal votes, and whether rank
+        0's background writer gave up (checked without waiting; it also starts a retry that is due)."""
         requeue, stop = preemption.pending()
+        fatal = self.writer.check()  # idle on every rank but 0
+        saving = _SAVING_OK if fatal is None else (_SAVING_NONFINITE if isinstance(fatal, NonFinite)
+                                                   else _SAVING_FAILED)
         packet = torch.stack([loss_sum.float(), torch.tensor(float(count), device=self.device),
                               torch.tensor(float(requeue), device=self.device),
-                              torch.tensor(float(stop), device=self.device)])
+                              torch.tensor(float(stop), device=self.device),
+                              torch.tensor(saving, device=self.device)])
         dist.all_reduce(packet)
         values = packet.tolist()
-        return Agreed(values[0], values[1], values[2], values[3])
+        return Agreed(values[0], values[1], values[2], values[3], values[4])
+
+    def _nonfinite(self, loss: float, step: int) -> None:
+        """The loss of `step`, averaged over all ranks, is NaN or infinite (every rank sees the same value):
+        its update was not applied. Stop (raise NonFinite), or with --nonfinite-loss skip go on without it."""
+        value = "NaN" if math.isnan(loss) else ("+inf" if loss > 0 else "-inf")
+        where = f"step {step} (epoch {self.pos.epoch})"
+        if self.cfg.nonfinite_loss == "skip" and self.skipped < MAX_SKIPPED:
+            self.skipped += 1
+            if self.env.is_main:
+                self.log.warn(f"{where}: the loss averaged over all ranks is {value}; that step's update was "
+                              f"skipped (--nonfinite-loss skip; {self.skipped} in a row, the run stops at "
+                              f"{MAX_SKIPPED + 1})")
+            return
+        self.metrics.nonfinite(self.pos, step, self.cfg.nonfinite_loss)
+        last = checkpoint.read_latest(self.folder)
+        kept = f"the last checkpoint, {last.name}, is kept" if last else "no checkpoint was written"
+        if (self.folder / MODEL).is_file():
+            kept += ", model.pth is untouched"
+        if self.skipped:
+            cause = (f"{where}: the loss averaged over all ranks was not finite in {self.skipped + 1} steps in a "
+                     f"row ({value} now), so the weights themselves are probably not finite")
+        else:
+            cause = (f"{where}: the loss averaged over all {self.env.world_size} ranks is {value} (a rank's loss "
+                     "or data became NaN/inf, or the learning rate is too high)")
+        raise NonFinite(f"{cause}. The run stopped before applying that update and saved nothing after the last "
+                        f"finite step ({kept}). Fix: check the data, a smaller --lr or --clip-grad; "
+                        "--nonfinite-loss skip drops such steps instead")
 
     # ----- the loop -----------------------------------------------------------------------------------
     def _epoch(self, epoch: int) -> Outcome | None:
@@ -329,14 +430,23 @@ class Trainer:
         cfg, pos = self.cfg, self.pos
         self.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one after a restart
         self.skip.skip = pos.batch * cfg.batch_size
-        self.loader_gen.manual_seed(cfg.seed * 1_000_003 + epoch)
+        # Modulo 2**64: the same seed torch derives from a negative or small value, and no overflow for a large
+        # --seed (any 64-bit seed is valid).
+        self.loader_gen.manual_seed((cfg.seed * 1_000_003 + epoch) % 2**64)
         batches = self._timed(iter(self.loader))
         while pos.batch < self.batches_per_epoch:
             # A resumed epoch starts at a step boundary; the epoch's last step may have fewer micro-batches.
             size = min(cfg.grad_accum, self.batches_per_epoch - pos.batch)
             agreed = self.accumulated_step(itertools.islice(batches, size), size)
+            finite = math.isfinite(agreed.loss_sum)
+            if not finite:
+                self._nonfinite(agreed.loss_sum, pos.step + 1)  # raises, unless --nonfinite-loss skip
+            if agreed.saving:
+                self._stop_for_saving(agreed.saving)
+            if finite:
+                self.skipped = 0
+                pos.loss_sum, pos.loss_count = pos.loss_sum + agreed.loss_sum, pos.loss_count + agreed.count
             pos.batch, pos.step = pos.batch + size, pos.step + 1
-            pos.loss_sum, pos.loss_count = pos.loss_sum + agreed.loss_sum, pos.loss_count + agreed.count
             self.metrics.step(pos, agreed.loss_sum / max(agreed.count, 1.0),
                               cfg.batch_size * size * self.env.world_size)
             if agreed.requeue or agreed.stop:
@@ -375,6 +485,8 @@ class Trainer:
 
     def run(self) -> Outcome:
         """Train from `self.pos` to the end, or until every rank agreed to stop."""
+        if self.finished():  # never one more step than --max-steps, also after a resume
+            return Outcome(True)
         while self.pos.epoch < self.cfg.epochs:
             outcome = self._epoch(self.pos.epoch)
             if outcome is not None and not outcome.finished:

@@ -13,6 +13,7 @@ The job that `submit` builds and `slurm/ddp.sbatch` are the same job in two form
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -85,9 +86,13 @@ def submit_environ(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def mem_text(mem_gb: float) -> str:
-    if mem_gb <= 0:
-        raise UsageError(f"--mem-gb {mem_gb}: must be positive, e.g. --mem-gb 64")
-    return f"{int(mem_gb)}G" if mem_gb == int(mem_gb) else f"{int(mem_gb * 1024)}M"
+    """--mem-gb as sbatch's --mem: whole GB, else MB rounded up. Never 0: Slurm reads --mem=0 as "all of the
+    node's memory"."""
+    if not (math.isfinite(mem_gb) and mem_gb > 0):
+        raise UsageError(f"--mem-gb {mem_gb}: must be a positive number of GB, e.g. --mem-gb 64")
+    if mem_gb == int(mem_gb):
+        return f"{int(mem_gb)}G"
+    return f"{math.ceil(mem_gb * 1024)}M"
 
 
 def srun_args(cpus_per_task: int | None) -> list[str]:

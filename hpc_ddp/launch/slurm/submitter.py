@@ -304,6 +304,11 @@ def report(job_id: str, folder: Path, world_size: int, state: JobState, submitte
     if verdict is not None and state.state != "CANCELLED":
         say(f"job {job_id}: {verdict.get('line', 'hang')}; every rank's report: {folder / watchdog.VERDICT}")
         return exitcodes.HANG
+    if state.state == "FAILED" and state.exit_code == exitcodes.NONFINITE:
+        say(f"job {job_id} stopped: the loss became NaN or infinite (exit code {exitcodes.NONFINITE}); every rank "
+            f"stopped before applying that update and nothing was saved after the last finite step (see the log "
+            f"above). Fix: check the data, a smaller --lr or --clip-grad, then resume from {folder}")
+        return exitcodes.NONFINITE
     if state.state == "FAILED" and state.exit_code == exitcodes.PREEMPTED:
         say(f"job {job_id} stopped after a signal and was not requeued (see the log above){resume}")
         return exitcodes.PREEMPTED

@@ -1,0 +1,71 @@
+"""User tasks for the run-folder and fault tests, loaded as `--task robust_tasks:NAME` (tests/ on PYTHONPATH).
+
+Each is the article's linear model on slow_tasks' data, with one thing a demanding user's task really does:
+a numpy learning rate, a loss that turns NaN, an optimizer that ignores --lr, a disk that fills up for a while.
+Environment variables choose when the fault happens, so that one task name (which a resume must keep) can
+train cleanly first and misbehave later.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from hpc_ddp import Task
+from slow_tasks import _data
+
+
+def _sleepy_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    time.sleep(float(os.environ.get("ROBUST_SLEEP_S", "0")))
+    return nn.functional.mse_loss(output, target)
+
+
+def numpy_lr(config):  # type: ignore[no-untyped-def]
+    """An optimizer whose learning rate is a numpy float (from a config file, an LR finder...)."""
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse,
+                optimizer=lambda params: torch.optim.SGD(params, lr=np.float64(config.lr), momentum=0.9))
+
+
+def fixed_lr(config):  # type: ignore[no-untyped-def]
+    """An optimizer that does not take its learning rate from --lr."""
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse,
+                optimizer=lambda params: torch.optim.SGD(params, lr=0.003))
+
+
+def nan_loss(config):  # type: ignore[no-untyped-def]
+    """Rank $NAN_RANK's loss is NaN on its optimizer steps $NAN_STEPS (comma-separated, counted from 1 in
+    this process); no NaN when $NAN_STEPS is unset."""
+    steps = {int(s) for s in os.environ.get("NAN_STEPS", "").split(",") if s}
+    rank = os.environ.get("NAN_RANK", "0")
+    calls = [0]
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        loss = _sleepy_mse(output, target)
+        if calls[0] in steps and os.environ.get("RANK", "0") == rank:
+            return loss * float("nan")
+        return loss
+
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=loss_fn)
+
+
+def flaky_disk(config):  # type: ignore[no-untyped-def]
+    """The first $FLAKY_SAVES checkpoint writes fail with ENOSPC, as on a full disk that is freed later."""
+    from hpc_ddp.run import checkpoint
+
+    failures = [int(os.environ.get("FLAKY_SAVES", "0"))]
+    real = checkpoint._save_stream
+
+    def save_stream(obj, f, digest=None):  # type: ignore[no-untyped-def]
+        if failures[0] > 0 and "ckpt-" in getattr(f, "name", ""):
+            failures[0] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device", f.name)
+        return real(obj, f) if digest is None else real(obj, f, digest)
+
+    checkpoint._save_stream = save_stream
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse)

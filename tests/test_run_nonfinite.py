@@ -1,0 +1,72 @@
+"""A loss that becomes NaN or infinite, in real runs: every rank learns it at the same step (through the
+per-step all-reduce, before the update), the run stops with exit code 65 and one line on every rank, and
+nothing written before it is replaced: no model.pth, no checkpoint after the last finite step, and a
+metrics.jsonl that stays valid JSON. `--nonfinite-loss skip` drops such a step instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc_ddp import exitcodes
+from hpc_ddp.run import checkpoint
+from test_launch_local import finish, start
+from test_run_folder_rules import snapshot, train
+
+pytestmark = pytest.mark.slow
+
+
+def strict_json(line: str) -> dict:
+    def refuse(token: str) -> None:
+        raise AssertionError(f"{token} is not JSON: {line}")
+
+    return json.loads(line, parse_constant=refuse)  # type: ignore[arg-type]
+
+
+@pytest.mark.deadline(50)  # 7.5-10 s (measured)
+def test_a_nan_on_one_rank_stops_every_rank_at_that_step_and_replaces_nothing(tmp_path: Path) -> None:
+    task = ("--task", "robust_tasks:nan_loss", "--nodes", "1")  # 2 ranks, 8 steps per epoch
+    code, out = finish(start(tmp_path, *task, "--epochs", "1"), timeout=60)
+    assert code == 0, out
+    good = snapshot(tmp_path)
+    code, out = finish(start(tmp_path, *task, "--epochs", "3", NAN_STEPS="5", NAN_RANK="1"), timeout=60)
+    assert code == exitcodes.NONFINITE, out
+    message = "error: step 13 (epoch 1): the loss averaged over all 2 ranks is NaN"
+    for rank in (0, 1):  # both ranks, at the same step, although only rank 1's loss was NaN
+        log = (tmp_path / "logs" / f"rank{rank}.log").read_text()
+        assert message in log and "exits with code 65 (non-finite loss)" in log, log
+    assert "The run stopped before applying that update" in out and "parameters differ" not in out
+    after = snapshot(tmp_path)
+    for name in ("model.pth", "checkpoints/ckpt-00000008.pt", "checkpoints/latest"):
+        assert after[name] == good[name], name
+    assert checkpoint.list_checkpoints(tmp_path) == [tmp_path / "checkpoints" / "ckpt-00000008.pt"]
+    records = [strict_json(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["event"] == "nonfinite" and records[-1]["step"] == 13 and records[-1]["loss"] is None
+
+
+@pytest.mark.deadline(30)  # ~3-4 s
+def test_an_exploding_learning_rate_stops_with_exit_65_and_writes_no_weights(tmp_path: Path) -> None:
+    code, out = train(tmp_path, "--lr", "1e30", "--epochs", "2")
+    assert code == exitcodes.NONFINITE, out
+    assert "error: step 2 (epoch 0): the loss averaged over all 1 ranks is" in out
+    assert "exits with code 65 (non-finite loss)" in out and "Traceback" not in out
+    assert not (tmp_path / "model.pth").exists() and checkpoint.list_checkpoints(tmp_path) == []
+
+
+@pytest.mark.deadline(30)  # ~3-4 s
+def test_skip_drops_the_nonfinite_step_and_training_goes_on(tmp_path: Path) -> None:
+    code, out = train(tmp_path, "--task", "robust_tasks:nan_loss", "--nonfinite-loss", "skip", "--epochs", "1",
+                      NAN_STEPS="3")
+    assert code == 0, out
+    assert ("step 3 (epoch 0): the loss averaged over all ranks is NaN; that step's update was skipped "
+            "(--nonfinite-loss skip; 1 in a row") in out
+    model = torch.load(tmp_path / "model.pth", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in model.values())
+    epoch = [strict_json(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if '"epoch"' in line and '"event": "epoch"' in line]
+    assert math.isfinite(epoch[0]["loss"])
