@@ -337,7 +337,7 @@ class Trainer:
                 # The step's all-reduce comes before the update: every rank learns at this step that some
                 # rank's loss is not finite (or that rank 0 cannot save), and nobody applies that update.
                 now = beacon.set(phase.STEP_ALLREDUCE)
-                ready = self._grads_ready or now  # no hook call: world of one without buckets, or no_sync
+                ready = self._grads_ready or now  # no end-of-backward mark (mark_grads=False)
                 window.compute_s += ready - start
                 window.comm_s += now - ready  # what remained of the gradient all-reduce after backward
                 agreed = self._agree(self._step_loss, count)
