@@ -8,6 +8,7 @@ prefix, so the default run reads like the article it comes from.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import TextIO
 
 
@@ -34,3 +35,15 @@ class RankLog:
         """A warning from this rank, to stderr."""
         sys.stderr.write(f"{self.prefix}warning: {message}\n")
         sys.stderr.flush()
+
+
+def ranks_text(ranks: Sequence[int], sep: str = ", ") -> str:
+    """[0, 1, 2, 5] -> '0-2, 5': a rank (or CPU) list short enough for a 1000-rank job."""
+    ordered, parts, i = sorted(set(ranks)), [], 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return sep.join(parts)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from hpc_ddp.dist import placement
 from hpc_ddp.dist.env import SLURM_VARS
 from hpc_ddp.doctor.facts import RankFacts
+from hpc_ddp.log import ranks_text
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 VERSION_KEYS = ("torch", "cuda", "nccl", "python", "hpc_ddp")
@@ -34,18 +35,6 @@ class Check:
     name: str
     reason: str
     fix: str = ""
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5': short enough for a 1000-rank job."""
-    ranks, parts, i = sorted(ranks), [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(parts)
 
 
 def who(facts: Sequence[RankFacts]) -> str:

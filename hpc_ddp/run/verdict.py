@@ -19,19 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hpc_ddp import log
+
 
 def ranks_text(ranks: Sequence[int]) -> str:
     """[0, 1, 2, 4, 6, 7] -> '0-2,4,6-7'."""
-    parts: list[str] = []
-    ordered = sorted(set(ranks))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return log.ranks_text(ranks, sep=",")
 
 
 def _who(rank: int, host: str, pid: int | None) -> str:
