@@ -67,7 +67,9 @@ def test_2x2_local_run_trains_with_the_article_output(tmp_path: Path) -> None:
 
 
 def test_sigkill_of_one_rank_stops_everything_within_seconds(tmp_path: Path) -> None:
-    proc = start(tmp_path, "--task", "slow_tasks:slow", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05")
+    # --max-restarts 0: no retry, the launcher ends at the first failure (tests/test_launch_local_retry.py retries)
+    proc = start(tmp_path, "--task", "slow_tasks:slow", "--epochs", "100", "--max-restarts", "0",
+                 SLOW_TASK_SLEEP_S="0.05")
     read_until(proc, "Epoch 0,")
     children = psutil.Process(proc.pid).children()
     assert len(children) == 4
@@ -100,7 +102,7 @@ def test_killing_the_launcher_leaves_no_process(tmp_path: Path) -> None:
 def test_a_hang_dumps_every_rank_stack_to_its_log_then_fails(tmp_path: Path) -> None:
     """With --timeout-s 8 the auto hang threshold is 4 s: the watchdog's verdict comes first (run/watchdog.py),
     and every rank's log holds its stacks."""
-    proc = start(tmp_path, "--task", "slow_tasks:hang", "--nodes", "1", "--timeout-s", "8")
+    proc = start(tmp_path, "--task", "slow_tasks:hang", "--nodes", "1", "--timeout-s", "8", "--max-restarts", "0")
     code, out = finish(proc, timeout=120)
     assert code == exitcodes.HANG, out
     assert "[launcher] hang at step 2: rank 1 (" in out

@@ -21,7 +21,7 @@ THRESHOLD_S = 4
 def hung_run(tmp_path: Path, task: str, *args: str, **env: str) -> tuple[int, str, float, dict]:
     """A 1-node x 2-rank run whose rank 1 hangs; exit code, output, seconds from 'stuck now' to the verdict."""
     proc = start(tmp_path, "--task", f"hang_tasks:{task}", "--nodes", "1", "--epochs", "3",
-                 "--hang-timeout-s", str(THRESHOLD_S), *args, **env)
+                 "--hang-timeout-s", str(THRESHOLD_S), "--max-restarts", "0", *args, **env)  # the hang alone
     read_until(proc, "stuck now", timeout=90)
     stuck_at = time.monotonic()
     started = psutil.Process(proc.pid).children(recursive=True)  # the ranks and their DataLoader workers
@@ -71,7 +71,7 @@ def test_a_rank_stuck_in_getitem_is_named_in_data_loading(workers: str, tmp_path
 
 
 def test_a_frozen_rank_is_named_unresponsive_with_its_host(tmp_path: Path) -> None:
-    proc = start(tmp_path, "--task", "slow_tasks:slow", "--nodes", "1", "--epochs", "50",
+    proc = start(tmp_path, "--task", "slow_tasks:slow", "--nodes", "1", "--epochs", "50", "--max-restarts", "0",
                  "--hang-timeout-s", str(THRESHOLD_S), SLOW_TASK_SLEEP_S="0.01")
     read_until(proc, "Epoch 0,", timeout=90)
     rank1 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "1")

@@ -10,16 +10,16 @@ import pytest
 from hpc_ddp.run import preemption
 
 
-@pytest.mark.parametrize("requeue, stop, restarts, max_requeue, expected", [
-    (1, 0, None, 3, True),
-    (2, 0, "2", 3, True),
-    (1, 0, "3", 3, False),  # the budget is spent
-    (1, 1, None, 3, False),  # SIGTERM wins: a cancelled job stays cancelled
-    (0, 1, None, 3, False),
+@pytest.mark.parametrize("requeue, stop, preempted, max_requeue, expected", [
+    (1, 0, 0, 3, True),
+    (2, 0, 2, 3, True),
+    (1, 0, 3, 3, False),  # the budget is spent
+    (1, 1, 0, 3, False),  # SIGTERM wins: a cancelled job stays cancelled
+    (0, 1, 0, 3, False),
 ])
-def test_decide(requeue: float, stop: float, restarts: str | None, max_requeue: int, expected: bool) -> None:
-    environ = {"SLURM_RESTART_COUNT": restarts} if restarts else {}
-    assert preemption.decide(requeue, stop, environ, max_requeue).requeue is expected
+def test_decide(requeue: float, stop: float, preempted: int, max_requeue: int, expected: bool) -> None:
+    """The preemption budget counts earlier preemptions of the job (attempts.jsonl), nothing else."""
+    assert preemption.decide(requeue, stop, preempted, max_requeue).requeue is expected
 
 
 @pytest.fixture

@@ -58,8 +58,9 @@ from hpc_ddp.dist.env import port_for_job, without_launcher
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.shape import JobShape
 from hpc_ddp.proc import run as run_command
+from hpc_ddp.run import attempts as record
+from hpc_ddp.run import exits, retry, watchdog
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import watchdog
 from hpc_ddp.run.config import TrainConfig
 
 GRACE_S = 3.0  # after a failure, survivors get SIGTERM, then SIGKILL after this long
@@ -83,6 +84,8 @@ class LocalJob:
     module: str = "hpc_ddp.train"
     extra_env: dict[str, str] = field(default_factory=dict)
     stop_grace_s: float = STOP_GRACE_S  # Ctrl-C/SIGTERM: how long the ranks get to save and exit before SIGKILL
+    max_restarts: int = 0  # failures after which the job is not started again (--max-restarts)
+    records: bool = False  # append every attempt's end to attempts.jsonl (training runs)
 
     @property
     def world_size(self) -> int:
@@ -263,6 +266,32 @@ class Console:
                 pass
 
 
+class _TracebackFold:
+    """The console gets a rank's traceback as one line (its last: the exception) and the log gets all of it.
+
+    When one rank fails, its peers fail after it with errors of their own (a closed connection), and a
+    restarted attempt may fail again the same way: the launcher shows the first cause's traceback itself,
+    once (Launcher._show_error), and the console is not flooded with N copies of the same stacks."""
+
+    _INSIDE = ("During handling of the above exception", "The above exception was the direct cause")
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.inside = False
+
+    def feed(self, line: str) -> str | None:
+        """The console's version of `line`: None while inside a traceback."""
+        if line.startswith("Traceback (most recent call last):"):
+            self.inside = True
+            return None
+        if not self.inside:
+            return line
+        if not line.strip() or line[:1].isspace() or line.startswith(self._INSIDE):
+            return None
+        self.inside = False
+        return f"{line}  (traceback in {self.log_path})"
+
+
 class _Rank:
     """One child process, its log file and the tail of its output."""
 
@@ -272,6 +301,7 @@ class _Rank:
         self.console, self.show_all = console, show_all
         self.log_lost = False
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.folded = _TracebackFold(log_path)
         self.reader = threading.Thread(target=self._pump, name=f"rank{rank}-reader", daemon=True)
         self.reader.start()
 
@@ -313,8 +343,9 @@ class _Rank:
                         self._log_lost(e)
                         _close_quietly(log)
                         log = None
-                if self.rank == 0 or self.show_all or line.startswith(prefix):
-                    self.console.line(line if line.startswith(prefix) else prefix + line)
+                shown = self.folded.feed(line)
+                if shown is not None and (self.rank == 0 or self.show_all or shown.startswith(prefix)):
+                    self.console.line(shown if shown.startswith(prefix) else prefix + shown)
         finally:
             _close_quietly(log)
 
@@ -370,6 +401,8 @@ class Launcher:
         self._announced = False
         self.started_at = 0.0  # when the ranks were last started (epoch seconds)
         self.lock_token = ""  # the run folder's lock, which the ranks' rank 0 inherits
+        self.restarts = 0  # SLURM_RESTART_COUNT of the ranks now running: starts so far, minus one
+        self.shown: set[str] = set()  # signatures of the errors whose traceback was shown already
 
     def say(self, message: str) -> None:
         self.console.line(f"[launcher] {message}")
@@ -505,26 +538,87 @@ class Launcher:
             self.say(f"rank {r.rank} (pid {r.proc.pid}) is still there {KILL_WAIT_S:g} s after SIGKILL: stuck in "
                      "the kernel (a dead file system or device?); it ends when that call returns")
 
-    def _report_failure(self, index: int) -> int:
+    def _failure(self, index: int) -> retry.Ending:
+        """Rank `index` failed first: stop the others, then name the first cause from what the ranks left (their
+        exit notes, a hang verdict) and what the launcher saw (who ended first, and how)."""
         failed = self.ranks[index]
         code = failed.proc.returncode
         if code == exitcodes.HANG:
             self._end_after_verdict()
         self._report_stuck(self._stop_all())
-        verdict = watchdog.read_verdict(self.job.folder, since=self.started_at)
-        if verdict is not None:
-            self._join_readers()
-            self.say(f"{verdict.get('line', 'hang')}; every rank's report: {self.job.folder / watchdog.VERDICT}")
-            return exitcodes.HANG
         self._join_readers()
+        verdict = watchdog.read_verdict(self.job.folder, since=self.started_at)
+        evidence = retry.Evidence(
+            code=code, rank_nodes=tuple(self._node(r.rank) for r in self.ranks),
+            notes=tuple(exits.read(self.job.folder, self.job.job_id, self.restarts)), verdict=verdict,
+            first_rank=index)
+        ending = retry.judge(evidence)
+        if verdict is None and ending.rank is None:
+            ending = dataclasses.replace(ending, rank=index, node=self._node(index))
+        return ending
+
+    def _node(self, rank: int) -> str:
+        return slurm_env(self.job, rank, 0)["SLURMD_NODENAME"]
+
+    def _show_failure(self, index: int, code: int | None) -> None:
+        """Where the failure came from, in a few lines: the first cause's rank and the end of its log."""
+        failed = self.ranks[index]
+        if code is None or code == exitcodes.HANG:
+            return
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         node = index // self.job.tasks_per_node
-        source = f"its output ({failed.log_path} could not be written)" if failed.log_lost else failed.log_path
-        self.say(f"rank {index} (node {node}, pid {failed.proc.pid}) {how}; stopped the other ranks. "
-                 f"Last lines of {source}:")
-        for line in list(failed.tail):  # a copy: a reader that outlived its join may still append
+        self.say(f"rank {index} (node {node}, pid {failed.proc.pid}) {how}; stopped the other ranks")
+
+    def _show_error(self, ending: retry.Ending, index: int | None) -> None:
+        """The first cause's traceback (or its log's last lines), shown once per distinct error."""
+        if ending.signature in self.shown:
+            self.say(f"the same error as before ({ending.reason})")
+            return
+        self.shown.add(ending.signature)
+        if ending.outcome == record.HANG:  # its one line (Launcher._end_attempt) says where
+            return
+        rank = ending.rank if ending.rank is not None else index
+        if ending.traceback:
+            self.say(f"rank {rank} failed first; its traceback:")
+            lines = ending.traceback.splitlines()
+        elif rank is not None and 0 <= rank < len(self.ranks):
+            r = self.ranks[rank]
+            source = f"its output ({r.log_path} could not be written)" if r.log_lost else r.log_path
+            self.say(f"Last lines of {source}:")
+            lines = list(r.tail)  # a copy: a reader that outlived its join may still append
+        else:
+            return
+        for line in lines[-TAIL_LINES * 4:]:
             self.console.line(f"    {line}")
-        return code if code in (exitcodes.USAGE, exitcodes.NONFINITE) else exitcodes.FAILED
+
+    def _end_attempt(self, ending: retry.Ending) -> retry.Decision:
+        """Append this attempt's end to attempts.jsonl with what comes next; say it in one line."""
+        folder, job = self.job.folder, self.job.job_id
+        history = record.of_job(record.read(folder), job)
+        this = record.find(history, job, self.restarts) or record.Attempt(job, self.restarts,
+                                                                            number=len(history) + 1)
+        history = [a for a in history if a.key != this.key]
+        this = dataclasses.replace(
+            this, ended=time.time(), outcome=ending.outcome, step=record.step_reached(folder, self.started_at),
+            checkpoint=record.checkpoint_step(folder), rank=ending.rank, node=ending.node, blamed=ending.blamed,
+            reason=ending.reason, signature=ending.signature)
+        if this.step is not None and this.checkpoint is not None:
+            this = dataclasses.replace(this, step=max(this.step, this.checkpoint))
+        decision = retry.decide(history, this, self.job.max_restarts, again=record.RESTART,
+                                retryable=ending.retryable)
+        if self.stop_requested and decision.action == record.RESTART:
+            decision = retry.Decision(record.STOP, "stopped by Ctrl-C/SIGTERM", decision.exclude)
+        if self.job.records:
+            # Locally blame is recorded, nothing excluded: every emulated node is this machine.
+            record.record_end(folder, dataclasses.replace(this, decision=decision.action, exclude=()))
+        if this.failed:
+            where = f" on {this.node}" if this.node else ""
+            blame = " (points at the node)" if this.blamed else ""
+            reason = f"{this.reason}; " if this.outcome != record.HANG else ""
+            if this.outcome == record.HANG:  # the verdict's line as it was, then what comes next
+                self.say(f"{this.reason}; every rank's report: {self.job.folder / watchdog.VERDICT}")
+            self.say(f"attempt {this.number} {this.outcome}{where}{blame}: {reason}{decision.message}")
+        return decision
 
     def _end_after_verdict(self) -> None:
         """A rank ended on a hang verdict; the others that can still run end on their own once it is written
@@ -539,8 +633,8 @@ class Launcher:
         self._wait_gone(self._alive(), watchdog.WINDOW_S)
 
     def _restart_wanted(self) -> bool:
-        record = run_folder.read_preempted(self.job.folder)
-        return record is not None and record.requeue and not self.stop_requested
+        preempted = run_folder.read_preempted(self.job.folder)
+        return preempted is not None and preempted.requeue and not self.stop_requested
 
     def run(self) -> int:
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -550,11 +644,10 @@ class Launcher:
             # Before anything in the folder changes (preempted.json, the logs): a second run is refused here.
             lock = run_folder.hold_folder(self.job.folder, "launcher", self.job.job_id, 0)
             self.lock_token = lock.token
-            restarts = 0
             seen = len(self.forwarded)
             while True:
                 run_folder.clear_preempted(self.job.folder)
-                self._start(restarts)
+                self._start(self.restarts)
                 self._resend(seen)  # came after the last run's ranks were gone, before these existed
                 if self.stop_requested:  # the stop came while they were starting: make sure each rank has it
                     for r in self.ranks:
@@ -563,20 +656,35 @@ class Launcher:
                 if outcome == _OUT_OF_TIME:
                     code = self._kill_stopping()
                     if code is not None:
+                        self._end_attempt(retry.Ending(record.STOPPED, "killed: the stop ran out of time",
+                                                       "stop timeout"))
                         return code
                     outcome = self._supervise()  # they all exited just before the kill: as if in time
                 if outcome < len(self.ranks):
-                    return self._report_failure(outcome)
-                seen = len(self.forwarded)  # every rank has exited: later signals are for the next ranks
-                self._join_readers()
-                if all(r.proc.returncode == exitcodes.OK for r in self.ranks):
-                    return exitcodes.OK
-                if not self._restart_wanted() or restarts >= self.job.max_requeue:
-                    self.say(f"ranks stopped after saving a checkpoint in {self.job.folder}; run the same "
-                             "command to resume")
-                    return exitcodes.PREEMPTED
-                restarts += 1
-                self.say(f"preempted: restarting all ranks ({restarts} of --max-requeue {self.job.max_requeue})")
+                    code = self.ranks[outcome].proc.returncode
+                    ending = self._failure(outcome)
+                    self._show_failure(outcome, code)
+                    decision = self._end_attempt(ending)
+                    self._show_error(ending, outcome)
+                    if decision.action != record.RESTART:
+                        return self._final_code(ending, code)
+                else:
+                    seen = len(self.forwarded)  # every rank has exited: later signals are for the next ranks
+                    self._join_readers()
+                    if all(r.proc.returncode == exitcodes.OK for r in self.ranks):
+                        self._end_attempt(retry.Ending(record.COMPLETED, "finished"))
+                        return exitcodes.OK
+                    wanted = self._restart_wanted()
+                    decision = self._end_attempt(retry.judge(retry.Evidence(code=exitcodes.PREEMPTED,
+                                                                            requeue=wanted)))
+                    if decision.action != record.RESTART:
+                        self.say(f"ranks stopped after saving a checkpoint in {self.job.folder}; run the same "
+                                 "command to resume")
+                        return exitcodes.PREEMPTED
+                    done = record.count(record.read(self.job.folder), self.job.job_id, (record.PREEMPTED,))
+                    self.say(f"preempted: restarting all ranks ({done} of --max-requeue {self.job.max_requeue})")
+                seen = len(self.forwarded)
+                self.restarts += 1
         finally:
             # Every path, an exception in the launcher included, ends every rank it started.
             self._report_stuck(self._stop_all())
@@ -586,6 +694,11 @@ class Launcher:
                 signal.signal(s, handler)
             # The ranks are all gone; hand the console what is left for it (a Ctrl-C here stops waiting).
             self.console.drain()
+
+    def _final_code(self, ending: retry.Ending, code: int | None) -> int:
+        if ending.outcome == record.HANG:
+            return exitcodes.HANG
+        return code if code in (exitcodes.USAGE, exitcodes.NONFINITE) else exitcodes.FAILED
 
 
 def gpu_count() -> int:
@@ -623,6 +736,8 @@ def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
             extra["CUDA_VISIBLE_DEVICES"] = ""
     job = LocalJob(nodes=shape.nodes, tasks_per_node=shape.tasks_per_node, folder=folder,
                    train_argv=cfg.to_argv() + list(extra_argv), max_requeue=cfg.max_requeue,
+                   max_restarts=cfg.max_restarts if module in _HOLDS_SIGNALS else 0,
+                   records=module in _HOLDS_SIGNALS,
                    all_ranks=all_ranks, job_id=job_id, module=module, extra_env=extra,
                    **({} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}))
     console.line(f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run "

@@ -55,6 +55,10 @@ class TrainConfig:
                                                                  "resumed run ends bitwise equal to an "
                                                                  "uninterrupted one"})
     max_requeue: int = field(default=3, metadata={"help": "times a preempted run may requeue itself"})
+    max_restarts: int = field(default=3, metadata={"help": (
+        "times a failed run starts again from its latest checkpoint (a rank raising or killed, a hang verdict, a "
+        "lost node), counted apart from --max-requeue; a crash loop (the same error twice without a newer "
+        "checkpoint) stops earlier. 0: no retry (default: 3)")})
     requeue_by: str = field(default="auto", metadata={
         "help": "who restarts a preempted run: scontrol (rank 0 runs `scontrol requeue` for the job), launcher "
                 "(every task exits 75 and its launcher or batch script starts it again; submit --local passes "
@@ -93,6 +97,7 @@ class TrainConfig:
                 raise UsageError(f"--{_flag(name)} {value}: must be at least 1")
         non_negative = {"max_steps": self.max_steps, "save_every_epochs": self.save_every_epochs,
                         "save_every_steps": self.save_every_steps, "max_requeue": self.max_requeue,
+                        "max_restarts": self.max_restarts,
                         "clip_grad": self.clip_grad, "log_every_s": self.log_every_s}
         for name, value in non_negative.items():
             if value < 0:

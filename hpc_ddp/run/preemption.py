@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from hpc_ddp import proc
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+BATCH_VAR = "HPC_DDP_BATCH"  # set by the kit's batch scripts: their shell decides and requeues after srun
 STOP_SIGNALS = (signal.SIGTERM,)
 
 # Index of each flag in the tensor the loop all-reduces every optimizer step (see hpc_ddp.run.trainer).
@@ -80,25 +81,29 @@ class Decision:
     message: str
 
 
-def decide(requeue_votes: float, stop_votes: float, environ: Mapping[str, str], max_requeue: int) -> Decision:
-    """Pure rule for what rank 0 does after the agreed save. Stop (SIGTERM) wins over requeue."""
+def decide(requeue_votes: float, stop_votes: float, preempted: int, max_requeue: int) -> Decision:
+    """Pure rule for what rank 0 does after the agreed save. Stop (SIGTERM) wins over requeue. `preempted` is
+    how many earlier attempts of this job were preempted (hpc_ddp.run.attempts): the budget counts
+    preemptions only, not the requeues after failures (SLURM_RESTART_COUNT counts both)."""
     if stop_votes > 0:
         return Decision(False, "stopped by SIGTERM: checkpoint saved, not requeued")
-    restarts = int(environ.get("SLURM_RESTART_COUNT") or 0)  # unset on a job's first run
-    if restarts >= max_requeue:
-        return Decision(False, f"preempted: checkpoint saved; requeue budget spent ({restarts} of --max-requeue "
+    if preempted >= max_requeue:
+        return Decision(False, f"preempted: checkpoint saved; requeue budget spent ({preempted} of --max-requeue "
                                f"{max_requeue}), not requeued. Resume with the same command and --folder")
-    return Decision(True, f"preempted: checkpoint saved, requeue {restarts + 1} of {max_requeue}")
+    return Decision(True, f"preempted: checkpoint saved, requeue {preempted + 1} of {max_requeue}")
 
 
-def requeue_mode(requeue_by: str, launcher: str) -> str:
+def requeue_mode(requeue_by: str, launcher: str, supervised: bool = False) -> str:
     """Who restarts the run after a preempted exit, as preempted.json's "mode" says it: "scontrol" (rank 0
     requeues the job) or "exit" (the tasks exit PREEMPTED and their launcher or batch script starts them
     again). `requeue_by` is --requeue-by; "auto" means scontrol in an srun step (`launcher` "slurm") when
-    scontrol is on PATH, else exit. The local launcher says "launcher": its fake job id is no Slurm job."""
+    scontrol is on PATH and no batch supervisor is there, else exit. Under the kit's own batch scripts
+    (`supervised`: hpc_ddp.launch.slurm.batch exported BATCH_VAR) the batch shell requeues after srun returns,
+    so that one place decides about every end of an attempt. The local launcher says "launcher": its fake job
+    id is no Slurm job."""
     if requeue_by == "scontrol":
         return "scontrol"
-    if requeue_by == "auto" and launcher == "slurm" and shutil.which("scontrol"):
+    if requeue_by == "auto" and launcher == "slurm" and not supervised and shutil.which("scontrol"):
         return "scontrol"
     return "exit"
 

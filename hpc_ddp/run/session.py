@@ -25,8 +25,8 @@ from hpc_ddp import exitcodes
 from hpc_ddp.dist.env import DistEnv, detect
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
+from hpc_ddp.run import attempts, exits, preemption
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import preemption
 from hpc_ddp.run.beacon import FINISHING, STARTUP, USER_CODE, Beacon
 from hpc_ddp.run.config import TrainConfig
 
@@ -55,9 +55,27 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         run_folder.tell_folder(folder, environ)  # where slurm/ddp.sbatch finds preempted.json
     try:
         return _run_holding(cfg, env, folder, environ)
+    except (UsageError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        # For the supervisor (local launcher, batch shell): which error came first, on which node.
+        if folder.is_dir():
+            exits.note(folder, env.job_id or "", attempt_restart(environ), env.rank, node_name(environ), e)
+        raise
     finally:
         if lock is not None:
             lock.release()
+
+
+def attempt_restart(environ: Mapping[str, str]) -> int:
+    """Which start of the job this is (attempts.jsonl names an attempt by job id and this count)."""
+    text = environ.get("SLURM_RESTART_COUNT") or environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    return int(text) if text.isdigit() else 0
+
+
+def node_name(environ: Mapping[str, str]) -> str:
+    """This task's node as the scheduler names it (what ExcNodeList takes), else the host name."""
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def _run_holding(cfg: TrainConfig, env: DistEnv, folder: Path, environ: Mapping[str, str]) -> int:
@@ -189,6 +207,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
                 return exitcodes.OK
         # Everything is checked: only now does this start change the folder, and record itself.
         _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log))
+        _record_start(env, folder, environ, trainer.pos.step if start is not None else None)
         for note in trainer.notes:
             log.main(note)
         if start is not None:
@@ -222,6 +241,24 @@ def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: R
     checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
     resume.apply(plan, folder, log.info)
     record.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
+
+
+def _record_start(env: DistEnv, folder: Path, environ: Mapping[str, str], resumed_from: int | None) -> None:
+    """This attempt starts training: rank 0 appends it to attempts.jsonl with the node of every rank (what
+    the supervisor blames when a rank fails without a word: killed by a signal, hung)."""
+    import torch.distributed as dist
+
+    from hpc_ddp.dist.hostlist import expand
+
+    nodes: list[Any] = [None] * env.world_size
+    dist.all_gather_object(nodes, node_name(environ))
+    if env.is_main:
+        listed = environ.get("SLURM_JOB_NODELIST") or ""
+        try:
+            job_nodes = expand(listed) if listed else list(dict.fromkeys(nodes))
+        except ValueError:
+            job_nodes = list(dict.fromkeys(nodes))
+        attempts.record_start(folder, env.job_id or "", attempt_restart(environ), job_nodes, nodes, resumed_from)
 
 
 def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
@@ -262,8 +299,9 @@ def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, envir
 
     dist.barrier()  # a requeue makes Slurm SIGTERM every task: all must be past the save first
     if env.is_main:
-        decision = preemption.decide(outcome.requeue_votes, outcome.stop_votes, environ, cfg.max_requeue)
-        mode = preemption.requeue_mode(cfg.requeue_by, env.launcher)
+        preempted = attempts.count(attempts.read(folder), env.job_id or "", (attempts.PREEMPTED,))
+        decision = preemption.decide(outcome.requeue_votes, outcome.stop_votes, preempted, cfg.max_requeue)
+        mode = preemption.requeue_mode(cfg.requeue_by, env.launcher, bool(environ.get(preemption.BATCH_VAR)))
         # The launcher (local run) or a batch script reads this to decide whether to start the job again.
         run_folder.write_preempted(folder, run_folder.Preempted(decision.requeue, preemption.signal_name(), mode))
         log.info(f"{preemption.signal_name()}: {decision.message}")

@@ -1,0 +1,212 @@
+"""Failures that are not preemption, as pure rules: what ended an attempt, whom to blame, and what comes next.
+
+`judge(evidence)` reads what the supervisor saw when an attempt ended (exit code, the ranks' exit notes, a
+hang verdict, ranks killed by a signal, nodes Slurm took away) and names the first cause: its rank, node and
+signature, and whether it points at the node. `decide(history, ending, ...)` says what the job does next:
+
+- finished: done. A usage error or a non-finite loss: stop (the same input fails the same way again).
+- a preemption: requeue/restart as the ranks agreed (preempted.json), within --max-requeue.
+- a failure (a rank raising, a peer vanishing, a hang verdict, a node failure): start again from the latest
+  checkpoint while the failures of this job stay within --max-restarts, except a *crash loop*: an attempt that
+  fails with the same signature as the attempt before it, without a newer checkpoint in between, is an error
+  in the code or data, not bad luck, and the job stops.
+- blame: a hardware-looking error (CUDA/NCCL/ECC: NODE_FAULTS), a rank dying by a signal, a hang or
+  unresponsive rank, or a node Slurm set DOWN points at that node. On Slurm the requeued job then excludes
+  every node blamed so far (hpc_ddp.launch.slurm.batch); locally the blame is only recorded.
+
+Everything here is data in, data out: the supervisors (hpc_ddp.launch.local, hpc_ddp.launch.slurm.batch) do
+the reading and the acting.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signals
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpc_ddp import exitcodes
+from hpc_ddp.run import attempts as record
+from hpc_ddp.run.attempts import Attempt
+
+# Errors that point at the machine, not the code: a rank raising one blames its node. Lower-case substrings.
+NODE_FAULTS = (
+    "uncorrectable ecc error", "ecc error", "cuda error: unspecified launch failure", "gpu is lost",
+    "cuda error: an uncorrectable nvlink error", "cudaerrornodevice", "no cuda-capable device is detected",
+    "cuda-capable device(s) is/are busy or unavailable", "cuda error: uncorrectable", "xid ",
+    "nccl error", "ncclsystemerror", "ncclinternalerror", "ncclunhandledcudaerror", "ncclremoteerror",
+    "cuda driver error", "nvml", "input/output error",
+)
+# Errors a rank raises because *another* rank ended (its peers' sockets closed, an aborted communicator,
+# rank 0's forwarded failure): never the first cause when a first cause is known.
+SECONDARY = (
+    "connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
+    "communicator was aborted", "remote process exited", "rank 0 failed (", "socket closed",
+    "ncclremoteerror", "dist_backend_error", "recvbytes", "sendbytes", "read error", "early eof",
+)
+
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_QUOTED_PATH = re.compile(r"(['\"])/[^'\"]*\1")
+
+
+def signature(type_name: str, message: str) -> str:
+    """The error with its numbers, addresses and quoted paths masked: equal for the same error at another
+    step, rank, address or file (`ValueError: bad batch at step 17` == `... at step 40`)."""
+    text = _QUOTED_PATH.sub("'<path>'", message.strip().splitlines()[0] if message.strip() else "")
+    text = _NUMBER.sub("N", _HEX.sub("0xN", text))
+    return f"{type_name}: {text}"[:300]
+
+
+def node_fault(text: str) -> bool:
+    low = text.lower()
+    return any(p in low for p in NODE_FAULTS)
+
+
+def secondary(text: str) -> bool:
+    low = text.lower()
+    return any(p in low for p in SECONDARY)
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the supervisor saw when the attempt's last task was gone."""
+
+    code: int  # the job step's exit code: the first failing rank's (local), srun's (Slurm); < 0 = -signal
+    rank_nodes: tuple[str, ...] = ()  # the node of each rank
+    notes: tuple[dict[str, Any], ...] = ()  # the ranks' exit notes (hpc_ddp.run.exits), oldest first
+    verdict: dict[str, Any] | None = None  # hang.json written in this attempt
+    killed: tuple[tuple[int, str], ...] = ()  # (rank, signal name) of ranks that died by a signal, first first
+    first_rank: int | None = None  # the rank that ended first, when the supervisor knows it (local)
+    requeue: bool | None = None  # a preemption: preempted.json's decision; None when there was none
+    down: tuple[str, ...] = ()  # this attempt's nodes that Slurm set DOWN/DRAIN/FAIL meanwhile
+    node_fail: bool = False  # Slurm ended the attempt for a node failure (and requeued the job itself)
+
+
+@dataclass(frozen=True)
+class Ending:
+    outcome: str
+    reason: str
+    signature: str = ""
+    rank: int | None = None
+    node: str | None = None
+    blamed: bool = False
+    traceback: str = ""  # the first cause's traceback, when a rank left one
+    retryable: bool = True  # False: the kit stopped the run on purpose (hpc_ddp.errors.RunStopped)
+
+
+def _node(ev: Evidence, rank: int | None) -> str | None:
+    return ev.rank_nodes[rank] if rank is not None and 0 <= rank < len(ev.rank_nodes) else None
+
+
+def judge(ev: Evidence) -> Ending:
+    """The first cause of the attempt's end (pure)."""
+    if ev.code == exitcodes.OK and not ev.node_fail:
+        return Ending(record.COMPLETED, "finished")
+    if ev.code == exitcodes.PREEMPTED and ev.requeue is not None and not ev.node_fail:
+        return (Ending(record.PREEMPTED, "preempted: saved a checkpoint, to be resumed") if ev.requeue else
+                Ending(record.STOPPED, "stopped by a signal after saving a checkpoint; not requeued"))
+    if ev.code == exitcodes.USAGE:
+        note = ev.notes[0] if ev.notes else {}
+        return Ending(record.USAGE, "usage error (see the log)", "usage", note.get("rank"), note.get("node"))
+    if ev.code == exitcodes.NONFINITE:
+        return Ending(record.NONFINITE, "the loss became NaN or infinite", "nonfinite")
+    if ev.node_fail or ev.down:
+        node = ev.down[0] if ev.down else None
+        where = f"node {node}" if node else "a node"
+        return Ending(record.NODE_FAIL, f"{where} failed (Slurm took it away)", f"node failure {node or ''}".strip(),
+                      node=node, blamed=node is not None)
+    if ev.verdict is not None:
+        culprits = [int(r) for r in ev.verdict.get("culprits") or [] if isinstance(r, int)]
+        rank = culprits[0] if culprits else None
+        line = str(ev.verdict.get("line") or "hang")
+        kind = str(ev.verdict.get("reason") or "hang")
+        return Ending(record.HANG, line, signature("Hang", f"{kind} in {ev.verdict.get('phase') or 'unknown'}"),
+                      rank, _node(ev, rank), blamed=rank is not None and kind != "mismatched")
+    primary = [n for n in ev.notes if not secondary(f"{n.get('type')}: {n.get('message')}")]
+    killed = ev.killed
+    if ev.first_rank is not None and ev.code < 0:  # the local launcher saw this rank die by a signal first
+        primary, killed = [], ((ev.first_rank, signal_name(-ev.code)),)
+    if primary:
+        first = primary[0]
+        rank = int(first["rank"])
+        text = f"{first.get('type')}: {first.get('message')}"
+        return Ending(record.FAILED, text, str(first.get("signature") or signature(str(first.get("type")), "")),
+                      rank, first.get("node") or _node(ev, rank), blamed=node_fault(text),
+                      traceback=str(first.get("traceback") or ""), retryable=first.get("retry") is not False)
+    if killed:
+        rank, name = killed[0]
+        return Ending(record.FAILED, f"rank {rank} was killed by {name}", f"signal {name}", rank, _node(ev, rank),
+                      blamed=True)
+    if ev.notes:
+        first = ev.notes[0]
+        rank = int(first["rank"])
+        return Ending(record.FAILED, f"{first.get('type')}: {first.get('message')}",
+                      str(first.get("signature") or ""), rank, first.get("node") or _node(ev, rank),
+                      traceback=str(first.get("traceback") or ""))
+    code = ev.code
+    how = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
+    return Ending(record.FAILED, f"the job step ended with {how}", f"exit {code}", ev.first_rank,
+                  _node(ev, ev.first_rank))
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # attempts.DONE, RESTART (local) / REQUEUE (Slurm), or STOP
+    message: str
+    exclude: tuple[str, ...] = field(default_factory=tuple)  # every node blamed in this job so far
+    crash_loop: bool = False
+
+
+def blamed_nodes(history: Sequence[Attempt]) -> tuple[str, ...]:
+    nodes: list[str] = []
+    for a in history:
+        if a.blamed and a.node and a.node not in nodes:
+            nodes.append(a.node)
+    return tuple(nodes)
+
+
+def decide(history: Sequence[Attempt], this: Attempt, max_restarts: int, again: str = record.REQUEUE,
+           retryable: bool = True) -> Decision:
+    """What the job does after `this` attempt ended. `history` is this job's attempts before it, in order;
+    `again` is how it starts again here (attempts.REQUEUE on Slurm, RESTART locally); `retryable` is False
+    when the kit itself stopped the run (Ending.retryable). Pure."""
+    exclude = blamed_nodes([*history, this])
+    if this.outcome == record.COMPLETED:
+        return Decision(record.DONE, "finished", exclude)
+    if this.outcome == record.PREEMPTED:
+        return Decision(again, "preempted: resuming from the checkpoint it saved", exclude)
+    if this.outcome == record.STOPPED:
+        return Decision(record.STOP, "stopped after saving a checkpoint (not requeued)", exclude)
+    if this.outcome in (record.USAGE, record.NONFINITE):
+        return Decision(record.STOP, "not retried: the same input fails the same way again", exclude)
+    if not retryable:
+        return Decision(record.STOP, "not retried: the run stopped itself (see its one-line error)", exclude)
+    failures = sum(1 for a in history if a.failed) + 1
+    before = history[-1] if history else None
+    if (before is not None and before.failed and before.signature == this.signature
+            and (this.checkpoint if this.checkpoint is not None else -1)
+            <= (before.checkpoint if before.checkpoint is not None else -1)):
+        return Decision(record.STOP, f"crash loop: attempt {this.number} failed with the same error as attempt "
+                                     f"{before.number} and no newer checkpoint in between; not retried "
+                                     "(an error in the code or data, not bad luck)", exclude, crash_loop=True)
+    if failures > max_restarts:
+        return Decision(record.STOP, f"restart budget spent: {failures} failure(s), --max-restarts {max_restarts}",
+                        exclude)
+    since = f"the checkpoint at step {this.checkpoint}" if this.checkpoint is not None else "the start (no checkpoint yet)"
+    return Decision(again, f"restarting from {since} (failure {failures} of --max-restarts {max_restarts})", exclude)
+
+
+def usable(states: dict[str, str], exclude: Sequence[str]) -> list[str]:
+    """The nodes a job could still run on: not excluded and not down, drained or failed (`states` maps node
+    -> Slurm state as sinfo prints it). The job fits when it needs no more nodes than these. Pure."""
+    bad = ("down", "drain", "drng", "fail", "maint", "inval", "unk", "futr", "npc")
+    return [n for n, s in states.items() if n not in exclude and not s.lower().rstrip("*~#!%$@^-").startswith(bad)]
