@@ -34,6 +34,7 @@ from hpc_ddp.errors import UsageError
 CHECKPOINTS = "checkpoints"
 MODEL = "model.pth"
 METRICS = "metrics.jsonl"
+TENSORBOARD = "tb"  # --tensorboard: rank 0's event files (hpc_ddp.run.tblog)
 RUN_RECORD = "run.json"
 LOGS = "logs"
 PREEMPTED = "preempted.json"
