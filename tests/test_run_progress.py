@@ -205,3 +205,26 @@ def test_the_package_check_names_what_failed(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # what `import tensorboard` then raises
     why = tblog.missing()
     assert why is not None and "--tensorboard needs the tensorboard package" in why and tblog.INSTALL in why
+
+
+def test_a_start_killed_before_it_recorded_its_event_file_is_read_back_and_a_cut_record_skipped(
+        tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="needs the tensorboard package (env/setup.sh --test installs it)")
+    first = tblog.Board(tmp_path)
+    for step in range(1, 8):
+        first.scalars(step, {"train/loss": 1.0 / step})
+    first.writer.flush()  # killed here: its file is not in logged.json, and a kill cut its last record
+    [events] = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    events.write_bytes(events.read_bytes()[:-3])
+    assert tblog.steps_in(events) == 6
+    second = tblog.Board(tmp_path)
+    assert second.after == 6
+    second.scalars(6, {"train/loss": 9.0})  # trained again after the resume: not written twice
+    second.scalars(7, {"train/loss": 0.5, "time/checkpoint_write_s": None})  # None: left out
+    second.close()
+    second.close()  # idempotent
+    record = json.loads((tmp_path / "tb" / "logged.json").read_text())
+    assert record["max_step"] == 7 and len(record["files"]) == 2
+    third = tblog.Board(tmp_path)  # both files are covered now: nothing is read back
+    assert third.after == 7
+    third.close()
