@@ -125,20 +125,24 @@ def test_submit_wait_follows_metrics_jsonl_and_shows_the_progress_line_and_each_
         write_records(metrics, *records)
         return JobState(state)
 
-    out = io.StringIO()
+    out = io.StringIO()  # a file: its progress lines come from rank 0's log (empty here), not twice
     assert submitter.follow("77", tmp_path, 4, 0.0, out=out, state_of=state_of) == 0
-    lines = out.getvalue().splitlines()
-    assert lines == [
+    assert out.getvalue().splitlines() == [
         "[run] start 0 of job 77: from the beginning; 4 ranks, 9.5 s from process start to the first step",
-        "epoch 0 step 10/400 loss 0.1235 | 1,530 samples/s | ETA 30s",
-        "epoch 0 step 20/400 loss 0.1235 | 1,530 samples/s | ETA 20s",
         "[run] ranks stopped at epoch 0, step 21",
         "[submit] job 77 was requeued; waiting for it to start again",
         "[run] start 1 of job 77: resumed at epoch 0, step 21; 4 ranks, 12.2 s from process start to the first "
         "step",
-        "epoch 1 step 400/400 loss 0.1235 | 1,530 samples/s | done",
         f"[submit] job 77 completed; run folder {tmp_path}",
     ]
+    # On a terminal the same records also give the live line, rewritten in place.
+    timeline[:] = [("RUNNING", [step(epoch=0, step=30, eta_s=10.0)]), ("COMPLETED", [])]
+    terminal = FakeTerminal()
+    assert submitter.follow("77", tmp_path, 4, 0.0, out=terminal, state_of=state_of) == 0
+    shown = terminal.getvalue()
+    assert f"{LIVE}epoch 0 step 10/400 loss 0.1235 | 1,530 samples/s | ETA 30s{LIVE}epoch 0 step 20/400" in shown
+    assert shown.endswith(f"{LIVE}epoch 0 step 30/400 loss 0.1235 | 1,530 samples/s | ETA 10s\n"
+                          f"[submit] job 77 completed; run folder {tmp_path}\n")
 
 
 def test_submit_wait_on_a_terminal_keeps_one_live_line_below_the_log(tmp_path: Path,

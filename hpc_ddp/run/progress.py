@@ -153,7 +153,9 @@ class LiveStream(io.TextIOBase):
 
 
 class MetricsView:
-    """`submit --wait`: the progress line of the job's metrics.jsonl, and a line for each start of the run."""
+    """`submit --wait`: the progress line of the job's metrics.jsonl, live on a terminal, and a line for each
+    start of the run. Not a terminal: no progress lines from here, since rank 0's log, which `--wait` prints
+    too, has the same plain lines (a batch job's stdout is a file)."""
 
     def __init__(self, path: Path, out: TextIO) -> None:
         self.follower = Follower(path)
@@ -162,7 +164,8 @@ class MetricsView:
     def poll(self) -> None:
         for record in self.follower.poll():
             if record.get("event") == "step":
-                self.stream.live(line(record))
+                if self.stream.tty:
+                    self.stream.live(line(record))
             else:
                 text = event_line(record)
                 if text is not None:

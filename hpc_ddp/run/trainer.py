@@ -543,8 +543,8 @@ class Trainer:
             if outcome is not None and not outcome.finished:
                 return outcome
             mean = self.pos.loss_sum / max(self.pos.loss_count, 1.0)
+            self.metrics.epoch(self.pos, mean)  # first: it erases the live progress line
             self.log.main(f"Epoch {self.pos.epoch}, Loss: {mean:.4f}")
-            self.metrics.epoch(self.pos, mean)
             if outcome is not None:  # --max-steps reached inside the epoch
                 return outcome
             self.pos = Position(epoch=self.pos.epoch + 1, step=self.pos.step)
