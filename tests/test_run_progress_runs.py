@@ -27,10 +27,11 @@ LOCAL = ("--nodes", "1", "--tasks-per-node", "2", "--task", "slow_tasks:slow", "
 PLAIN = re.compile(r"^epoch \d+ step \d+/64 loss \d+\.\d{4} \| [\d,]+ samples/s \| (ETA (\d+[smhd])+|ETA \?|done)$")
 
 
-def run_in_pty(folder: Path, *args: str, timeout: float = 90) -> tuple[int, str]:
-    """`submit --local` with its stdout and stderr on a pseudo-terminal; the bytes it showed there."""
+def run_in_pty(folder: Path, *args: str, timeout: float = 90, module: str = "hpc_ddp.submit") -> tuple[int, str]:
+    """`python -m module --folder folder args` with its stdout and stderr on a pseudo-terminal; the bytes it
+    showed there."""
     master, slave = pty.openpty()
-    cmd = [sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(folder), *args]
+    cmd = [sys.executable, "-m", module, "--folder", str(folder), *args]
     proc = subprocess.Popen(cmd, env=clean_environ(SLOW_TASK_SLEEP_S="0.02"), stdin=subprocess.DEVNULL,
                             stdout=slave, stderr=slave, preexec_fn=die_with_test)
     os.close(slave)
@@ -61,7 +62,7 @@ def run_in_pty(folder: Path, *args: str, timeout: float = 90) -> tuple[int, str]
 @pytest.mark.slow
 @pytest.mark.deadline(90)
 def test_on_a_terminal_the_local_run_shows_a_live_line_in_place_and_logs_plain_lines(tmp_path: Path) -> None:
-    code, shown = run_in_pty(tmp_path, *LOCAL, "--epochs", "2", "--log-every-s", "0.5")
+    code, shown = run_in_pty(tmp_path, "--local", *LOCAL, "--epochs", "2", "--log-every-s", "0.5")
     assert code == 0, shown
     # The article's lines are all there (a pseudo-terminal turns "\n" into "\r\n").
     text = shown.replace("\r\n", "\n")
@@ -77,6 +78,17 @@ def test_on_a_terminal_the_local_run_shows_a_live_line_in_place_and_logs_plain_l
     assert "\r" not in log and "\x1b" not in log
     progress = [line for line in log.splitlines() if line.startswith("epoch ")]
     assert progress and all(PLAIN.match(line) for line in progress), log
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(60)
+def test_a_task_alone_on_a_terminal_rewrites_its_live_line_and_its_other_lines_erase_it(tmp_path: Path) -> None:
+    code, shown = run_in_pty(tmp_path, "--task", "slow_tasks:slow", "--batch-size", "16", "--epochs", "1",
+                             module="hpc_ddp.train")
+    assert code == 0, shown
+    assert re.search(r"\r\x1b\[Kepoch 0 step \d+/32 [^\n]*\r\x1b\[Kepoch 0 step \d+/32", shown), shown
+    # The lines that follow the live line start by erasing it: no progress text is left in front of them.
+    assert "\r\x1b[KEpoch 0, Loss: " in shown and f"\r\x1b[KModel saved by rank 0 to {tmp_path}" in shown, shown
 
 
 @pytest.mark.slow
