@@ -162,6 +162,7 @@ class Recorder:
     def start(self, pos: "Position", job: str, restart: int, resumed: bool, world_size: int,
               startup_s: float) -> None:
         """This process starts training (rank 0, right before its first step)."""
+        self.last_step_end = time.monotonic()  # the first step's time is that step's, not the resume before it
         if self.folder is not None and self.tensorboard and self.board is None:
             from hpc_ddp.run.tblog import Board
 

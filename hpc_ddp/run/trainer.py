@@ -215,12 +215,16 @@ class Trainer:
                     if e is not self.__dict__.get("save_error"):  # it stopped the run: reported already
                         raise
                 finally:
-                    self._record_save()  # its write ended, durable or not
+                    with contextlib.suppress(OSError):  # a record lost to a full disk must not hide the error
+                        self._record_save()  # its write ended, durable or not
         finally:
             for name in ("ddp", "optimizer", "scaler", "loader", "skip"):
                 self.__dict__.pop(name, None)
             if "metrics" in self.__dict__:
-                self.metrics.close()  # TensorBoard's events flushed, on every path out
+                try:
+                    self.metrics.close()  # TensorBoard's events flushed, on every path out
+                except Exception as e:  # the run's outcome stands; the curves lose their last events
+                    self.log.warn(f"TensorBoard's event file could not be flushed and closed: {e}")
 
     def __enter__(self) -> "Trainer":
         return self
