@@ -232,3 +232,24 @@ def test_a_start_killed_before_it_recorded_its_event_file_is_read_back_and_a_cut
     third = tblog.Board(tmp_path)  # both files are covered now: nothing is read back
     assert third.after == 7
     third.close()
+
+
+@pytest.mark.parametrize("how", ["set_aside", "overwrite"])
+def test_a_new_line_of_training_moves_the_old_curves_aside(tmp_path: Path, how: str) -> None:
+    """TensorBoard never writes a step twice: the curves of a line left behind would hide the new line's steps."""
+    from hpc_ddp.run import resume
+
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    later = ckpts / "ckpt-00000020.pt"
+    later.write_bytes(b"x")
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "logged.json").write_text('{"max_step": 20, "files": []}\n')
+    said: list[str] = []
+    chosen = resume.Plan(None, set_aside=(later,)) if how == "set_aside" else resume.Plan(None, overwrite=True)
+    resume.apply(chosen, tmp_path, said.append)
+    assert not (tmp_path / "tb").exists()
+    [moved] = list(tmp_path.glob("checkpoints/abandoned-*/tb/logged.json") if how == "set_aside" else
+                   tmp_path.glob("tb-overwritten-*/logged.json"))
+    assert json.loads(moved.read_text())["max_step"] == 20
+    assert any("TensorBoard's curves of the earlier line moved to" in line for line in said), said
