@@ -37,6 +37,7 @@ def step(**fields: object) -> dict[str, object]:
     (step(step=400, eta_s=0.0), "epoch 1 step 400/400 loss 0.1235 | 1,530 samples/s | done"),
     (step(loss=None), "epoch 1 step 120/400 loss nan | 1,530 samples/s | ETA 3m05s"),  # a non-finite loss
     (step(total_steps=0), "epoch 1 step 120 loss 0.1235 | 1,530 samples/s"),  # total unknown: no ETA
+    (step(step=1, samples_per_s=0.0, eta_s=None), "epoch 1 step 1/400 loss 0.1235 | ETA ?"),  # no rate yet
     ({"event": "step", "epoch": 0, "step": 3, "loss": 2.0}, "epoch 0 step 3 loss 2.0000"),  # an older record
 ])
 def test_the_progress_line_of_a_step_record(record: dict[str, object], text: str) -> None:

@@ -24,7 +24,7 @@ from hpc_ddp.run.metrics import read_records
 from hpc_ddp.run.progress import LIVE
 
 LOCAL = ("--nodes", "1", "--tasks-per-node", "2", "--task", "slow_tasks:slow", "--batch-size", "8")
-PLAIN = re.compile(r"^epoch \d+ step \d+/64 loss \d+\.\d{4} \| [\d,]+ samples/s \| (ETA (\d+[smhd])+|ETA \?|done)$")
+PLAIN = re.compile(r"^epoch \d+ step \d+/64 loss \d+\.\d{4}( \| [\d,]+ samples/s)? \| (ETA (\d+[smhd])+|ETA \?|done)$")
 
 
 def run_in_pty(folder: Path, *args: str, timeout: float = 90, module: str = "hpc_ddp.submit") -> tuple[int, str]:

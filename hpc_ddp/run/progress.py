@@ -64,7 +64,7 @@ def line(record: Mapping[str, Any]) -> str:
     loss = record.get("loss")
     parts[0] += " loss " + ("nan" if loss is None else f"{loss:.4f}")
     rate = record.get("samples_per_s")
-    if rate is not None:
+    if rate:  # 0 until a process's second step: its first, the warm-up, is not measured
         parts.append(f"{rate:,.0f} samples/s")
     if total:
         parts.append("done" if step >= total else f"ETA {duration(record.get('eta_s'))}")
