@@ -23,7 +23,7 @@ class RankLog:
     def info(self, message: str) -> None:
         """A line from this rank (prefixed unless rank 0)."""
         for line in message.splitlines() or [""]:
-            self.stream.write(f"{self.prefix}{line}\n")
+            self.stream.write(f"{_erase(self.stream)}{self.prefix}{line}\n")
         self.stream.flush()
 
     def main(self, message: str) -> None:
@@ -33,8 +33,17 @@ class RankLog:
 
     def warn(self, message: str) -> None:
         """A warning from this rank, to stderr."""
-        sys.stderr.write(f"{self.prefix}warning: {message}\n")
+        sys.stderr.write(f"{_erase(sys.stderr)}{self.prefix}warning: {message}\n")
         sys.stderr.flush()
+
+
+def _erase(stream: TextIO) -> str:
+    """On a terminal, a line first erases rank 0's live progress line (hpc_ddp.run.metrics), which the cursor may
+    be at the end of; elsewhere nothing."""
+    try:
+        return "\r\x1b[K" if stream.isatty() else ""
+    except (AttributeError, ValueError):
+        return ""
 
 
 def ranks_text(ranks: Sequence[int], sep: str = ", ") -> str:

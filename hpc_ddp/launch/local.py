@@ -59,7 +59,7 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.shape import JobShape
 from hpc_ddp.proc import run as run_command
 from hpc_ddp.run import attempts as record
-from hpc_ddp.run import exits, retry, watchdog
+from hpc_ddp.run import exits, progress, retry, watchdog
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig
 
@@ -165,6 +165,9 @@ class Console:
     A console that is gone (`| head` exited: BrokenPipeError; a closed terminal: EIO; any OSError) is marked
     gone and nothing more is said there; its file descriptor is pointed at /dev/null, the Python docs'
     recipe for SIGPIPE, so that no later print() and no flush at interpreter exit fails on it either.
+
+    On a terminal it also holds rank 0's live progress line (`live`), at the bottom: only the newest one is
+    kept (no backlog), every other line erases it first, and it is drawn again after them.
     """
 
     def __init__(self, stream: TextIO) -> None:
@@ -177,10 +180,17 @@ class Console:
         self._busy = False  # the writer holds a batch it has not finished writing
         self._progress = time.monotonic()  # last time the console took some output
         self._cond = threading.Condition()
+        self._live = ""  # rank 0's live line ("" : none)
+        self._live_changed = False
+        self._shown = False  # (writer thread) a live line is on the terminal, the cursor at its end
         try:
             self._fd: int | None = stream.fileno()
         except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both; no fd (a StringIO)
             self._fd = None
+        try:
+            self.tty = stream.isatty()
+        except (AttributeError, OSError, ValueError):
+            self.tty = False
         try:
             stream.flush()  # what was printed before us goes first
         except (OSError, ValueError):
@@ -200,11 +210,19 @@ class Console:
             self._queued += len(text) + 1
             self._cond.notify()
 
+    def live(self, text: str) -> None:
+        """Show `text` as the live line ("" erases it); only on a terminal. Never blocks, never raises."""
+        with self._cond:
+            if self.gone or not self.tty or text == self._live:
+                return
+            self._live, self._live_changed = text, True
+            self._cond.notify()
+
     def drain(self, stall_s: float = CONSOLE_STALL_S) -> None:
         """Wait until everything queued was written, the console is gone, or it took nothing for `stall_s`."""
         began = time.monotonic()
         with self._cond:
-            while (self._queue or self._busy) and not self.gone:
+            while (self._queue or self._live_changed or self._busy) and not self.gone:
                 if time.monotonic() - max(self._progress, began) > stall_s:
                     return  # a console nobody reads: the run is over, its lines are in the logs
                 self._cond.wait(timeout=0.1)
@@ -212,17 +230,20 @@ class Console:
     def _write_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self.gone:
+                while not self._queue and not self._live_changed and not self.gone:
                     self._cond.wait()
                 if self.gone:
                     return
                 batch, dropped = "".join(self._queue), self._dropped
+                live, self._live_changed = self._live, False
                 self._queue.clear()
                 self._queued, self._dropped, self._busy = 0, 0, True
             if dropped:
                 batch += (f"[launcher] the console fell behind: {dropped} lines were not shown here (they are all "
                           "in the per-rank logs)\n")
-            ok = self._emit(batch)
+            # The live line stays at the bottom: erased before the lines, drawn again after them.
+            ok = self._emit((progress.LIVE if self._shown else "") + batch + live)
+            self._shown = ok and bool(live)
             with self._cond:
                 self._busy = False
                 if not ok:
@@ -334,6 +355,11 @@ class _Rank:
         try:
             for raw in self.proc.stdout:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
+                if self.rank == 0 and line.startswith(progress.LIVE):
+                    # Rank 0's live progress line (hpc_ddp.run.metrics): in place on the console; the log gets
+                    # rank 0's plain periodic lines instead.
+                    self.console.live(line[len(progress.LIVE):])
+                    continue
                 self.tail.append(line)
                 if log is not None:
                     try:
@@ -348,6 +374,8 @@ class _Rank:
                     self.console.line(shown if shown.startswith(prefix) else prefix + shown)
         finally:
             _close_quietly(log)
+            if self.rank == 0:
+                self.console.live("")  # rank 0 is gone: its live line with it
 
     def _log_lost(self, error: OSError) -> None:
         # Once: a full disk would otherwise repeat this for every line. Training goes on; the log is the only loss.
@@ -721,12 +749,13 @@ def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
     # Every line of the launcher goes through this console: one whose reader is gone (`| head`) must not
     # stop the run, nor stall a rank (Console).
     console = Console(sys.stdout)
+    # Rank 0's stdout is a pipe to this launcher: tell it whether its progress line ends on a terminal.
+    extra = {progress.LIVE_VAR: "1" if console.tty else "0"}
     job_id = fresh_job_id()
     folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_local_run(job_id)
     run_folder.prepare(folder)
     (folder / run_folder.LOGS).mkdir(exist_ok=True)
     cfg = cfg.with_folder(str(folder))
-    extra = {}
     if shape.gpus_per_node > 0:
         have = gpu_count()
         if have < shape.nodes * shape.gpus_per_node:

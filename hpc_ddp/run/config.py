@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpc_ddp.errors import UsageError
+from hpc_ddp.run import tblog
 
 BUILTIN_TASKS = ("linear", "mlp")
 AMP_CHOICES = ("none", "bf16", "fp16")
@@ -76,8 +77,13 @@ class TrainConfig:
         "below --timeout-s (default: auto)")})
     num_workers: int = field(default=-1, metadata={"help": "DataLoader workers per rank (-1: 0 on CPU, 2 "
                                                            "per GPU rank)"})
-    log_every_s: float = field(default=30.0, metadata={"help": "seconds between progress lines when output "
-                                                               "is not a terminal"})
+    log_every_s: float = field(default=30.0, metadata={"help": "seconds between rank 0's progress lines in its "
+                                                               "log and records in metrics.jsonl (on a terminal, "
+                                                               "a live line is also updated in place)"})
+    tensorboard: bool = field(default=False, metadata={"help": "rank 0 writes TensorBoard scalars (loss, learning "
+                                                               "rate, samples/s, step time, per-rank step time, "
+                                                               "checkpoint stall, data wait) to <folder>/tb/ "
+                                                               "(needs: pip install 'hpc-ddp[tensorboard]')"})
     nonfinite_loss: str = field(default="stop", metadata={"help": "when the loss averaged over all ranks is NaN "
                                                                   "or infinite: stop (exit 65; that update is "
                                                                   "not applied and nothing is saved after the "
@@ -125,6 +131,10 @@ class TrainConfig:
         if self.task not in BUILTIN_TASKS and not (module and function):
             raise UsageError(f"--task {self.task!r}: unknown task. Use one of {', '.join(BUILTIN_TASKS)}, or "
                              "module.path:function for your own (e.g. --task mytasks:build)")
+        if self.tensorboard:  # every entry point, before torch: a missing package is a usage error at once
+            why = tblog.missing()
+            if why:
+                raise UsageError(why)
         if self.overwrite and self.resume != "never":
             raise UsageError("--overwrite only applies with --resume never (it deletes the folder's checkpoints)")
 

@@ -4,6 +4,7 @@ files in it are written (atomically), and the preemption record the launchers re
     <folder>/checkpoints/     ckpt-<step>.pt and `latest` (hpc_ddp.run.checkpoint)
     <folder>/model.pth        the final weights
     <folder>/metrics.jsonl    rank 0's progress records (hpc_ddp.run.metrics)
+    <folder>/tb/              --tensorboard: rank 0's event files and logged.json (hpc_ddp.run.tblog)
     <folder>/run.json         what ran, with which settings and versions (hpc_ddp.run.record)
     <folder>/logs/            per-rank output of a local run (hpc_ddp.launch.local)
     <folder>/preempted.json   after a preemption, the decision all ranks agreed on
@@ -34,6 +35,7 @@ from hpc_ddp.errors import UsageError
 CHECKPOINTS = "checkpoints"
 MODEL = "model.pth"
 METRICS = "metrics.jsonl"
+TENSORBOARD = "tb"  # --tensorboard: rank 0's event files (hpc_ddp.run.tblog)
 RUN_RECORD = "run.json"
 LOGS = "logs"
 PREEMPTED = "preempted.json"

@@ -1,47 +1,94 @@
-"""Rank 0's view of progress: periodic lines (or a live bar on a terminal) and `metrics.jsonl`.
+"""Rank 0's view of progress: a live line on a terminal, periodic lines in a log, and `metrics.jsonl`.
 
-Each line of `<folder>/metrics.jsonl` is one JSON object with an `event` of "step" (every progress interval),
-"epoch", "straggler" (a rank named slower than the others: rank, host, phase, how many times slower),
-"nonfinite" (a run stopped or a step skipped by a loss that is not finite) or "end". The "end" record's
-`samples_per_s` is measured from the end of the first optimizer step (which pays for DDP's bucket setup and
-allocator warm-up) to the last one, over all ranks' samples. A loss that is not finite is written as null (JSON
-has no NaN).
+Each line of `<folder>/metrics.jsonl` is one JSON object with an `event` and a `time` (wall clock, seconds since
+the epoch). Steps count optimizer steps from 1 over the whole run; `epoch` counts from 0.
+
+- "step" (every --log-every-s): `epoch`, `step`, `loss` (averaged over all ranks), `samples_per_s` (all ranks,
+  since this process's first step), `step_time_s` (this step), `lr` (the first parameter group's),
+  `data_s` (mean seconds per step that rank 0 waited for its data since the last "step" record),
+  `total_steps` (of the whole run: epochs x steps per epoch, or --max-steps), `eta_s` (at the mean time of
+  the recent steps, this process's first step left out; null until there is one).
+- "start" (each start of a process that trains, right before its first step): `job`, `restart` (Slurm's
+  restart count, 0 at first), `epoch`, `step` (where it starts), `resumed`, `world_size`, `startup_s`
+  (seconds from rank 0's process creation to now: interpreter, imports, rendezvous, resume).
+- "ranks" (every 5 steps, with 2 ranks or more): `epoch`, `step`, and per rank, by rank, `step_time_s` (its
+  own work per step over the window: data + compute; the wait for the others in the all-reduce is left out,
+  so that a slow rank stands out) and `data_s` (its data wait per step).
+- "save" (each checkpoint rank 0 saves): `epoch`, `step`, `stall_s` (seconds the training loop was blocked by
+  it: the ranks' RNG gather, the copy to CPU, any wait for the previous write; for the `final` save also the
+  wait until it is durable), `write_s` (seconds the background write took until durable; null if it never
+  was), `final`. Written once its write has ended, a few steps later at most.
+- "epoch" (each epoch's end: its mean loss), "straggler" (a rank named slower than the others: rank, host,
+  phase, how many times slower), "nonfinite" (a run stopped or a step skipped by a loss that is not finite),
+  "end" (this process's last step; its `samples_per_s` is measured from the end of the first optimizer step,
+  which pays for DDP's bucket setup and allocator warm-up, to the last one, over all ranks' samples).
+
+A loss that is not finite is written as null (JSON has no NaN).
 
 The file only grows, and a crash can cut its last line. A writer therefore starts on a fresh line (a cut line
 stays cut, and is never glued to the next record), and `read_records` skips lines that are not whole records.
+
+Where the progress line goes: on a terminal it is rewritten in place (at most every LIVE_EVERY_S) and a plain
+line is added every --log-every-s; in a file, only the plain lines. Under the local launcher rank 0's stdout
+is a pipe: the launcher says (`progress.LIVE_VAR`) when its own console is a terminal, and rank 0 then sends
+its live lines marked (`progress.LIVE`) for the launcher to show in place, and its plain lines for the log.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp.run import progress
 from hpc_ddp.run.folder import METRICS
 
 if TYPE_CHECKING:
     from hpc_ddp.dist.env import DistEnv
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.run.position import Position
+    from hpc_ddp.run.tblog import Board
+
+LIVE_EVERY_S = 0.2  # a live line more often than this costs the terminal more than it tells anyone
+
+
+def live_mode(environ: Mapping[str, str] = os.environ) -> str:
+    """'tty' (stdout is a terminal), 'marked' (the local launcher shows it on one) or '' (a log file)."""
+    if sys.stdout.isatty():
+        return "tty"
+    return "marked" if environ.get(progress.LIVE_VAR) == "1" else ""
 
 
 class Recorder:
-    """Collects step timings on every rank; writes and prints on rank 0 only (folder is None elsewhere)."""
+    """Collects step timings on every rank; writes and prints on rank 0 only (folder is None elsewhere).
 
-    def __init__(self, folder: Path | None, cfg: "TrainConfig", env: "DistEnv") -> None:
+    `total_steps` is the run's (see progress.total_steps). With --tensorboard, rank 0's TensorBoard writer
+    (run/tblog.py) is opened by `start`, once the folder is settled, and gets every step's scalars and those of
+    the "ranks" and "save" records; `close` flushes it."""
+
+    def __init__(self, folder: Path | None, cfg: "TrainConfig", env: "DistEnv", total_steps: int = 0) -> None:
+        self.folder = folder
         self.path = folder / METRICS if folder else None
         self.interval = cfg.log_every_s
-        self.tty = sys.stdout.isatty()
+        self.total_steps = total_steps
+        self.tensorboard = cfg.tensorboard
+        self.board: Board | None = None
+        self.live = live_mode() if folder else ""
+        self.tty = self.live == "tty"
         self.started = time.monotonic()
         self.last_step_end = self.started
         self.last_print = self.started
+        self.last_live = self.started - LIVE_EVERY_S
         self.warm_start: float | None = None  # end of this process's first step
         self.warm_samples = 0
         self.steps = 0
         self.step_times: list[float] = []
+        self.data_sum, self.data_steps = 0.0, 0  # rank 0's data wait since the last "step" record
         self._fresh_line = False  # checked once, at the first record: a crash may have cut the last line
 
     def _write(self, record: dict[str, Any]) -> None:
@@ -55,7 +102,16 @@ class Recorder:
                         line = "\n" + line  # the cut line stays as it is, on its own
                 f.write(line.encode())
 
-    def step(self, pos: "Position", loss: float, samples: int) -> None:
+    def _show(self, text: str, live: bool) -> None:
+        """A progress line: live (rewritten in place) or plain (kept: the log's periodic line)."""
+        if live:
+            out = progress.LIVE + text + ("" if self.tty else "\n")  # a whole line for the launcher's reader
+        else:
+            out = (progress.LIVE if self.tty else "") + text + "\n"
+        sys.stdout.write(out)
+        sys.stdout.flush()
+
+    def step(self, pos: "Position", loss: float, samples: int, lr: float = 0.0, data_s: float = 0.0) -> None:
         now = time.monotonic()
         step_time = now - self.last_step_end
         self.last_step_end = now
@@ -67,17 +123,29 @@ class Recorder:
             self.step_times.append(step_time)
         if self.path is None:
             return
-        rate = self.samples_per_s()
-        if self.tty:
-            sys.stdout.write(f"\repoch {pos.epoch} step {pos.step} loss {loss:.4f} {rate:,.0f} samples/s ")
-            sys.stdout.flush()
-        if now - self.last_print >= self.interval:
+        self.data_sum += data_s
+        self.data_steps += 1
+        if self.board is not None:
+            self.board.scalars(pos.step, {"train/loss": loss, "train/lr": lr, "time/step_s": step_time,
+                                          "time/data_s": data_s,
+                                          "train/samples_per_s": samples / step_time if step_time > 0 else None})
+        due = now - self.last_print >= self.interval
+        live = bool(self.live) and (now - self.last_live >= LIVE_EVERY_S or pos.step == self.total_steps)
+        if not (due or live):
+            return
+        recent = self.step_times[-progress.RECENT_STEPS:]
+        record = {"event": "step", "epoch": pos.epoch, "step": pos.step, "loss": loss,
+                  "samples_per_s": self.samples_per_s(), "step_time_s": step_time, "lr": lr,
+                  "data_s": self.data_sum / self.data_steps, "total_steps": self.total_steps,
+                  "eta_s": progress.eta_s(pos.step, self.total_steps, recent)}
+        if live:
+            self.last_live = now
+            self._show(progress.line(record), live=True)
+        if due:
             self.last_print = now
-            if not self.tty:
-                print(f"epoch {pos.epoch} step {pos.step} loss {loss:.4f} {rate:,.0f} samples/s "
-                      f"{step_time * 1000:.1f} ms/step", flush=True)
-            self._write({"event": "step", "epoch": pos.epoch, "step": pos.step, "loss": loss,
-                         "samples_per_s": rate, "step_time_s": step_time})
+            self.data_sum, self.data_steps = 0.0, 0
+            self._show(progress.line(record), live=False)
+            self._write(record)
 
     def samples_per_s(self) -> float:
         if self.warm_start is None or self.last_step_end <= self.warm_start:
@@ -87,10 +155,38 @@ class Recorder:
     def epoch(self, pos: "Position", loss: float) -> None:
         if self.path is None:
             return
-        if self.tty:
-            sys.stdout.write("\r\033[K")
+        self.clear_live()  # the "Epoch N" line takes its place
         self._write({"event": "epoch", "epoch": pos.epoch, "step": pos.step, "loss": loss,
                      "samples_per_s": self.samples_per_s()})
+
+    def start(self, pos: "Position", job: str, restart: int, resumed: bool, world_size: int,
+              startup_s: float) -> None:
+        """This process starts training (rank 0, right before its first step)."""
+        self.last_step_end = time.monotonic()  # the first step's time is that step's, not the resume before it
+        if self.folder is not None and self.tensorboard and self.board is None:
+            from hpc_ddp.run.tblog import Board
+
+            self.board = Board(self.folder)
+        self._write({"event": "start", "job": job, "restart": restart, "epoch": pos.epoch, "step": pos.step,
+                     "resumed": resumed, "world_size": world_size, "startup_s": round(startup_s, 3)})
+
+    def ranks(self, pos: "Position", rows: list[list[float]]) -> None:
+        """Every rank's time split of a straggler window (run/stragglers.py rows: data, compute, comm, steps)."""
+        if self.path is None:
+            return
+        record = {"event": "ranks", "epoch": pos.epoch, "step": pos.step,
+                  "step_time_s": [(d + c) / s if s else 0.0 for d, c, _, s in rows],
+                  "data_s": [d / s if s else 0.0 for d, _, _, s in rows]}
+        self._write(record)
+        if self.board is not None:
+            self.board.scalars(pos.step, {f"rank_step_time/{r}": v for r, v in enumerate(record["step_time_s"])})
+
+    def save(self, epoch: int, step: int, stall_s: float, write_s: float | None, final: bool) -> None:
+        """A checkpoint rank 0 saved (see the module docstring)."""
+        self._write({"event": "save", "epoch": epoch, "step": step, "stall_s": round(stall_s, 6),
+                     "write_s": None if write_s is None else round(write_s, 6), "final": final})
+        if self.board is not None:
+            self.board.scalars(step, {"time/checkpoint_stall_s": stall_s, "time/checkpoint_write_s": write_s})
 
     def straggler(self, pos: "Position", rank: int, host: str, phase: str, slower: float) -> None:
         """A rank named slower than the others (run/stragglers.py): rank 0 records it."""
@@ -100,12 +196,24 @@ class Recorder:
     def nonfinite(self, pos: "Position", step: int, action: str) -> None:
         self._write({"event": "nonfinite", "epoch": pos.epoch, "step": step, "loss": None, "action": action})
 
+    def clear_live(self) -> None:
+        """Erase the live line (the next step draws it again)."""
+        if self.live:
+            self._show("", live=True)
+
     def end(self, pos: "Position") -> None:
+        self.clear_live()
         times = sorted(self.step_times)
         median = times[len(times) // 2] if times else 0.0
         self._write({"event": "end", "epoch": pos.epoch, "step": pos.step, "steps_this_process": self.steps,
                      "samples_per_s": self.samples_per_s(), "median_step_time_s": median,
                      "seconds": round(time.monotonic() - self.started, 3)})
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard writer (every path out of the Trainer). Idempotent."""
+        board, self.board = self.board, None
+        if board is not None:
+            board.close()
 
 
 def _finite_or_none(value: Any) -> Any:

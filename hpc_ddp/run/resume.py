@@ -29,7 +29,7 @@ from typing import Any
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, UsageError
 from hpc_ddp.run import checkpoint
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.folder import MODEL, fsync_dir
+from hpc_ddp.run.folder import MODEL, TENSORBOARD, fsync_dir
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
 MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp")
@@ -143,6 +143,13 @@ def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
         say(f"starting from {start}: {len(moved)} checkpoint(s) of this folder ({', '.join(p.name for p in moved)})"
             f"{' and model.pth' if has_model else ''} belong to another line of training; moved to {aside}, "
             "nothing was deleted")
+    board = folder / TENSORBOARD
+    if (chosen.overwrite or chosen.set_aside) and board.is_dir():
+        # --tensorboard never writes a step twice (run/tblog.py): the curves of the line left behind would
+        # hide the new line's steps up to theirs. They go with its checkpoints.
+        into = aside / TENSORBOARD if chosen.set_aside else _new_folder(folder, "tb-overwritten", create=False)
+        os.replace(board, into)
+        say(f"TensorBoard's curves of the earlier line moved to {into}")
     pointer = directory / checkpoint.LATEST
     if chosen.repoint and chosen.start is not None:
         if pointer.is_dir() or (pointer.exists() and not pointer.is_file()):

@@ -212,6 +212,8 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
             log.main(note)
         if start is not None:
             log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
+        trainer.metrics.start(trainer.pos, env.job_id or "", _restart_count(environ), start is not None,
+                              env.world_size, _since_process_start())
         outcome = trainer.run()
         beacon.set(FINISHING)
         if not outcome.finished:
@@ -232,6 +234,21 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
             log.info(f"Model saved by rank 0 to {model_path}")
         dist.barrier()
         return exitcodes.OK
+
+
+def _restart_count(environ: Mapping[str, str]) -> int:
+    """Which start of the job this is: Slurm's requeue count (the local launcher's restarts), torchrun's."""
+    value = environ.get("SLURM_RESTART_COUNT") or environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    return int(value) if value.isdigit() else 0
+
+
+def _since_process_start() -> float:
+    """Seconds since this process was created (the kernel's clock of it, so the interpreter's start counts)."""
+    import time
+
+    import psutil
+
+    return max(0.0, time.time() - psutil.Process().create_time())
 
 
 def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: RankLog) -> None:

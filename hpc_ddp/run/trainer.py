@@ -25,7 +25,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -42,7 +42,7 @@ from hpc_ddp.dist.env import DistEnv
 from hpc_ddp.errors import NonFinite, SavingFailed, UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import beacon as phase
-from hpc_ddp.run import checkpoint, metrics, preemption, resume, stragglers
+from hpc_ddp.run import checkpoint, metrics, preemption, progress, resume, stragglers
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.folder import MODEL
@@ -100,6 +100,17 @@ def _ordered_mean_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP ch
 CommHook = Callable[[Any, Any], "torch.futures.Future[torch.Tensor]"]
 
 
+@dataclass
+class _PendingSave:
+    """A checkpoint of rank 0's whose "save" record waits for its background write to end."""
+
+    epoch: int
+    step: int
+    stall_s: float  # the training loop was blocked this long by the save
+    timing: dict[str, float] = field(default_factory=dict)  # set by the writer thread: began, write_s
+    final: bool = False
+
+
 class Trainer:
     """Owns the model, optimizer and data of one rank; `run()` trains until done or an agreed stop.
 
@@ -135,6 +146,7 @@ class Trainer:
         if self.batches_per_epoch == 0:  # checked before DDP exists: nothing to release on this error
             raise UsageError(f"each rank gets {len(self.sampler)} samples of the dataset ({env.world_size} ranks), "
                              f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks")
+        self.pending_save: _PendingSave | None = None  # before the writer: close() records what it wrote
         self.writer = checkpoint.AsyncWriter(warn=log.warn)
         self.model = task.model.to(device)
         # gradient_as_bucket_view: gradients live inside DDP's all-reduce buckets, saving a copy per step.
@@ -175,7 +187,10 @@ class Trainer:
         self.save_error: BaseException | None = None  # the writer's error that stopped the run, once raised
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.param_names = [name for name, _ in self.model.named_parameters()]
-        self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env)
+        self.step_data_s = 0.0  # this step's wait for data (rank 0 records it)
+        steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
+        self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env,
+                                        progress.total_steps(cfg.epochs, steps_per_epoch, cfg.max_steps))
         checkpoint.check_savable(self.optimizer.state_dict(), "the optimizer's state_dict()")
 
     def _queue_mark(self, grad: torch.Tensor) -> None:
@@ -199,9 +214,17 @@ class Trainer:
                 except BaseException as e:
                     if e is not self.__dict__.get("save_error"):  # it stopped the run: reported already
                         raise
+                finally:
+                    with contextlib.suppress(OSError):  # a record lost to a full disk must not hide the error
+                        self._record_save()  # its write ended, durable or not
         finally:
             for name in ("ddp", "optimizer", "scaler", "loader", "skip"):
                 self.__dict__.pop(name, None)
+            if "metrics" in self.__dict__:
+                try:
+                    self.metrics.close()  # TensorBoard's events flushed, on every path out
+                except Exception as e:  # the run's outcome stands; the curves lose their last events
+                    self.log.warn(f"TensorBoard's event file could not be flushed and closed: {e}")
 
     def __enter__(self) -> "Trainer":
         return self
@@ -246,7 +269,11 @@ class Trainer:
     def save(self, final: bool = False) -> None:
         """Checkpoint at the current position: rank 0 copies state to CPU now and writes it in the background.
         `final` also waits until the file is durable (retrying a failed write, see checkpoint.AsyncWriter). A
-        position already saved is not written twice."""
+        position already saved is not written twice.
+
+        Rank 0 records each save ("save" in metrics.jsonl) once its write has ended: how long it blocked the
+        loop (for the final one, the wait until durable included) and how long the write took."""
+        began = time.monotonic()
         if self.saved_step != self.pos.step:
             self.beacon.set(phase.CHECKPOINT)
             state = self.state()  # collective: every rank takes part, so every rank decides the same way
@@ -255,12 +282,20 @@ class Trainer:
                 snapshot = checkpoint.to_cpu(state, "the checkpoint state")
                 step, keep, names, commit = self.pos.step, self.cfg.keep, self.param_names, self.commit
 
-                def write() -> tuple[Path, int]:  # on the writer thread: the check costs the training nothing
-                    checkpoint.require_finite(snapshot["model"], names, step)
-                    return commit(self.folder, snapshot, step, keep)
+                timing: dict[str, float] = {}
 
-                self.writer.submit(write)
+                def write() -> tuple[Path, int]:  # on the writer thread: the check costs the training nothing
+                    timing.setdefault("began", time.monotonic())  # a retry counts from the first attempt
+                    checkpoint.require_finite(snapshot["model"], names, step)
+                    done = commit(self.folder, snapshot, step, keep)
+                    timing["write_s"] = time.monotonic() - timing["began"]
+                    return done
+
+                self.writer.submit(write)  # waits for the previous write first
+                self._record_save()  # the previous save: its write has ended
+                self.pending_save = _PendingSave(self.pos.epoch, self.pos.step, time.monotonic() - began, timing)
         if final and self.env.is_main:
+            waited = time.monotonic()
             try:
                 self.writer.wait(retry=True)
             except BaseException as e:
@@ -268,6 +303,18 @@ class Trainer:
                 if isinstance(e, OSError):  # the disk: one line; anything else as it is
                     raise SavingFailed(self._saving_failed_message(e)) from e
                 raise
+            pending = self.pending_save
+            if pending is not None and pending.step == self.pos.step:  # this position's save is the last one
+                pending.stall_s += time.monotonic() - waited
+                pending.final = True
+            self._record_save()
+
+    def _record_save(self) -> None:
+        """Rank 0: write the "save" record of the pending save (its write has ended, or never will)."""
+        pending, self.pending_save = self.pending_save, None
+        if pending is not None:
+            self.metrics.save(pending.epoch, pending.step, pending.stall_s, pending.timing.get("write_s"),
+                              pending.final)
 
     def _saving_failed_message(self, error: BaseException) -> str:
         last = checkpoint.read_latest(self.folder)
@@ -448,7 +495,11 @@ class Trainer:
                 pos.loss_sum, pos.loss_count = pos.loss_sum + agreed.loss_sum, pos.loss_count + agreed.count
             pos.batch, pos.step = pos.batch + size, pos.step + 1
             self.metrics.step(pos, agreed.loss_sum / max(agreed.count, 1.0),
-                              cfg.batch_size * size * self.env.world_size)
+                              cfg.batch_size * size * self.env.world_size,
+                              float(self.optimizer.param_groups[0]["lr"]), self.step_data_s)
+            self.step_data_s = 0.0
+            if self.pending_save is not None and "write_s" in self.pending_save.timing:
+                self._record_save()  # the background write is durable: rank 0 records the save
             if agreed.requeue or agreed.stop:
                 return Outcome(False, agreed.requeue, agreed.stop)
             if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1:
@@ -467,7 +518,9 @@ class Trainer:
                 batch = next(batches)
             except StopIteration:
                 return
-            self.window.data_s += time.monotonic() - start
+            waited = time.monotonic() - start
+            self.window.data_s += waited
+            self.step_data_s += waited
             yield batch
 
     def check_stragglers(self) -> None:
@@ -478,7 +531,9 @@ class Trainer:
         rows = [torch.empty_like(mine) for _ in range(self.env.world_size)]
         dist.all_gather(rows, mine)
         self.window.reset()
-        for slow in self.judge.add([row.tolist() for row in rows]):
+        table = [row.tolist() for row in rows]
+        self.metrics.ranks(self.pos, table)  # rank 0 records every rank's split (the report's heat map)
+        for slow in self.judge.add(table):
             host = self.peers[slow.rank][0]
             self.log.main(stragglers.describe(slow, host, self.pos.step))
             self.metrics.straggler(self.pos, slow.rank, host, slow.phase, slow.slower)
@@ -492,8 +547,8 @@ class Trainer:
             if outcome is not None and not outcome.finished:
                 return outcome
             mean = self.pos.loss_sum / max(self.pos.loss_count, 1.0)
+            self.metrics.epoch(self.pos, mean)  # first: it erases the live progress line
             self.log.main(f"Epoch {self.pos.epoch}, Loss: {mean:.4f}")
-            self.metrics.epoch(self.pos, mean)
             if outcome is not None:  # --max-steps reached inside the epoch
                 return outcome
             self.pos = Position(epoch=self.pos.epoch + 1, step=self.pos.step)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, cast
 
 from hpc_ddp import exitcodes, proc
 from hpc_ddp.errors import UsageError, run_task
@@ -44,7 +44,7 @@ from hpc_ddp.launch.slurm.request import (JobState, SlurmRequest, check_signal_d
                                           parse_sacct, parse_scontrol, parse_time, pending_hint, sbatch_error,
                                           submit_environ)
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import preemption, watchdog
+from hpc_ddp.run import preemption, progress, watchdog
 
 if TYPE_CHECKING:
     from hpc_ddp.launch.shape import JobShape
@@ -255,13 +255,17 @@ class _LogFollower:
 
 def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out: TextIO = sys.stdout,
            state_of: Callable[[str], JobState | None] = job_state) -> int:
-    """--wait: print rank 0's log as it grows until the job ends, then report; returns the exit code."""
+    """--wait: print rank 0's log as it grows until the job ends, then report; returns the exit code. The
+    progress line of the job's metrics.jsonl is shown below it (in place on a terminal), with each start."""
+    metrics = progress.MetricsView(folder / run_folder.METRICS, out)
+    out = cast(TextIO, metrics.stream)  # what else is written erases the live line first
     follower = _LogFollower(log_path(folder, job_id), out)
     last, last_reason = "", ""
     unknown_since = time.monotonic()
     while True:
         state = state_of(job_id)
         follower.poll()
+        metrics.poll()
         if state is None:  # sacct may lag behind a fresh submission for a moment
             if time.monotonic() - unknown_since > 300:
                 out.write(f"[submit] cannot get the state of job {job_id} from sacct or scontrol for 5 minutes; "
@@ -285,6 +289,8 @@ def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out:
             # (they have KillWait seconds): wait until the last process is gone before reporting.
             _wait_while_completing(job_id)
             follower.poll()
+            metrics.poll()
+            metrics.stream.keep()
             out.flush()
             return report(job_id, folder, world_size, state, submitted_at, out)
         time.sleep(POLL_S)
