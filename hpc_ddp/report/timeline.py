@@ -1,0 +1,418 @@
+"""Where a run's allocation went, computed from its records alone (pure: no files, no clock, no plotting).
+
+Every time is in seconds: wall-clock stamps are seconds since the epoch, as the records carry them. An attempt
+is one start of the run's processes, identified by (job, restart). Its allocated time is cut into five parts
+that add up to it exactly:
+
+    startup      process start -> first step (the start record's startup_s)
+    productive   first step -> the last step that was kept, minus the checkpoint stalls in that window
+    stalls       the time saves held the training thread (every save record's stall_s)
+    lost         after the attempt's last kept step -> its last step, minus stalls there: steps that were
+                 trained and then thrown away, because the attempt ended (failure, hang, preemption) after
+                 its last checkpoint and the next attempt replays them from that checkpoint
+    after        the attempt's last step -> its end: final save wait, writing model.pth, hang detection,
+                 exit (for a running attempt: nothing yet)
+
+    allocated = startup + productive + stalls + lost + after = end - process start, summed over attempts
+    goodput   = productive / allocated
+
+The time an attempt's job waited in the queue after the previous attempt (Slurm's accounting when there is
+one, else the gap between the previous attempt's end and this one's process start) is shown beside it but is
+not allocated time. The checkpoint interval that would have maximised goodput given the failures seen is
+Young's (Daly's first order): tau = sqrt(2 x save cost x MTBF), with the save cost the mean stall of a save
+and MTBF = allocated time / failures, all in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+# Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
+# count as failures for the MTBF. A preemption saves at an agreed step and loses nothing, unless it lost steps.
+FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost", "nonfinite"})
+
+
+@dataclass(frozen=True)
+class AttemptLine:
+    """One attempt as attempts.jsonl tells it: its start line and its end line merged (either may be missing)."""
+
+    job: str
+    restart: int
+    start_time: float | None = None
+    nodes: tuple[str, ...] = ()
+    resumed_from: int | None = None
+    end_time: float | None = None
+    outcome: str | None = None
+    step: int | None = None  # the last step it reached
+    checkpoint: int | None = None  # the step of the latest checkpoint when it ended
+    reason: str = ""
+    decision: str = ""
+
+
+@dataclass(frozen=True)
+class Window:
+    """Queue and run times that Slurm's accounting gives for one attempt (seconds since the epoch)."""
+
+    start: float
+    end: float | None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt, its numbers in seconds (times: seconds since the epoch) and steps."""
+
+    job: str
+    restart: int
+    process_start: float
+    first_step: float | None  # None: it never reached a step
+    end: float
+    outcome: str  # attempts.jsonl's outcome, else "completed", "stopped", "running" or "cut" (from metrics)
+    resumed_at: int  # the step it started from
+    last_step: int
+    kept_step: int  # its last step that the run kept (== last_step unless steps were lost)
+    startup_s: float
+    productive_s: float
+    stalls_s: float
+    lost_s: float
+    after_s: float
+    saves: int
+    queue_before_s: float  # waiting in the queue before it, after the previous attempt ended (0 for the first)
+    nodes: tuple[str, ...] = ()
+    reason: str = ""
+    decision: str = ""
+
+    @property
+    def allocated_s(self) -> float:
+        return self.end - self.process_start
+
+    @property
+    def lost_steps(self) -> int:
+        return self.last_step - self.kept_step
+
+    @property
+    def failure(self) -> bool:
+        return self.outcome in FAILURE_OUTCOMES or self.lost_steps > 0
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The run's headline numbers (seconds, steps)."""
+
+    attempts: tuple[Attempt, ...]
+    steps: int  # the highest step reached
+    final_loss: float | None
+    best_loss: float | None
+    best_step: int | None
+    allocated_s: float
+    productive_s: float
+    startup_s: float
+    stalls_s: float
+    lost_s: float
+    after_s: float
+    queue_s: float
+    lost_steps: int
+    failures: int
+    saves: int
+    save_cost_s: float | None  # mean stall of a save
+    save_interval_s: float | None  # mean time between saves within an attempt, as run
+    mtbf_s: float | None  # allocated time / failures; None without a failure
+    best_interval_s: float | None  # Young/Daly: sqrt(2 x save cost x MTBF)
+    step_time_s: float | None  # median step time
+    state: str  # "finished", "running" or "failed" (or "stopped": the last attempt ended and was not completed)
+
+    @property
+    def goodput(self) -> float | None:
+        return self.productive_s / self.allocated_s if self.allocated_s > 0 else None
+
+    @property
+    def best_interval_steps(self) -> int | None:
+        if self.best_interval_s is None or not self.step_time_s:
+            return None
+        return max(1, round(self.best_interval_s / self.step_time_s))
+
+
+# ----- attempts.jsonl -------------------------------------------------------------------------------------
+
+def merge_attempt_lines(lines: Iterable[Mapping[str, Any]]) -> list[AttemptLine]:
+    """attempts.jsonl's start and end lines, merged by (job, restart), in the order each attempt first appears.
+    A line without a job or restart, or with fields of the wrong type, is skipped (a torn or foreign line)."""
+    merged: dict[tuple[str, int], dict[str, Any]] = {}
+    for line in lines:
+        try:
+            key = (str(line["job"]), int(line["restart"]))
+            time = float(line["time"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        entry = merged.setdefault(key, {"job": key[0], "restart": key[1]})
+        if line.get("event") == "start":
+            entry["start_time"] = time
+            entry["nodes"] = tuple(str(n) for n in line.get("nodes") or ())
+            entry["resumed_from"] = _int_or_none(line.get("resumed_from"))
+        elif line.get("event") == "end":
+            entry.update(end_time=time, outcome=str(line.get("outcome") or "") or None,
+                         step=_int_or_none(line.get("step")), checkpoint=_int_or_none(line.get("checkpoint")),
+                         reason=str(line.get("reason") or ""), decision=str(line.get("decision") or ""))
+    return [AttemptLine(**entry) for entry in merged.values()]
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _num(value: Any) -> float | None:
+    """A finite number from a record, else None (missing, null, a string)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+# ----- metrics.jsonl: records cut into attempts -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Segment:
+    """The metrics records of one process start (from its "start" record to the next one)."""
+
+    start: Mapping[str, Any] | None
+    records: tuple[Mapping[str, Any], ...]
+
+    @property
+    def key(self) -> tuple[str, int] | None:
+        if self.start is None:
+            return None
+        try:
+            return str(self.start.get("job")), int(self.start.get("restart") or 0)
+        except (TypeError, ValueError):
+            return None
+
+
+def segments(records: Sequence[Mapping[str, Any]]) -> list[Segment]:
+    """Cut rank 0's records at each "start" record; records before the first start (a folder written before
+    start records existed) form one segment without a start."""
+    found: list[Segment] = []
+    start: Mapping[str, Any] | None = None
+    current: list[Mapping[str, Any]] = []
+    for record in records:
+        if _num(record.get("time")) is None:
+            continue
+        if record.get("event") == "start":
+            if start is not None or current:
+                found.append(Segment(start, tuple(current)))
+            start, current = record, []
+        else:
+            current.append(record)
+    if start is not None or current:
+        found.append(Segment(start, tuple(current)))
+    return found
+
+
+def _steps(segment: Segment) -> list[tuple[float, int]]:
+    """(time, step) of every record of the segment that has both."""
+    points = []
+    for record in segment.records:
+        t, step = _num(record.get("time")), _int_or_none(record.get("step"))
+        if t is not None and step is not None:
+            points.append((t, step))
+    return points
+
+
+def time_at_step(points: Sequence[tuple[float, int]], step: int) -> float:
+    """When `step` was reached, linearly interpolated between the (time, step) points around it; before the
+    first point: the first point's time, after the last: the last's."""
+    ordered = sorted(points, key=lambda p: (p[1], p[0]))
+    if step <= ordered[0][1]:
+        return ordered[0][0]
+    for (t0, s0), (t1, s1) in zip(ordered, ordered[1:]):
+        if s0 <= step <= s1:
+            return t0 if s1 == s0 else t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+    return ordered[-1][0]
+
+
+# ----- the attempts and the summary -----------------------------------------------------------------------
+
+def build_attempts(records: Sequence[Mapping[str, Any]], lines: Sequence[AttemptLine],
+                   slurm: Mapping[tuple[str, int], Window] | None = None) -> list[Attempt]:
+    """Every attempt of the run, oldest first, from metrics records and attempts.jsonl lines (either may be
+    empty) and, where known, Slurm's start and end of each attempt (for the queue waits)."""
+    by_key = {(a.job, a.restart): a for a in lines}
+    drafts: list[tuple[Segment | None, AttemptLine | None]] = []
+    used: set[tuple[str, int]] = set()
+    for seg in segments(records):
+        line = by_key.get(seg.key) if seg.key is not None else None
+        if line is not None and seg.key in used:
+            line = None  # two process starts with one identity: the attempts line describes the first
+        if seg.key is not None and line is not None:
+            used.add(seg.key)
+        drafts.append((seg, line))
+    drafts += [(None, line) for key, line in by_key.items() if key not in used]
+    drafts.sort(key=lambda d: _first_time(*d))
+    nexts = [_resume_step(d[0], d[1]) for d in drafts[1:]] + [None]
+    attempts: list[Attempt] = []
+    for i, ((seg, line), next_resume) in enumerate(zip(drafts, nexts)):
+        attempt = _attempt(seg, line, next_resume, is_last=i == len(drafts) - 1)
+        attempts.append(_with_queue(attempt, attempts[-1] if attempts else None, slurm or {}))
+    return attempts
+
+
+def _first_time(seg: Segment | None, line: AttemptLine | None) -> float:
+    times = [t for t in (_process_start(seg), line.start_time if line else None, line.end_time if line else None)
+             if t is not None]
+    return min(times) if times else 0.0
+
+
+def _process_start(seg: Segment | None) -> float | None:
+    if seg is None:
+        return None
+    if seg.start is not None:
+        t = _num(seg.start.get("time"))
+        return None if t is None else t - (_num(seg.start.get("startup_s")) or 0.0)
+    return _num(seg.records[0].get("time")) if seg.records else None
+
+
+def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
+    if seg is not None and seg.start is not None and _int_or_none(seg.start.get("step")) is not None:
+        return _int_or_none(seg.start.get("step"))
+    return line.resumed_from if line is not None else None
+
+
+def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | None, is_last: bool) -> Attempt:
+    seg = seg or Segment(None, ())
+    points = _steps(seg)
+    start = seg.start or {}
+    first_step = _num(start.get("time")) if seg.start is not None else (points[0][0] if points else None)
+    process_start = _process_start(seg)
+    if process_start is None:
+        process_start = (line.start_time if line and line.start_time is not None else
+                         line.end_time if line and line.end_time is not None else 0.0)
+    resumed_at = _resume_step(seg, line) or 0
+    if first_step is not None:
+        points = [(first_step, resumed_at)] + points
+    ends = [r for r in seg.records if r.get("event") == "end"]
+    last_time = max([t for t, _ in points] + [_num(r.get("time")) or 0.0 for r in seg.records], default=None)
+    end = max([t for t in (last_time, line.end_time if line else None, process_start) if t is not None])
+    last_step = max([s for _, s in points] + [line.step if line and line.step is not None else resumed_at])
+    # The step a later attempt resumed from (or, for the last one, the checkpoint it ended with) is what was
+    # kept; the steps after it were trained for nothing.
+    checkpoint = next_resume if next_resume is not None else (line.checkpoint if line else None)
+    kept_step = last_step if checkpoint is None else max(resumed_at, min(last_step, checkpoint))
+    t_last = _num(ends[-1].get("time")) if ends else (last_time if points else None)
+    stalls = [(_num(r.get("time")) or 0.0, _num(r.get("stall_s")) or 0.0) for r in seg.records
+              if r.get("event") == "save"]
+    if first_step is None or t_last is None:
+        startup, productive, lost = end - process_start, 0.0, 0.0
+        t_last = end
+    else:
+        t_kept = min(t_last, _save_time(seg, kept_step) or time_at_step(points, kept_step))
+        if kept_step == last_step:
+            t_kept = t_last
+        startup = first_step - process_start
+        productive = t_kept - first_step - sum(s for t, s in stalls if t <= t_kept)
+        lost = t_last - t_kept - sum(s for t, s in stalls if t_kept < t <= t_last)
+    after = end - t_last - sum(s for t, s in stalls if t > t_last)
+    # Without attempts.jsonl: an end record means it stopped by itself (finished if nothing came after it,
+    # else stopped and restarted); no end record means it is still running (the last) or was killed ("cut").
+    outcome = (line.outcome if line and line.outcome else
+               ("completed" if is_last else "stopped") if ends else "running" if is_last else "cut")
+    return Attempt(job=line.job if line else str(start.get("job") or "?"),
+                   restart=line.restart if line else _int_or_none(start.get("restart")) or 0,
+                   process_start=process_start, first_step=first_step, end=end, outcome=outcome,
+                   resumed_at=resumed_at, last_step=last_step, kept_step=kept_step, startup_s=startup,
+                   productive_s=productive, stalls_s=sum(s for _, s in stalls), lost_s=lost, after_s=after,
+                   saves=len(stalls), queue_before_s=0.0, nodes=line.nodes if line else (),
+                   reason=line.reason if line else "", decision=line.decision if line else "")
+
+
+def _save_time(seg: Segment, step: int) -> float | None:
+    times = [_num(r.get("time")) for r in seg.records if r.get("event") == "save" and r.get("step") == step]
+    return next((t for t in times if t is not None), None)
+
+
+def _with_queue(attempt: Attempt, previous: Attempt | None, slurm: Mapping[tuple[str, int], Window]) -> Attempt:
+    if previous is None:
+        return attempt
+    mine, theirs = slurm.get((attempt.job, attempt.restart)), slurm.get((previous.job, previous.restart))
+    if mine is not None and theirs is not None and theirs.end is not None:
+        wait = mine.start - theirs.end
+    else:
+        wait = attempt.process_start - previous.end
+    return replace(attempt, queue_before_s=max(0.0, wait))
+
+
+def summarize(records: Sequence[Mapping[str, Any]], lines: Sequence[AttemptLine] = (),
+              slurm: Mapping[tuple[str, int], Window] | None = None) -> Summary:
+    """The run's numbers from its metrics records, its attempts lines and Slurm's windows (all optional)."""
+    attempts = build_attempts(records, lines, slurm)
+    losses = [(int(r["step"]), loss) for r in records if r.get("event") == "step"
+              and _int_or_none(r.get("step")) is not None and (loss := _num(r.get("loss"))) is not None]
+    if not losses:
+        losses = [(int(r["step"]), loss) for r in records if r.get("event") == "epoch"
+                  and _int_or_none(r.get("step")) is not None and (loss := _num(r.get("loss"))) is not None]
+    best = min(losses, key=lambda p: p[1]) if losses else None
+    final = max(enumerate(losses), key=lambda p: (p[1][0], p[0]))[1][1] if losses else None
+    saves = [r for r in records if r.get("event") == "save"]
+    costs = [c for r in saves if not r.get("final") and (c := _num(r.get("stall_s"))) is not None] or \
+        [c for r in saves if (c := _num(r.get("stall_s"))) is not None]
+    save_cost = statistics.fmean(costs) if costs else None
+    allocated = sum(a.allocated_s for a in attempts)
+    failures = sum(a.failure for a in attempts)
+    mtbf = allocated / failures if failures else None
+    step_times = [t for r in records if r.get("event") == "step" and (t := _num(r.get("step_time_s"))) is not None]
+    step_times = step_times or [t for r in records if r.get("event") == "end"
+                                and (t := _num(r.get("median_step_time_s"))) is not None and t > 0]
+    return Summary(
+        attempts=tuple(attempts), steps=max((a.last_step for a in attempts), default=0),
+        final_loss=final, best_loss=best[1] if best else None, best_step=best[0] if best else None,
+        allocated_s=allocated, productive_s=sum(a.productive_s for a in attempts),
+        startup_s=sum(a.startup_s for a in attempts), stalls_s=sum(a.stalls_s for a in attempts),
+        lost_s=sum(a.lost_s for a in attempts), after_s=sum(a.after_s for a in attempts),
+        queue_s=sum(a.queue_before_s for a in attempts), lost_steps=sum(a.lost_steps for a in attempts),
+        failures=failures, saves=len(saves), save_cost_s=save_cost, save_interval_s=_save_interval(records),
+        mtbf_s=mtbf, best_interval_s=young_daly(save_cost, mtbf),
+        step_time_s=statistics.median(step_times) if step_times else None, state=_state(attempts))
+
+
+def young_daly(save_cost_s: float | None, mtbf_s: float | None) -> float | None:
+    """The checkpoint interval (seconds of training between saves) that maximises goodput to first order:
+    sqrt(2 x save cost x MTBF) (Young 1974; Daly 2006). None unless both are known and positive."""
+    if not save_cost_s or not mtbf_s or save_cost_s <= 0 or mtbf_s <= 0:
+        return None
+    return math.sqrt(2.0 * save_cost_s * mtbf_s)
+
+
+def _save_interval(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """Mean seconds between consecutive saves of one process start (a restart's first save is not counted)."""
+    gaps: list[float] = []
+    for seg in segments(records):
+        times = [t for r in seg.records if r.get("event") == "save" and not r.get("final")
+                 and (t := _num(r.get("time"))) is not None]
+        gaps += [b - a for a, b in zip(times, times[1:])]
+    return statistics.fmean(gaps) if gaps else None
+
+
+def _state(attempts: Sequence[Attempt]) -> str:
+    if not attempts:
+        return "empty"
+    last = attempts[-1].outcome
+    if last == "completed":
+        return "finished"
+    if last == "running":
+        return "running"
+    return "failed" if last in FAILURE_OUTCOMES or last == "cut" else "stopped"
+
+
+def heat_map(records: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[list[float]]]:
+    """The "ranks" records as (steps, rows): rows[rank][i] is that rank's step time (s) at steps[i]. A record
+    whose list is shorter than the widest (a world-size change) leaves NaN for the missing ranks."""
+    ranks = [r for r in records if r.get("event") == "ranks" and isinstance(r.get("step_time_s"), list)
+             and _int_or_none(r.get("step")) is not None]
+    width = max((len(r["step_time_s"]) for r in ranks), default=0)
+    steps = [int(r["step"]) for r in ranks]
+    rows = [[(_num(r["step_time_s"][k]) if k < len(r["step_time_s"]) else None) for r in ranks]
+            for k in range(width)]
+    return steps, [[math.nan if v is None else v for v in row] for row in rows]
