@@ -182,6 +182,19 @@ def test_without_attempts_a_restart_that_resumed_earlier_shows_the_lost_steps(tm
     assert s.failures == 1 and s.goodput == pytest.approx(20 / 30)
 
 
+def test_an_old_folder_is_cut_into_attempts_at_its_end_records(tmp_path: Path) -> None:
+    """Before start records: a process's "end" record closes it, and the next one resumes at that step."""
+    def end(t: float, s: int) -> dict[str, Any]:
+        return {"event": "end", "time": t, "epoch": 0, "step": s, "steps_this_process": s,
+                "samples_per_s": 1.0, "median_step_time_s": 1.0, "seconds": 10}
+    metrics = [step(100 + k, k, 1.0) for k in range(1, 11)] + [end(111, 10)] + \
+              [step(130 + k, 10 + k, 0.5) for k in range(1, 6)] + [end(136, 15)]
+    s = summary(write_fixture(tmp_path / "run", metrics, attempts=[]))
+    assert [(a.outcome, a.resumed_at, a.last_step, a.allocated_s, a.after_s) for a in s.attempts] == [
+        ("stopped", 0, 10, 10, 0), ("completed", 10, 15, 5, 0)]
+    assert (s.queue_s, s.lost_steps, s.state, s.final_loss) == (20, 0, "finished", 0.5)
+
+
 def test_heat_map_rows_are_ranks() -> None:
     steps, rows = timeline.heat_map(METRICS)
     assert steps == [10, 30] and len(rows) == 4 and rows[2] == [0.1, 0.4]

@@ -181,6 +181,7 @@ class Segment:
 
     start: Mapping[str, Any] | None
     records: tuple[Mapping[str, Any], ...]
+    resumed: int | None = None  # without a start record: the step the previous process's end record names
 
     @property
     def key(self) -> tuple[str, int] | None:
@@ -193,22 +194,25 @@ class Segment:
 
 
 def segments(records: Sequence[Mapping[str, Any]]) -> list[Segment]:
-    """Cut rank 0's records at each "start" record; records before the first start (a folder written before
-    start records existed) form one segment without a start."""
+    """Cut rank 0's records into process starts: at each "start" record, and (in a folder written before
+    start records existed) after each "end" record, the next process resuming at the step that end names."""
     found: list[Segment] = []
     start: Mapping[str, Any] | None = None
+    resumed: int | None = None
     current: list[Mapping[str, Any]] = []
     for record in records:
         if _num(record.get("time")) is None:
             continue
-        if record.get("event") == "start":
+        ended = current and current[-1].get("event") == "end"
+        if record.get("event") == "start" or ended:
             if start is not None or current:
-                found.append(Segment(start, tuple(current)))
-            start, current = record, []
+                found.append(Segment(start, tuple(current), resumed))
+            start, current = (record, []) if record.get("event") == "start" else (None, [record])
+            resumed = _int_or_none(found[-1].records[-1].get("step")) if ended and start is None else None
         else:
             current.append(record)
     if start is not None or current:
-        found.append(Segment(start, tuple(current)))
+        found.append(Segment(start, tuple(current), resumed))
     return found
 
 
@@ -278,6 +282,8 @@ def _process_start(seg: Segment | None) -> float | None:
 def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
     if seg is not None and seg.start is not None and _int_or_none(seg.start.get("step")) is not None:
         return _int_or_none(seg.start.get("step"))
+    if seg is not None and seg.resumed is not None:
+        return seg.resumed
     return line.resumed_from if line is not None else None
 
 
