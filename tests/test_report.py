@@ -18,7 +18,6 @@ The fixture (written by `write_fixture`): job 77, three attempts, one step per s
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import re
@@ -27,10 +26,11 @@ from typing import Any
 
 import pytest
 
-from conftest import run_module
+from conftest import clean_environ, run_module
 from hpc_ddp.report import timeline
 from hpc_ddp.report.sources import parse_sacct, plausible, read_run
 from hpc_ddp.report.timeline import Window
+from report_check import IMAGES, inline_images, not_white
 
 JOB = "77"
 
@@ -41,7 +41,8 @@ def step(t: float, s: int, loss: float, rate: float = 100.0) -> dict[str, Any]:
 
 
 def save(t: float, s: int, stall: float, final: bool = False) -> dict[str, Any]:
-    return {"event": "save", "time": t, "epoch": 0, "step": s, "stall_s": stall, "write_s": stall, "final": final}
+    return {"event": "save", "time": t, "epoch": 0, "step": s, "stall_s": stall, "write_s": stall,
+            "final": final}
 
 
 def start(t: float, restart: int, s: int, startup: float) -> dict[str, Any]:
@@ -75,14 +76,12 @@ def attempt_lines() -> list[dict[str, Any]]:
         return {"event": "end", "job": JOB, "restart": restart, "time": t, "outcome": outcome, "step": s,
                 "checkpoint": ckpt, "rank": 1 if outcome == "failed" else None, "node": None,
                 "reason": f"{outcome} for the test", "signature": "", "decision": decision, "exclude": []}
-    return [
-        {"event": "start", "job": JOB, "restart": 0, "time": 1009, "nodes": ["node1", "node2"], "resumed_from": None},
-        end(1060, 0, "failed", 45, 20, "restart"),
-        {"event": "start", "job": JOB, "restart": 1, "time": 1099, "nodes": ["node1", "node2"], "resumed_from": 20},
-        end(1145, 1, "preempted", 55, 55, "requeue"),
-        {"event": "start", "job": JOB, "restart": 2, "time": 1199, "nodes": ["node1", "node2"], "resumed_from": 55},
-        end(1230, 2, "completed", 80, 80, "done"),
-    ]
+    def begin(t: float, restart: int, resumed_from: int | None) -> dict[str, Any]:
+        return {"event": "start", "job": JOB, "restart": restart, "time": t, "nodes": ["node1", "node2"],
+                "resumed_from": resumed_from}
+    return [begin(1009, 0, None), end(1060, 0, "failed", 45, 20, "restart"),
+            begin(1099, 1, 20), end(1145, 1, "preempted", 55, 55, "requeue"),
+            begin(1199, 2, 55), end(1230, 2, "completed", 80, 80, "done")]
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any]], torn: str = "") -> None:
@@ -126,7 +125,8 @@ def test_the_fixture_numbers_are_exact(tmp_path: Path) -> None:
 
 def test_every_attempts_parts_add_up_to_its_allocation(tmp_path: Path) -> None:
     for a in summary(write_fixture(tmp_path / "run")).attempts:
-        assert a.startup_s + a.productive_s + a.stalls_s + a.lost_s + a.after_s == pytest.approx(a.allocated_s)
+        parts = a.startup_s + a.productive_s + a.stalls_s + a.lost_s + a.after_s
+        assert parts == pytest.approx(a.allocated_s)
 
 
 def test_slurm_accounting_gives_the_queue_wait(tmp_path: Path) -> None:
@@ -205,21 +205,7 @@ def test_young_daly() -> None:
     assert timeline.young_daly(None, 144.0) is None and timeline.young_daly(2.0, None) is None
 
 
-# ----- the command --------------------------------------------------------------------------------------------
-
-def png_pixels_not_blank(png: bytes) -> float:
-    """Share of pixels that are not (near) white."""
-    import io
-
-    import matplotlib.image
-
-    image = matplotlib.image.imread(io.BytesIO(png), format="png")
-    rgb = image[..., :3]
-    return float((rgb.min(axis=2) < 0.9).mean())
-
-
-def inline_images(html: str) -> list[bytes]:
-    return [base64.b64decode(m) for m in re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)]
+# ----- the command ----------------------------------------------------------------------------------------
 
 
 def test_the_command_writes_one_self_contained_page_and_the_pngs(tmp_path: Path) -> None:
@@ -227,16 +213,16 @@ def test_the_command_writes_one_self_contained_page_and_the_pngs(tmp_path: Path)
     folder = write_fixture(tmp_path / "run")
     proc = run_module("hpc_ddp.report", str(folder), "--no-sacct", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == (f"report: {folder / 'report.html'} (finished; 3 attempts, step 80, final loss "
-                                   "0.5, best 0.4, goodput 57.6%, lost 25 steps, best checkpoint interval 24.0 s)")
+    assert proc.stdout.strip() == (f"report: {folder / 'report.html'} (finished; 3 attempts, step 80, "
+                                   "final loss 0.5, best 0.4, goodput 57.6%, lost 25 steps, best checkpoint "
+                                   "interval 24.0 s)")
     page = (folder / "report.html").read_text()
     assert not re.search(r"https?://", page) and "<script" not in page
     images = inline_images(page)
-    names = ["loss.png", "throughput.png", "step-time-heatmap.png", "time-breakdown.png"]
-    assert len(images) == 4
-    for name, png in zip(names, images):
+    assert list(images) == list(IMAGES)
+    for name, png in images.items():
         assert png.startswith(b"\x89PNG") and png == (folder / name).read_bytes()
-        assert png_pixels_not_blank(png) > 0.02, name
+        assert not_white(png) > 0.02, name
     for text in ("57.6%", "25 steps replayed", "sqrt(2", "failed for the test", "node1 node2", "24.0 s"):
         assert text in page
 
@@ -255,7 +241,8 @@ def test_out_elsewhere(tmp_path: Path) -> None:
     (lambda p: p, "is not a run folder: it has no metrics.jsonl"),
     (lambda p: p / "missing", "is not a folder"),
 ])
-def test_a_folder_that_is_no_run_folder_is_one_line_and_exit_2(make: Any, expected: str, tmp_path: Path) -> None:
+def test_a_folder_that_is_no_run_folder_is_one_line_and_exit_2(make: Any, expected: str,
+                                                                tmp_path: Path) -> None:
     proc = run_module("hpc_ddp.report", str(make(tmp_path)), timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and expected in proc.stderr and "Traceback" not in proc.stderr
@@ -265,8 +252,6 @@ def test_without_matplotlib_the_command_says_how_to_install_it(tmp_path: Path) -
     folder = write_fixture(tmp_path / "run")
     (tmp_path / "nompl").mkdir()
     (tmp_path / "nompl" / "matplotlib.py").write_text("raise ImportError('hidden for the test')\n")
-    from conftest import clean_environ
-
     env = clean_environ()
     env["PYTHONPATH"] = f"{tmp_path / 'nompl'}:{env['PYTHONPATH']}"
     proc = run_module("hpc_ddp.report", str(folder), env=env, timeout=60)

@@ -3,10 +3,10 @@
     python -m hpc_ddp.report runs/local-12345                  # writes runs/local-12345/report.html
     python -m hpc_ddp.report /shared/runs/exp1 --out exp1.html  # and the PNGs beside it
 
-It reads the run folder's metrics.jsonl and attempts.jsonl (and Slurm's accounting, when sacct answers, for the
-queue waits between attempts), on a finished, running or failed run, and prints one line: the path, the state,
-the attempts, the steps, the final loss and the goodput. Every plot is inline in the page (it opens from a
-laptop without a server); the same plots are written as PNG files beside it.
+It reads the run folder's metrics.jsonl and attempts.jsonl (and Slurm's accounting, when sacct answers, for
+the queue waits between attempts), on a finished, running or failed run, and prints one line: the path, the
+state, the attempts, the steps, the final loss and the goodput. Every plot is inline in the page (it opens
+from a laptop without a server); the same plots are written as PNG files beside it.
 
 Goodput = productive training time / allocated time (seconds). Allocated: each attempt's process start to its
 end, summed. Productive: its first step to its last kept step, minus checkpoint stalls. Lost: steps trained

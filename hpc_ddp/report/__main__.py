@@ -15,8 +15,8 @@ from hpc_ddp.run.folder import atomic_write_bytes
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(PROG, hpc_ddp.report.__doc__ or "")
     parser.add_argument("folder", help="the run folder (the run's --folder)")
-    parser.add_argument("--out", metavar="PATH", help="where to write the HTML (default: <folder>/report.html); "
-                                                      "the PNGs go beside it")
+    parser.add_argument("--out", metavar="PATH",
+                        help="where to write the HTML (default: <folder>/report.html); the PNGs go beside it")
     parser.add_argument("--no-sacct", action="store_true",
                         help="do not ask Slurm's accounting for queue waits (use the gaps between attempts)")
     ns = parser.parse_args(argv)
@@ -46,9 +46,10 @@ def line(out: Path, s: timeline.Summary) -> str:
     """The one line printed: where the report is and the headline numbers."""
     goodput = "n/a" if s.goodput is None else f"{s.goodput:.1%}"
     best = "n/a (no failure)" if s.best_interval_s is None else page.duration(s.best_interval_s)
-    return (f"report: {out} ({s.state}; {len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}, step {s.steps}, "
-            f"final loss {page.number(s.final_loss)}, best {page.number(s.best_loss)}, goodput {goodput}, "
-            f"lost {s.lost_steps} steps, best checkpoint interval {best})")
+    attempts = f"{len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}"
+    return (f"report: {out} ({s.state}; {attempts}, step {s.steps}, final loss {page.number(s.final_loss)}, "
+            f"best {page.number(s.best_loss)}, goodput {goodput}, lost {s.lost_steps} steps, "
+            f"best checkpoint interval {best})")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The report as one self-contained HTML page: every plot inline as a data: URL, no script, no external link."""
+"""The report as one self-contained HTML page: every plot inline as a data: URL, no script, no link out."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hpc_ddp.report.timeline import Summary
 CAPTIONS = {
     "loss.png": "Loss (mean over ranks) at each recorded step, one line per attempt.",
     "throughput.png": "Samples per second over all ranks, measured from each process's second step.",
-    "step-time-heatmap.png": "Each rank's step time from the \"ranks\" records (every 5 steps): a rank slower "
-                             "than the others shows as a bright row.",
+    "step-time-heatmap.png": "Each rank's step time from the \"ranks\" records (every 5 steps): a rank "
+                             "slower than the others shows as a bright row.",
     "time-breakdown.png": "Where each attempt's allocated time went, and the queue wait before it.",
 }
 
@@ -57,15 +57,16 @@ def number(value: float | None, spec: str = ".4g") -> str:
 
 def headline(s: Summary) -> list[tuple[str, str]]:
     """(name, value) rows of the summary table; the CLI prints some of them on one line."""
-    interval = "n/a (no failure seen)" if s.best_interval_s is None else (
-        duration(s.best_interval_s) + (f" (about {s.best_interval_steps} steps)" if s.best_interval_steps else ""))
+    steps = f" (about {s.best_interval_steps} steps)" if s.best_interval_steps else ""
+    interval = "n/a (no failure seen)" if s.best_interval_s is None else duration(s.best_interval_s) + steps
     return [
         ("state", s.state), ("attempts", str(len(s.attempts))), ("steps reached", str(s.steps)),
         ("final loss", number(s.final_loss)),
         ("best loss", number(s.best_loss) + (f" at step {s.best_step}" if s.best_step is not None else "")),
         ("goodput", "n/a" if s.goodput is None else f"{s.goodput:.1%}"),
         ("allocated", duration(s.allocated_s)), ("productive", duration(s.productive_s)),
-        ("startup", duration(s.startup_s)), ("checkpoint stalls", f"{duration(s.stalls_s)} in {s.saves} saves"),
+        ("startup", duration(s.startup_s)),
+        ("checkpoint stalls", f"{duration(s.stalls_s)} in {s.saves} saves"),
         ("lost work", f"{duration(s.lost_s)} ({s.lost_steps} steps replayed)"),
         ("after the last step", duration(s.after_s)), ("queue wait between attempts", duration(s.queue_s)),
         ("failures", str(s.failures)), ("MTBF", duration(s.mtbf_s)),
@@ -78,13 +79,14 @@ def headline(s: Summary) -> list[tuple[str, str]]:
 
 def _attempts_table(s: Summary) -> str:
     head = ("#", "job", "restart", "nodes", "started", "resumed at", "last step", "lost steps", "outcome",
-            "decision", "reason", "allocated", "startup", "productive", "stalls", "lost", "after", "queue before")
+            "decision", "reason", "allocated", "startup", "productive", "stalls", "lost", "after",
+            "queue before")
     rows = []
     for k, a in enumerate(s.attempts):
-        cells = (str(k + 1), a.job, str(a.restart), " ".join(a.nodes), _clock(a.process_start), str(a.resumed_at),
-                 str(a.last_step), str(a.lost_steps), a.outcome, a.decision, a.reason, duration(a.allocated_s),
-                 duration(a.startup_s), duration(a.productive_s), duration(a.stalls_s), duration(a.lost_s),
-                 duration(a.after_s), duration(a.queue_before_s))
+        cells = (str(k + 1), a.job, str(a.restart), " ".join(a.nodes), _clock(a.process_start),
+                 str(a.resumed_at), str(a.last_step), str(a.lost_steps), a.outcome, a.decision, a.reason,
+                 *(duration(x) for x in (a.allocated_s, a.startup_s, a.productive_s, a.stalls_s, a.lost_s,
+                                         a.after_s, a.queue_before_s)))
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     return ("<table class=attempts><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
             + "".join(rows) + "</table>")

@@ -22,7 +22,8 @@ def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise UsageError(f"matplotlib is not installed; the report draws its plots with it. Fix: {INSTALL}") from None
+        raise UsageError(f"matplotlib is not installed; the report draws its plots with it. Fix: {INSTALL}") \
+            from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
@@ -37,12 +38,18 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _by_attempt(records: Sequence[Mapping[str, Any]], event: str, key: str) -> list[tuple[list[float], list[float], list[float]]]:
-    """(steps, times, values) of `event` records with a finite `key`, one triple per process start."""
+Series = list[tuple[list[float], list[float], list[float]]]
+
+
+def _by_attempt(records: Sequence[Mapping[str, Any]], event: str, key: str, positive: bool = False) -> Series:
+    """(steps, times, values) of `event` records with a finite `key` (> 0 if `positive`), one triple per
+    process start."""
     found = []
     for seg in segments(records):
-        rows = [(r["step"], r["time"], r[key]) for r in seg.records if r.get("event") == event
-                and isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and isinstance(r.get("step"), int)]
+        rows = [(r["step"], r["time"], r[key]) for r in seg.records
+                if r.get("event") == event and isinstance(r.get("step"), int)
+                and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
+                and (r[key] > 0 or not positive)]
         if rows:
             found.append(([s for s, _, _ in rows], [t for _, t, _ in rows], [v for _, _, v in rows]))
     return found
@@ -69,7 +76,7 @@ def loss_png(records: Sequence[Mapping[str, Any]]) -> bytes | None:
 
 
 def throughput_png(records: Sequence[Mapping[str, Any]]) -> bytes | None:
-    runs = _by_attempt(records, "step", "samples_per_s")
+    runs = _by_attempt(records, "step", "samples_per_s", positive=True)  # a process's first step has no rate
     if not runs:
         return None
     t0 = min(run[1][0] for run in runs)
@@ -115,8 +122,8 @@ def breakdown_png(summary: Summary) -> bytes | None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 1.6 + 0.45 * (len(summary.attempts) + 1)), layout="constrained")
     labels = [f"attempt {k + 1}" for k in range(len(summary.attempts))] + ["all"]
-    parts = {name: [getattr(a, f"{name}_s" if name != "queue" else "queue_before_s") for a in summary.attempts]
-             + [getattr(summary, f"{name}_s")] for name, _, _ in PARTS}
+    parts = {name: [getattr(a, "queue_before_s" if name == "queue" else f"{name}_s")
+                    for a in summary.attempts] + [getattr(summary, f"{name}_s")] for name, _, _ in PARTS}
     left = [0.0] * len(labels)
     for name, label, color in PARTS:
         values = [v / 60 for v in parts[name]]

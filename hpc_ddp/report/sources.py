@@ -39,7 +39,8 @@ def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
                          "runs/local-12345)")
     if not any((folder / name).exists() for name in (METRICS, ATTEMPTS, RUN_RECORD, CHECKPOINTS)):
         raise UsageError(f"{folder} is not a run folder: it has no {METRICS}, {ATTEMPTS}, {RUN_RECORD} or "
-                         f"{CHECKPOINTS}/. Fix: give the folder a run wrote (its --folder, e.g. runs/local-12345)")
+                         f"{CHECKPOINTS}/. Fix: give the folder a run wrote (its --folder, e.g. "
+                         "runs/local-12345)")
     records = tuple(read_records(folder / METRICS))
     lines = tuple(merge_attempt_lines(read_records(folder / ATTEMPTS)))
     slurm: Mapping[tuple[str, int], Window] = {}

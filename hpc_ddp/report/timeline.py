@@ -32,13 +32,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 # Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
-# count as failures for the MTBF. A preemption saves at an agreed step and loses nothing, unless it lost steps.
+# count as failures for the MTBF. A preemption saves at an agreed step and loses nothing (unless it lost
+# steps: then it counts too).
 FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost", "nonfinite"})
 
 
 @dataclass(frozen=True)
 class AttemptLine:
-    """One attempt as attempts.jsonl tells it: its start line and its end line merged (either may be missing)."""
+    """One attempt as attempts.jsonl tells it: its start and end lines merged (either may be missing)."""
 
     job: str
     restart: int
@@ -80,7 +81,7 @@ class Attempt:
     lost_s: float
     after_s: float
     saves: int
-    queue_before_s: float  # waiting in the queue before it, after the previous attempt ended (0 for the first)
+    queue_before_s: float  # in the queue before it, after the previous attempt ended (0 for the first)
     nodes: tuple[str, ...] = ()
     reason: str = ""
     decision: str = ""
@@ -122,7 +123,7 @@ class Summary:
     mtbf_s: float | None  # allocated time / failures; None without a failure
     best_interval_s: float | None  # Young/Daly: sqrt(2 x save cost x MTBF)
     step_time_s: float | None  # median step time
-    state: str  # "finished", "running" or "failed" (or "stopped": the last attempt ended and was not completed)
+    state: str  # "finished", "running", "failed" or "stopped" (the last attempt ended, not completed)
 
     @property
     def goodput(self) -> float | None:
@@ -138,7 +139,7 @@ class Summary:
 # ----- attempts.jsonl -------------------------------------------------------------------------------------
 
 def merge_attempt_lines(lines: Iterable[Mapping[str, Any]]) -> list[AttemptLine]:
-    """attempts.jsonl's start and end lines, merged by (job, restart), in the order each attempt first appears.
+    """attempts.jsonl's start and end lines merged by (job, restart), in the order each attempt first appears.
     A line without a job or restart, or with fields of the wrong type, is skipped (a torn or foreign line)."""
     merged: dict[tuple[str, int], dict[str, Any]] = {}
     for line in lines:
@@ -265,8 +266,8 @@ def build_attempts(records: Sequence[Mapping[str, Any]], lines: Sequence[Attempt
 
 
 def _first_time(seg: Segment | None, line: AttemptLine | None) -> float:
-    times = [t for t in (_process_start(seg), line.start_time if line else None, line.end_time if line else None)
-             if t is not None]
+    candidates = (_process_start(seg), line.start_time if line else None, line.end_time if line else None)
+    times = [t for t in candidates if t is not None]
     return min(times) if times else 0.0
 
 
@@ -287,7 +288,8 @@ def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
     return line.resumed_from if line is not None else None
 
 
-def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | None, is_last: bool) -> Attempt:
+def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | None,
+             is_last: bool) -> Attempt:
     seg = seg or Segment(None, ())
     points = _steps(seg)
     start = seg.start or {}
@@ -339,7 +341,8 @@ def _save_time(seg: Segment, step: int) -> float | None:
     return next((t for t in times if t is not None), None)
 
 
-def _with_queue(attempt: Attempt, previous: Attempt | None, slurm: Mapping[tuple[str, int], Window]) -> Attempt:
+def _with_queue(attempt: Attempt, previous: Attempt | None,
+                slurm: Mapping[tuple[str, int], Window]) -> Attempt:
     if previous is None:
         return attempt
     mine, theirs = slurm.get((attempt.job, attempt.restart)), slurm.get((previous.job, previous.restart))
@@ -368,7 +371,8 @@ def summarize(records: Sequence[Mapping[str, Any]], lines: Sequence[AttemptLine]
     allocated = sum(a.allocated_s for a in attempts)
     failures = sum(a.failure for a in attempts)
     mtbf = allocated / failures if failures else None
-    step_times = [t for r in records if r.get("event") == "step" and (t := _num(r.get("step_time_s"))) is not None]
+    step_times = [t for r in records
+                  if r.get("event") == "step" and (t := _num(r.get("step_time_s"))) is not None]
     step_times = step_times or [t for r in records if r.get("event") == "end"
                                 and (t := _num(r.get("median_step_time_s"))) is not None and t > 0]
     return Summary(
