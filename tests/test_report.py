@@ -1,16 +1,17 @@
 """The run report (hpc_ddp.report): every number from a fixture run folder whose answers are known, the page
 it writes, and its usage errors.
 
-The fixture (written by `write_fixture`): job 77, three attempts, one step per second of training.
-  attempt 1: process start 1000, first step 1010 (startup 10 s); saves at step 10 (t 1021, stall 1 s) and
-             step 20 (t 1032, stall 2 s); last record step 40 at 1052; the supervisor ends it at 1060:
+The fixture (written by `write_fixture`): job 77, three attempts, one step per second of training. A save's
+stall comes right after its step; its record is written once the checkpoint is durable, a few seconds later.
+  attempt 1: process start 1000, first step 1010 (startup 10 s); saves at step 10 (at 1020, stall 1 s) and
+             step 20 (at 1030, stall 2 s); last record step 40 at 1052; the supervisor ends it at 1060:
              failed at step 45, checkpoint 20. The next attempt resumes at 20: 25 steps lost, and the time
-             from the step-20 checkpoint (1032) to its last record (1052), 20 s, is lost work.
-  attempt 2: process start 1095 (queue 35 s after 1060), first step 1100 at step 20; save at step 40 (t 1123,
-             stall 3 s); preempted: agreed save at step 55 (t 1141, stall 1 s, final), end record 1142;
-             supervisor end 1145, checkpoint 55: nothing lost.
-  attempt 3: process start 1196 (queue 51 s), first step 1200 at step 55; final save at step 80 (t 1227,
-             stall 2 s), end record 1228, completed at 1230.
+             from the step-20 checkpoint (1030 + its 2 s stall) to its last record (1052), 20 s, is lost work.
+  attempt 2: process start 1095 (queue 35 s after 1060), first step 1100 at step 20; save at step 40 (stall
+             3 s); preempted: agreed save at step 55 (stall 1 s, final), end record 1142; supervisor end 1145,
+             checkpoint 55: nothing lost.
+  attempt 3: process start 1196 (queue 51 s), first step 1200 at step 55; final save at step 80 (stall 2 s),
+             end record 1228, completed at 1230.
   allocated 60 + 50 + 34 = 144 s; productive (1032-1010-3) + (1142-1100-4) + (1228-1200-2) = 19+38+26 = 83 s;
   goodput 83/144; one failure: MTBF 144 s; save cost mean(1, 2, 3) = 2 s (final saves not counted):
   best interval sqrt(2 x 2 x 144) = 24 s.
@@ -27,7 +28,7 @@ from typing import Any
 import pytest
 
 from conftest import clean_environ, run_module
-from hpc_ddp.report import timeline
+from hpc_ddp.report import records, timeline
 from hpc_ddp.report.sources import parse_sacct, plausible, read_run
 from hpc_ddp.report.timeline import Window
 from report_check import IMAGES, inline_images, not_white
@@ -58,9 +59,9 @@ def ranks(t: float, s: int, slow: int | None = None) -> dict[str, Any]:
 
 
 METRICS = [
-    start(1010, 0, 0, 10), step(1020, 10, 2.0), ranks(1020, 10), save(1021, 10, 1.0), step(1030, 20, 1.5),
-    save(1032, 20, 2.0), step(1042, 30, 1.2), ranks(1042, 30, slow=2), step(1052, 40, 1.1),
-    start(1100, 1, 20, 5), step(1110, 30, 1.3), step(1120, 40, 1.0), save(1123, 40, 3.0), step(1133, 50, 0.8),
+    start(1010, 0, 0, 10), step(1020, 10, 2.0), ranks(1020, 10), save(1023, 10, 1.0), step(1030, 20, 1.5),
+    save(1035, 20, 2.0), step(1042, 30, 1.2), ranks(1042, 30, slow=2), step(1052, 40, 1.1),
+    start(1100, 1, 20, 5), step(1110, 30, 1.3), step(1120, 40, 1.0), save(1126, 40, 3.0), step(1133, 50, 0.8),
     save(1141, 55, 1.0, final=True),
     {"event": "end", "time": 1142, "epoch": 0, "step": 55, "steps_this_process": 35, "samples_per_s": 100.0,
      "median_step_time_s": 1.0, "seconds": 47},
@@ -116,7 +117,7 @@ def test_the_fixture_numbers_are_exact(tmp_path: Path) -> None:
     assert s.goodput == pytest.approx(83 / 144)
     assert (s.steps, s.lost_steps, s.failures, s.saves) == (80, 25, 1, 5)
     assert (s.save_cost_s, s.mtbf_s, s.best_interval_s) == (2.0, 144.0, 24.0)
-    assert s.save_interval_s == 11.0  # attempt 1: saves at 1021 and 1032
+    assert s.save_interval_s == 10.0  # attempt 1: saves at steps 10 and 20, at 1020 and 1030
     assert (s.final_loss, s.best_loss, s.best_step) == (0.5, 0.4, 75)
     assert s.step_time_s == 1.0 and s.best_interval_steps == 24
     assert s.state == "finished"
@@ -196,7 +197,7 @@ def test_an_old_folder_is_cut_into_attempts_at_its_end_records(tmp_path: Path) -
 
 
 def test_heat_map_rows_are_ranks() -> None:
-    steps, rows = timeline.heat_map(METRICS)
+    steps, rows = records.heat_map(METRICS)
     assert steps == [10, 30] and len(rows) == 4 and rows[2] == [0.1, 0.4]
 
 

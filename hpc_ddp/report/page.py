@@ -25,12 +25,15 @@ record time minus its startup_s) to its end (the supervisor's end line in attemp
 record), and is cut into parts that add up to it:</p>
 <ul>
 <li><b>startup</b>: process start to the first optimizer step;</li>
-<li><b>productive</b>: first step to the last step that the run kept, minus the checkpoint stalls there;</li>
-<li><b>checkpoint stalls</b>: the time saves held the training thread (each save's stall_s);</li>
+<li><b>productive</b>: first step to the last step that the run kept (and its save), minus the stalls of
+the saves up to it;</li>
+<li><b>checkpoint stalls</b>: the time saves held the training thread (each save's stall_s; a final save's
+includes the wait until it is durable);</li>
 <li><b>lost work</b>: from the attempt's last kept step (the checkpoint the next attempt resumed from, or the
-one it ended with) to its last step, minus stalls there: steps trained and then thrown away after a failure
-or preemption, which the next attempt replays;</li>
-<li><b>after the last step</b>: final save wait, writing model.pth, hang detection, exit.</li>
+one it ended with) to its last step, minus the stalls there: steps trained and then thrown away after a
+failure or preemption, which the next attempt replays;</li>
+<li><b>after the last step</b>: from the attempt's last step (its end record, else its last record) to its
+end: writing model.pth, teardown, hang detection, exit.</li>
 </ul>
 <p><b>Goodput</b> = productive / allocated, summed over attempts. The <b>queue wait</b> between attempts
 (Slurm's accounting when sacct answers, else the gap from an attempt's end to the next one's process start)

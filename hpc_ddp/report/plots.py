@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.report.timeline import Summary, heat_map, segments
+from hpc_ddp.report.records import heat_map, segments
+from hpc_ddp.report.timeline import Summary
 
 INSTALL = "pip install 'hpc-ddp[report]' (or: pip install matplotlib; env/setup.sh installs it)"
 # One color per part of the time breakdown, in the order the parts are stacked.

@@ -14,7 +14,8 @@ from typing import Any
 
 from hpc_ddp import proc
 from hpc_ddp.errors import UsageError
-from hpc_ddp.report.timeline import AttemptLine, Window, merge_attempt_lines
+from hpc_ddp.report.records import AttemptLine, merge_attempt_lines
+from hpc_ddp.report.timeline import Window
 from hpc_ddp.run.folder import CHECKPOINTS, METRICS, RUN_RECORD
 from hpc_ddp.run.metrics import read_records
 

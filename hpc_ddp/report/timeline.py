@@ -5,13 +5,13 @@ is one start of the run's processes, identified by (job, restart). Its allocated
 that add up to it exactly:
 
     startup      process start -> first step (the start record's startup_s)
-    productive   first step -> the last step that was kept, minus the checkpoint stalls in that window
+    productive   first step -> the last step that was kept (and its save), minus the stalls of saves up to it
     stalls       the time saves held the training thread (every save record's stall_s)
-    lost         after the attempt's last kept step -> its last step, minus stalls there: steps that were
+    lost         the last kept step -> the attempt's last step, minus the stalls of saves in between: steps
                  trained and then thrown away, because the attempt ended (failure, hang, preemption) after
                  its last checkpoint and the next attempt replays them from that checkpoint
-    after        the attempt's last step -> its end: final save wait, writing model.pth, hang detection,
-                 exit (for a running attempt: nothing yet)
+    after        the attempt's last step (its end record, else its last record) -> its end: writing
+                 model.pth, teardown, hang detection, exit (for a running attempt: nothing yet)
 
     allocated = startup + productive + stalls + lost + after = end - process start, summed over attempts
     goodput   = productive / allocated
@@ -27,31 +27,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+from hpc_ddp.report.records import (AttemptLine, Segment, int_or_none, num, progress_points, segments,
+                                    time_at_step)
 
 # Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
 # count as failures for the MTBF. A preemption saves at an agreed step and loses nothing (unless it lost
 # steps: then it counts too).
 FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost", "nonfinite"})
-
-
-@dataclass(frozen=True)
-class AttemptLine:
-    """One attempt as attempts.jsonl tells it: its start and end lines merged (either may be missing)."""
-
-    job: str
-    restart: int
-    start_time: float | None = None
-    nodes: tuple[str, ...] = ()
-    resumed_from: int | None = None
-    end_time: float | None = None
-    outcome: str | None = None
-    step: int | None = None  # the last step it reached
-    checkpoint: int | None = None  # the step of the latest checkpoint when it ended
-    reason: str = ""
-    decision: str = ""
 
 
 @dataclass(frozen=True)
@@ -136,109 +122,6 @@ class Summary:
         return max(1, round(self.best_interval_s / self.step_time_s))
 
 
-# ----- attempts.jsonl -------------------------------------------------------------------------------------
-
-def merge_attempt_lines(lines: Iterable[Mapping[str, Any]]) -> list[AttemptLine]:
-    """attempts.jsonl's start and end lines merged by (job, restart), in the order each attempt first appears.
-    A line without a job or restart, or with fields of the wrong type, is skipped (a torn or foreign line)."""
-    merged: dict[tuple[str, int], dict[str, Any]] = {}
-    for line in lines:
-        try:
-            key = (str(line["job"]), int(line["restart"]))
-            time = float(line["time"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        entry = merged.setdefault(key, {"job": key[0], "restart": key[1]})
-        if line.get("event") == "start":
-            entry["start_time"] = time
-            entry["nodes"] = tuple(str(n) for n in line.get("nodes") or ())
-            entry["resumed_from"] = _int_or_none(line.get("resumed_from"))
-        elif line.get("event") == "end":
-            entry.update(end_time=time, outcome=str(line.get("outcome") or "") or None,
-                         step=_int_or_none(line.get("step")), checkpoint=_int_or_none(line.get("checkpoint")),
-                         reason=str(line.get("reason") or ""), decision=str(line.get("decision") or ""))
-    return [AttemptLine(**entry) for entry in merged.values()]
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _num(value: Any) -> float | None:
-    """A finite number from a record, else None (missing, null, a string)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-# ----- metrics.jsonl: records cut into attempts -----------------------------------------------------------
-
-@dataclass(frozen=True)
-class Segment:
-    """The metrics records of one process start (from its "start" record to the next one)."""
-
-    start: Mapping[str, Any] | None
-    records: tuple[Mapping[str, Any], ...]
-    resumed: int | None = None  # without a start record: the step the previous process's end record names
-
-    @property
-    def key(self) -> tuple[str, int] | None:
-        if self.start is None:
-            return None
-        try:
-            return str(self.start.get("job")), int(self.start.get("restart") or 0)
-        except (TypeError, ValueError):
-            return None
-
-
-def segments(records: Sequence[Mapping[str, Any]]) -> list[Segment]:
-    """Cut rank 0's records into process starts: at each "start" record, and (in a folder written before
-    start records existed) after each "end" record, the next process resuming at the step that end names."""
-    found: list[Segment] = []
-    start: Mapping[str, Any] | None = None
-    resumed: int | None = None
-    current: list[Mapping[str, Any]] = []
-    for record in records:
-        if _num(record.get("time")) is None:
-            continue
-        ended = current and current[-1].get("event") == "end"
-        if record.get("event") == "start" or ended:
-            if start is not None or current:
-                found.append(Segment(start, tuple(current), resumed))
-            start, current = (record, []) if record.get("event") == "start" else (None, [record])
-            resumed = _int_or_none(found[-1].records[-1].get("step")) if ended and start is None else None
-        else:
-            current.append(record)
-    if start is not None or current:
-        found.append(Segment(start, tuple(current), resumed))
-    return found
-
-
-def _steps(segment: Segment) -> list[tuple[float, int]]:
-    """(time, step) of every record of the segment that has both."""
-    points = []
-    for record in segment.records:
-        t, step = _num(record.get("time")), _int_or_none(record.get("step"))
-        if t is not None and step is not None:
-            points.append((t, step))
-    return points
-
-
-def time_at_step(points: Sequence[tuple[float, int]], step: int) -> float:
-    """When `step` was reached, linearly interpolated between the (time, step) points around it; before the
-    first point: the first point's time, after the last: the last's."""
-    ordered = sorted(points, key=lambda p: (p[1], p[0]))
-    if step <= ordered[0][1]:
-        return ordered[0][0]
-    for (t0, s0), (t1, s1) in zip(ordered, ordered[1:]):
-        if s0 <= step <= s1:
-            return t0 if s1 == s0 else t0 + (t1 - t0) * (step - s0) / (s1 - s0)
-    return ordered[-1][0]
-
-
 # ----- the attempts and the summary -----------------------------------------------------------------------
 
 def build_attempts(records: Sequence[Mapping[str, Any]], lines: Sequence[AttemptLine],
@@ -275,14 +158,14 @@ def _process_start(seg: Segment | None) -> float | None:
     if seg is None:
         return None
     if seg.start is not None:
-        t = _num(seg.start.get("time"))
-        return None if t is None else t - (_num(seg.start.get("startup_s")) or 0.0)
-    return _num(seg.records[0].get("time")) if seg.records else None
+        t = num(seg.start.get("time"))
+        return None if t is None else t - (num(seg.start.get("startup_s")) or 0.0)
+    return num(seg.records[0].get("time")) if seg.records else None
 
 
 def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
-    if seg is not None and seg.start is not None and _int_or_none(seg.start.get("step")) is not None:
-        return _int_or_none(seg.start.get("step"))
+    if seg is not None and seg.start is not None and int_or_none(seg.start.get("step")) is not None:
+        return int_or_none(seg.start.get("step"))
     if seg is not None and seg.resumed is not None:
         return seg.resumed
     return line.resumed_from if line is not None else None
@@ -291,9 +174,9 @@ def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
 def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | None,
              is_last: bool) -> Attempt:
     seg = seg or Segment(None, ())
-    points = _steps(seg)
+    points = progress_points(seg)
     start = seg.start or {}
-    first_step = _num(start.get("time")) if seg.start is not None else (points[0][0] if points else None)
+    first_step = num(start.get("time")) if seg.start is not None else (points[0][0] if points else None)
     process_start = _process_start(seg)
     if process_start is None:
         process_start = (line.start_time if line and line.start_time is not None else
@@ -302,43 +185,40 @@ def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | N
     if first_step is not None:
         points = [(first_step, resumed_at)] + points
     ends = [r for r in seg.records if r.get("event") == "end"]
-    last_time = max([t for t, _ in points] + [_num(r.get("time")) or 0.0 for r in seg.records], default=None)
-    end = max([t for t in (last_time, line.end_time if line else None, process_start) if t is not None])
-    last_step = max([s for _, s in points] + [line.step if line and line.step is not None else resumed_at])
+    saves = [(int_or_none(r.get("step")), num(r.get("stall_s")) or 0.0) for r in seg.records
+             if r.get("event") == "save"]
+    last_time = max((t for r in seg.records if (t := num(r.get("time"))) is not None), default=None)
+    end = max(t for t in (last_time, line.end_time if line else None, process_start) if t is not None)
+    last_step = max([s for _, s in points] + [s for s, _ in saves if s is not None]
+                    + [line.step if line and line.step is not None else resumed_at])
     # The step a later attempt resumed from (or, for the last one, the checkpoint it ended with) is what was
     # kept; the steps after it were trained for nothing.
     checkpoint = next_resume if next_resume is not None else (line.checkpoint if line else None)
     kept_step = last_step if checkpoint is None else max(resumed_at, min(last_step, checkpoint))
-    t_last = _num(ends[-1].get("time")) if ends else (last_time if points else None)
-    stalls = [(_num(r.get("time")) or 0.0, _num(r.get("stall_s")) or 0.0) for r in seg.records
-              if r.get("event") == "save"]
-    if first_step is None or t_last is None:
-        startup, productive, lost = end - process_start, 0.0, 0.0
-        t_last = end
+    stalls = sum(stall for _, stall in saves)
+    t_last = num(ends[-1].get("time")) if ends else last_time
+    if first_step is None or t_last is None:  # it never trained: all of it was startup
+        startup, productive, lost, t_last = end - process_start, 0.0, 0.0, end
     else:
-        t_kept = min(t_last, _save_time(seg, kept_step) or time_at_step(points, kept_step))
-        if kept_step == last_step:
-            t_kept = t_last
+        # A save stalls training right after its step (its record comes later, once written): its stall
+        # belongs to the kept part if its step was kept, else to the lost part.
+        kept_stalls = sum(stall for step, stall in saves if step is None or step <= kept_step)
+        its_save = sum(stall for step, stall in saves if step == kept_step)
+        t_kept = t_last if kept_step == last_step else min(t_last, time_at_step(points, kept_step) + its_save)
         startup = first_step - process_start
-        productive = t_kept - first_step - sum(s for t, s in stalls if t <= t_kept)
-        lost = t_last - t_kept - sum(s for t, s in stalls if t_kept < t <= t_last)
-    after = end - t_last - sum(s for t, s in stalls if t > t_last)
+        productive = t_kept - first_step - kept_stalls
+        lost = t_last - t_kept - (stalls - kept_stalls)
     # Without attempts.jsonl: an end record means it stopped by itself (finished if nothing came after it,
     # else stopped and restarted); no end record means it is still running (the last) or was killed ("cut").
     outcome = (line.outcome if line and line.outcome else
                ("completed" if is_last else "stopped") if ends else "running" if is_last else "cut")
     return Attempt(job=line.job if line else str(start.get("job") or "?"),
-                   restart=line.restart if line else _int_or_none(start.get("restart")) or 0,
+                   restart=line.restart if line else int_or_none(start.get("restart")) or 0,
                    process_start=process_start, first_step=first_step, end=end, outcome=outcome,
                    resumed_at=resumed_at, last_step=last_step, kept_step=kept_step, startup_s=startup,
-                   productive_s=productive, stalls_s=sum(s for _, s in stalls), lost_s=lost, after_s=after,
-                   saves=len(stalls), queue_before_s=0.0, nodes=line.nodes if line else (),
+                   productive_s=productive, stalls_s=stalls, lost_s=lost, after_s=end - t_last,
+                   saves=len(saves), queue_before_s=0.0, nodes=line.nodes if line else (),
                    reason=line.reason if line else "", decision=line.decision if line else "")
-
-
-def _save_time(seg: Segment, step: int) -> float | None:
-    times = [_num(r.get("time")) for r in seg.records if r.get("event") == "save" and r.get("step") == step]
-    return next((t for t in times if t is not None), None)
 
 
 def _with_queue(attempt: Attempt, previous: Attempt | None,
@@ -358,23 +238,23 @@ def summarize(records: Sequence[Mapping[str, Any]], lines: Sequence[AttemptLine]
     """The run's numbers from its metrics records, its attempts lines and Slurm's windows (all optional)."""
     attempts = build_attempts(records, lines, slurm)
     losses = [(int(r["step"]), loss) for r in records if r.get("event") == "step"
-              and _int_or_none(r.get("step")) is not None and (loss := _num(r.get("loss"))) is not None]
+              and int_or_none(r.get("step")) is not None and (loss := num(r.get("loss"))) is not None]
     if not losses:
         losses = [(int(r["step"]), loss) for r in records if r.get("event") == "epoch"
-                  and _int_or_none(r.get("step")) is not None and (loss := _num(r.get("loss"))) is not None]
+                  and int_or_none(r.get("step")) is not None and (loss := num(r.get("loss"))) is not None]
     best = min(losses, key=lambda p: p[1]) if losses else None
     final = max(enumerate(losses), key=lambda p: (p[1][0], p[0]))[1][1] if losses else None
     saves = [r for r in records if r.get("event") == "save"]
-    costs = [c for r in saves if not r.get("final") and (c := _num(r.get("stall_s"))) is not None] or \
-        [c for r in saves if (c := _num(r.get("stall_s"))) is not None]
+    costs = [c for r in saves if not r.get("final") and (c := num(r.get("stall_s"))) is not None] or \
+        [c for r in saves if (c := num(r.get("stall_s"))) is not None]
     save_cost = statistics.fmean(costs) if costs else None
     allocated = sum(a.allocated_s for a in attempts)
     failures = sum(a.failure for a in attempts)
     mtbf = allocated / failures if failures else None
     step_times = [t for r in records
-                  if r.get("event") == "step" and (t := _num(r.get("step_time_s"))) is not None]
+                  if r.get("event") == "step" and (t := num(r.get("step_time_s"))) is not None]
     step_times = step_times or [t for r in records if r.get("event") == "end"
-                                and (t := _num(r.get("median_step_time_s"))) is not None and t > 0]
+                                and (t := num(r.get("median_step_time_s"))) is not None and t > 0]
     return Summary(
         attempts=tuple(attempts), steps=max((a.last_step for a in attempts), default=0),
         final_loss=final, best_loss=best[1] if best else None, best_step=best[0] if best else None,
@@ -396,12 +276,16 @@ def young_daly(save_cost_s: float | None, mtbf_s: float | None) -> float | None:
 
 
 def _save_interval(records: Sequence[Mapping[str, Any]]) -> float | None:
-    """Mean seconds between consecutive saves of one process start (a restart's first save is not counted)."""
+    """Mean seconds of training between consecutive saves of one process (the time between their steps; a
+    restart's first save and the final saves are not counted)."""
     gaps: list[float] = []
     for seg in segments(records):
-        times = [t for r in seg.records if r.get("event") == "save" and not r.get("final")
-                 and (t := _num(r.get("time"))) is not None]
-        gaps += [b - a for a, b in zip(times, times[1:])]
+        points = progress_points(seg)
+        steps = [s for r in seg.records if r.get("event") == "save" and not r.get("final")
+                 and (s := int_or_none(r.get("step"))) is not None]
+        if points:
+            times = [time_at_step(points, s) for s in steps]
+            gaps += [b - a for a, b in zip(times, times[1:])]
     return statistics.fmean(gaps) if gaps else None
 
 
@@ -414,15 +298,3 @@ def _state(attempts: Sequence[Attempt]) -> str:
     if last == "running":
         return "running"
     return "failed" if last in FAILURE_OUTCOMES or last == "cut" else "stopped"
-
-
-def heat_map(records: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[list[float]]]:
-    """The "ranks" records as (steps, rows): rows[rank][i] is that rank's step time (s) at steps[i]. A record
-    whose list is shorter than the widest (a world-size change) leaves NaN for the missing ranks."""
-    ranks = [r for r in records if r.get("event") == "ranks" and isinstance(r.get("step_time_s"), list)
-             and _int_or_none(r.get("step")) is not None]
-    width = max((len(r["step_time_s"]) for r in ranks), default=0)
-    steps = [int(r["step"]) for r in ranks]
-    rows = [[(_num(r["step_time_s"][k]) if k < len(r["step_time_s"]) else None) for r in ranks]
-            for k in range(width)]
-    return steps, [[math.nan if v is None else v for v in row] for row in rows]
