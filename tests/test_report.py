@@ -258,3 +258,11 @@ def test_without_matplotlib_the_command_says_how_to_install_it(tmp_path: Path) -
     proc = run_module("hpc_ddp.report", str(folder), env=env, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and "pip install 'hpc-ddp[report]'" in proc.stderr
+
+
+@pytest.mark.parametrize("seconds, text", [(None, "n/a"), (0, "0 s"), (0.0186, "18.6 ms"), (9.04, "9.0 s"),
+                                           (83, "1 min 23 s"), (7322, "2 h 02 min")])
+def test_durations_read_as_a_person_would_say_them(seconds: float | None, text: str) -> None:
+    from hpc_ddp.report.page import duration
+
+    assert duration(seconds) == text

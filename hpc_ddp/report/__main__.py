@@ -48,7 +48,7 @@ def line(out: Path, s: timeline.Summary) -> str:
     best = "n/a (no failure)" if s.best_interval_s is None else page.duration(s.best_interval_s)
     attempts = f"{len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}"
     return (f"report: {out} ({s.state}; {attempts}, step {s.steps}, final loss {page.number(s.final_loss)}, "
-            f"best {page.number(s.best_loss)}, goodput {goodput}, lost {s.lost_steps} steps, "
+            f"best {page.number(s.best_loss)}, goodput {goodput}, lost {page.steps_text(s.lost_steps)}, "
             f"best checkpoint interval {best})")
 
 

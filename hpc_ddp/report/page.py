@@ -14,7 +14,8 @@ CAPTIONS = {
     "throughput.png": "Samples per second over all ranks, measured from each process's second step.",
     "step-time-heatmap.png": "Each rank's step time from the \"ranks\" records (every 5 steps): a rank "
                              "slower than the others shows as a bright row.",
-    "time-breakdown.png": "Where each attempt's allocated time went, and the queue wait before it.",
+    "time-breakdown.png": "Where each attempt's time went, from the queue wait before it (not allocated) to "
+                          "its end; \"all\" sums the attempts.",
 }
 
 DEFINITIONS = """
@@ -47,11 +48,19 @@ mean checkpoint stall (s) and M the mean time between failures = allocated time 
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "n/a"
+    if seconds == 0:
+        return "0 s"
+    if abs(seconds) < 1:
+        return f"{seconds * 1000:.3g} ms"
     if abs(seconds) < 60:
         return f"{seconds:.1f} s"
     if abs(seconds) < 3600:
         return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+def steps_text(n: int) -> str:
+    return f"{n} step{'s' * (n != 1)}"
 
 
 def number(value: float | None, spec: str = ".4g") -> str:
@@ -70,7 +79,7 @@ def headline(s: Summary) -> list[tuple[str, str]]:
         ("allocated", duration(s.allocated_s)), ("productive", duration(s.productive_s)),
         ("startup", duration(s.startup_s)),
         ("checkpoint stalls", f"{duration(s.stalls_s)} in {s.saves} saves"),
-        ("lost work", f"{duration(s.lost_s)} ({s.lost_steps} steps replayed)"),
+        ("lost work", f"{duration(s.lost_s)} ({steps_text(s.lost_steps)} replayed)"),
         ("after the last step", duration(s.after_s)), ("queue wait between attempts", duration(s.queue_s)),
         ("failures", str(s.failures)), ("MTBF", duration(s.mtbf_s)),
         ("checkpoint cost C (mean stall)", duration(s.save_cost_s)),
@@ -101,7 +110,9 @@ def _clock(t: float) -> str:
 
 def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float) -> str:
     """The whole page. `pngs`: file name -> PNG bytes, each shown inline in CAPTIONS order."""
-    table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in headline(s))
+    rows = [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in headline(s)]
+    half = (len(rows) + 1) // 2
+    tables = f"<table>{''.join(rows[:half])}</table><table>{''.join(rows[half:])}</table>"
     figures = []
     for name, caption in CAPTIONS.items():
         if name in pngs:
@@ -117,13 +128,14 @@ body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}
 table {{ border-collapse: collapse; margin: 0.5em 0 1em; }}
 th, td {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; font-size: 14px; }}
 th {{ background: #f3f3f3; }}
-.grid {{ display: flex; flex-wrap: wrap; gap: 12px; }}
-figure {{ margin: 0; }}
-figcaption, .missing {{ font-size: 13px; color: #555; max-width: 576px; }}
+.grid, .summary {{ display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }}
+figure {{ margin: 0; width: calc(50% - 8px); min-width: 420px; max-width: 640px; }}
+figure img {{ width: 100%; }}
+figcaption, .missing {{ font-size: 13px; color: #555; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>Generated {html.escape(_clock(generated))} from metrics.jsonl and attempts.jsonl.</p>
-<table class=summary>{table}</table>
+<div class=summary>{tables}</div>
 <div class=grid>{"".join(figures)}</div>
 <h2>Attempts</h2>
 {_attempts_table(s)}
