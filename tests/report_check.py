@@ -103,7 +103,7 @@ def check_report(folder: Path, shot: Path, *args: str, expect_heatmap: bool | No
     page = out.read_text()
     assert not re.search(r"https?://|<script|<link|@import", page, re.I), "the page must be self-contained"
     run = read_run(folder, use_sacct=False)
-    summary = timeline.summarize(run.records, run.lines, run.slurm)
+    summary = timeline.summarize(run.records, run.lines, run.slurm, run.running)
     if expect_heatmap is None:
         expect_heatmap = any(r.get("event") == "ranks" for r in run.records)
     expected = [n for n in IMAGES if expect_heatmap or n != "step-time-heatmap.png"]

@@ -100,7 +100,7 @@ def write_fixture(folder: Path, metrics: list[dict[str, Any]] | None = None,
 
 def summary(folder: Path) -> timeline.Summary:
     run = read_run(folder, use_sacct=False)
-    return timeline.summarize(run.records, run.lines, run.slurm)
+    return timeline.summarize(run.records, run.lines, run.slurm, run.running)
 
 
 def test_the_fixture_numbers_are_exact(tmp_path: Path) -> None:
@@ -155,10 +155,14 @@ def test_a_running_run_without_attempts_file_or_new_records(tmp_path: Path) -> N
         for key in ("lr", "data_s"):
             del r[key]
     folder = write_fixture(tmp_path / "run", metrics=records, attempts=[])
+    (folder / "run.lock").write_text("{}\n")  # what a run holds while it uses the folder
     s = summary(folder)
     assert len(s.attempts) == 1 and s.state == "running" and s.attempts[0].outcome == "running"
     assert (s.allocated_s, s.productive_s, s.lost_steps, s.steps) == (9, 9, 0, 10)
     assert s.goodput == 1.0 and s.best_interval_s is None and s.final_loss == 0.1
+    # Without the lock, nothing runs there: a last attempt without an end was killed.
+    (folder / "run.lock").unlink()
+    assert summary(folder).state == "failed" and summary(folder).attempts[0].outcome == "cut"
 
 
 def test_a_failed_last_attempt_loses_the_steps_after_its_checkpoint(tmp_path: Path) -> None:
@@ -178,7 +182,9 @@ def test_without_attempts_a_restart_that_resumed_earlier_shows_the_lost_steps(tm
     """Only metrics: the next start's step says which steps the killed attempt lost."""
     metrics = [start(10, 0, 0, 0), step(20, 10, 1.0), save(20, 10, 0.0), step(30, 20, 0.9),
                start(40, 1, 10, 0), step(50, 20, 0.9)]
-    s = summary(write_fixture(tmp_path / "run", metrics, attempts=[]))
+    folder = write_fixture(tmp_path / "run", metrics, attempts=[])
+    (folder / "run.lock").write_text("{}\n")
+    s = summary(folder)
     assert [(a.outcome, a.lost_steps, a.lost_s) for a in s.attempts] == [("cut", 10, 10), ("running", 0, 0)]
     assert s.failures == 1 and s.goodput == pytest.approx(20 / 30)
 

@@ -27,9 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(f"--out {out}: expected a file path in an existing folder. Fix: --out "
                          f"{folder / 'report.html'}, or create {out.parent}")
     plots.pyplot()  # matplotlib missing: one line with the install command
-    drafts = timeline.build_attempts(run.records, run.lines)
+    drafts = timeline.build_attempts(run.records, run.lines, running=run.running)
     slurm = sources.plausible(run.slurm, [(a.job, a.restart, a.process_start) for a in drafts])
-    summary = timeline.summarize(run.records, run.lines, slurm)
+    summary = timeline.summarize(run.records, run.lines, slurm, run.running)
     pngs = plots.draw(run.records, summary)
     title = f"Run {folder.resolve().name}"
     try:

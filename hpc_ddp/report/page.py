@@ -38,8 +38,8 @@ end: writing model.pth, teardown, hang detection, exit.</li>
 </ul>
 <p><b>Goodput</b> = productive / allocated, summed over attempts. The <b>queue wait</b> between attempts
 (Slurm's accounting when sacct answers, else the gap from an attempt's end to the next one's process start)
-is shown but is not allocated time. A <b>failure</b> is an attempt that ended failed, hung, non-finite, with
-its node or its processes lost, or that lost steps. The best checkpoint interval is Young/Daly's first-order
+is shown but is not allocated time. A <b>failure</b> is an attempt that ended failed, hung, or with its node
+or its processes lost, or that lost steps. The best checkpoint interval is Young/Daly's first-order
 optimum <b>&tau; = sqrt(2 &times; C &times; M)</b>, in seconds of training between checkpoints, with C the
 mean checkpoint stall (s) and M the mean time between failures = allocated time / failures (s).</p>
 """

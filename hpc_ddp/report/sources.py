@@ -16,7 +16,7 @@ from hpc_ddp import proc
 from hpc_ddp.errors import UsageError
 from hpc_ddp.report.records import AttemptLine, merge_attempt_lines
 from hpc_ddp.report.timeline import Window
-from hpc_ddp.run.folder import CHECKPOINTS, METRICS, RUN_RECORD
+from hpc_ddp.run.folder import CHECKPOINTS, LOCK_NAME, METRICS, RUN_RECORD
 from hpc_ddp.run.metrics import read_records
 
 ATTEMPTS = "attempts.jsonl"  # written by rank 0 (start) and the supervisor (end); see hpc_ddp.run.attempts
@@ -31,6 +31,7 @@ class RunFiles:
     records: tuple[dict[str, Any], ...]
     lines: tuple[AttemptLine, ...]
     slurm: Mapping[tuple[str, int], Window]
+    running: bool  # a run holds the folder now (its run.lock is there)
 
 
 def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
@@ -49,7 +50,7 @@ def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
         jobs = sorted({a.job for a in lines} | {str(r["job"]) for r in records
                                                  if r.get("event") == "start" and r.get("job")})
         slurm = {key: w for job in jobs for key, w in sacct_windows(job).items()}
-    return RunFiles(folder, records, lines, slurm)
+    return RunFiles(folder, records, lines, slurm, running=(folder / LOCK_NAME).exists())
 
 
 def sacct_windows(job: str) -> dict[tuple[str, int], Window]:

@@ -37,7 +37,7 @@ from hpc_ddp.report.records import (AttemptLine, Segment, int_or_none, num, prog
 # Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
 # count as failures for the MTBF. A preemption saves at an agreed step and loses nothing (unless it lost
 # steps: then it counts too).
-FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost", "nonfinite"})
+FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost"})  # hpc_ddp.run.attempts.FAILURES
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,11 @@ class Summary:
 # ----- the attempts and the summary -----------------------------------------------------------------------
 
 def build_attempts(records: Sequence[Mapping[str, Any]], lines: Sequence[AttemptLine],
-                   slurm: Mapping[tuple[str, int], Window] | None = None) -> list[Attempt]:
+                   slurm: Mapping[tuple[str, int], Window] | None = None,
+                   running: bool = True) -> list[Attempt]:
     """Every attempt of the run, oldest first, from metrics records and attempts.jsonl lines (either may be
-    empty) and, where known, Slurm's start and end of each attempt (for the queue waits)."""
+    empty) and, where known, Slurm's start and end of each attempt (for the queue waits). `running`: a run
+    holds the folder now (its run.lock); if not, a last attempt that never ended was killed."""
     by_key = {(a.job, a.restart): a for a in lines}
     drafts: list[tuple[Segment | None, AttemptLine | None]] = []
     used: set[tuple[str, int]] = set()
@@ -143,7 +145,7 @@ def build_attempts(records: Sequence[Mapping[str, Any]], lines: Sequence[Attempt
     nexts = [_resume_step(d[0], d[1]) for d in drafts[1:]] + [None]
     attempts: list[Attempt] = []
     for i, ((seg, line), next_resume) in enumerate(zip(drafts, nexts)):
-        attempt = _attempt(seg, line, next_resume, is_last=i == len(drafts) - 1)
+        attempt = _attempt(seg, line, next_resume, is_last=i == len(drafts) - 1, running=running)
         attempts.append(_with_queue(attempt, attempts[-1] if attempts else None, slurm or {}))
     return attempts
 
@@ -172,7 +174,7 @@ def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
 
 
 def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | None,
-             is_last: bool) -> Attempt:
+             is_last: bool, running: bool) -> Attempt:
     seg = seg or Segment(None, ())
     points = progress_points(seg)
     start = seg.start or {}
@@ -209,9 +211,11 @@ def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | N
         productive = t_kept - first_step - kept_stalls
         lost = t_last - t_kept - (stalls - kept_stalls)
     # Without attempts.jsonl: an end record means it stopped by itself (finished if nothing came after it,
-    # else stopped and restarted); no end record means it is still running (the last) or was killed ("cut").
+    # else stopped and restarted); no end record means it is still running (the last, while the run holds
+    # its folder) or was killed ("cut").
     outcome = (line.outcome if line and line.outcome else
-               ("completed" if is_last else "stopped") if ends else "running" if is_last else "cut")
+               ("completed" if is_last else "stopped") if ends else
+               "running" if is_last and running else "cut")
     return Attempt(job=line.job if line else str(start.get("job") or "?"),
                    restart=line.restart if line else int_or_none(start.get("restart")) or 0,
                    process_start=process_start, first_step=first_step, end=end, outcome=outcome,
@@ -234,9 +238,9 @@ def _with_queue(attempt: Attempt, previous: Attempt | None,
 
 
 def summarize(records: Sequence[Mapping[str, Any]], lines: Sequence[AttemptLine] = (),
-              slurm: Mapping[tuple[str, int], Window] | None = None) -> Summary:
+              slurm: Mapping[tuple[str, int], Window] | None = None, running: bool = True) -> Summary:
     """The run's numbers from its metrics records, its attempts lines and Slurm's windows (all optional)."""
-    attempts = build_attempts(records, lines, slurm)
+    attempts = build_attempts(records, lines, slurm, running)
     losses = [(int(r["step"]), loss) for r in records if r.get("event") == "step"
               and int_or_none(r.get("step")) is not None and (loss := num(r.get("loss"))) is not None]
     if not losses:
