@@ -57,7 +57,7 @@ class Attempt:
     process_start: float
     first_step: float | None  # None: it never reached a step
     end: float
-    outcome: str  # attempts.jsonl's outcome, else "completed", "stopped", "running" or "cut" (from metrics)
+    outcome: str  # attempts.jsonl's, else from metrics: "completed", "stopped", "ended", "running" or "cut"
     resumed_at: int  # the step it started from
     last_step: int
     kept_step: int  # its last step that the run kept (== last_step unless steps were lost)
@@ -210,11 +210,12 @@ def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | N
         startup = first_step - process_start
         productive = t_kept - first_step - kept_stalls
         lost = t_last - t_kept - (stalls - kept_stalls)
-    # Without attempts.jsonl: an end record means it stopped by itself (finished if nothing came after it,
+    # Without attempts.jsonl: an end record means it stopped by itself (finished if nothing came after it
+    # and the run let go of its folder; "ended" while the run still holds it: finishing, or restarting),
     # else stopped and restarted); no end record means it is still running (the last, while the run holds
     # its folder) or was killed ("cut").
     outcome = (line.outcome if line and line.outcome else
-               ("completed" if is_last else "stopped") if ends else
+               ("stopped" if not is_last else "ended" if running else "completed") if ends else
                "running" if is_last and running else "cut")
     return Attempt(job=line.job if line else str(start.get("job") or "?"),
                    restart=line.restart if line else int_or_none(start.get("restart")) or 0,
@@ -268,7 +269,7 @@ def summarize(records: Sequence[Mapping[str, Any]], lines: Sequence[AttemptLine]
         queue_s=sum(a.queue_before_s for a in attempts), lost_steps=sum(a.lost_steps for a in attempts),
         failures=failures, saves=len(saves), save_cost_s=save_cost, save_interval_s=_save_interval(records),
         mtbf_s=mtbf, best_interval_s=young_daly(save_cost, mtbf),
-        step_time_s=statistics.median(step_times) if step_times else None, state=_state(attempts))
+        step_time_s=statistics.median(step_times) if step_times else None, state=_state(attempts, running))
 
 
 def young_daly(save_cost_s: float | None, mtbf_s: float | None) -> float | None:
@@ -293,7 +294,9 @@ def _save_interval(records: Sequence[Mapping[str, Any]]) -> float | None:
     return statistics.fmean(gaps) if gaps else None
 
 
-def _state(attempts: Sequence[Attempt]) -> str:
+def _state(attempts: Sequence[Attempt], running: bool) -> str:
+    if running:  # a run holds the folder: training, or between two attempts
+        return "running"
     if not attempts:
         return "empty"
     last = attempts[-1].outcome
