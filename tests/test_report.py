@@ -272,3 +272,35 @@ def test_durations_read_as_a_person_would_say_them(seconds: float | None, text: 
     from hpc_ddp.report.page import duration
 
     assert duration(seconds) == text
+
+
+def fake_sacct(bin_dir: Path, rows: list[str], code: int = 0) -> dict[str, str]:
+    """A `sacct` on PATH that prints `rows` (and exits `code`), and the environment that finds it."""
+    bin_dir.mkdir()
+    script = bin_dir / "sacct"
+    script.write_text("#!/bin/sh\n" + "".join(f"echo '{row}'\n" for row in rows) + f"exit {code}\n")
+    script.chmod(0o755)
+    env = clean_environ()
+    env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+    return env
+
+
+def slurm_clock(t: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+@pytest.mark.parametrize("code, queue", [(0, "1 min 16 s"), (1, "1 min 26 s")])
+def test_queue_waits_come_from_sacct_when_it_answers(code: int, queue: str, tmp_path: Path) -> None:
+    """Slurm's own start and end of each run of job 77 give 32 + 44 s; a sacct that fails leaves the gaps
+    between the attempts' records (35 + 51 s)."""
+    pytest.importorskip("matplotlib")
+    rows = [f"77|{slurm_clock(900)}|{slurm_clock(990)}|{slurm_clock(1058)}|REQUEUED",
+            f"77|{slurm_clock(1058)}|{slurm_clock(1090)}|{slurm_clock(1146)}|REQUEUED",
+            f"77|{slurm_clock(1146)}|{slurm_clock(1190)}|Unknown|RUNNING"]
+    env = fake_sacct(tmp_path / "bin", rows, code)
+    folder = write_fixture(tmp_path / "run")
+    proc = run_module("hpc_ddp.report", str(folder), env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"<tr><th>queue wait between attempts</th><td>{queue}</td></tr>" in (folder / "report.html").read_text()

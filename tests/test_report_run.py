@@ -13,7 +13,7 @@ from hpc_ddp.run.metrics import read_records
 from report_check import check_report
 from test_launch_local import finish, read_until, start
 
-pytestmark = [pytest.mark.slow, pytest.mark.deadline(200)]  # 7-8 s and 15-20 s (measured)
+pytestmark = [pytest.mark.slow, pytest.mark.deadline(200)]  # 6-8 s and 13-20 s (measured)
 
 
 def local_run(folder: Path, *args: str) -> None:
