@@ -303,4 +303,5 @@ def test_queue_waits_come_from_sacct_when_it_answers(code: int, queue: str, tmp_
     folder = write_fixture(tmp_path / "run")
     proc = run_module("hpc_ddp.report", str(folder), env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert f"<tr><th>queue wait between attempts</th><td>{queue}</td></tr>" in (folder / "report.html").read_text()
+    page = (folder / "report.html").read_text()
+    assert f"<tr><th>queue wait between attempts</th><td>{queue}</td></tr>" in page

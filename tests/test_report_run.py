@@ -40,8 +40,9 @@ def test_a_preempted_run_reported_while_it_runs_and_after(tmp_path: Path) -> Non
     """SIGUSR2 to the launcher: an agreed save, a restart. Asked meanwhile, the report says "running"; at the
     end, two attempts, no step lost, and the steps and losses of metrics.jsonl."""
     folder = tmp_path / "run"
-    proc = start(folder, "--nodes", "1", "--tasks-per-node", "2", "--task", "slow_tasks:slow", "--epochs", "4",
-                 "--batch-size", "8", "--log-every-s", "0", "--save-every-steps", "10", SLOW_TASK_SLEEP_S="0.03")
+    proc = start(folder, "--nodes", "1", "--tasks-per-node", "2", "--task", "slow_tasks:slow",
+                 "--epochs", "4", "--batch-size", "8", "--log-every-s", "0", "--save-every-steps", "10",
+                 SLOW_TASK_SLEEP_S="0.03")
     read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGUSR2)
     read_until(proc, "restarting all ranks")
