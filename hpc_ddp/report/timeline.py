@@ -202,21 +202,9 @@ def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | N
     if first_step is None or t_last is None:  # it never trained: all of it was startup
         startup, productive, lost, t_last = end - process_start, 0.0, 0.0, end
     else:
-        # A save stalls training right after its step (its record comes later, once written): its stall
-        # belongs to the kept part if its step was kept, else to the lost part.
-        kept_stalls = sum(stall for step, stall in saves if step is None or step <= kept_step)
-        its_save = sum(stall for step, stall in saves if step == kept_step)
-        t_kept = t_last if kept_step == last_step else min(t_last, time_at_step(points, kept_step) + its_save)
         startup = first_step - process_start
-        productive = t_kept - first_step - kept_stalls
-        lost = t_last - t_kept - (stalls - kept_stalls)
-    # Without attempts.jsonl: an end record means it stopped by itself (finished if nothing came after it
-    # and the run let go of its folder; "ended" while the run still holds it: finishing, or restarting),
-    # else stopped and restarted); no end record means it is still running (the last, while the run holds
-    # its folder) or was killed ("cut").
-    outcome = (line.outcome if line and line.outcome else
-               ("stopped" if not is_last else "ended" if running else "completed") if ends else
-               "running" if is_last and running else "cut")
+        productive, lost = _kept_and_lost(points, saves, first_step, t_last, kept_step, last_step)
+    outcome = line.outcome if line and line.outcome else _outcome_from_metrics(bool(ends), is_last, running)
     return Attempt(job=line.job if line else str(start.get("job") or "?"),
                    restart=line.restart if line else int_or_none(start.get("restart")) or 0,
                    process_start=process_start, first_step=first_step, end=end, outcome=outcome,
@@ -224,6 +212,27 @@ def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | N
                    productive_s=productive, stalls_s=stalls, lost_s=lost, after_s=end - t_last,
                    saves=len(saves), queue_before_s=0.0, nodes=line.nodes if line else (),
                    reason=line.reason if line else "", decision=line.decision if line else "")
+
+
+def _kept_and_lost(points: Sequence[tuple[float, int]], saves: Sequence[tuple[int | None, float]],
+                   first_step: float, t_last: float, kept_step: int, last_step: int) -> tuple[float, float]:
+    """(productive, lost) seconds of an attempt that trained from `first_step` to `t_last` and kept the
+    steps up to `kept_step`. A save stalls training right after its step (its record comes later, once
+    written): its stall is taken from the kept part if its step was kept, else from the lost part."""
+    kept_stalls = sum(stall for step, stall in saves if step is None or step <= kept_step)
+    lost_stalls = sum(stall for _, stall in saves) - kept_stalls
+    its_save = sum(stall for step, stall in saves if step == kept_step)
+    t_kept = t_last if kept_step == last_step else min(t_last, time_at_step(points, kept_step) + its_save)
+    return t_kept - first_step - kept_stalls, t_last - t_kept - lost_stalls
+
+
+def _outcome_from_metrics(ended: bool, is_last: bool, running: bool) -> str:
+    """Without attempts.jsonl: an attempt with an end record stopped by itself ("stopped" when another came
+    after it; the last "completed", or "ended" while the run still holds its folder: finishing or about to
+    restart); one without was killed ("cut"), unless it is the last and the run holds its folder."""
+    if ended:
+        return "stopped" if not is_last else "ended" if running else "completed"
+    return "running" if is_last and running else "cut"
 
 
 def _with_queue(attempt: Attempt, previous: Attempt | None,
