@@ -202,6 +202,18 @@ def test_an_old_folder_is_cut_into_attempts_at_its_end_records(tmp_path: Path) -
     assert (s.queue_s, s.lost_steps, s.state, s.final_loss) == (20, 0, "finished", 0.5)
 
 
+def test_records_of_the_wrong_shape_are_skipped_not_fatal(tmp_path: Path) -> None:
+    """Foreign or damaged records (json.loads reads Infinity and NaN, strings where numbers belong) change
+    nothing: the fixture's numbers stay exact."""
+    junk = [{"event": "step", "time": "x", "step": 3}, {"event": "step", "time": 1025, "step": float("inf")},
+            {"event": "ranks", "time": 1026, "step": 12, "step_time_s": "fast"}, {"time": None}, ["a list"]]
+    lines = [{"event": "end", "job": JOB, "restart": "zero", "time": 1}, {"event": "start", "job": JOB,
+             "restart": 5, "time": float("nan")}, {"event": "start"}]
+    folder = write_fixture(tmp_path / "run", METRICS[:3] + junk + METRICS[3:], attempt_lines() + lines)
+    s = summary(folder)
+    assert (s.allocated_s, s.productive_s, s.lost_steps, len(s.attempts), s.goodput) == (144, 83, 25, 3, 83 / 144)
+
+
 def test_heat_map_rows_are_ranks() -> None:
     steps, rows = records.heat_map(METRICS)
     assert steps == [10, 30] and len(rows) == 4 and rows[2] == [0.1, 0.4]

@@ -39,13 +39,16 @@ def merge_attempt_lines(lines: Iterable[Mapping[str, Any]]) -> list[AttemptLine]
     for line in lines:
         try:
             key = (str(line["job"]), int(line["restart"]))
-            time = float(line["time"])
-        except (KeyError, TypeError, ValueError):
+            time = num(line["time"])
+        except (KeyError, TypeError, ValueError, OverflowError):
+            continue
+        if time is None:
             continue
         entry = merged.setdefault(key, {"job": key[0], "restart": key[1]})
         if line.get("event") == "start":
             entry["start_time"] = time
-            entry["nodes"] = tuple(str(n) for n in line.get("nodes") or ())
+            nodes = line.get("nodes")
+            entry["nodes"] = tuple(str(n) for n in nodes) if isinstance(nodes, list) else ()
             entry["resumed_from"] = int_or_none(line.get("resumed_from"))
         elif line.get("event") == "end":
             entry.update(end_time=time, outcome=str(line.get("outcome") or "") or None,
@@ -56,8 +59,8 @@ def merge_attempt_lines(lines: Iterable[Mapping[str, Any]]) -> list[AttemptLine]
 
 def int_or_none(value: Any) -> int | None:
     try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
+        return None if value is None or isinstance(value, bool) else int(value)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: json.loads reads "Infinity"
         return None
 
 
