@@ -25,6 +25,7 @@ import pytest
 from conftest import die_with_test, run_module
 from hpc_ddp.report import timeline
 from hpc_ddp.report.sources import read_run
+from hpc_ddp.run.metrics import read_records
 
 CHROMIUM_TIMEOUT_S = 90
 IMAGES = ("loss.png", "throughput.png", "step-time-heatmap.png", "time-breakdown.png")
@@ -119,3 +120,47 @@ def check_report(folder: Path, shot: Path, *args: str, expect_heatmap: bool | No
     # The page's own text, tables and lines are black and gray: colored pixels can only come from the plots.
     assert colorful > 0.005, f"the screenshot shows no plot ({colorful:.2%} of its pixels are colored)"
     return Checked(proc.stdout.strip(), page, shares, colorful, summary)
+
+
+@dataclass(frozen=True)
+class RecordFacts:
+    """What a run's files say, read straight from them (not through the report's code)."""
+
+    steps: int  # the highest step of any metrics record
+    final_loss: float | None  # the loss of the highest step's last "step" record
+    best_loss: float | None
+    starts: int  # "start" records in metrics.jsonl (0 before they existed)
+    attempts: int  # attempts in attempts.jsonl (0 without one)
+    lost_steps: int | None  # attempts.jsonl: sum of step - checkpoint over attempts that did not complete
+
+
+def record_facts(folder: Path) -> RecordFacts:
+    metrics = read_records(folder / "metrics.jsonl")
+    steps = [r for r in metrics if r.get("event") == "step" and isinstance(r.get("loss"), float)]
+    top = max((r["step"] for r in steps), default=None)
+    last = [r for r in steps if r["step"] == top][-1] if steps else None  # a replayed step: its last record
+    lines = read_records(folder / "attempts.jsonl")
+    ends = [r for r in lines if r.get("event") == "end"]
+    lost = sum(max(0, (r.get("step") or 0) - (r.get("checkpoint") or 0)) for r in ends
+               if r.get("outcome") != "completed")
+    return RecordFacts(
+        steps=max((r["step"] for r in metrics if isinstance(r.get("step"), int)), default=0),
+        final_loss=last["loss"] if last else None, best_loss=min((r["loss"] for r in steps), default=None),
+        starts=sum(r.get("event") == "start" for r in metrics),
+        attempts=len({(r.get("job"), r.get("restart")) for r in lines}), lost_steps=lost if ends else None)
+
+
+def assert_report_matches_records(checked: Checked, folder: Path) -> RecordFacts:
+    """The report's steps, losses, attempts and lost steps are the ones the run's files hold."""
+    facts = record_facts(folder)
+    s = checked.summary
+    assert (s.steps, s.final_loss, s.best_loss) == (facts.steps, facts.final_loss, facts.best_loss)
+    if facts.attempts:
+        assert len(s.attempts) == facts.attempts
+    elif facts.starts:
+        assert len(s.attempts) == facts.starts
+    if facts.lost_steps is not None:
+        assert s.lost_steps == facts.lost_steps
+    lost = f"lost {s.lost_steps} step{'s' * (s.lost_steps != 1)}"
+    assert f"step {facts.steps}, " in checked.line and lost in checked.line, checked.line
+    return facts

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_module
 from hpc_ddp.run.metrics import read_records
-from report_check import check_report
+from report_check import assert_report_matches_records, check_report
 from test_launch_local import finish, read_until, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(200)]  # 6-8 s and 13-20 s (measured)
@@ -27,6 +27,7 @@ def test_a_local_run_and_its_report_in_chromium(tmp_path: Path) -> None:
     folder = tmp_path / "run"
     local_run(folder, "--epochs", "4", "--max-steps", "50", "--save-every-steps", "20")
     checked = check_report(folder, tmp_path / "screenshot.png")
+    assert_report_matches_records(checked, folder)
     steps = [r for r in read_records(folder / "metrics.jsonl") if r.get("event") == "step"]
     s = checked.summary
     assert (len(s.attempts), s.steps, s.lost_steps, s.state) == (1, 50, 0, "finished")
@@ -51,6 +52,7 @@ def test_a_preempted_run_reported_while_it_runs_and_after(tmp_path: Path) -> Non
     assert code == 0, out
     assert during.returncode == 0 and "(running; " in during.stdout, during.stdout + during.stderr
     checked = check_report(folder, tmp_path / "screenshot.png")
+    assert_report_matches_records(checked, folder)
     steps = [r for r in read_records(folder / "metrics.jsonl") if r.get("event") == "step"]
     s = checked.summary
     assert (len(s.attempts), s.steps, s.lost_steps, s.state) == (2, 4 * 32, 0, "finished")
