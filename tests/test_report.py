@@ -31,6 +31,7 @@ from conftest import clean_environ, run_module
 from hpc_ddp.report import records, timeline
 from hpc_ddp.report.sources import parse_sacct, plausible, read_run
 from hpc_ddp.report.timeline import Window
+from hpc_ddp.report.records import heat_map as records_heat
 from report_check import IMAGES, inline_images, not_white
 
 JOB = "77"
@@ -219,6 +220,17 @@ def test_heat_map_rows_are_ranks() -> None:
     assert steps == [10, 30] and len(rows) == 4 and rows[2] == [0.1, 0.4]
 
 
+def test_a_long_run_heat_map_keeps_each_windows_slowest() -> None:
+    records = [ranks(k, k) for k in range(1, 2501)] + [{"event": "ranks", "time": 9, "step": 2501,
+                                                       "step_time_s": [0.1, 0.1], "data_s": [0.0, 0.0]}]
+    records[1233]["step_time_s"][3] = 0.9  # one spike in 2501 records
+    steps, rows = records_heat(records, 1000)
+    assert len(steps) == 834 and steps[:3] == [1, 4, 7] and len(rows) == 4
+    assert rows[3][411] == 0.9 and max(rows[3][:411] + rows[3][412:]) == 0.1
+    _, rows = records_heat(records[-2:])
+    assert rows[3][0] == 0.1 and math.isnan(rows[3][1])  # the last record has only 2 ranks
+
+
 def test_young_daly() -> None:
     assert timeline.young_daly(2.0, 144.0) == 24.0
     assert timeline.young_daly(None, 144.0) is None and timeline.young_daly(2.0, None) is None
@@ -242,7 +254,8 @@ def test_the_command_writes_one_self_contained_page_and_the_pngs(tmp_path: Path)
     for name, png in images.items():
         assert png.startswith(b"\x89PNG") and png == (folder / name).read_bytes()
         assert not_white(png) > 0.02, name
-    for text in ("57.6%", "25 steps replayed", "sqrt(2", "failed for the test", "node1 node2", "24.0 s"):
+    for text in ("57.6%", "25 steps replayed", "sqrt(2", "failed for the test", "node1 node2", "24.0 s",
+                 "from metrics.jsonl and attempts.jsonl.</p>", "Goodput 57.6% &middot; finished"):
         assert text in page
 
 
@@ -317,3 +330,4 @@ def test_queue_waits_come_from_sacct_when_it_answers(code: int, queue: str, tmp_
     assert proc.returncode == 0, proc.stderr
     page = (folder / "report.html").read_text()
     assert f"<tr><th>queue wait between attempts</th><td>{queue}</td></tr>" in page
+    assert ("and Slurm&#x27;s accounting (sacct).</p>" in page) == (code == 0)

@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, data in pngs.items():
             atomic_write_bytes(out.with_name(name), data)
-        atomic_write_bytes(out, page.render(title, summary, pngs, time.time()).encode())
+        atomic_write_bytes(out, page.render(title, summary, pngs, time.time(), sources.described(run, slurm))
+                           .encode())
     except OSError as e:
         raise UsageError(f"cannot write {out} ({e.strerror or e}). Fix: --out a path you can write") from None
     print(line(out, summary), flush=True)

@@ -12,8 +12,9 @@ from hpc_ddp.report.timeline import Summary
 CAPTIONS = {
     "loss.png": "Loss (mean over ranks) at each recorded step, one line per attempt.",
     "throughput.png": "Samples per second over all ranks, measured from each process's second step.",
-    "step-time-heatmap.png": "Each rank's step time from the \"ranks\" records (every 5 steps): a rank "
-                             "slower than the others shows as a bright row.",
+    "step-time-heatmap.png": "Each rank's own work per step (data + compute) from the \"ranks\" records, "
+                             "every 5 steps (in a long run, the slowest of each window): a rank slower than "
+                             "the others shows as a bright row.",
     "time-breakdown.png": "Where each attempt's time went, from the queue wait before it (not allocated) to "
                           "its end; \"all\" sums the attempts.",
 }
@@ -108,8 +109,13 @@ def _clock(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
-def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float) -> str:
-    """The whole page. `pngs`: file name -> PNG bytes, each shown inline in CAPTIONS order."""
+def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float, read: str) -> str:
+    """The whole page. `pngs`: file name -> PNG bytes, each shown inline in CAPTIONS order; `read`: what the
+    numbers come from (the files, and sacct when it answered)."""
+    goodput = "n/a" if s.goodput is None else f"{s.goodput:.1%}"
+    attempts = f"{len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}"
+    lead = (f"Goodput {goodput} &middot; {html.escape(s.state)} &middot; {attempts} &middot; step {s.steps} "
+            f"&middot; final loss {html.escape(number(s.final_loss))}")
     rows = [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in headline(s)]
     half = (len(rows) + 1) // 2
     tables = f"<table>{''.join(rows[:half])}</table><table>{''.join(rows[half:])}</table>"
@@ -132,9 +138,11 @@ th {{ background: #f3f3f3; }}
 figure {{ margin: 0; width: calc(50% - 8px); min-width: 420px; max-width: 640px; }}
 figure img {{ width: 100%; }}
 figcaption, .missing {{ font-size: 13px; color: #555; }}
+.lead {{ font-size: 20px; font-weight: bold; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
-<p>Generated {html.escape(_clock(generated))} from metrics.jsonl and attempts.jsonl.</p>
+<p class=lead>{lead}</p>
+<p>Generated {html.escape(_clock(generated))} from {html.escape(read)}.</p>
 <div class=summary>{tables}</div>
 <div class=grid>{"".join(figures)}</div>
 <h2>Attempts</h2>

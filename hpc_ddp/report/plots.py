@@ -11,6 +11,7 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.report.records import heat_map, segments
 from hpc_ddp.report.timeline import Summary
 
+MAX_COLUMNS = 1000  # of the heat map; more "ranks" records are drawn by windows
 INSTALL = "pip install 'hpc-ddp[report]' (or: pip install matplotlib; env/setup.sh installs it)"
 # One color per part of the time breakdown, in the order the parts are stacked.
 PARTS = (("queue", "queue wait before", "#7f7f7f"), ("startup", "startup", "#1f77b4"),
@@ -99,7 +100,7 @@ def throughput_png(records: Sequence[Mapping[str, Any]]) -> bytes | None:
 
 
 def heatmap_png(records: Sequence[Mapping[str, Any]]) -> bytes | None:
-    steps, rows = heat_map(records)
+    steps, rows = heat_map(records, MAX_COLUMNS)
     if not steps:
         return None
     plt = pyplot()

@@ -139,13 +139,21 @@ def time_at_step(points: Sequence[tuple[float, int]], step: int) -> float:
     return ordered[-1][0]
 
 
-def heat_map(records: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[list[float]]]:
+def heat_map(records: Sequence[Mapping[str, Any]],
+             max_columns: int = 0) -> tuple[list[int], list[list[float]]]:
     """The "ranks" records as (steps, rows): rows[rank][i] is that rank's step time (s) at steps[i]. A record
-    whose list is shorter than the widest (a world-size change) leaves NaN for the missing ranks."""
+    whose list is shorter than the widest (a world-size change) leaves NaN for the missing ranks. With more
+    records than `max_columns` (if set), each column is the slowest of a window of them (at its first step),
+    so that a straggler's spike survives."""
     ranks = [r for r in records if r.get("event") == "ranks" and isinstance(r.get("step_time_s"), list)
              and int_or_none(r.get("step")) is not None]
     width = max((len(r["step_time_s"]) for r in ranks), default=0)
     steps = [int(r["step"]) for r in ranks]
     rows = [[(num(r["step_time_s"][k]) if k < len(r["step_time_s"]) else None) for r in ranks]
             for k in range(width)]
+    if max_columns and len(steps) > max_columns:
+        window = -(-len(steps) // max_columns)
+        steps = steps[::window]
+        rows = [[max((v for v in row[i:i + window] if v is not None), default=None)
+                 for i in range(0, len(row), window)] for row in rows]
     return steps, [[math.nan if v is None else v for v in row] for row in rows]

@@ -94,3 +94,11 @@ def plausible(windows: Mapping[tuple[str, int], Window], starts: Sequence[tuple[
         if w is not None and w.start - 60 <= t and (w.end is None or t <= w.end + 60):
             found[(job, restart)] = w
     return found
+
+
+def described(run: RunFiles, slurm: Mapping[tuple[str, int], Window]) -> str:
+    """What the report's numbers come from, for its page: "metrics.jsonl, attempts.jsonl and sacct"."""
+    read = [name for name in (METRICS, ATTEMPTS) if (run.folder / name).is_file()] or ["no records"]
+    if slurm:
+        read.append("Slurm's accounting (sacct)")
+    return ", ".join(read[:-1]) + " and " + read[-1] if len(read) > 1 else read[0]
