@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +333,13 @@ def test_queue_waits_come_from_sacct_when_it_answers(code: int, queue: str, tmp_
     page = (folder / "report.html").read_text()
     assert f"<tr><th>queue wait between attempts</th><td>{queue}</td></tr>" in page
     assert ("and Slurm&#x27;s accounting (sacct).</p>" in page) == (code == 0)
+
+
+def test_help_is_quick_and_options_are_never_abbreviated(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpc_ddp.report", "--help"], cwd=tmp_path,
+                          env=clean_environ(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m hpc_ddp.report")
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()}
+    assert "hpc_ddp" in imported and not imported & {"torch", "matplotlib", "numpy"}
+    proc = run_module("hpc_ddp.report", str(tmp_path), "--no-sac", timeout=60)
+    assert proc.returncode == 2 and "did you mean --no-sacct?" in proc.stderr, proc.stderr
