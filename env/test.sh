@@ -7,6 +7,11 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 bash env/setup.sh --test
+if bash env/chromium.sh; then  # Debian's chromium, for the report's browser test
+  export HPC_DDP_REQUIRE_CHROMIUM=1  # that test fails instead of skipping without it
+elif [ $? != 2 ]; then  # 2: not root, nothing to install with: the test is skipped and says so
+  exit 1
+fi
 if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
   bash env/slurm/cluster.sh start
   export HPC_DDP_REQUIRE_SLURM=1  # a Slurm test that cannot reach the cluster fails instead of skipping

@@ -7,4 +7,5 @@ print("""hpc_ddp entry points:
   python -m hpc_ddp.train ...             one task (under srun, torchrun, or alone)
   python -m hpc_ddp.doctor                pre-flight checks, on every rank
   python -m hpc_ddp.bench                 measured performance
+  python -m hpc_ddp.report FOLDER         a run's report.html: plots, attempts, goodput
 Each takes --help.""")

@@ -21,7 +21,7 @@ LAYERS = ("base", "dist", "run", "launch", "tools", "entry")
 BASE = {"hpc_ddp._version", "hpc_ddp.cli", "hpc_ddp.errors", "hpc_ddp.exitcodes", "hpc_ddp.log", "hpc_ddp.proc"}
 ENTRY = {"hpc_ddp", "hpc_ddp.__main__", "hpc_ddp.train", "hpc_ddp.submit"}
 PACKAGES = {"hpc_ddp.dist": "dist", "hpc_ddp.run": "run", "hpc_ddp.launch": "launch", "hpc_ddp.doctor": "tools",
-            "hpc_ddp.bench": "tools"}
+            "hpc_ddp.bench": "tools", "hpc_ddp.report": "tools"}
 # hpc_ddp.slurm_job only re-exports launch.slurm.submitter.TaskEntry for old pickles: it sits in that layer.
 ALIASES = {"hpc_ddp.slurm_job": "launch"}
 
@@ -40,7 +40,7 @@ def layer_of(module: str) -> str | None:
 
 
 def tool_of(module: str) -> str | None:
-    """'hpc_ddp.doctor' or 'hpc_ddp.bench' for the modules of a tool, else None."""
+    """'hpc_ddp.doctor', 'hpc_ddp.bench' or 'hpc_ddp.report' for the modules of a tool, else None."""
     parts = module.split(".")
     package = ".".join(parts[:2])
     return package if PACKAGES.get(package) == "tools" else None
@@ -91,8 +91,8 @@ def violations(module: str, targets: Iterable[tuple[int, str]], where: str) -> l
             found.append(f"{where}:{line}: {module} ({mine}) imports {target} ({theirs}); {mine} may import "
                          f"only {', '.join(allowed)}")
         elif mine == theirs == "tools" and tool_of(module) != tool_of(target):
-            found.append(f"{where}:{line}: {module} imports {target}; the doctor and the bench do not import "
-                         "each other (what both need belongs in a lower layer)")
+            found.append(f"{where}:{line}: {module} imports {target}; the tools (doctor, bench, report) do not "
+                         "import each other (what two need belongs in a lower layer)")
     return found
 
 
@@ -192,7 +192,8 @@ def check(module: str, source: str, is_package: bool = False) -> list[str]:
     ("hpc_ddp.run.session", "import hpc_ddp.launch.local as l\n", "hpc_ddp.launch.local"),
     ("hpc_ddp.run.session", "from hpc_ddp import Task\n", "hpc_ddp (entry)"),
     ("hpc_ddp.errors", "from hpc_ddp.dist import env\n", "hpc_ddp.dist.env"),
-    ("hpc_ddp.doctor.facts", "from hpc_ddp.bench import runs\n", "the doctor and the bench do not import"),
+    ("hpc_ddp.doctor.facts", "from hpc_ddp.bench import runs\n", "the tools (doctor, bench, report) do not"),
+    ("hpc_ddp.report.plots", "from hpc_ddp.doctor import facts\n", "hpc_ddp.doctor.facts"),
     ("hpc_ddp.bench.runs", "def f():\n    from hpc_ddp.doctor.facts import gather\n", "hpc_ddp.doctor.facts"),
 ])
 def test_the_rule_names_an_upward_or_sideways_import(module: str, source: str, named: str) -> None:

@@ -1,0 +1,152 @@
+"""The report as one self-contained HTML page: every plot inline as a data: URL, no script, no link out."""
+
+from __future__ import annotations
+
+import base64
+import html
+import time
+from collections.abc import Mapping
+
+from hpc_ddp.report.timeline import Summary
+
+CAPTIONS = {
+    "loss.png": "Loss (mean over ranks) at each recorded step, one line per attempt.",
+    "throughput.png": "Samples per second over all ranks, measured from each process's second step.",
+    "step-time-heatmap.png": "Each rank's own work per step (data + compute) from the \"ranks\" records, "
+                             "every 5 steps (in a long run, the slowest of each window): a rank slower than "
+                             "the others shows as a bright row.",
+    "time-breakdown.png": "Where each attempt's time went, from the queue wait before it (not allocated) to "
+                          "its end; \"all\" sums the attempts.",
+}
+
+DEFINITIONS = """
+<h2>Definitions</h2>
+<p>All times are seconds of wall-clock time, from the records' time stamps. An <b>attempt</b> is one start of
+the run's processes (job, restart). Its <b>allocated</b> time runs from its processes' start (rank 0's start
+record time minus its startup_s) to its end (the supervisor's end line in attempts.jsonl, else its last
+record), and is cut into parts that add up to it:</p>
+<ul>
+<li><b>startup</b>: process start to the first optimizer step;</li>
+<li><b>productive</b>: first step to the last step that the run kept (and its save), minus the stalls of
+the saves up to it;</li>
+<li><b>checkpoint stalls</b>: the time saves held the training thread (each save's stall_s; a final save's
+includes the wait until it is durable);</li>
+<li><b>lost work</b>: from the attempt's last kept step (the checkpoint the next attempt resumed from, or the
+one it ended with) to its last step, minus the stalls there: steps trained and then thrown away after a
+failure or preemption, which the next attempt replays;</li>
+<li><b>after the last step</b>: from the attempt's last step (its end record, else its last record) to its
+end: writing model.pth, teardown, hang detection, exit.</li>
+</ul>
+<p><b>Goodput</b> = productive / allocated, summed over attempts. The <b>queue wait</b> between attempts
+(Slurm's accounting when sacct answers, else the gap from an attempt's end to the next one's process start)
+is shown but is not allocated time. A <b>failure</b> is an attempt that ended failed, hung, or with its node
+or its processes lost, or that lost steps. The best checkpoint interval is Young/Daly's first-order
+optimum <b>&tau; = sqrt(2 &times; C &times; M)</b>, in seconds of training between checkpoints, with C the
+mean checkpoint stall (s) and M the mean time between failures = allocated time / failures (s).</p>
+"""
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    if seconds == 0:
+        return "0 s"
+    if abs(seconds) < 1:
+        return f"{seconds * 1000:.3g} ms"
+    if abs(seconds) < 60:
+        return f"{seconds:.1f} s"
+    if abs(seconds) < 3600:
+        return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+def steps_text(n: int) -> str:
+    return f"{n} step{'s' * (n != 1)}"
+
+
+def number(value: float | None, spec: str = ".4g") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def headline(s: Summary) -> list[tuple[str, str]]:
+    """(name, value) rows of the summary table; the CLI prints some of them on one line."""
+    steps = f" (about {s.best_interval_steps} steps)" if s.best_interval_steps else ""
+    interval = "n/a (no failure seen)" if s.best_interval_s is None else duration(s.best_interval_s) + steps
+    return [
+        ("state", s.state), ("attempts", str(len(s.attempts))), ("steps reached", str(s.steps)),
+        ("final loss", number(s.final_loss)),
+        ("best loss", number(s.best_loss) + (f" at step {s.best_step}" if s.best_step is not None else "")),
+        ("goodput", "n/a" if s.goodput is None else f"{s.goodput:.1%}"),
+        ("allocated", duration(s.allocated_s)), ("productive", duration(s.productive_s)),
+        ("startup", duration(s.startup_s)),
+        ("checkpoint stalls", f"{duration(s.stalls_s)} in {s.saves} saves"),
+        ("lost work", f"{duration(s.lost_s)} ({steps_text(s.lost_steps)} replayed)"),
+        ("after the last step", duration(s.after_s)), ("queue wait between attempts", duration(s.queue_s)),
+        ("failures", str(s.failures)), ("MTBF", duration(s.mtbf_s)),
+        ("checkpoint cost C (mean stall)", duration(s.save_cost_s)),
+        ("checkpoint interval as run", duration(s.save_interval_s)),
+        ("best checkpoint interval sqrt(2 C M)", interval),
+        ("median step time", duration(s.step_time_s)),
+    ]
+
+
+def _attempts_table(s: Summary) -> str:
+    head = ("#", "job", "restart", "nodes", "started", "resumed at", "last step", "lost steps", "outcome",
+            "decision", "reason", "allocated", "startup", "productive", "stalls", "lost", "after",
+            "queue before")
+    rows = []
+    for k, a in enumerate(s.attempts):
+        cells = (str(k + 1), a.job, str(a.restart), " ".join(a.nodes), _clock(a.process_start),
+                 str(a.resumed_at), str(a.last_step), str(a.lost_steps), a.outcome, a.decision, a.reason,
+                 *(duration(x) for x in (a.allocated_s, a.startup_s, a.productive_s, a.stalls_s, a.lost_s,
+                                         a.after_s, a.queue_before_s)))
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    return ("<table class=attempts><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+            + "".join(rows) + "</table>")
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float, read: str) -> str:
+    """The whole page. `pngs`: file name -> PNG bytes, each shown inline in CAPTIONS order; `read`: what the
+    numbers come from (the files, and sacct when it answered)."""
+    goodput = "n/a" if s.goodput is None else f"{s.goodput:.1%}"
+    attempts = f"{len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}"
+    lead = (f"Goodput {goodput} &middot; {html.escape(s.state)} &middot; {attempts} &middot; step {s.steps} "
+            f"&middot; final loss {html.escape(number(s.final_loss))}")
+    rows = [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in headline(s)]
+    half = (len(rows) + 1) // 2
+    tables = f"<table>{''.join(rows[:half])}</table><table>{''.join(rows[half:])}</table>"
+    figures = []
+    for name, caption in CAPTIONS.items():
+        if name in pngs:
+            data = base64.b64encode(pngs[name]).decode()
+            figures.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}">'
+                           f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+        else:
+            figures.append(f"<p class=missing>{html.escape(name)}: no records for it in this run.</p>")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1em; }}
+th, td {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; font-size: 14px; }}
+th {{ background: #f3f3f3; }}
+.grid, .summary {{ display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }}
+figure {{ margin: 0; width: calc(50% - 8px); min-width: 420px; max-width: 640px; }}
+figure img {{ width: 100%; }}
+figcaption, .missing {{ font-size: 13px; color: #555; }}
+.lead {{ font-size: 20px; font-weight: bold; }}
+</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p class=lead>{lead}</p>
+<p>Generated {html.escape(_clock(generated))} from {html.escape(read)}.</p>
+<div class=summary>{tables}</div>
+<div class=grid>{"".join(figures)}</div>
+<h2>Attempts</h2>
+{_attempts_table(s)}
+{DEFINITIONS}
+</body></html>
+"""

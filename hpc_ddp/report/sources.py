@@ -1,0 +1,104 @@
+"""Read what a run folder says about itself: metrics.jsonl, attempts.jsonl, and Slurm's accounting if any.
+
+Every reader is tolerant: a torn or foreign line is skipped, a missing file is no records, and a missing or
+failing `sacct` only means the queue waits come from the gaps between attempts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp import proc
+from hpc_ddp.errors import UsageError
+from hpc_ddp.report.records import AttemptLine, merge_attempt_lines
+from hpc_ddp.report.timeline import Window
+from hpc_ddp.run.folder import CHECKPOINTS, LOCK_NAME, METRICS, RUN_RECORD
+from hpc_ddp.run.metrics import read_records
+
+ATTEMPTS = "attempts.jsonl"  # written by rank 0 (start) and the supervisor (end); see hpc_ddp.run.attempts
+SACCT_FORMAT = "JobID,Submit,Start,End,State"
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What the report reads from a run folder."""
+
+    folder: Path
+    records: tuple[dict[str, Any], ...]
+    lines: tuple[AttemptLine, ...]
+    slurm: Mapping[tuple[str, int], Window]
+    running: bool  # a run holds the folder now (its run.lock is there)
+
+
+def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
+    """The run folder's records; UsageError if `folder` is no run folder (nothing a run writes is there)."""
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a folder. Fix: give the run folder (the --folder of the run, e.g. "
+                         "runs/local-12345)")
+    if not any((folder / name).exists() for name in (METRICS, ATTEMPTS, RUN_RECORD, CHECKPOINTS)):
+        raise UsageError(f"{folder} is not a run folder: it has no {METRICS}, {ATTEMPTS}, {RUN_RECORD} or "
+                         f"{CHECKPOINTS}/. Fix: give the folder a run wrote (its --folder, e.g. "
+                         "runs/local-12345)")
+    records = tuple(read_records(folder / METRICS))
+    lines = tuple(merge_attempt_lines(read_records(folder / ATTEMPTS)))
+    slurm: Mapping[tuple[str, int], Window] = {}
+    if use_sacct:
+        jobs = sorted({a.job for a in lines} | {str(r["job"]) for r in records
+                                                 if r.get("event") == "start" and r.get("job")})
+        slurm = {key: w for job in jobs for key, w in sacct_windows(job).items()}
+    return RunFiles(folder, records, lines, slurm, running=(folder / LOCK_NAME).exists())
+
+
+def sacct_windows(job: str) -> dict[tuple[str, int], Window]:
+    """Start and end of each run of Slurm job `job` ({} when it is no Slurm job id, or sacct cannot tell)."""
+    if not job.isdigit():
+        return {}
+    out = proc.run(["sacct", "-j", job, "--duplicates", "-X", "-P", "-n", "-o", SACCT_FORMAT], timeout_s=10)
+    return parse_sacct(job, out.stdout.splitlines()) if out.ok else {}
+
+
+def parse_sacct(job: str, lines: Iterable[str]) -> dict[tuple[str, int], Window]:
+    """sacct's parsable rows of one job (`--duplicates`: one row per run of a requeued job), oldest start
+    first, as restart 0, 1, 2...; rows that never started are skipped."""
+    runs: list[tuple[float, float | None]] = []
+    for line in lines:
+        fields = line.strip().split("|")
+        if len(fields) < 4 or fields[0].split(".")[0].split("_")[0] != job:
+            continue
+        start, end = _slurm_time(fields[2]), _slurm_time(fields[3])
+        if start is not None:
+            runs.append((start, end))
+    runs.sort(key=lambda r: r[0])
+    return {(job, k): Window(start, end) for k, (start, end) in enumerate(runs)}
+
+
+def _slurm_time(text: str) -> float | None:
+    """Slurm's local time "2026-12-02T10:01:00" in seconds since the epoch; None for Unknown/None."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def plausible(windows: Mapping[tuple[str, int], Window], starts: Sequence[tuple[str, int, float]]
+              ) -> dict[tuple[str, int], Window]:
+    """Only the windows that contain their attempt's process start (job, restart, time): a local run's fake
+    job id that happens to be a real Slurm job's is never taken for it."""
+    found = {}
+    for job, restart, t in starts:
+        w = windows.get((job, restart))
+        if w is not None and w.start - 60 <= t and (w.end is None or t <= w.end + 60):
+            found[(job, restart)] = w
+    return found
+
+
+def described(run: RunFiles, slurm: Mapping[tuple[str, int], Window]) -> str:
+    """What the report's numbers come from, for its page: "metrics.jsonl, attempts.jsonl and sacct"."""
+    read = [name for name in (METRICS, ATTEMPTS) if (run.folder / name).is_file()] or ["no records"]
+    if slurm:
+        read.append("Slurm's accounting (sacct)")
+    return ", ".join(read[:-1]) + " and " + read[-1] if len(read) > 1 else read[0]

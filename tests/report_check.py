@@ -1,0 +1,166 @@
+"""Open a run's report the way a person would, and check what they would see.
+
+`check_report(folder, shot)` runs `python -m hpc_ddp.report <folder>`, checks the page is self-contained (no
+http(s) URL, no script; every plot an inline PNG that decodes and is not blank), opens it in headless Chromium
+(Debian's package, env/chromium.sh; no network: every host name resolves to nothing) and checks that the
+screenshot shows the plots. It returns the numbers the report computed, for a test to compare with what the
+run's records say. Any run folder works: a plain local run, or one with preemptions and failures.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import die_with_test, run_module
+from hpc_ddp.report import timeline
+from hpc_ddp.report.sources import read_run
+from hpc_ddp.run.metrics import read_records
+
+CHROMIUM_TIMEOUT_S = 90
+IMAGES = ("loss.png", "throughput.png", "step-time-heatmap.png", "time-breakdown.png")
+
+
+@dataclass(frozen=True)
+class Checked:
+    line: str  # what the command printed
+    page: str  # the HTML
+    images: dict[str, float]  # inline image (by its alt text) -> share of pixels that are not white
+    colorful: float  # share of the screenshot's pixels in saturated colors (plots; the page itself is gray)
+    summary: timeline.Summary  # the numbers, recomputed from the folder as the command did (without sacct)
+
+
+def rgb(png: bytes):  # -> numpy array (height, width, 3) of floats in [0, 1]
+    import matplotlib.image
+
+    return matplotlib.image.imread(io.BytesIO(png), format="png")[..., :3]
+
+
+def not_white(png: bytes) -> float:
+    return float((rgb(png).min(axis=2) < 0.9).mean())
+
+
+def saturated(png: bytes) -> float:
+    image = rgb(png)
+    return float((image.max(axis=2) - image.min(axis=2) > 0.3).mean())
+
+
+def inline_images(page: str) -> dict[str, bytes]:
+    found = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="([^"]+)"', page)
+    return {alt: base64.b64decode(data) for data, alt in found}
+
+
+def chromium() -> str:
+    """Debian's chromium, or skip (fail when env/test.sh installed it: HPC_DDP_REQUIRE_CHROMIUM=1)."""
+    path = shutil.which("chromium")
+    if path is None:
+        if os.environ.get("HPC_DDP_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("chromium is not on PATH although env/chromium.sh installed it")
+        pytest.skip("no chromium (bash env/chromium.sh installs Debian's package; needs root)")
+    return path
+
+
+def screenshot(page: Path, shot: Path, width: int = 1280, height: int = 1800) -> None:
+    """A headless Chromium screenshot of `page` (a local file), with no network; killed on every path."""
+    profile = Path(tempfile.mkdtemp(prefix="hpc_ddp-chromium-"))
+    argv = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-default-apps", "--disable-extensions", "--no-default-browser-check",
+            "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={profile}",
+            f"--window-size={width},{height}", f"--screenshot={shot}", page.resolve().as_uri()]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=die_with_test)
+    try:
+        out, _ = proc.communicate(timeout=CHROMIUM_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        out = f"chromium did not finish within {CHROMIUM_TIMEOUT_S} s"
+    finally:
+        try:  # its whole process group: the browser leaves zygote and utility processes behind
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        shutil.rmtree(profile, ignore_errors=True)
+    assert shot.is_file(), f"no screenshot: {out[-2000:]}"
+
+
+def check_report(folder: Path, shot: Path, *args: str, expect_heatmap: bool | None = None) -> Checked:
+    """Run the report on `folder` and check the page and its screenshot (see the module docstring).
+    `expect_heatmap`: None: required when the run wrote "ranks" records."""
+    pytest.importorskip("matplotlib")
+    proc = run_module("hpc_ddp.report", str(folder), "--no-sacct", *args, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = folder / "report.html"
+    page = out.read_text()
+    assert not re.search(r"https?://|<script|<link|@import", page, re.I), "the page must be self-contained"
+    run = read_run(folder, use_sacct=False)
+    summary = timeline.summarize(run.records, run.lines, run.slurm, run.running)
+    if expect_heatmap is None:
+        expect_heatmap = any(r.get("event") == "ranks" for r in run.records)
+    expected = [n for n in IMAGES if expect_heatmap or n != "step-time-heatmap.png"]
+    images = inline_images(page)
+    assert sorted(images) == sorted(expected), sorted(images)
+    shares = {}
+    for name, png in images.items():
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and png == out.with_name(name).read_bytes(), name
+        shares[name] = not_white(png)
+        assert shares[name] > 0.02, f"{name} is blank ({shares[name]:.1%} of its pixels are not white)"
+    screenshot(out, shot)
+    colorful = saturated(shot.read_bytes())
+    # The page's own text, tables and lines are black and gray: colored pixels can only come from the plots.
+    assert colorful > 0.005, f"the screenshot shows no plot ({colorful:.2%} of its pixels are colored)"
+    return Checked(proc.stdout.strip(), page, shares, colorful, summary)
+
+
+@dataclass(frozen=True)
+class RecordFacts:
+    """What a run's files say, read straight from them (not through the report's code)."""
+
+    steps: int  # the highest step of any metrics record
+    final_loss: float | None  # the loss of the highest step's last "step" record
+    best_loss: float | None
+    starts: int  # "start" records in metrics.jsonl (0 before they existed)
+    attempts: int  # attempts in attempts.jsonl (0 without one)
+    lost_steps: int | None  # attempts.jsonl: sum of step - checkpoint over attempts that did not complete
+
+
+def record_facts(folder: Path) -> RecordFacts:
+    metrics = read_records(folder / "metrics.jsonl")
+    steps = [r for r in metrics if r.get("event") == "step" and isinstance(r.get("loss"), float)]
+    top = max((r["step"] for r in steps), default=None)
+    last = [r for r in steps if r["step"] == top][-1] if steps else None  # a replayed step: its last record
+    lines = read_records(folder / "attempts.jsonl")
+    ends = [r for r in lines if r.get("event") == "end"]
+    lost = sum(max(0, (r.get("step") or 0) - (r.get("checkpoint") or 0)) for r in ends
+               if r.get("outcome") != "completed")
+    return RecordFacts(
+        steps=max((r["step"] for r in metrics if isinstance(r.get("step"), int)), default=0),
+        final_loss=last["loss"] if last else None, best_loss=min((r["loss"] for r in steps), default=None),
+        starts=sum(r.get("event") == "start" for r in metrics),
+        attempts=len({(r.get("job"), r.get("restart")) for r in lines}), lost_steps=lost if ends else None)
+
+
+def assert_report_matches_records(checked: Checked, folder: Path) -> RecordFacts:
+    """The report's steps, losses, attempts and lost steps are the ones the run's files hold."""
+    facts = record_facts(folder)
+    s = checked.summary
+    assert (s.steps, s.final_loss, s.best_loss) == (facts.steps, facts.final_loss, facts.best_loss)
+    if facts.attempts:
+        assert len(s.attempts) == facts.attempts
+    elif facts.starts:
+        assert len(s.attempts) == facts.starts
+    if facts.lost_steps is not None:
+        assert s.lost_steps == facts.lost_steps
+    lost = f"lost {s.lost_steps} step{'s' * (s.lost_steps != 1)}"
+    assert f"step {facts.steps}, " in checked.line and lost in checked.line, checked.line
+    return facts
