@@ -13,6 +13,8 @@ elif [ $? != 2 ]; then  # 2: not root, nothing to install with: the test is skip
   exit 1
 fi
 if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
+  # 3 nodes (cluster.sh's default): the retry tests take one away, or exclude one, and finish a 2-node job
+  # on the other two
   bash env/slurm/cluster.sh start
   export HPC_DDP_REQUIRE_SLURM=1  # a Slurm test that cannot reach the cluster fails instead of skipping
 fi

@@ -56,3 +56,31 @@ def ranks_text(ranks: Sequence[int], sep: str = ", ") -> str:
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return sep.join(parts)
+
+
+class TracebackFold:
+    """What a person watching sees of a rank's traceback: one line (its last, the exception) naming the log
+    that has all of it.
+
+    When one rank fails, its peers fail after it with errors of their own (a closed connection), and a
+    restarted attempt may fail again the same way: the supervisor shows the first cause's traceback itself,
+    once (the local launcher, the batch shell's `end` step), so the local launcher's console and
+    `submit --wait` fold the ranks' own tracebacks instead of repeating N copies of the same stacks."""
+
+    _INSIDE = ("During handling of the above exception", "The above exception was the direct cause")
+
+    def __init__(self, log_path: str) -> None:
+        self.log_path = log_path
+        self.inside = False
+
+    def feed(self, line: str) -> str | None:
+        """The console's version of `line`: None while inside a traceback."""
+        if line.startswith("Traceback (most recent call last):"):
+            self.inside = True
+            return None
+        if not self.inside:
+            return line
+        if not line.strip() or line[:1].isspace() or line.startswith(self._INSIDE):
+            return None
+        self.inside = False
+        return f"{line}  (traceback in {self.log_path})"

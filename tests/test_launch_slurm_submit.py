@@ -214,7 +214,8 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(slur
     assert wait_job(job_id) == "COMPLETED", submitter._read(log)
     assert sacct_records(job_id) == ["REQUEUED", "COMPLETED"]
     text = log.read_text()
-    assert text.count(f"[ddp.sbatch] tasks stopped after saving; requeueing job {job_id}") == 1
+    assert text.count("[hpc_ddp] attempt 1 preempted: preempted: saved a checkpoint, to be resumed") == 1
+    assert text.count(f"[hpc_ddp] requeued job {job_id}") == 1
     folder = workdir / "runs" / job_id
     assert json.loads((folder / "preempted.json").read_text()) == {"requeue": True, "signal": "SIGUSR2",
                                                                     "mode": "exit"}
@@ -232,14 +233,15 @@ def test_ddp_sbatch_ends_a_hung_job_with_the_verdict(slurm_cluster: str, tmp_pat
     submitted = subprocess.run(
         ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--nodes=2", "--gpus-per-node=0",
          "--ntasks-per-node=2", "--cpus-per-task=1", str(DDP_SBATCH), "--task", "hang_tasks:in_loss",
-         "--hang-timeout-s", "5", "--folder", str(folder)], cwd=tmp_path, env=env, capture_output=True,
+         "--hang-timeout-s", "5", "--max-restarts", "0", "--folder", str(folder)], cwd=tmp_path, env=env,
+        capture_output=True,
         text=True, check=True)
     job_id = submitted.stdout.strip().split(";")[0]
     assert wait_job(job_id) == "FAILED"
     log = (tmp_path / f"hpc_ddp-{job_id}.out").read_text()
     verdict = json.loads((folder / "hang.json").read_text())
     assert verdict["culprits"] == [1] and verdict["host"] == "node1", log
-    assert "[ddp.sbatch] hang at step 3: rank 1 (node1, pid " in log
+    assert "[hpc_ddp] hang at step 3: rank 1 (node1, pid " in log
     assert "has been in forward and backward" in log and "ranks 0,2-3 wait for it" in log
     assert submitter.job_state(job_id).exit_code == exitcodes.HANG
 
@@ -279,11 +281,12 @@ def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any],
 
 
 def test_a_raising_task_fails_the_job_and_shows_that_ranks_error(slurm_cluster: str, tmp_path: Path) -> None:
-    proc = run_submit(tmp_path / "run", "--task", "slow_tasks:crash", "--epochs", "3", "--wait")
+    # --max-restarts 0: the first failure ends the job (tests/test_launch_slurm_retry.py retries)
+    proc = run_submit(tmp_path / "run", "--task", "slow_tasks:crash", "--epochs", "3", "--max-restarts", "0", "--wait")
     assert proc.returncode == 1, proc.stdout
     job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
     assert f"[submit] job {job_id} ended FAILED" in proc.stdout
-    assert "[submit] rank 1 failed; the end of" in proc.stdout
+    assert "[submit] rank 1 failed first (on node1)" in proc.stdout
     assert "RuntimeError: boom from rank 1 (tests/slow_tasks.py:crash)" in proc.stdout
     assert sacct_records(job_id) == ["FAILED"]
 

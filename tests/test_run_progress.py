@@ -130,7 +130,7 @@ def test_submit_wait_follows_metrics_jsonl_and_shows_the_progress_line_and_each_
     assert submitter.follow("77", tmp_path, 4, 0.0, out=out, state_of=state_of) == 0
     assert out.getvalue().splitlines() == [
         "[run] start 0 of job 77: from the beginning; 4 ranks, 9.5 s from process start to the first step",
-        "[run] ranks stopped at epoch 0, step 21",
+        "[run] ranks ended at epoch 0, step 21",
         "[submit] job 77 was requeued; waiting for it to start again",
         "[run] start 1 of job 77: resumed at epoch 0, step 21; 4 ranks, 12.2 s from process start to the first "
         "step",

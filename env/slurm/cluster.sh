@@ -6,14 +6,14 @@
 #
 # Settings (environment):
 #   HPC_DDP_SLURM_DIR    state dir (conf, logs, pids, database, spool)   default /var/tmp/hpc-ddp-slurm
-#   HPC_DDP_SLURM_NODES  number of emulated nodes                        default 2
+#   HPC_DDP_SLURM_NODES  number of emulated nodes      default: the running cluster's, else 3
 #
 # Only processes this script started (recorded under $STATE/pids) are ever stopped; nothing is killed by name.
 # See env/slurm/README.md.
 set -euo pipefail
 
 STATE=${HPC_DDP_SLURM_DIR:-/var/tmp/hpc-ddp-slurm}
-NODES=${HPC_DDP_SLURM_NODES:-2}
+NODES=${HPC_DDP_SLURM_NODES:-}
 CLUSTER=hpcddp
 PARTITION=debug
 NODE_CPUS=4
@@ -26,6 +26,10 @@ CONF_DIR=$STATE/etc
 CONF=$CONF_DIR/slurm.conf
 DBD_CONF=$CONF_DIR/slurmdbd.conf
 PORTS=$CONF_DIR/ports.env
+if [[ -z $NODES ]]; then  # the count the cluster was started with (status, stop), else 3
+  NODES=$(sed -n 's/^NODE_COUNT=//p' "$PORTS" 2>/dev/null || true)
+  NODES=${NODES:-3}
+fi
 LOG=$STATE/log
 PIDS=$STATE/pids
 DB_DIR=$STATE/mysql

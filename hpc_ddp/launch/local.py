@@ -57,6 +57,7 @@ from hpc_ddp import exitcodes
 from hpc_ddp.dist.env import port_for_job, without_launcher
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.shape import JobShape
+from hpc_ddp.log import TracebackFold
 from hpc_ddp.proc import run as run_command
 from hpc_ddp.run import attempts as record
 from hpc_ddp.run import exits, progress, retry, watchdog
@@ -287,32 +288,6 @@ class Console:
                 pass
 
 
-class _TracebackFold:
-    """The console gets a rank's traceback as one line (its last: the exception) and the log gets all of it.
-
-    When one rank fails, its peers fail after it with errors of their own (a closed connection), and a
-    restarted attempt may fail again the same way: the launcher shows the first cause's traceback itself,
-    once (Launcher._show_error), and the console is not flooded with N copies of the same stacks."""
-
-    _INSIDE = ("During handling of the above exception", "The above exception was the direct cause")
-
-    def __init__(self, log_path: Path) -> None:
-        self.log_path = log_path
-        self.inside = False
-
-    def feed(self, line: str) -> str | None:
-        """The console's version of `line`: None while inside a traceback."""
-        if line.startswith("Traceback (most recent call last):"):
-            self.inside = True
-            return None
-        if not self.inside:
-            return line
-        if not line.strip() or line[:1].isspace() or line.startswith(self._INSIDE):
-            return None
-        self.inside = False
-        return f"{line}  (traceback in {self.log_path})"
-
-
 class _Rank:
     """One child process, its log file and the tail of its output."""
 
@@ -322,7 +297,7 @@ class _Rank:
         self.console, self.show_all = console, show_all
         self.log_lost = False
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self.folded = _TracebackFold(log_path)
+        self.folded = TracebackFold(str(log_path))
         self.reader = threading.Thread(target=self._pump, name=f"rank{rank}-reader", daemon=True)
         self.reader.start()
 

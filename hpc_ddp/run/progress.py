@@ -82,7 +82,7 @@ def event_line(record: Mapping[str, Any]) -> str | None:
                 f"{record.get('world_size')} ranks, {record.get('startup_s', 0):.1f} s from process start to "
                 "the first step")
     if event == "end":
-        return f"[run] ranks stopped at epoch {record.get('epoch')}, step {record.get('step')}"
+        return f"[run] ranks ended at epoch {record.get('epoch')}, step {record.get('step')}"
     return None
 
 

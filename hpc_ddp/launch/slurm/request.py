@@ -139,6 +139,24 @@ class SlurmRequest:
         return params
 
 
+def with_batch_steps(params: dict[str, Any], python: str, argv: Sequence[str], submitit_dir: str) -> dict[str, Any]:
+    """The executor parameters plus the batch shell's steps around srun (hpc_ddp.launch.slurm.batch), as
+    slurm/ddp.sbatch has them: `begin` in the setup lines, `end` (given srun's status) in the teardown lines.
+    The trap keeps the shell alive on SIGTERM (scancel, a requeue): bash runs it once srun returns, and `end`
+    still decides. srun's own lines land in the batch log, `<job id>_0_log.out`."""
+    import shlex
+
+    module = f"{python} -m hpc_ddp.launch.slurm.batch"
+    options = shlex.join(["--", *argv])
+    log = shlex.quote(submitit_dir) + '/"${SLURM_JOB_ID}_0_log.out"'
+    setup = [*params.get("setup", []),
+             "export HPC_DDP_BATCH=1  # the tasks leave requeueing to this shell's `end` step",
+             f"{module} begin --log {log} {options} || exit $?",
+             "trap 'echo \"[hpc_ddp] SIGTERM: the tasks save a checkpoint and stop; waiting for them\" >&2' TERM"]
+    teardown = ["status=$?  # srun's", f"{module} end --status \"$status\" {options}", "exit $?"]
+    return {**params, "setup": setup, "teardown": teardown}
+
+
 # ----- Slurm's answers ------------------------------------------------------------------------------------
 
 _SBATCH_FIXES = (

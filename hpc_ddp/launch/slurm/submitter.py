@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import io
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -40,11 +41,12 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO, cast
 
 from hpc_ddp import exitcodes, proc
 from hpc_ddp.errors import UsageError, run_task
+from hpc_ddp.log import TracebackFold
 from hpc_ddp.launch.slurm.request import (JobState, SlurmRequest, check_signal_delay, mem_text, parse_extras,
                                           parse_sacct, parse_scontrol, parse_time, pending_hint, sbatch_error,
-                                          submit_environ)
+                                          submit_environ, with_batch_steps)
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import preemption, progress, watchdog
+from hpc_ddp.run import attempts, preemption, progress, watchdog
 
 if TYPE_CHECKING:
     from hpc_ddp.launch.shape import JobShape
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 POLL_S = 2.0  # --wait: seconds between two looks at the job's state (one sacct call each)
 TAIL_LINES = 20  # lines of the failing rank's log shown when the job failed
 SUBMITIT_DIR = run_folder.SUBMITIT
+TRAIN = "hpc_ddp.train"
 
 
 @dataclass(frozen=True)
@@ -113,13 +116,22 @@ def request_from(ns: argparse.Namespace, shape: JobShape) -> SlurmRequest:
         exclusive=ns.exclusive, setup=tuple(ns.setup), extras=tuple(parse_extras(ns.slurm).items()))
 
 
-def sbatch_text(request: SlurmRequest, folder: Path) -> str:
+def sbatch_text(request: SlurmRequest, folder: Path, module: str = "", argv: tuple[str, ...] = ()) -> str:
     """The sbatch script submitit writes for this request (what `--print-sbatch` shows)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     python = shlex.quote(sys.executable)
     command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder / SUBMITIT_DIR))}"
-    return _make_sbatch_string(command=command, folder=folder / SUBMITIT_DIR, **request.executor_parameters())
+    return _make_sbatch_string(command=command, folder=folder / SUBMITIT_DIR,
+                               **_parameters(request, folder, module, argv))
+
+
+def _parameters(request: SlurmRequest, folder: Path, module: str, argv: tuple[str, ...]) -> dict[str, Any]:
+    """submitit's parameters; a training job gets the batch shell's steps around srun (attempts, retries)."""
+    params = request.executor_parameters()
+    if module != TRAIN:
+        return params
+    return with_batch_steps(params, shlex.quote(sys.executable), argv, str(folder / SUBMITIT_DIR))
 
 
 def prepare_folder(folder: Path) -> None:
@@ -151,7 +163,7 @@ def submit(ns: argparse.Namespace, shape: JobShape, cfg: TrainConfig, module: st
     cfg = cfg.with_folder(str(folder))  # the tasks, and a requeued run, write to and resume from here
     argv = (*cfg.to_argv(), *(["--collective"] if getattr(ns, "collective", False) else []))  # a doctor option
     if ns.print_sbatch:
-        print(sbatch_text(request, folder), end="")
+        print(sbatch_text(request, folder, module, argv), end="")
         print(f"# every task runs: python -m {module} {shlex.join(argv)}", file=sys.stderr)
         return exitcodes.OK
     if shutil.which("sbatch") is None:
@@ -160,7 +172,8 @@ def submit(ns: argparse.Namespace, shape: JobShape, cfg: TrainConfig, module: st
     existed = folder.exists()
     prepare_folder(folder)
     try:
-        job_id = _submit(request, folder, TaskEntry(module, argv), cfg.max_requeue)
+        job_id = _submit(request, folder, TaskEntry(module, argv), cfg.max_requeue,
+                         _parameters(request, folder, module, argv))
     except UsageError:
         if not existed:  # leave nothing behind for a job that never was
             shutil.rmtree(folder, ignore_errors=True)
@@ -182,12 +195,13 @@ def submit(ns: argparse.Namespace, shape: JobShape, cfg: TrainConfig, module: st
         return 130
 
 
-def _submit(request: SlurmRequest, folder: Path, entry: TaskEntry, max_requeue: int) -> str:
+def _submit(request: SlurmRequest, folder: Path, entry: TaskEntry, max_requeue: int,
+            params: dict[str, Any]) -> str:
     import submitit
     from submitit.core.utils import FailedJobError
 
     executor = submitit.SlurmExecutor(folder=folder / SUBMITIT_DIR, max_num_timeout=max_requeue)
-    executor.update_parameters(**request.executor_parameters())
+    executor.update_parameters(**params)
     # submitit prints sbatch's stderr when sbatch fails; it is in the exception too, and becomes one line.
     with submission_environ(), redirect_stderr(io.StringIO()):
         try:
@@ -236,6 +250,7 @@ class _LogFollower:
 
     def __init__(self, path: Path, out: TextIO) -> None:
         self.path, self.out, self.offset, self.partial = path, out, 0, b""
+        self.folded = TracebackFold(str(path))
 
     def poll(self) -> None:
         try:
@@ -247,8 +262,8 @@ class _LogFollower:
         self.offset += len(data)
         *lines, self.partial = (self.partial + data).split(b"\n")
         for raw in lines:
-            line = raw.decode("utf-8", "replace")
-            if not _chatter(line):
+            line = self.folded.feed(raw.decode("utf-8", "replace"))
+            if line is not None and not _chatter(line):
                 self.out.write(line + "\n")
         self.out.flush()
 
@@ -262,6 +277,8 @@ def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out:
     follower = _LogFollower(log_path(folder, job_id), out)
     last, last_reason = "", ""
     unknown_since = time.monotonic()
+    attempts_seen = 0
+    done_since: float | None = None
     while True:
         state = state_of(job_id)
         follower.poll()
@@ -284,6 +301,11 @@ def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out:
             if state.state in ("REQUEUED", "PENDING") and last in ("RUNNING", "COMPLETING", "REQUEUED"):
                 out.write(f"[submit] job {job_id} was requeued; waiting for it to start again\n")
             last = state.state
+        attempts_seen = _show_attempts(folder, job_id, attempts_seen, out)
+        if state.done and not _over(job_id, folder, state, done_since := done_since or time.monotonic()):
+            time.sleep(POLL_S)  # requeued: Slurm's accounting shows the last run's end (NODE_FAIL) for a while
+            continue
+        done_since = None if not state.done else done_since
         if state.done:
             # Slurm marks a cancelled or timed-out job done at once, while its tasks may still be saving
             # (they have KillWait seconds): wait until the last process is gone before reporting.
@@ -294,6 +316,34 @@ def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out:
             out.flush()
             return report(job_id, folder, world_size, state, submitted_at, out)
         time.sleep(POLL_S)
+
+
+REQUEUE_GRACE_S = 90.0  # a job seen done while its attempts record says "requeued": how long to wait for it
+
+
+def _show_attempts(folder: Path, job_id: str, seen: int, out: TextIO) -> int:
+    """Print each new attempt of the job as it starts ("attempt 2 on node1,node3: resumed from step 120");
+    how it ended comes through the batch log (hpc_ddp.launch.slurm.batch). Returns the starts seen so far."""
+    started = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.started is not None]
+    for a in started[seen:]:
+        resumed = f"resumed from step {a.resumed_from}" if a.resumed_from is not None else "from the start"
+        out.write(f"[submit] attempt {a.number} on {','.join(a.nodes) or '?'}: {resumed}\n")
+        out.flush()
+    return max(seen, len(started))
+
+
+def _over(job_id: str, folder: Path, state: JobState, done_since: float) -> bool:
+    """Is a job that Slurm's accounting shows done really over? Not while the controller has it pending or
+    running again (a requeue: sacct still shows the last run's NODE_FAIL), nor, for a while, when its
+    attempts record says the last attempt was requeued and the controller has not caught up yet."""
+    fields = dict(re.findall(r"(\w+)=(\S*)", _run(["scontrol", "show", "job", "-o", job_id]) or ""))
+    current = fields.get("JobState", "").upper()
+    if current and current not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                                   "BOOT_FAIL", "DEADLINE", "PREEMPTED"):
+        return False
+    ends = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.ended is not None]
+    requeued = bool(ends) and ends[-1].decision == attempts.REQUEUE or state.state == "NODE_FAIL"
+    return not requeued or time.monotonic() - done_since > REQUEUE_GRACE_S
 
 
 def report(job_id: str, folder: Path, world_size: int, state: JobState, submitted_at: float,
@@ -326,7 +376,15 @@ def report(job_id: str, folder: Path, world_size: int, state: JobState, submitte
         return exitcodes.PREEMPTED
     signal = f", signal {state.signal}" if state.signal else ""
     say(f"job {job_id} {how} (exit code {state.exit_code}{signal})")
-    if state.state != "CANCELLED":
+    ends = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.ended is not None]
+    if ends and ends[-1].decision == attempts.STOP:
+        # The batch shell's `end` step showed the first error's traceback and every attempt (above): once.
+        last = ends[-1]
+        who = f"rank {last.rank} failed first" + (f" (on {last.node})" if last.node else "") + ": " \
+            if last.rank is not None else ""
+        say(f"{who}{last.reason}; after {len(ends)} attempt(s) the job stopped: its traceback and every attempt "
+            "are shown above")
+    elif state.state != "CANCELLED":
         _show_failure(job_id, folder, world_size, say)
     return exitcodes.USAGE if state.exit_code == exitcodes.USAGE else exitcodes.FAILED
 

@@ -1,0 +1,350 @@
+"""The batch shell's two steps around `srun`: `begin` before it, `end` after it. Both kit jobs run them
+(`slurm/ddp.sbatch`, and the job `submit` builds, as submitit's setup and teardown lines):
+
+    python -m hpc_ddp.launch.slurm.batch begin -- <training options>
+    srun ... python -m hpc_ddp.train <training options>
+    python -m hpc_ddp.launch.slurm.batch end --status $? -- <training options>
+
+Why the batch shell: it is the one process of the job that outlives every task, so the decision about an
+attempt runs even when every task died (a node lost, a rank SIGKILLed, a hang verdict). `end` reads what the
+attempt left (the ranks' exit notes, hang.json, preempted.json, srun's "task N: Killed" lines, Slurm's view of
+the job and its nodes), judges the first cause (hpc_ddp.run.retry), appends the attempt's end to
+attempts.jsonl, and acts:
+
+- finished: exit 0. A preemption the ranks agreed to requeue: `scontrol requeue` (the tasks run with
+  HPC_DDP_BATCH set, so they leave the requeue to this shell).
+- a failure within --max-restarts, not a crash loop: requeue from the latest checkpoint. When the failure
+  points at a node, the requeued job excludes every node blamed so far. Slurm 22.05 refuses ExcNodeList on a
+  running job, so: `scontrol requeuehold` (the job pends, held), `scontrol update ExcNodeList=...`,
+  `scontrol release`, with SIGTERM blocked meanwhile (the requeue ends this very shell). If the job no longer
+  fits on the partition's usable nodes, it stops instead of pending forever.
+- otherwise: stop, with the first error's traceback once and the attempts so far.
+
+`begin` closes the previous attempt when its batch shell died before `end` could (its node went down: Slurm
+requeued the job itself, NODE_FAIL), applies --max-restarts to it, clears the last preemption record, and
+notes where this attempt's srun lines start in the batch log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from hpc_ddp import exitcodes, proc
+from hpc_ddp.cli import build_parser
+from hpc_ddp.dist.hostlist import expand
+from hpc_ddp.errors import UsageError, run_main
+from hpc_ddp.run import attempts as record
+from hpc_ddp.run import exits, preemption, retry, watchdog
+from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
+
+PROG = "python -m hpc_ddp.launch.slurm.batch"
+STATE = "batch.json"  # in exits/<job>-<restart>/: when this attempt began, where its srun lines start
+HELD_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+
+_SRUN_LINE = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)$")
+_SIGNAL_TEXT = {signal.strsignal(s) or "": s.name for s in signal.Signals}
+
+
+def say(text: str) -> None:
+    print(f"[hpc_ddp] {text}", file=sys.stderr, flush=True)
+
+
+# ----- pure parts ----------------------------------------------------------------------------------------
+
+def srun_deaths(lines: Sequence[str]) -> tuple[tuple[int, str], ...]:
+    """srun's "task N: <signal text>" lines -> ((rank, signal name), ...), but only when a death by a signal
+    came first: after a task exits with an error, srun's --kill-on-bad-exit kills the others and reports them
+    the same way (pure)."""
+    deaths: list[tuple[int, str]] = []
+    for line in lines:
+        match = _SRUN_LINE.search(line)
+        if not match:
+            continue
+        what = match.group(3).strip()
+        if what.startswith("Exited with exit code"):
+            if not deaths:
+                return ()  # a task failed on its own first: its exit note tells the cause
+            continue
+        name = _SIGNAL_TEXT.get(what, what)
+        for part in match.group(2).split(","):
+            low, _, high = part.partition("-")
+            deaths.extend((rank, name) for rank in range(int(low), int(high or low) + 1))
+    return tuple(deaths)
+
+
+def job_fields(text: str) -> dict[str, str]:
+    """`scontrol show job -o` -> its key=value fields."""
+    return dict(re.findall(r"(\w+)=(\S*)", text))
+
+
+def node_states(text: str) -> dict[str, str]:
+    """`sinfo -h -N -o "%N %t"` -> {node: state} (a node in two partitions is listed twice)."""
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            states[parts[0]] = parts[1]
+    return states
+
+
+def _hosts(text: str) -> list[str]:
+    if not text or text in ("(null)", "None"):
+        return []
+    try:
+        return list(expand(text))
+    except ValueError:
+        return [h for h in text.split(",") if h]
+
+
+# ----- the shell around Slurm's commands --------------------------------------------------------------------
+
+def _slurm(*argv: str) -> str | None:
+    out = proc.run(list(argv), timeout_s=30)
+    return out.stdout if out.ok else None
+
+
+def _job(job: str) -> dict[str, str]:
+    return job_fields(_slurm("scontrol", "show", "job", "-o", job) or "")
+
+
+def _states(nodes: Sequence[str] = (), partition: str = "") -> dict[str, str]:
+    argv = ["sinfo", "-h", "-N", "-o", "%N %t"]
+    if partition:
+        argv += ["-p", partition]
+    states = node_states(_slurm(*argv) or "")
+    return {n: s for n, s in states.items() if not nodes or n in nodes}
+
+
+def _down(nodes: Sequence[str]) -> tuple[str, ...]:
+    states = _states(nodes)
+    return tuple(n for n in nodes if retry.usable({n: states.get(n, "idle")}, ()) == [])
+
+
+def _resolve(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[TrainConfig, Path]:
+    parser = build_parser(PROG, "training options, as the tasks get them")
+    add_train_arguments(parser)
+    cfg = from_namespace(parser.parse_args(list(argv)))
+    folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_task(environ.get("SLURM_JOB_ID"))
+    # A relative folder is the tasks': srun starts them in SLURM_WORKING_DIR when that is set, not here.
+    return cfg, Path(environ.get("SLURM_WORKING_DIR") or ".") / folder
+
+
+def _identity(environ: Mapping[str, str]) -> tuple[str, int]:
+    job = environ.get("SLURM_JOB_ID") or ""
+    if not job:
+        raise UsageError("SLURM_JOB_ID is not set: this runs in a Slurm batch script (slurm/ddp.sbatch)")
+    text = environ.get("SLURM_RESTART_COUNT") or "0"
+    return job, int(text) if text.isdigit() else 0
+
+
+def _state_path(folder: Path, job: str, restart: int) -> Path:
+    return exits.attempt_folder(folder, job, restart) / STATE
+
+
+def _read_state(folder: Path, job: str, restart: int) -> dict[str, Any]:
+    try:
+        data = json.loads(_state_path(folder, job, restart).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
+    cfg, folder = _resolve(argv, environ)
+    job, restart = _identity(environ)
+    run_folder.prepare(folder)
+    history = record.of_job(record.read(folder), job)
+    for open_attempt in [a for a in history if a.restart < restart and a.ended is None]:
+        # Its batch shell died before its `end` (its node went down with it, most likely): close it now.
+        nodes = list(open_attempt.nodes)
+        down = _down(nodes) if nodes else ()
+        ending = retry.judge(retry.Evidence(code=exitcodes.FAILED, rank_nodes=open_attempt.ranks, down=down,
+                                            node_fail=True))
+        if not down:
+            ending = replace(ending, outcome=record.LOST, reason="its batch shell ended without a word (the "
+                                                                  "node it ran on failed, or it was killed)",
+                             signature="lost")
+        before = [a for a in history if a.number < open_attempt.number]
+        closed = replace(open_attempt, ended=time.time(), outcome=ending.outcome, node=ending.node,
+                         blamed=ending.blamed, reason=ending.reason, signature=ending.signature,
+                         checkpoint=record.checkpoint_step(folder))
+        decision = retry.decide(before, closed, cfg.max_restarts)
+        record.record_end(folder, replace(closed, decision=decision.action, exclude=decision.exclude))
+        say(f"attempt {closed.number} {closed.outcome}: {closed.reason}; {decision.message}")
+        if decision.action == record.STOP:
+            say(f"job {job} stops here: {decision.message}")
+            return exitcodes.FAILED
+    run_folder.clear_preempted(folder)  # what the last attempt decided is done; this one writes its own
+    offset = 0
+    if log:
+        try:
+            offset = os.path.getsize(log)
+        except OSError:
+            offset = 0
+    where = exits.attempt_folder(folder, job, restart)
+    where.mkdir(parents=True, exist_ok=True)
+    run_folder.atomic_write_bytes(where / STATE, json.dumps({"began": time.time(), "log": log,
+                                                             "offset": offset}).encode())
+    number = len(history) + 1
+    say(f"attempt {number} of job {job} (restart {restart}) on {environ.get('SLURM_JOB_NODELIST', '?')}; run "
+        f"folder {folder.absolute()}")
+    return exitcodes.OK
+
+
+def _srun_lines(state: dict[str, Any], log: str) -> list[str]:
+    path = log or state.get("log") or ""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(int(state.get("offset") or 0))
+            return f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+
+
+def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str]) -> int:
+    cfg, folder = _resolve(argv, environ)
+    job, restart = _identity(environ)
+    state = _read_state(folder, job, restart)
+    began = float(state.get("began") or 0)
+    history = record.of_job(record.read(folder), job)
+    this = record.find(history, job, restart) or record.Attempt(job, restart, number=len(history) + 1)
+    history = [a for a in history if a.key != this.key]
+    fields = _job(job)
+    slurm_requeued = fields.get("JobState", "") in HELD_STATES or int(fields.get("Restarts") or 0) > restart
+    nodes = list(this.nodes) or _hosts(environ.get("SLURM_JOB_NODELIST", ""))
+    preempted = run_folder.read_preempted(folder) if status == exitcodes.PREEMPTED else None
+    evidence = retry.Evidence(
+        code=status, rank_nodes=this.ranks, notes=tuple(exits.read(folder, job, restart)),
+        verdict=watchdog.read_verdict(folder, since=began) if began else None,
+        killed=srun_deaths(_srun_lines(state, log)), requeue=preempted.requeue if preempted else None,
+        down=_down(nodes) if status != exitcodes.OK else (), node_fail=slurm_requeued and status != exitcodes.OK)
+    ending = retry.judge(evidence)
+    this = replace(this, ended=time.time(), outcome=ending.outcome, step=record.step_reached(folder, began),
+                   checkpoint=record.checkpoint_step(folder), rank=ending.rank, node=ending.node,
+                   blamed=ending.blamed, reason=ending.reason, signature=ending.signature)
+    if this.step is not None and this.checkpoint is not None:
+        this = replace(this, step=max(this.step, this.checkpoint))
+    decision = retry.decide(history, this, cfg.max_restarts, retryable=ending.retryable)
+    exclude = decision.exclude
+    if decision.action == record.REQUEUE and exclude:
+        needed = int(fields.get("NumNodes", "1").split("-")[0] or 1)
+        exclude = tuple(dict.fromkeys([*_hosts(fields.get("ExcNodeList", "")), *exclude]))
+        usable = retry.usable(_states(partition=fields.get("Partition", "")), exclude)
+        if len(usable) < needed:
+            decision = retry.Decision(record.STOP, f"cannot requeue: the job needs {needed} node(s) and only "
+                                                   f"{len(usable)} usable one(s) remain in partition "
+                                                   f"{fields.get('Partition', '?')} once {','.join(exclude)} are "
+                                                   "excluded (the others are down, drained or excluded)", exclude)
+    record.record_end(folder, replace(this, decision=decision.action, exclude=exclude))
+    if this.outcome == record.HANG:
+        say(f"{this.reason}; every rank's report: {folder / watchdog.VERDICT}")
+    _tell(this, decision, slurm_requeued)
+    if decision.action == record.DONE:
+        return exitcodes.OK
+    if decision.action == record.REQUEUE:
+        return _requeue(job, exclude, fields, already=slurm_requeued)
+    _stop(job, this, ending, decision, record.of_job(record.read(folder), job))
+    return _stop_code(ending.outcome, status)
+
+
+def _tell(this: record.Attempt, decision: retry.Decision, slurm_requeued: bool) -> None:
+    if this.outcome == record.COMPLETED:
+        say(f"attempt {this.number} completed")
+        return
+    where = f" on {this.node}" if this.node else ""
+    who = f" (rank {this.rank})" if this.rank is not None else ""
+    blame = "; the node is blamed" if this.blamed else ""
+    by = " (Slurm requeued the job itself)" if slurm_requeued else ""
+    say(f"attempt {this.number} {this.outcome}{where}{who}: {this.reason}{blame}{by}; {decision.message}")
+
+
+def _requeue(job: str, exclude: Sequence[str], fields: Mapping[str, str], already: bool) -> int:
+    """Requeue the job (unless Slurm did), excluding `exclude`. The requeue ends this shell with SIGTERM, then
+    SIGKILL after KillWait: SIGTERM is blocked until the job is released again."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP))
+    listed = ",".join(exclude)
+    new = set(exclude) - set(_hosts(fields.get("ExcNodeList", "")))
+    steps: list[list[str]] = []
+    if already and new:
+        steps = [["scontrol", "hold", job]]
+    elif not already:
+        steps = [["scontrol", "requeuehold" if exclude else "requeue", job]]
+    if exclude and (new or not already):
+        steps += [["scontrol", "update", f"JobId={job}", f"ExcNodeList={listed}"], ["scontrol", "release", job]]
+    for argv in steps:
+        out = proc.run(argv, timeout_s=30)
+        if not out.ok:
+            say(f"{' '.join(argv)} failed: {out.error}")
+            if argv[1] != "release":
+                proc.run(["scontrol", "release", job], timeout_s=30)  # never leave the job held
+            return exitcodes.FAILED
+    if exclude:
+        say(f"requeued job {job}; it will not run on {listed} (clear that with: scontrol update JobId={job} "
+            "ExcNodeList=)")
+    else:
+        say(f"requeued job {job}" if not already else f"job {job} was requeued by Slurm")
+    return exitcodes.OK
+
+
+def _stop(job: str, this: record.Attempt, ending: retry.Ending, decision: retry.Decision,
+          history: Sequence[record.Attempt]) -> None:
+    """The job ends here: the first error's traceback first, once, then the attempts in one table."""
+    if ending.traceback:
+        say(f"the error (rank {ending.rank} on {ending.node}):")
+        for line in ending.traceback.splitlines():
+            print(f"    {line}", file=sys.stderr)
+    say(f"job {job} stops: {decision.message}. Attempts:")
+    for a in history:
+        print(f"    {summary(a)}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def summary(a: record.Attempt) -> str:
+    """One attempt as one line (also what `submit --wait` prints)."""
+    nodes = ",".join(a.nodes) or "?"
+    resumed = f"resumed from step {a.resumed_from}" if a.resumed_from is not None else "from the start"
+    if a.ended is None:
+        return f"attempt {a.number} on {nodes}: {resumed}"
+    step = f" at step {a.step}" if a.step is not None else ""
+    return f"attempt {a.number} on {nodes}: {resumed}; {a.outcome}{step}: {a.reason} -> {a.decision}"
+
+
+def _stop_code(outcome: str, status: int) -> int:
+    return {record.HANG: exitcodes.HANG, record.NONFINITE: exitcodes.NONFINITE, record.USAGE: exitcodes.USAGE,
+            record.STOPPED: exitcodes.PREEMPTED, record.PREEMPTED: exitcodes.PREEMPTED}.get(outcome,
+                                                                                           exitcodes.FAILED)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` is the tasks' training options, parsed by the training parser (_resolve).
+    own, train = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
+    parser = build_parser(PROG, __doc__ or "")
+    parser.add_argument("step", choices=("begin", "end"), help="before srun (begin) or after it (end)")
+    parser.add_argument("--status", type=int, default=0, help="srun's exit status (end)")
+    parser.add_argument("--log", default="", help="a file that holds srun's own lines (\"task N: Killed\")")
+    parser.epilog = "then: -- <training options of the tasks>"
+    ns = parser.parse_args(own)
+    if ns.step == "begin":
+        return begin(train, ns.log, environ)
+    return end(train, ns.status, ns.log, environ)
+
+
+def cli() -> NoReturn:
+    run_main(PROG, main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,120 @@
+"""On the real local Slurm cluster (3 emulated nodes): failures that are not preemption.
+
+A node that Slurm takes away under a running job, a rank that raises a GPU hardware error on one node, and a
+task that fails everywhere. Each job is a real 2-node x 2-task submitit job followed by `submit --wait`; the
+batch shell's `end` step (hpc_ddp.launch.slurm.batch) decides after every attempt. This module sorts after
+test_launch_slurm_submit.py, whose background time-limit job must not be on a node these tests take away.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import clean_environ
+from test_launch_slurm_submit import HANG_GUARD_S, run_submit, start_submit, sacct_records
+
+from hpc_ddp.launch.slurm import submitter
+from hpc_ddp.run import attempts
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(240)]
+
+# 512 samples / 4 ranks / batch 32 = 4 steps an epoch; a checkpoint every 4 steps.
+DETERMINISTIC = ["--task", "slow_tasks:slow", "--deterministic", "--save-every-steps", "4", "--epochs", "8"]
+
+
+def job_nodes(job_id: str) -> list[str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    match = re.search(r" NodeList=(\S+)", out)
+    if not match or match.group(1) in ("(null)", ""):
+        return []
+    return subprocess.run(["scontrol", "show", "hostnames", match.group(1)], capture_output=True,
+                          text=True).stdout.split()
+
+
+@pytest.fixture
+def taken_away() -> Iterator[list[str]]:
+    """Nodes a test sets DOWN; each is RESUMEd afterwards, whatever happened."""
+    nodes: list[str] = []
+    yield nodes
+    for node in nodes:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    folder = tmp_path_factory.mktemp("uninterrupted") / "run"
+    proc = run_submit(folder, *DETERMINISTIC, "--wait", env=clean_environ(SLOW_TASK_SLEEP_S="0"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return torch.load(folder / "model.pth", weights_only=True)
+
+
+def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(uninterrupted: dict[str, Any], tmp_path: Path,
+                                                             taken_away: list[str]) -> None:
+    folder = tmp_path / "run"
+    proc, job_id = start_submit(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.1")
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not (folder / "checkpoints" / "latest").is_file():  # the first checkpoint, at step 4
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    first, second = job_nodes(job_id)  # the batch shell runs on the first
+    taken_away.append(second)
+    subprocess.run(["scontrol", "update", f"NodeName={second}", "State=DOWN", "Reason=hpc_ddp test"], check=True)
+    # DRAIN, so that its slurmd, still alive, does not bring it back mid-test.
+    subprocess.run(["scontrol", "update", f"NodeName={second}", "State=DRAIN", "Reason=hpc_ddp test"], check=True)
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, out
+    assert out.rstrip().endswith(f"[submit] job {job_id} completed; run folder {folder}"), out
+    lost, finished = attempts.read(folder)
+    assert (lost.outcome, lost.node, lost.blamed, lost.decision) == ("node_fail", second, True, "requeue")
+    assert lost.exclude == (second,)
+    assert second not in finished.nodes and first in finished.nodes and len(finished.nodes) == 2
+    assert (finished.outcome, finished.decision) == ("completed", "done")
+    assert finished.resumed_from is not None and finished.resumed_from >= 4
+    assert f"[submit] attempt 2 on {','.join(finished.nodes)}: resumed from step {finished.resumed_from}" in out
+    got = torch.load(folder / "model.pth", weights_only=True)
+    assert all(torch.equal(uninterrupted[k], got[k]) for k in uninterrupted)
+
+
+def test_a_gpu_error_on_one_node_excludes_that_node(slurm_cluster: str, tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    proc = run_submit(folder, "--task", "retry_tasks:node_fault", "--epochs", "2", "--wait",
+                      env=clean_environ(RETRY_BAD_NODE="node2"))
+    assert proc.returncode == 0, proc.stdout
+    job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
+    failed, finished = attempts.read(folder)
+    assert failed.nodes == ("node1", "node2")  # the idle cluster's first two nodes
+    assert (failed.outcome, failed.node, failed.blamed, failed.decision, failed.exclude) == \
+        ("failed", "node2", True, "requeue", ("node2",))
+    assert failed.reason == "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+    assert finished.nodes == ("node1", "node3") and finished.outcome == "completed"
+    assert f"[hpc_ddp] requeued job {job_id}; it will not run on node2 (clear that with: scontrol update " \
+        f"JobId={job_id} ExcNodeList=)" in proc.stdout
+    assert sacct_records(job_id)[-1] == "COMPLETED"
+
+
+def test_a_task_that_fails_everywhere_stops_after_two_attempts_with_one_traceback(slurm_cluster: str,
+                                                                                  tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    proc = run_submit(folder, "--task", "retry_tasks:fails_everywhere", "--epochs", "2", "--wait")
+    assert proc.returncode == 1, proc.stdout
+    job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
+    assert sacct_records(job_id) == ["REQUEUED", "FAILED"]
+    first, second = attempts.read(folder)
+    assert (first.decision, second.decision) == ("requeue", "stop")
+    assert first.blamed is False and first.exclude == ()
+    out = proc.stdout
+    assert "crash loop: attempt 2 failed with the same error as attempt 1 and no newer checkpoint" in out
+    assert out.count("Traceback (most recent call last)") == 1, out
+    assert out.count("ValueError: bad batch at call 3 (tests/retry_tasks.py:fails_everywhere)") >= 1
+    assert out.index("Traceback (most recent call last)") < out.index(f"[hpc_ddp] job {job_id} stops")
+    assert f"[submit] job {job_id} ended FAILED" in out
+    assert "[submit] rank 1 failed first (on node1)" in out
+    log = submitter._read(submitter.log_path(folder, job_id, 0))
+    assert log.count("Traceback (most recent call last)") >= 1  # the ranks' own logs keep everything
