@@ -359,7 +359,9 @@ def fake_batch(tmp_path: Path, args: list[str], folder: Path, status: int, recor
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "srun").write_text(FAKE_SRUN)
-    (bin_dir / "scontrol").write_text('#!/bin/bash\nprintf "%s\\n" "$*" >> "$FAKE_DIR/scontrol_calls"\n')
+    # Only the calls that act are recorded; `scontrol show job` (the batch step's look at the job) says nothing.
+    (bin_dir / "scontrol").write_text('#!/bin/bash\n[[ $1 == show ]] && exit 0\n'
+                                      'printf "%s\\n" "$*" >> "$FAKE_DIR/scontrol_calls"\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     env = clean_environ(
@@ -377,7 +379,7 @@ def fake_batch(tmp_path: Path, args: list[str], folder: Path, status: int, recor
     ({"requeue": True, "signal": "SIGUSR2", "mode": "scontrol"}, 75, False),  # rank 0 already requeued
     ({"requeue": False, "signal": "SIGTERM", "mode": "exit"}, 75, False),  # scancel: stays cancelled
     (None, 0, False),
-    (None, 1, False),
+    (None, 1, True),  # a failure: started again from the latest checkpoint (--max-restarts)
 ])
 @pytest.mark.parametrize("folder_args", [["--folder", "out/a"], ["--folder=out/a"], []])
 def test_ddp_sbatch_requeues_only_for_a_preempted_exit_that_asks_for_it(
@@ -415,13 +417,15 @@ def test_ddp_sbatch_reads_the_run_folder_the_tasks_resolved_not_its_arguments(tm
     assert_folder_file_removed(tmp_path)
 
 
-def test_ddp_sbatch_does_not_requeue_when_the_tasks_never_told_their_folder(tmp_path: Path) -> None:
+def test_ddp_sbatch_finds_the_run_folder_itself_when_the_tasks_never_told_it(tmp_path: Path) -> None:
+    """The batch step resolves the tasks' options as they do (runs/<job id> by default): it still finds
+    preempted.json, and requeues, when rank 0 never wrote its folder to HPC_DDP_FOLDER_FILE."""
     record = {"requeue": True, "signal": "SIGUSR2", "mode": "exit"}
     proc = fake_batch(tmp_path, [], tmp_path / "runs" / "123", 75, record, tell=False)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 75, err
-    assert not (tmp_path / "scontrol_calls").exists()
-    assert "[ddp.sbatch] the tasks did not write their run folder to " in err and "not requeueing" in err
+    assert (tmp_path / "scontrol_calls").read_text() == "requeue 123\n"
+    assert "[hpc_ddp] attempt 1 preempted" in err
     assert_folder_file_removed(tmp_path)
 
 

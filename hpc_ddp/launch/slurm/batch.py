@@ -21,8 +21,9 @@ attempts.jsonl, and acts:
 - otherwise: stop, with the first error's traceback once and the attempts so far.
 
 `begin` closes the previous attempt when its batch shell died before `end` could (its node went down: Slurm
-requeued the job itself, NODE_FAIL), applies --max-restarts to it, clears the last preemption record, and
-notes where this attempt's srun lines start in the batch log.
+requeued the job itself, NODE_FAIL), applies --max-restarts to it, and notes when this attempt began (a
+hang verdict or preemption record older than that is not its own) and where its srun lines start in the
+batch log.
 """
 
 from __future__ import annotations
@@ -162,7 +163,6 @@ def _read_state(folder: Path, job: str, restart: int) -> dict[str, Any]:
 def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
     cfg, folder = _resolve(argv, environ)
     job, restart = _identity(environ)
-    run_folder.prepare(folder)
     history = record.of_job(record.read(folder), job)
     for open_attempt in [a for a in history if a.restart < restart and a.ended is None]:
         # Its batch shell died before its `end` (its node went down with it, most likely): close it now.
@@ -184,17 +184,17 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
         if decision.action == record.STOP:
             say(f"job {job} stops here: {decision.message}")
             return exitcodes.FAILED
-    run_folder.clear_preempted(folder)  # what the last attempt decided is done; this one writes its own
     offset = 0
     if log:
         try:
             offset = os.path.getsize(log)
         except OSError:
             offset = 0
-    where = exits.attempt_folder(folder, job, restart)
-    where.mkdir(parents=True, exist_ok=True)
-    run_folder.atomic_write_bytes(where / STATE, json.dumps({"began": time.time(), "log": log,
-                                                             "offset": offset}).encode())
+    if folder.is_dir():  # else the tasks create it (a first start); `end` then goes by rank 0's start record
+        where = exits.attempt_folder(folder, job, restart)
+        where.mkdir(parents=True, exist_ok=True)
+        run_folder.atomic_write_bytes(where / STATE, json.dumps({"began": time.time(), "log": log,
+                                                                 "offset": offset}).encode())
     number = len(history) + 1
     say(f"attempt {number} of job {job} (restart {restart}) on {environ.get('SLURM_JOB_NODELIST', '?')}; run "
         f"folder {folder.absolute()}")
@@ -213,18 +213,36 @@ def _srun_lines(state: dict[str, Any], log: str) -> list[str]:
         return []
 
 
+def _told_folder(environ: Mapping[str, str]) -> Path | None:
+    """The run folder global rank 0 resolved and wrote to HPC_DDP_FOLDER_FILE (slurm/ddp.sbatch), if any: the
+    tasks may resolve it otherwise than these options say (an edited srun line, srun's --chdir)."""
+    try:
+        text = Path(environ.get(run_folder.FOLDER_FILE_VAR) or "").read_text().strip()
+    except OSError:
+        return None
+    return Path(text) if text else None
+
+
 def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str]) -> int:
     cfg, folder = _resolve(argv, environ)
+    folder = _told_folder(environ) or folder
+    try:  # the tasks may have ended before rank 0 made it (srun could not start them, a usage error)
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        say(f"cannot record this attempt in {folder} ({e.strerror or e}); exiting as srun did ({status})")
+        return status
     job, restart = _identity(environ)
     state = _read_state(folder, job, restart)
-    began = float(state.get("began") or 0)
     history = record.of_job(record.read(folder), job)
     this = record.find(history, job, restart) or record.Attempt(job, restart, number=len(history) + 1)
+    began = float(state.get("began") or this.started or 0)
     history = [a for a in history if a.key != this.key]
     fields = _job(job)
     slurm_requeued = fields.get("JobState", "") in HELD_STATES or int(fields.get("Restarts") or 0) > restart
     nodes = list(this.nodes) or _hosts(environ.get("SLURM_JOB_NODELIST", ""))
-    preempted = run_folder.read_preempted(folder) if status == exitcodes.PREEMPTED else None
+    # This attempt's own preemption record only: an older one (kept for the user) is no decision about it.
+    fresh = status == exitcodes.PREEMPTED and run_folder.preempted_since(folder, began)
+    preempted = run_folder.read_preempted(folder) if fresh else None
     evidence = retry.Evidence(
         code=status, rank_nodes=this.ranks, notes=tuple(exits.read(folder, job, restart)),
         verdict=watchdog.read_verdict(folder, since=began) if began else None,
@@ -254,7 +272,10 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str]) 
     if decision.action == record.DONE:
         return exitcodes.OK
     if decision.action == record.REQUEUE:
-        return _requeue(job, exclude, fields, already=slurm_requeued)
+        # Rank 0 requeued the job itself after an agreed save (--requeue-by scontrol): nothing left to do here.
+        by_rank0 = preempted is not None and preempted.mode == "scontrol"
+        code = _requeue(job, exclude, fields, already=slurm_requeued) if not by_rank0 else exitcodes.OK
+        return status if code == exitcodes.OK else code  # a requeued job's shell ends as its tasks did
     _stop(job, this, ending, decision, record.of_job(record.read(folder), job))
     return _stop_code(ending.outcome, status)
 
