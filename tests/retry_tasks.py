@@ -1,7 +1,7 @@
 """User tasks that fail the way real jobs fail, for the retry tests: `--task retry_tasks:NAME`.
 
-`node_fault` raises a GPU hardware error on one node only (the node named by RETRY_BAD_NODE, as Slurm names
-it in SLURMD_NODENAME), as a rank on a broken GPU does: the job must exclude that node and finish elsewhere.
+`node_fault` raises a GPU hardware error on one node only (the node, or the comma-separated nodes, named by
+RETRY_BAD_NODE, as Slurm names them in SLURMD_NODENAME), as a rank on a broken GPU does: the job must exclude that node and finish elsewhere.
 `fails_everywhere` raises the same error on every attempt before any checkpoint: a crash loop.
 """
 
@@ -29,8 +29,8 @@ def _failing(config, should_fail, error):  # type: ignore[no-untyped-def]
 
 
 def node_fault(config):  # type: ignore[no-untyped-def]
-    bad = os.environ.get("RETRY_BAD_NODE", "")
-    return _failing(config, lambda: os.environ.get("SLURMD_NODENAME") == bad,
+    bad = os.environ.get("RETRY_BAD_NODE", "").split(",")  # one node, or several: node2,node3
+    return _failing(config, lambda: os.environ.get("SLURMD_NODENAME") in bad,
                     lambda _n: RuntimeError("CUDA error: uncorrectable ECC error encountered"))
 
 

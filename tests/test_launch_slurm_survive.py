@@ -118,3 +118,20 @@ def test_a_task_that_fails_everywhere_stops_after_two_attempts_with_one_tracebac
     assert "[submit] rank 1 failed first (on node1)" in out
     log = submitter._read(submitter.log_path(folder, job_id, 0))
     assert log.count("Traceback (most recent call last)") >= 1  # the ranks' own logs keep everything
+
+
+def test_a_job_that_no_longer_fits_once_bad_nodes_are_excluded_stops_instead_of_pending(slurm_cluster: str,
+                                                                                       tmp_path: Path) -> None:
+    """node2 fails, then node3: with both excluded, one node is left for a 2-node job."""
+    folder = tmp_path / "run"
+    proc = run_submit(folder, "--task", "retry_tasks:node_fault", "--epochs", "2", "--wait",
+                      env=clean_environ(RETRY_BAD_NODE="node2,node3"))
+    assert proc.returncode == 1, proc.stdout
+    job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
+    first, second = attempts.read(folder)
+    assert (first.node, first.decision, first.exclude) == ("node2", "requeue", ("node2",))
+    assert (second.nodes, second.node, second.decision) == (("node1", "node3"), "node3", "stop")
+    assert second.exclude == ("node2", "node3")
+    assert "cannot requeue: the job needs 2 node(s) and only 1 usable one(s) remain in partition debug once " \
+        "node2,node3 are excluded" in proc.stdout
+    assert f"[submit] job {job_id} ended FAILED" in proc.stdout

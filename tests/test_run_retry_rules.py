@@ -77,6 +77,11 @@ def ended(number: int, outcome: str, checkpoint: int | None, signature: str = "E
     # ... but progress in between, or another error, is not.
     ([ended(1, "failed", 4)], ended(2, "failed", 8), 9, "requeue", False),
     ([ended(1, "failed", 4)], ended(2, "failed", 4, "E: y"), 9, "requeue", False),
+    # The same hardware error on another node is that node's fault too, not a crash loop; on the same node it is.
+    ([ended(1, "failed", None, node="n2", blamed=True)], ended(2, "failed", None, node="n3", blamed=True), 9,
+     "requeue", False),
+    ([ended(1, "failed", None, node="n2", blamed=True)], ended(2, "failed", None, node="n2", blamed=True), 9,
+     "stop", True),
     # Preemptions do not spend the failure budget.
     ([ended(1, "preempted", 4), ended(2, "preempted", 8)], ended(3, "failed", 12), 1, "requeue", False),
     ([ended(1, "failed", 4, "E: a"), ended(2, "preempted", 8)], ended(3, "failed", 12), 1, "stop", False),

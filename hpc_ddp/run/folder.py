@@ -8,6 +8,8 @@ files in it are written (atomically), and the preemption record the launchers re
     <folder>/run.json         what ran, with which settings and versions (hpc_ddp.run.record)
     <folder>/logs/            per-rank output of a local run (hpc_ddp.launch.local)
     <folder>/preempted.json   after a preemption, the decision all ranks agreed on
+    <folder>/attempts.jsonl   every attempt's start and end, and what came next (hpc_ddp.run.attempts)
+    <folder>/exits/           what each rank that raised left for its supervisor (hpc_ddp.run.exits)
     <folder>/submitit/        a Slurm submission's job files (hpc_ddp.launch.slurm.submitter)
     <folder>/run.lock         held by the one run that uses the folder now (`hold_folder`)
 

@@ -192,7 +192,8 @@ def decide(history: Sequence[Attempt], this: Attempt, max_restarts: int, again: 
         return Decision(record.STOP, "not retried: the run stopped itself (see its one-line error)", exclude)
     failures = sum(1 for a in history if a.failed) + 1
     before = history[-1] if history else None
-    if (before is not None and before.failed and before.signature == this.signature
+    elsewhere = before is not None and before.blamed and this.blamed and before.node != this.node
+    if (before is not None and before.failed and before.signature == this.signature and not elsewhere
             and (this.checkpoint if this.checkpoint is not None else -1)
             <= (before.checkpoint if before.checkpoint is not None else -1)):
         return Decision(record.STOP, f"crash loop: attempt {this.number} failed with the same error as attempt "
