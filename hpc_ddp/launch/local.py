@@ -601,12 +601,8 @@ class Launcher:
         this = record.find(history, job, self.restarts) or record.Attempt(job, self.restarts,
                                                                             number=len(history) + 1)
         history = [a for a in history if a.key != this.key]
-        this = dataclasses.replace(
-            this, ended=time.time(), outcome=ending.outcome, step=record.step_reached(folder, self.started_at),
-            checkpoint=record.checkpoint_step(folder), rank=ending.rank, node=ending.node, blamed=ending.blamed,
-            reason=ending.reason, signature=ending.signature)
-        if this.step is not None and this.checkpoint is not None:
-            this = dataclasses.replace(this, step=max(this.step, this.checkpoint))
+        this = retry.close(this, ending, record.step_reached(folder, self.started_at),
+                           record.checkpoint_step(folder), time.time())
         decision = retry.decide(history, this, self.job.max_restarts, again=record.RESTART,
                                 retryable=ending.retryable)
         if self.stop_requested and decision.action == record.RESTART:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import signal as signals
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpc_ddp import exitcodes
@@ -156,6 +156,14 @@ def judge(ev: Evidence) -> Ending:
     how = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
     return Ending(record.FAILED, f"the job step ended with {how}", f"exit {code}", ev.first_rank,
                   _node(ev, ev.first_rank))
+
+
+def close(this: Attempt, ending: Ending, step: int | None, checkpoint: int | None, now: float) -> Attempt:
+    """`this` attempt as it ended: `ending`, the last step recorded and the latest checkpoint (pure)."""
+    if step is not None and checkpoint is not None:
+        step = max(step, checkpoint)  # progress records are periodic; the checkpoint's step was surely reached
+    return replace(this, ended=now, outcome=ending.outcome, step=step, checkpoint=checkpoint, rank=ending.rank,
+                   node=ending.node, blamed=ending.blamed, reason=ending.reason, signature=ending.signature)
 
 
 @dataclass(frozen=True)

@@ -175,9 +175,8 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
                                                                   "node it ran on failed, or it was killed)",
                              signature="lost")
         before = [a for a in history if a.number < open_attempt.number]
-        closed = replace(open_attempt, ended=time.time(), outcome=ending.outcome, node=ending.node,
-                         blamed=ending.blamed, reason=ending.reason, signature=ending.signature,
-                         checkpoint=record.checkpoint_step(folder))
+        closed = retry.close(open_attempt, ending, record.step_reached(folder, open_attempt.started or 0),
+                             record.checkpoint_step(folder), time.time())
         decision = retry.decide(before, closed, cfg.max_restarts)
         record.record_end(folder, replace(closed, decision=decision.action, exclude=decision.exclude))
         say(f"attempt {closed.number} {closed.outcome}: {closed.reason}; {decision.message}")
@@ -249,11 +248,7 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str]) 
         killed=srun_deaths(_srun_lines(state, log)), requeue=preempted.requeue if preempted else None,
         down=_down(nodes) if status != exitcodes.OK else (), node_fail=slurm_requeued and status != exitcodes.OK)
     ending = retry.judge(evidence)
-    this = replace(this, ended=time.time(), outcome=ending.outcome, step=record.step_reached(folder, began),
-                   checkpoint=record.checkpoint_step(folder), rank=ending.rank, node=ending.node,
-                   blamed=ending.blamed, reason=ending.reason, signature=ending.signature)
-    if this.step is not None and this.checkpoint is not None:
-        this = replace(this, step=max(this.step, this.checkpoint))
+    this = retry.close(this, ending, record.step_reached(folder, began), record.checkpoint_step(folder), time.time())
     decision = retry.decide(history, this, cfg.max_restarts, retryable=ending.retryable)
     exclude = decision.exclude
     if decision.action == record.REQUEUE and exclude:
