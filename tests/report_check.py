@@ -10,6 +10,7 @@ run's records say. Any run folder works: a plain local run, or one with preempti
 from __future__ import annotations
 
 import base64
+import html
 import io
 import os
 import re
@@ -25,6 +26,7 @@ import pytest
 from conftest import die_with_test, run_module
 from hpc_ddp.report import timeline
 from hpc_ddp.report.sources import read_run
+from hpc_ddp.run import attempts as attempts_record
 from hpc_ddp.run.metrics import read_records
 
 CHROMIUM_TIMEOUT_S = 90
@@ -122,6 +124,14 @@ def check_report(folder: Path, shot: Path, *args: str, expect_heatmap: bool | No
     return Checked(proc.stdout.strip(), page, shares, colorful, summary)
 
 
+def page_attempts(page: str) -> list[dict[str, str]]:
+    """The page's attempts table as a person reads it: one {column heading: cell text} per row."""
+    (table,) = re.findall(r"<table class=attempts>(.*?)</table>", page, re.S)
+    rows = [[html.unescape(c) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", row, re.S)]
+            for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)]
+    return [dict(zip(rows[0], row)) for row in rows[1:]]
+
+
 @dataclass(frozen=True)
 class RecordFacts:
     """What a run's files say, read straight from them (not through the report's code)."""
@@ -132,6 +142,7 @@ class RecordFacts:
     starts: int  # "start" records in metrics.jsonl (0 before they existed)
     attempts: int  # attempts in attempts.jsonl (0 without one)
     lost_steps: int | None  # attempts.jsonl: sum of step - checkpoint over attempts that did not complete
+    recorded: tuple[attempts_record.Attempt, ...] = ()  # attempts.jsonl as the kit reads it (run.attempts.read)
 
 
 def record_facts(folder: Path) -> RecordFacts:
@@ -147,11 +158,13 @@ def record_facts(folder: Path) -> RecordFacts:
         steps=max((r["step"] for r in metrics if isinstance(r.get("step"), int)), default=0),
         final_loss=last["loss"] if last else None, best_loss=min((r["loss"] for r in steps), default=None),
         starts=sum(r.get("event") == "start" for r in metrics),
-        attempts=len({(r.get("job"), r.get("restart")) for r in lines}), lost_steps=lost if ends else None)
+        attempts=len({(r.get("job"), r.get("restart")) for r in lines}), lost_steps=lost if ends else None,
+        recorded=tuple(attempts_record.read(folder)))
 
 
 def assert_report_matches_records(checked: Checked, folder: Path) -> RecordFacts:
-    """The report's steps, losses, attempts and lost steps are the ones the run's files hold."""
+    """The report's steps, losses, attempts and lost steps are the ones the run's files hold; with an
+    attempts.jsonl, the page's attempts table says, row by row, what hpc_ddp.run.attempts reads from it."""
     facts = record_facts(folder)
     s = checked.summary
     assert (s.steps, s.final_loss, s.best_loss) == (facts.steps, facts.final_loss, facts.best_loss)
@@ -161,6 +174,13 @@ def assert_report_matches_records(checked: Checked, folder: Path) -> RecordFacts
         assert len(s.attempts) == facts.starts
     if facts.lost_steps is not None:
         assert s.lost_steps == facts.lost_steps
+    if facts.recorded and all(a.outcome != attempts_record.RUNNING for a in facts.recorded):
+        shown = [(row["job"], int(row["restart"]), int(row["resumed at"]), int(row["last step"]),
+                  int(row["lost steps"]), row["outcome"], row["decision"]) for row in page_attempts(checked.page)]
+        recorded = [(a.job, a.restart, a.resumed_from or 0, a.step, a.lost_steps, a.outcome, a.decision)
+                    for a in facts.recorded]
+        assert shown == recorded, (shown, recorded)
+        assert sum(a.lost_steps for a in facts.recorded) == s.lost_steps
     lost = f"lost {s.lost_steps} step{'s' * (s.lost_steps != 1)}"
     assert f"step {facts.steps}, " in checked.line and lost in checked.line, checked.line
     return facts

@@ -3,17 +3,21 @@
 `node_fault` raises a GPU hardware error on one node only (the node, or the comma-separated nodes, named by
 RETRY_BAD_NODE, as Slurm names them in SLURMD_NODENAME), as a rank on a broken GPU does: the job must exclude that node and finish elsewhere.
 `fails_everywhere` raises the same error on every attempt before any checkpoint: a crash loop.
+`fails_once_after_resume` fails once per run folder, some steps into a resumed attempt (a marker file).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from slow_tasks import _data
+from slow_tasks import _data, slow
 from hpc_ddp import Task
+from hpc_ddp.run.attempts import checkpoint_step
 
 
 def _failing(config, should_fail, error):  # type: ignore[no-untyped-def]
@@ -37,3 +41,30 @@ def node_fault(config):  # type: ignore[no-untyped-def]
 def fails_everywhere(config):  # type: ignore[no-untyped-def]
     return _failing(config, lambda: os.environ.get("RANK") == "1",
                     lambda n: ValueError(f"bad batch at call {n} (tests/retry_tasks.py:fails_everywhere)"))
+
+
+def fails_once_after_resume(config):  # type: ignore[no-untyped-def]
+    """slow_tasks.slow, except that rank 1 of a resumed attempt (SLURM_RESTART_COUNT >= 1) raises on optimizer
+    step RETRY_FAIL_AT_STEP (default 44; counted from the checkpoint it resumed from, one loss call a step) if
+    the marker file RETRY_FAIL_MARKER (a path; required) does not exist yet, creating it first: one failure per
+    run folder, some steps after the latest checkpoint, which the launcher restarts from (the steps since it
+    are lost) and the next attempt completes."""
+    task = slow(config)
+    marker = os.environ.get("RETRY_FAIL_MARKER", "")
+    restarted = int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= 1
+    if not marker or os.environ.get("RANK") != "1" or not restarted or os.path.exists(marker):
+        return task
+    resumed = checkpoint_step(Path(config.folder)) or 0  # the checkpoint this attempt is about to resume from
+    at = int(os.environ.get("RETRY_FAIL_AT_STEP", "44")) - resumed
+    calls = [0]
+    inner = task.loss_fn
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == at and not os.path.exists(marker):
+            Path(marker).write_text(f"failed at step {resumed + at}\n")
+            raise RuntimeError(f"forced failure at step {resumed + at}, once per run folder "
+                               "(tests/retry_tasks.py)")
+        return inner(output, target)
+
+    return dataclasses.replace(task, loss_fn=loss_fn)

@@ -16,10 +16,11 @@ from hpc_ddp import proc
 from hpc_ddp.errors import UsageError
 from hpc_ddp.report.records import AttemptLine, merge_attempt_lines
 from hpc_ddp.report.timeline import Window
+from hpc_ddp.run import attempts
+from hpc_ddp.run.attempts import ATTEMPTS  # written by rank 0 (start) and the supervisor (end)
 from hpc_ddp.run.folder import CHECKPOINTS, LOCK_NAME, METRICS, RUN_RECORD
 from hpc_ddp.run.metrics import read_records
 
-ATTEMPTS = "attempts.jsonl"  # written by rank 0 (start) and the supervisor (end); see hpc_ddp.run.attempts
 SACCT_FORMAT = "JobID,Submit,Start,End,State"
 
 
@@ -44,7 +45,9 @@ def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
                          f"{CHECKPOINTS}/. Fix: give the folder a run wrote (its --folder, e.g. "
                          "runs/local-12345)")
     records = tuple(read_records(folder / METRICS))
-    lines = tuple(merge_attempt_lines(read_records(folder / ATTEMPTS)))
+    # The kit's own reader (a cut line skipped, only start and end lines), then the report's merge, which
+    # skips a line whose fields have the wrong type rather than fail.
+    lines = tuple(merge_attempt_lines(attempts.read_lines(folder)))
     slurm: Mapping[tuple[str, int], Window] = {}
     if use_sacct:
         jobs = sorted({a.job for a in lines} | {str(r["job"]) for r in records
