@@ -134,3 +134,10 @@ def test_scontrol_and_sinfo_readings() -> None:
     assert (fields["JobState"], fields["NumNodes"], fields["ExcNodeList"]) == ("PENDING", "2-2", "node2")
     assert batch.node_states("node1 idle\nnode2 drain\nnode3 down*\n") == \
         {"node1": "idle", "node2": "drain", "node3": "down*"}
+
+
+def test_an_end_that_trained_nothing_is_no_attempt() -> None:
+    assert not attempts.worth_recording(Attempt("7", 0, outcome="completed"))  # a rerun of a finished run
+    assert not attempts.worth_recording(Attempt("7", 0, outcome="usage"))
+    assert attempts.worth_recording(Attempt("7", 0, outcome="failed"))  # counts against --max-restarts
+    assert attempts.worth_recording(Attempt("7", 0, started=1.0, outcome="completed"))

@@ -607,7 +607,7 @@ class Launcher:
                                 retryable=ending.retryable)
         if self.stop_requested and decision.action == record.RESTART:
             decision = retry.Decision(record.STOP, "stopped by Ctrl-C/SIGTERM", decision.exclude)
-        if self.job.records:
+        if self.job.records and record.worth_recording(this):
             # Locally blame is recorded, nothing excluded: every emulated node is this machine.
             record.record_end(folder, dataclasses.replace(this, decision=decision.action, exclude=()))
         if this.failed:

@@ -132,7 +132,7 @@ def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float, 
 <style>
 body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}
 table {{ border-collapse: collapse; margin: 0.5em 0 1em; }}
-th, td {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; font-size: 14px; }}
+th, td {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; font-size: 14px; overflow-wrap: anywhere; }}
 th {{ background: #f3f3f3; }}
 .grid, .summary {{ display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }}
 figure {{ margin: 0; width: calc(50% - 8px); min-width: 420px; max-width: 640px; }}

@@ -114,6 +114,13 @@ def record_start(folder: Path, job: str, restart: int, nodes: Iterable[str], ran
                     "nodes": list(nodes), "ranks": list(ranks), "resumed_from": resumed_from})
 
 
+def worth_recording(attempt: Attempt) -> bool:
+    """An end without a start that trained nothing (a rerun of a finished run, a usage error) is no attempt:
+    the record, its budgets and the report leave it out. A failure before training started is kept: it
+    counts against --max-restarts, and a crash loop is found by it."""
+    return attempt.started is not None or attempt.outcome not in (COMPLETED, USAGE)
+
+
 def record_end(folder: Path, attempt: Attempt, now: float | None = None) -> None:
     append(folder, {"event": "end", "job": attempt.job, "restart": attempt.restart,
                     "time": round(now or attempt.ended or time.time(), 3), "outcome": attempt.outcome,

@@ -260,7 +260,8 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str]) 
                                                    f"{len(usable)} usable one(s) remain in partition "
                                                    f"{fields.get('Partition', '?')} once {','.join(exclude)} are "
                                                    "excluded (the others are down, drained or excluded)", exclude)
-    record.record_end(folder, replace(this, decision=decision.action, exclude=exclude))
+    if record.worth_recording(this):
+        record.record_end(folder, replace(this, decision=decision.action, exclude=exclude))
     if this.outcome == record.HANG:
         say(f"{this.reason}; every rank's report: {folder / watchdog.VERDICT}")
     _tell(this, decision, slurm_requeued)
