@@ -83,7 +83,7 @@ def test_sigkill_of_one_rank_stops_everything_within_seconds(tmp_path: Path) -> 
 
 
 def test_a_rank_that_raises_fails_the_run_and_shows_its_error(tmp_path: Path) -> None:
-    code, out = finish(start(tmp_path, "--task", "slow_tasks:crash"), timeout=120)
+    code, out = finish(start(tmp_path, "--task", "slow_tasks:crash", "--max-restarts", "0"), timeout=120)
     assert code == 1
     assert "rank 1 (node 0" in out and "exited with code 1" in out
     assert "boom from rank 1" in out
