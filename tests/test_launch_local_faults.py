@@ -180,7 +180,8 @@ def test_a_full_run_folder_ends_the_run_with_an_error_not_a_hang(tmp_path: Path,
     proc = start_on_tmpfs(folder, "256k", False, folder, *CHATTY, "--timeout-s", "30")
     procs.append(proc)
     code, out = finish(proc, timeout=60)  # before the fix: hung for good, --timeout-s notwithstanding
-    assert code in (0, 1), out[-3000:]
+    # 2: a retry (--max-restarts) finds the folder full at its start: a one-line usage error, not a hang.
+    assert code in (0, 1, 2), out[-3000:]
     assert "No space left on device" in out
 
 

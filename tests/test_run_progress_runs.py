@@ -181,7 +181,9 @@ def test_tensorboard_curves_go_on_across_a_preemption_and_a_crash_with_no_step_t
             "8", "--epochs", "3", "--tensorboard")
     # 1st launch: preempted after epoch 0 (the launcher restarts it from that checkpoint); on the restart rank 1
     # crashes 12 steps later, long after the last checkpoint: the launch fails.
-    proc = start(tmp_path, *args, SLOW_TASK_SLEEP_S="0.02", CRASH_AT_CALL="12", PYTHONPATH=path)
+    # --max-restarts 0: the crash ends this launch (a retry would resume at once; the next launch does it here).
+    proc = start(tmp_path, *args, "--max-restarts", "0", SLOW_TASK_SLEEP_S="0.02", CRASH_AT_CALL="12",
+                 PYTHONPATH=path)
     read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGUSR2)
     code, out = finish(proc, timeout=100)
