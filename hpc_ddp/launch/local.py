@@ -563,12 +563,12 @@ class Launcher:
     def _node(self, rank: int) -> str:
         return slurm_env(self.job, rank, 0)["SLURMD_NODENAME"]
 
-    def _show_failure(self, index: int, code: int | None) -> None:
-        """Where the failure came from, in a few lines: the first cause's rank and the end of its log."""
+    def _show_failure(self, index: int, code: int) -> None:
+        """The rank that ended first, and how (a hang's verdict line says it instead)."""
         failed = self.ranks[index]
-        if code is None or code == exitcodes.HANG:
+        if code == exitcodes.HANG:
             return
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        how = f"was killed by {retry.signal_name(-code)}" if code < 0 else f"exited with code {code}"
         node = index // self.job.tasks_per_node
         self.say(f"rank {index} (node {node}, pid {failed.proc.pid}) {how}; stopped the other ranks")
 
@@ -660,7 +660,7 @@ class Launcher:
                         return code
                     outcome = self._supervise()  # they all exited just before the kill: as if in time
                 if outcome < len(self.ranks):
-                    code = self.ranks[outcome].proc.returncode
+                    code = self.ranks[outcome].proc.returncode  # not None: _supervise saw it end
                     ending = self._failure(outcome)
                     self._show_failure(outcome, code)
                     decision = self._end_attempt(ending)
