@@ -38,6 +38,18 @@ def job_nodes(job_id: str) -> list[str]:
                           text=True).stdout.split()
 
 
+def wait_all_idle(timeout_s: float = 120) -> None:
+    """Until every node is idle: a job then lands on the first nodes (node1,node2), which the tests rely on.
+    A node just RESUMEd, or still finishing the previous test's job, takes a moment."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True).stdout
+        if states.split() and all(line.split()[1] == "idle" for line in states.splitlines() if line.strip()):
+            return
+        assert time.monotonic() < deadline, f"nodes not idle after {timeout_s:g} s:\n{states}"
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def taken_away() -> Iterator[list[str]]:
     """Nodes a test sets DOWN; each is RESUMEd afterwards, whatever happened."""
@@ -45,6 +57,7 @@ def taken_away() -> Iterator[list[str]]:
     yield nodes
     for node in nodes:
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True)
+    wait_all_idle()
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +76,7 @@ def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(uninterrupted: dict
     while not (folder / "checkpoints" / "latest").is_file():  # the first checkpoint, at step 4
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
         time.sleep(0.1)
-    first, second = job_nodes(job_id)  # the batch shell runs on the first
+    first, second = job_nodes(job_id)  # the batch shell runs on the first; any two nodes will do here
     taken_away.append(second)
     subprocess.run(["scontrol", "update", f"NodeName={second}", "State=DOWN", "Reason=hpc_ddp test"], check=True)
     # DRAIN, so that its slurmd, still alive, does not bring it back mid-test.
@@ -84,6 +97,7 @@ def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(uninterrupted: dict
 
 def test_a_gpu_error_on_one_node_excludes_that_node(slurm_cluster: str, tmp_path: Path) -> None:
     folder = tmp_path / "run"
+    wait_all_idle()
     proc = run_submit(folder, "--task", "retry_tasks:node_fault", "--epochs", "2", "--wait",
                       env=clean_environ(RETRY_BAD_NODE="node2"))
     assert proc.returncode == 0, proc.stdout
@@ -124,6 +138,7 @@ def test_a_job_that_no_longer_fits_once_bad_nodes_are_excluded_stops_instead_of_
                                                                                        tmp_path: Path) -> None:
     """node2 fails, then node3: with both excluded, one node is left for a 2-node job."""
     folder = tmp_path / "run"
+    wait_all_idle()
     proc = run_submit(folder, "--task", "retry_tasks:node_fault", "--epochs", "2", "--wait",
                       env=clean_environ(RETRY_BAD_NODE="node2,node3"))
     assert proc.returncode == 1, proc.stdout
