@@ -34,6 +34,7 @@ from hpc_ddp.report import records, timeline
 from hpc_ddp.report.sources import parse_sacct, plausible, read_run
 from hpc_ddp.report.timeline import Window
 from hpc_ddp.report.records import heat_map as records_heat
+from hpc_ddp.run.folder import _start_ticks, hold_folder
 from report_check import IMAGES, inline_images, not_white
 
 JOB = "77"
@@ -166,6 +167,22 @@ def test_a_running_run_without_attempts_file_or_new_records(tmp_path: Path) -> N
     # Without the lock, nothing runs there: a last attempt without an end was killed.
     (folder / "run.lock").unlink()
     assert summary(folder).state == "failed" and summary(folder).attempts[0].outcome == "cut"
+
+
+def test_a_lock_left_by_a_killed_run_is_no_running_run(tmp_path: Path) -> None:
+    """A run SIGKILLed on this machine leaves its run.lock behind: its dead holder runs nothing."""
+    folder = write_fixture(tmp_path / "run", metrics=[step(100 + k, k, 1.0 / k) for k in range(1, 4)], attempts=[])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = hold_folder(folder, "launcher", None, 0)  # a real lock record, then made the child's
+        record = dict(lock.record, pid=child.pid, pid_start=_start_ticks(child.pid))
+        lock.release()
+        (folder / "run.lock").write_text(json.dumps(record) + "\n")
+        assert summary(folder).state == "running"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert (folder / "run.lock").exists() and summary(folder).state == "failed"
 
 
 def test_a_failed_last_attempt_loses_the_steps_after_its_checkpoint(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from hpc_ddp.report.records import AttemptLine, merge_attempt_lines
 from hpc_ddp.report.timeline import Window
 from hpc_ddp.run import attempts
 from hpc_ddp.run.attempts import ATTEMPTS  # written by rank 0 (start) and the supervisor (end)
-from hpc_ddp.run.folder import CHECKPOINTS, LOCK_NAME, METRICS, RUN_RECORD
+from hpc_ddp.run.folder import CHECKPOINTS, METRICS, RUN_RECORD, is_held
 from hpc_ddp.run.metrics import read_records
 
 SACCT_FORMAT = "JobID,Submit,Start,End,State"
@@ -32,7 +32,7 @@ class RunFiles:
     records: tuple[dict[str, Any], ...]
     lines: tuple[AttemptLine, ...]
     slurm: Mapping[tuple[str, int], Window]
-    running: bool  # a run holds the folder now (its run.lock is there)
+    running: bool  # a run holds the folder now (its run.lock is there and its holder alive)
 
 
 def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
@@ -53,7 +53,7 @@ def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
         jobs = sorted({a.job for a in lines} | {str(r["job"]) for r in records
                                                  if r.get("event") == "start" and r.get("job")})
         slurm = {key: w for job in jobs for key, w in sacct_windows(job).items()}
-    return RunFiles(folder, records, lines, slurm, running=(folder / LOCK_NAME).exists())
+    return RunFiles(folder, records, lines, slurm, running=is_held(folder))
 
 
 def sacct_windows(job: str) -> dict[tuple[str, int], Window]:

@@ -175,6 +175,16 @@ def hold_folder(folder: Path, role: str, job_id: str | None, restarts: int,
                      "in this folder. Fix: start one run per --folder")
 
 
+def is_held(folder: Path) -> bool:
+    """Whether a run holds `folder` now: its lock is there and the holder is not known to be gone (a lock left by
+    a killed run on this machine, or one not refreshed for LOCK_STALE_S, is not a run). Takes nothing over."""
+    path = folder / LOCK_NAME
+    if not path.exists():
+        return False
+    onlooker = {"job_id": None, "restarts": 0, "boot_id": _boot_id(), "pid_ns": _pid_ns()}
+    return _holder_gone(path, _read_lock(path), onlooker) is None
+
+
 def _read_lock(path: Path) -> dict[str, Any] | None:
     """The holder's record; None if there is no readable one (gone, or being written right now)."""
     try:
