@@ -7,12 +7,15 @@ PR_SET_PDEATHSIG; any other process found is killed by pid).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -318,6 +321,45 @@ def test_one_ctrl_c_on_a_healthy_run_saves_and_exits_75(tmp_path: Path, procs: l
     assert code == exitcodes.PREEMPTED, out
     assert "stopped by SIGTERM: checkpoint saved, not requeued" in out
     assert "did not stop" not in out
+
+
+@pytest.mark.deadline(120)
+def test_a_terminal_that_closes_saves_and_stops_the_run(tmp_path: Path) -> None:
+    """An ssh session that drops: the launcher's terminal hangs up (SIGHUP to it, the controlling process). The
+    ranks, in their own sessions, would die with the launcher and lose their work; they save and stop instead."""
+    master, slave = pty.openpty()
+
+    def on_the_terminal() -> None:  # after start_new_session's setsid: the terminal becomes the session's
+        die_with_test()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    cmd = [sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(tmp_path), "--task",
+           "slow_tasks:slow", "--nodes", "1", "--epochs", "100"]
+    proc = subprocess.Popen(cmd, env=clean_environ(SLOW_TASK_SLEEP_S="0.05"), stdin=slave, stdout=slave,
+                            stderr=slave, start_new_session=True, preexec_fn=on_the_terminal)
+    os.close(slave)
+    try:
+        shown = b""
+        deadline = time.monotonic() + 60
+        while b"Epoch 0," not in shown and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                shown += os.read(master, 65536)
+        assert b"Epoch 0," in shown, shown
+        children = descendants(proc)
+        os.close(master)  # the terminal hangs up; the launcher's later writes to it fail, which it survives
+        master = -1
+        code = proc.wait(timeout=60)
+    finally:
+        if master >= 0:
+            os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = (tmp_path / "logs" / "rank0.log").read_text()
+    assert code == exitcodes.PREEMPTED, log
+    assert "stopped by SIGTERM: checkpoint saved, not requeued" in log, log
+    assert list((tmp_path / "checkpoints").glob("*")), "no checkpoint saved"
+    assert_all_gone(children)
 
 
 def test_stop_grace_must_be_a_number_of_seconds(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ are stopped within seconds and the launcher names the failed rank and prints the
 SIGUSR1/SIGUSR2 are passed to every rank, which save at an agreed step and exit PREEMPTED; the launcher then
 plays Slurm's requeue and starts them again (SLURM_RESTART_COUNT+1) while `preempted.json` says so.
 Every rank is told `--requeue-by launcher` (its fake job id is no Slurm job for scontrol to requeue).
-SIGINT/SIGTERM are passed on too (Ctrl-C as SIGTERM); the ranks save and the launcher does not restart.
+SIGINT/SIGTERM/SIGHUP are passed on too (Ctrl-C and a closed terminal as SIGTERM); the ranks save and the
+launcher does not restart.
 Children live in their own session (a terminal's Ctrl-C reaches only the launcher, which forwards it) and die
 with the launcher even if it is SIGKILLed (PR_SET_PDEATHSIG).
 
@@ -144,6 +145,11 @@ def fresh_job_id() -> str:
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
+# Signals that stop the run (save at the next agreed step, no restart), and what the ranks get for them. Ctrl-C
+# and a closed terminal (SIGHUP: an ssh session that drops) become SIGTERM for the ranks, the same "save and
+# stop" path as scancel; the ranks, in their own sessions, never see the terminal's signals themselves.
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_FOR_RANKS = {signal.SIGINT: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM}
 _HELD = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)  # blocked in a training rank until it handles them
 _HOLDS_SIGNALS = ("hpc_ddp.train",)  # modules that unblock them first thing (preemption.install)
 
@@ -432,16 +438,15 @@ class Launcher:
         or between two runs of a restart): a rank started after one came never got it. Held until the rank
         handles them (see `_die_with_parent`); a rank that got one twice notes it once."""
         for signum in dict.fromkeys(self.forwarded[since:]):
-            child_signal = signal.SIGTERM if signum == signal.SIGINT else signum
             for r in self.ranks:
-                _send(r.proc, child_signal)
+                _send(r.proc, _FOR_RANKS.get(signum, signum))
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         # Runs on the main thread between two bytecodes of whatever it was doing: only take note and pass the
         # signal on (os.kill is safe here; the console's lock and reaping children are not). The supervision
         # loop does the rest: announcing, and killing when the stop runs out of time.
         self.forwarded.append(signum)
-        if signum in (signal.SIGINT, signal.SIGTERM):
+        if signum in _STOPS:
             self.stop_requested = True
             if not self.stop_signal:
                 self.stop_signal = signum
@@ -452,10 +457,8 @@ class Launcher:
                 # save): whoever sends SIGTERM gives the grace period, as Slurm's KillWait does.
                 self.kill_now = True
                 return
-        # Ctrl-C becomes SIGTERM for the ranks: same "save and stop" path as scancel.
-        child_signal = signal.SIGTERM if signum == signal.SIGINT else signum
         for r in self.ranks:
-            _send(r.proc, child_signal)
+            _send(r.proc, _FOR_RANKS.get(signum, signum))
 
     def _alive(self, ranks: list[_Rank] | None = None) -> list[_Rank]:
         return [r for r in (self.ranks if ranks is None else ranks) if r.proc.poll() is None]
@@ -498,7 +501,8 @@ class Launcher:
             self.say(f"Ctrl-C: asked every rank to save at the next agreed step and stop; Ctrl-C again kills them "
                      f"now, and they are killed anyway if still running in {grace} (--stop-grace-s)")
         else:
-            self.say(f"{signal.Signals(self.stop_signal).name}: asked every rank to save at the next agreed step "
+            hangup = " (the terminal closed)" if self.stop_signal == signal.SIGHUP else ""
+            self.say(f"{signal.Signals(self.stop_signal).name}{hangup}: asked every rank to save at the next agreed step "
                      f"and stop; they are killed if still running in {grace} (--stop-grace-s)")
 
     def _supervise(self) -> int:
@@ -636,7 +640,7 @@ class Launcher:
         return preempted is not None and preempted.requeue and not self.stop_requested
 
     def run(self) -> int:
-        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+        handled = (*_STOPS, signal.SIGUSR1, signal.SIGUSR2)
         previous = {s: signal.signal(s, self._on_signal) for s in handled}
         lock = None
         try:
