@@ -95,13 +95,21 @@ def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(uninterrupted: dict
     assert all(torch.equal(uninterrupted[k], got[k]) for k in uninterrupted)
 
 
-def test_a_gpu_error_on_one_node_excludes_that_node(slurm_cluster: str, tmp_path: Path) -> None:
-    folder = tmp_path / "run"
+def submit_node_fault(folder: Path, bad_nodes: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """A 2-node job whose tasks on `bad_nodes` raise a CUDA ECC error, on an idle cluster (so it starts on
+    node1,node2), waited for: the finished `submit --wait` and the job id."""
     wait_all_idle()
     proc = run_submit(folder, "--task", "retry_tasks:node_fault", "--epochs", "2", "--wait",
-                      env=clean_environ(RETRY_BAD_NODE="node2"))
+                      env=clean_environ(RETRY_BAD_NODE=bad_nodes))
+    found = re.match(r"Submitted job (\d+):", proc.stdout)
+    assert found, proc.stdout
+    return proc, found.group(1)
+
+
+def test_a_gpu_error_on_one_node_excludes_that_node(slurm_cluster: str, tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    proc, job_id = submit_node_fault(folder, "node2")
     assert proc.returncode == 0, proc.stdout
-    job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
     failed, finished = attempts.read(folder)
     assert failed.nodes == ("node1", "node2")  # the idle cluster's first two nodes
     assert (failed.outcome, failed.node, failed.blamed, failed.decision, failed.exclude) == \
@@ -138,11 +146,8 @@ def test_a_job_that_no_longer_fits_once_bad_nodes_are_excluded_stops_instead_of_
                                                                                        tmp_path: Path) -> None:
     """node2 fails, then node3: with both excluded, one node is left for a 2-node job."""
     folder = tmp_path / "run"
-    wait_all_idle()
-    proc = run_submit(folder, "--task", "retry_tasks:node_fault", "--epochs", "2", "--wait",
-                      env=clean_environ(RETRY_BAD_NODE="node2,node3"))
+    proc, job_id = submit_node_fault(folder, "node2,node3")
     assert proc.returncode == 1, proc.stdout
-    job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
     first, second = attempts.read(folder)
     assert (first.node, first.decision, first.exclude) == ("node2", "requeue", ("node2",))
     assert (second.nodes, second.node, second.decision) == (("node1", "node3"), "node3", "stop")
