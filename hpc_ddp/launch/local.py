@@ -501,9 +501,11 @@ class Launcher:
             self.say(f"Ctrl-C: asked every rank to save at the next agreed step and stop; Ctrl-C again kills them "
                      f"now, and they are killed anyway if still running in {grace} (--stop-grace-s)")
         else:
-            hangup = " (the terminal closed)" if self.stop_signal == signal.SIGHUP else ""
-            self.say(f"{signal.Signals(self.stop_signal).name}{hangup}: asked every rank to save at the next agreed step "
-                     f"and stop; they are killed if still running in {grace} (--stop-grace-s)")
+            name = signal.Signals(self.stop_signal).name
+            if self.stop_signal == signal.SIGHUP:
+                name += " (the terminal closed)"
+            self.say(f"{name}: asked every rank to save at the next agreed step and stop; they are killed if "
+                     f"still running in {grace} (--stop-grace-s)")
 
     def _supervise(self) -> int:
         """Wait for all ranks. Returns the first failure's rank index, -1 (_OUT_OF_TIME) when a stop ran out of

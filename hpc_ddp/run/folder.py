@@ -178,9 +178,7 @@ def hold_folder(folder: Path, role: str, job_id: str | None, restarts: int,
 def is_held(folder: Path) -> bool:
     """Whether a run holds `folder` now: its lock is there and the holder is not known to be gone (a lock left by
     a killed run on this machine, or one not refreshed for LOCK_STALE_S, is not a run). Takes nothing over."""
-    path = folder / LOCK_NAME
-    if not path.exists():
-        return False
+    path = folder / LOCK_NAME  # no lock at all: _holder_gone says "released"
     onlooker = {"job_id": None, "restarts": 0, "boot_id": _boot_id(), "pid_ns": _pid_ns()}
     return _holder_gone(path, _read_lock(path), onlooker) is None
 
