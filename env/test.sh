@@ -7,6 +7,11 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 bash env/setup.sh --test
+# Lint and format over the whole tree (pyproject's [tool.ruff]): one line per problem, before anything slow.
+.venv/bin/python -m ruff check --quiet . && .venv/bin/python -m ruff format --check --quiet . || {
+  echo "env/test.sh: ruff found the problems above. Fix: .venv/bin/python -m ruff check --fix . && .venv/bin/python -m ruff format ." >&2
+  exit 1
+}
 if bash env/chromium.sh; then  # Debian's chromium, for the report's browser test
   export HPC_DDP_REQUIRE_CHROMIUM=1  # that test fails instead of skipping without it
 elif [ $? != 2 ]; then  # 2: not root, nothing to install with: the test is skipped and says so

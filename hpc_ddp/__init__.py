@@ -6,7 +6,7 @@ task), `python -m hpc_ddp.doctor`, `python -m hpc_ddp.bench`; `python -m hpc_ddp
 The public API, importable from here:
 
     Task, TrainConfig            what to train, and the training options (hpc_ddp.run)
-    detect, DistEnv              this process's place in the job, from the launcher's variables (hpc_ddp.dist.env)
+    detect, DistEnv              this process's place in the job, from the launcher's variables (hpc_ddp.cluster.env)
     ClusterConfigError           what `detect` raises for missing or inconsistent variables (hpc_ddp.errors)
 
 Importing this package is cheap: each name is imported when first used (torch only with `Task`), so `--help`
@@ -22,14 +22,19 @@ from hpc_ddp._version import __version__
 __all__ = ["ClusterConfigError", "DistEnv", "Task", "TrainConfig", "__version__", "detect"]
 
 if TYPE_CHECKING:
-    from hpc_ddp.dist.env import DistEnv, detect
+    from hpc_ddp.cluster.env import DistEnv, detect
     from hpc_ddp.errors import ClusterConfigError
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.run.tasks import Task
 
 # name -> the module that defines it, imported on first use (PEP 562)
-_PUBLIC = {"Task": "hpc_ddp.run.tasks", "TrainConfig": "hpc_ddp.run.config", "detect": "hpc_ddp.dist.env",
-           "DistEnv": "hpc_ddp.dist.env", "ClusterConfigError": "hpc_ddp.errors"}
+_PUBLIC = {
+    "Task": "hpc_ddp.run.tasks",
+    "TrainConfig": "hpc_ddp.run.config",
+    "detect": "hpc_ddp.cluster.env",
+    "DistEnv": "hpc_ddp.cluster.env",
+    "ClusterConfigError": "hpc_ddp.errors",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -12,12 +12,16 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     Long options are never abbreviated: argparse's default would take `--fold x` as `--folder x`, and a
     prefix that is unique today becomes ambiguous, or means another option, when a flag is added.
     """
-    return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                   allow_abbrev=False)
+    return _Parser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> "argparse.NoReturn":  # type: ignore[name-defined]
+    def error(self, message: str) -> argparse.NoReturn:  # type: ignore[name-defined]
         # argparse prints the whole usage block first; one line with the fix is easier to read in a job log.
         self.exit(2, f"{self.prog}: error: {message} ({self._did_you_mean(message)}see --help)\n")
 
@@ -26,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
         prefix = "unrecognized arguments: "
         if not message.startswith(prefix):
             return ""
-        for word in message[len(prefix):].split():
+        for word in message[len(prefix) :].split():
             name = word.split("=", 1)[0]
             if not name.startswith("--"):
                 continue

@@ -22,8 +22,15 @@ PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving; resume by start
 HANG = 76  # the hang watchdog's verdict: <folder>/hang.json names the stalled rank, its host, phase and line
 INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
-MEANING = {OK: "finished", FAILED: "failed", USAGE: "usage error", NONFINITE: "non-finite loss",
-           PREEMPTED: "preempted, resumable", HANG: "hang, see hang.json", INTERRUPTED: "interrupted"}
+MEANING = {
+    OK: "finished",
+    FAILED: "failed",
+    USAGE: "usage error",
+    NONFINITE: "non-finite loss",
+    PREEMPTED: "preempted, resumable",
+    HANG: "hang, see hang.json",
+    INTERRUPTED: "interrupted",
+}
 LEAVE_BACKSTOP_S = 30.0  # flushing into a pipe nobody reads blocks; faulthandler ends that (exit 1)
 
 

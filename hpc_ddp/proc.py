@@ -30,7 +30,9 @@ def run(argv: Sequence[str], timeout_s: float = 60.0, cwd: str | None = None) ->
     if shutil.which(argv[0]) is None:
         return Output("", f"{argv[0]} not found on PATH")
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, cwd=cwd, check=False)
+        proc = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout_s, cwd=cwd, check=False
+        )
     except subprocess.TimeoutExpired:
         return Output("", f"`{' '.join(argv)}` did not answer within {timeout_s:g} s")
     except OSError as e:

@@ -24,25 +24,45 @@ PROG = "python -m hpc_ddp.submit"
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job = parser.add_argument_group("job shape")
-    job.add_argument("--local", action="store_true",
-                     help="run here: --nodes x tasks emulated nodes on this machine, gloo on CPU, with the "
-                          "SLURM_* variables srun would set (no Slurm needed)")
+    job.add_argument(
+        "--local",
+        action="store_true",
+        help="run here: --nodes x tasks emulated nodes on this machine, gloo on CPU, with the "
+        "SLURM_* variables srun would set (no Slurm needed)",
+    )
     job.add_argument("--nodes", type=int, default=2, help="nodes (default: 2)")
-    job.add_argument("--gpus-per-node", type=int, default=0,
-                     help="GPUs per node; one task per GPU (default: 0, a CPU job)")
-    job.add_argument("--tasks-per-node", type=int, default=None,
-                     help="tasks per node for CPU jobs (default: 2 with --gpus-per-node 0, else = GPUs)")
-    job.add_argument("--all-ranks", action="store_true",
-                     help="--local: show every rank's output on the console, not just rank 0's progress")
-    job.add_argument("--stop-grace-s", type=float, default=None, metavar="S",
-                     help="--local: after Ctrl-C or SIGTERM the ranks save at the next agreed step and exit; any "
-                          "still running S seconds later (stuck in user code or a collective) are killed, and "
-                          "the launcher exits 130 (Ctrl-C) or 143 (SIGTERM). A second Ctrl-C kills at once "
-                          "(default: 30)")
-    job.add_argument("--doctor", action="store_true",
-                     help="run `hpc_ddp.doctor` on every rank instead of training")
-    job.add_argument("--collective", action="store_true",
-                     help="with --doctor: also benchmark all-reduce (bus bandwidth by size, outlier ranks)")
+    job.add_argument(
+        "--gpus-per-node", type=int, default=0, help="GPUs per node; one task per GPU (default: 0, a CPU job)"
+    )
+    job.add_argument(
+        "--tasks-per-node",
+        type=int,
+        default=None,
+        help="tasks per node for CPU jobs (default: 2 with --gpus-per-node 0, else = GPUs)",
+    )
+    job.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="--local: show every rank's output on the console, not just rank 0's progress",
+    )
+    job.add_argument(
+        "--stop-grace-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="--local: after Ctrl-C or SIGTERM the ranks save at the next agreed step and exit; any "
+        "still running S seconds later (stuck in user code or a collective) are killed, and "
+        "the launcher exits 130 (Ctrl-C) or 143 (SIGTERM). A second Ctrl-C kills at once "
+        "(default: 30)",
+    )
+    job.add_argument(
+        "--doctor", action="store_true", help="run `hpc_ddp.doctor` on every rank instead of training"
+    )
+    job.add_argument(
+        "--collective",
+        action="store_true",
+        help="with --doctor: also benchmark all-reduce (bus bandwidth by size, outlier ranks)",
+    )
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,15 +76,34 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     slurm.add_argument("--constraint", default=None, help="node features, e.g. a100")
     slurm.add_argument("--exclusive", action="store_true", help="whole nodes only")
     slurm.add_argument("--job-name", default="hpc_ddp", help="job name (default: hpc_ddp)")
-    slurm.add_argument("--setup", action="append", default=[], metavar="LINE",
-                       help="shell line run before the tasks (module load, venv activation); repeatable")
-    slurm.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
-                       help="extra sbatch option, e.g. --slurm mail-type=END; repeatable")
-    slurm.add_argument("--signal-delay-s", type=int, default=120,
-                       help="seconds before the time limit that Slurm sends USR2 to every task (default: 120)")
-    slurm.add_argument("--print-sbatch", action="store_true", help="print the sbatch script and submit nothing")
-    slurm.add_argument("--wait", action="store_true",
-                       help="follow rank 0's log until the job ends; exit with the job's status")
+    slurm.add_argument(
+        "--setup",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="shell line run before the tasks (module load, venv activation); repeatable",
+    )
+    slurm.add_argument(
+        "--slurm",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra sbatch option, e.g. --slurm mail-type=END; repeatable",
+    )
+    slurm.add_argument(
+        "--signal-delay-s",
+        type=int,
+        default=120,
+        help="seconds before the time limit that Slurm sends USR2 to every task (default: 120)",
+    )
+    slurm.add_argument(
+        "--print-sbatch", action="store_true", help="print the sbatch script and submit nothing"
+    )
+    slurm.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow rank 0's log until the job ends; exit with the job's status",
+    )
 
 
 def build_argparser() -> argparse.ArgumentParser:
@@ -87,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--print-sbatch and --wait are for Slurm jobs; drop them with --local")
         from hpc_ddp.launch import local
 
-        return local.run_local(shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else (),
-                               ns.stop_grace_s)
+        return local.run_local(
+            shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else (), ns.stop_grace_s
+        )
     from hpc_ddp.launch.slurm import submitter
 
     return submitter.submit(ns, shape, cfg, module)

@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.dist.env import without_launcher
-from hpc_ddp.dist.placement import THREAD_VARS
+from hpc_ddp.cluster.env import without_launcher
+from hpc_ddp.cluster.placement import THREAD_VARS
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 CLUSTER = ROOT / "env" / "slurm" / "cluster.sh"
 
-pytest_plugins = ["deadline"]  # tests/deadline.py: every test has a deadline (pyproject's deadline_s, the marker)
+pytest_plugins = [
+    "deadline"
+]  # tests/deadline.py: every test has a deadline (pyproject's deadline_s, the marker)
 
 _PYTEST_PID = os.getpid()
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: no dlopen between fork and exec
@@ -36,28 +38,40 @@ def die_with_test() -> None:
 
 def clean_environ(**extra: str) -> dict[str, str]:
     """os.environ without launcher variables (the test runner itself may run inside a Slurm job) or thread
-    counts (hpc_ddp.dist.env's table, hpc_ddp.dist.placement.THREAD_VARS)."""
+    counts (hpc_ddp.cluster.env's table, hpc_ddp.cluster.placement.THREAD_VARS)."""
     env = {k: v for k, v in without_launcher(os.environ).items() if k not in THREAD_VARS}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
     env.update(extra)
     return env
 
 
-def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float = 180,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_module(
+    module: str, *args: str, cwd: Path | None = None, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`python -m module args` in a clean environment; output captured as text."""
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env or clean_environ(),
-                          capture_output=True, text=True, timeout=timeout, preexec_fn=die_with_test)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=env or clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=die_with_test,
+    )
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> str:
     """The real local Slurm cluster (env/slurm/cluster.sh), started by env/test.sh; its partition name."""
     required = os.environ.get("HPC_DDP_REQUIRE_SLURM") == "1"
-    ok = shutil.which("sbatch") is not None and subprocess.run(
-        ["bash", str(CLUSTER), "status"], capture_output=True, text=True).returncode == 0
+    ok = (
+        shutil.which("sbatch") is not None
+        and subprocess.run(["bash", str(CLUSTER), "status"], capture_output=True, text=True).returncode == 0
+    )
     if not ok:
         if required:
-            pytest.fail("the local Slurm cluster is not running: `bash env/slurm/cluster.sh start` (see its log)")
+            pytest.fail(
+                "the local Slurm cluster is not running: `bash env/slurm/cluster.sh start` (see its log)"
+            )
         pytest.skip("no local Slurm cluster (start it with `bash env/slurm/cluster.sh start`)")
     return "debug"

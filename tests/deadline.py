@@ -27,9 +27,12 @@ _stderr: IO[str] | None = None  # a duplicate of the terminal's stderr, immune t
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini("deadline_s", "seconds a test (setup + call + teardown) may take before every thread's "
-                  "stack is dumped and the run exits 1; @pytest.mark.deadline(s) overrides it; 0: no deadlines",
-                  default="60")
+    parser.addini(
+        "deadline_s",
+        "seconds a test (setup + call + teardown) may take before every thread's "
+        "stack is dumped and the run exits 1; @pytest.mark.deadline(s) overrides it; 0: no deadlines",
+        default="60",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -12,10 +12,10 @@ import os
 import threading
 
 import torch
+from slow_tasks import _data
 from torch import nn
 
 from hpc_ddp import Task
-from slow_tasks import _data
 
 
 def _linear(config, loss_fn=nn.functional.mse_loss):  # type: ignore[no-untyped-def]

@@ -10,11 +10,11 @@ import os
 import time
 
 import torch
+from slow_tasks import _data
 from torch import nn
 from torch.utils.data import Dataset
 
 from hpc_ddp import Task
-from slow_tasks import _data
 
 RANK = int(os.environ.get("HANG_RANK", "1"))
 STEP = int(os.environ.get("HANG_STEP", "3"))

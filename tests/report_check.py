@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import die_with_test, run_module
+
 from hpc_ddp.report import timeline
 from hpc_ddp.report.sources import read_run
 from hpc_ddp.run import attempts as attempts_record
@@ -75,13 +75,33 @@ def chromium() -> str:
 def screenshot(page: Path, shot: Path, width: int = 1280, height: int = 1800) -> None:
     """A headless Chromium screenshot of `page` (a local file), with no network; killed on every path."""
     profile = Path(tempfile.mkdtemp(prefix="hpc_ddp-chromium-"))
-    argv = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-default-apps", "--disable-extensions", "--no-default-browser-check",
-            "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={profile}",
-            f"--window-size={width},{height}", f"--screenshot={shot}", page.resolve().as_uri()]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=die_with_test)
+    argv = [
+        chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
+        "--disable-extensions",
+        "--no-default-browser-check",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        f"--user-data-dir={profile}",
+        f"--window-size={width},{height}",
+        f"--screenshot={shot}",
+        page.resolve().as_uri(),
+    ]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=die_with_test,
+    )
     try:
         out, _ = proc.communicate(timeout=CHROMIUM_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -127,9 +147,11 @@ def check_report(folder: Path, shot: Path, *args: str, expect_heatmap: bool | No
 def page_attempts(page: str) -> list[dict[str, str]]:
     """The page's attempts table as a person reads it: one {column heading: cell text} per row."""
     (table,) = re.findall(r"<table class=attempts>(.*?)</table>", page, re.S)
-    rows = [[html.unescape(c) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", row, re.S)]
-            for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)]
-    return [dict(zip(rows[0], row)) for row in rows[1:]]
+    rows = [
+        [html.unescape(c) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", row, re.S)]
+        for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)
+    ]
+    return [dict(zip(rows[0], row, strict=False)) for row in rows[1:]]
 
 
 @dataclass(frozen=True)
@@ -142,7 +164,9 @@ class RecordFacts:
     starts: int  # "start" records in metrics.jsonl (0 before they existed)
     attempts: int  # attempts in attempts.jsonl (0 without one)
     lost_steps: int | None  # attempts.jsonl: sum of step - checkpoint over attempts that did not complete
-    recorded: tuple[attempts_record.Attempt, ...] = ()  # attempts.jsonl as the kit reads it (run.attempts.read)
+    recorded: tuple[
+        attempts_record.Attempt, ...
+    ] = ()  # attempts.jsonl as the kit reads it (run.attempts.read)
 
 
 def record_facts(folder: Path) -> RecordFacts:
@@ -152,14 +176,20 @@ def record_facts(folder: Path) -> RecordFacts:
     last = [r for r in steps if r["step"] == top][-1] if steps else None  # a replayed step: its last record
     lines = read_records(folder / "attempts.jsonl")
     ends = [r for r in lines if r.get("event") == "end"]
-    lost = sum(max(0, (r.get("step") or 0) - (r.get("checkpoint") or 0)) for r in ends
-               if r.get("outcome") != "completed")
+    lost = sum(
+        max(0, (r.get("step") or 0) - (r.get("checkpoint") or 0))
+        for r in ends
+        if r.get("outcome") != "completed"
+    )
     return RecordFacts(
         steps=max((r["step"] for r in metrics if isinstance(r.get("step"), int)), default=0),
-        final_loss=last["loss"] if last else None, best_loss=min((r["loss"] for r in steps), default=None),
+        final_loss=last["loss"] if last else None,
+        best_loss=min((r["loss"] for r in steps), default=None),
         starts=sum(r.get("event") == "start" for r in metrics),
-        attempts=len({(r.get("job"), r.get("restart")) for r in lines}), lost_steps=lost if ends else None,
-        recorded=tuple(attempts_record.read(folder)))
+        attempts=len({(r.get("job"), r.get("restart")) for r in lines}),
+        lost_steps=lost if ends else None,
+        recorded=tuple(attempts_record.read(folder)),
+    )
 
 
 def assert_report_matches_records(checked: Checked, folder: Path) -> RecordFacts:
@@ -175,10 +205,22 @@ def assert_report_matches_records(checked: Checked, folder: Path) -> RecordFacts
     if facts.lost_steps is not None:
         assert s.lost_steps == facts.lost_steps
     if facts.recorded and all(a.outcome != attempts_record.RUNNING for a in facts.recorded):
-        shown = [(row["job"], int(row["restart"]), int(row["resumed at"]), int(row["last step"]),
-                  int(row["lost steps"]), row["outcome"], row["decision"]) for row in page_attempts(checked.page)]
-        recorded = [(a.job, a.restart, a.resumed_from or 0, a.step, a.lost_steps, a.outcome, a.decision)
-                    for a in facts.recorded]
+        shown = [
+            (
+                row["job"],
+                int(row["restart"]),
+                int(row["resumed at"]),
+                int(row["last step"]),
+                int(row["lost steps"]),
+                row["outcome"],
+                row["decision"],
+            )
+            for row in page_attempts(checked.page)
+        ]
+        recorded = [
+            (a.job, a.restart, a.resumed_from or 0, a.step, a.lost_steps, a.outcome, a.decision)
+            for a in facts.recorded
+        ]
         assert shown == recorded, (shown, recorded)
         assert sum(a.lost_steps for a in facts.recorded) == s.lost_steps
     lost = f"lost {s.lost_steps} step{'s' * (s.lost_steps != 1)}"

@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 
 import torch
+from slow_tasks import _data, slow
 from torch import nn
 
-from slow_tasks import _data, slow
 from hpc_ddp import Task
 from hpc_ddp.run.attempts import checkpoint_step
 
@@ -34,13 +34,19 @@ def _failing(config, should_fail, error):  # type: ignore[no-untyped-def]
 
 def node_fault(config):  # type: ignore[no-untyped-def]
     bad = os.environ.get("RETRY_BAD_NODE", "").split(",")  # one node, or several: node2,node3
-    return _failing(config, lambda: os.environ.get("SLURMD_NODENAME") in bad,
-                    lambda _n: RuntimeError("CUDA error: uncorrectable ECC error encountered"))
+    return _failing(
+        config,
+        lambda: os.environ.get("SLURMD_NODENAME") in bad,
+        lambda _n: RuntimeError("CUDA error: uncorrectable ECC error encountered"),
+    )
 
 
 def fails_everywhere(config):  # type: ignore[no-untyped-def]
-    return _failing(config, lambda: os.environ.get("RANK") == "1",
-                    lambda n: ValueError(f"bad batch at call {n} (tests/retry_tasks.py:fails_everywhere)"))
+    return _failing(
+        config,
+        lambda: os.environ.get("RANK") == "1",
+        lambda n: ValueError(f"bad batch at call {n} (tests/retry_tasks.py:fails_everywhere)"),
+    )
 
 
 def fails_once_after_resume(config):  # type: ignore[no-untyped-def]
@@ -63,8 +69,9 @@ def fails_once_after_resume(config):  # type: ignore[no-untyped-def]
         calls[0] += 1
         if calls[0] == at and not os.path.exists(marker):
             Path(marker).write_text(f"failed at step {resumed + at}\n")
-            raise RuntimeError(f"forced failure at step {resumed + at}, once per run folder "
-                               "(tests/retry_tasks.py)")
+            raise RuntimeError(
+                f"forced failure at step {resumed + at}, once per run folder (tests/retry_tasks.py)"
+            )
         return inner(output, target)
 
     return dataclasses.replace(task, loss_fn=loss_fn)

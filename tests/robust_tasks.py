@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 import torch
+from slow_tasks import _data
 from torch import nn
 
 from hpc_ddp import Task
-from slow_tasks import _data
 
 
 def _sleepy_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -27,14 +27,22 @@ def _sleepy_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def numpy_lr(config):  # type: ignore[no-untyped-def]
     """An optimizer whose learning rate is a numpy float (from a config file, an LR finder...)."""
-    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse,
-                optimizer=lambda params: torch.optim.SGD(params, lr=np.float64(config.lr), momentum=0.9))
+    return Task(
+        model=nn.Linear(10, 1),
+        dataset=_data(config.seed),
+        loss_fn=_sleepy_mse,
+        optimizer=lambda params: torch.optim.SGD(params, lr=np.float64(config.lr), momentum=0.9),
+    )
 
 
 def fixed_lr(config):  # type: ignore[no-untyped-def]
     """An optimizer that does not take its learning rate from --lr."""
-    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse,
-                optimizer=lambda params: torch.optim.SGD(params, lr=0.003))
+    return Task(
+        model=nn.Linear(10, 1),
+        dataset=_data(config.seed),
+        loss_fn=_sleepy_mse,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.003),
+    )
 
 
 def nan_loss(config):  # type: ignore[no-untyped-def]

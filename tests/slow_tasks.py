@@ -30,8 +30,12 @@ def slow(config):  # type: ignore[no-untyped-def]
         return nn.functional.mse_loss(output, target)
 
     model = nn.Sequential(nn.Linear(10, 32), nn.Dropout(0.1), nn.ReLU(), nn.Linear(32, 1))
-    return Task(model=model, dataset=_data(config.seed), loss_fn=loss_fn,
-                optimizer=lambda params: torch.optim.SGD(params, lr=config.lr, momentum=0.9))
+    return Task(
+        model=model,
+        dataset=_data(config.seed),
+        loss_fn=loss_fn,
+        optimizer=lambda params: torch.optim.SGD(params, lr=config.lr, momentum=0.9),
+    )
 
 
 def crash(config):  # type: ignore[no-untyped-def]

@@ -22,6 +22,9 @@ def slow_until_requeued(config):  # type: ignore[no-untyped-def]
 def without_scontrol(config):  # type: ignore[no-untyped-def]
     """`slow_until_requeued` in a task that cannot run scontrol (a container without Slurm's commands): rank 0
     leaves "mode": "exit" in preempted.json, and slurm/ddp.sbatch has to requeue in its place."""
-    os.environ["PATH"] = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
-                                         if d and not os.path.exists(os.path.join(d, "scontrol")))
+    os.environ["PATH"] = os.pathsep.join(
+        d
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d and not os.path.exists(os.path.join(d, "scontrol"))
+    )
     return slow_until_requeued(config)

@@ -12,16 +12,29 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 PACKAGE = ROOT / "hpc_ddp"
 # Lowest first. A module may import its own layer and the ones before it.
-LAYERS = ("base", "dist", "run", "launch", "tools", "entry")
-BASE = {"hpc_ddp._version", "hpc_ddp.cli", "hpc_ddp.errors", "hpc_ddp.exitcodes", "hpc_ddp.log", "hpc_ddp.proc"}
+LAYERS = ("base", "cluster", "run", "launch", "tools", "entry")
+BASE = {
+    "hpc_ddp._version",
+    "hpc_ddp.cli",
+    "hpc_ddp.errors",
+    "hpc_ddp.exitcodes",
+    "hpc_ddp.log",
+    "hpc_ddp.proc",
+}
 ENTRY = {"hpc_ddp", "hpc_ddp.__main__", "hpc_ddp.train", "hpc_ddp.submit"}
-PACKAGES = {"hpc_ddp.dist": "dist", "hpc_ddp.run": "run", "hpc_ddp.launch": "launch", "hpc_ddp.doctor": "tools",
-            "hpc_ddp.bench": "tools", "hpc_ddp.report": "tools"}
+PACKAGES = {
+    "hpc_ddp.cluster": "cluster",
+    "hpc_ddp.dist": "cluster",
+    "hpc_ddp.run": "run",
+    "hpc_ddp.launch": "launch",
+    "hpc_ddp.doctor": "tools",
+    "hpc_ddp.bench": "tools",
+    "hpc_ddp.report": "tools",
+}
 # hpc_ddp.slurm_job only re-exports launch.slurm.submitter.TaskEntry for old pickles: it sits in that layer.
 ALIASES = {"hpc_ddp.slurm_job": "launch"}
 
@@ -68,7 +81,7 @@ def imports(source: str, module: str, is_package: bool, known: Iterable[str]) ->
             base = node.module or ""
             if node.level:  # relative: resolved against this module's package
                 package = module.split(".") if is_package else module.split(".")[:-1]
-                package = package[:len(package) - node.level + 1]
+                package = package[: len(package) - node.level + 1]
                 base = ".".join(package + ([node.module] if node.module else []))
             for alias in node.names:
                 candidate = f"{base}.{alias.name}"
@@ -81,18 +94,22 @@ def violations(module: str, targets: Iterable[tuple[int, str]], where: str) -> l
     mine = layer_of(module)
     if mine is None:
         return [f"{where}: {module} has no layer; place it in tests/test_architecture.py (and the README)"]
-    allowed = LAYERS[:LAYERS.index(mine) + 1]
+    allowed = LAYERS[: LAYERS.index(mine) + 1]
     found = []
     for line, target in targets:
         theirs = layer_of(target)
         if theirs is None:
             found.append(f"{where}:{line}: {module} imports {target}, which has no layer")
         elif theirs not in allowed:
-            found.append(f"{where}:{line}: {module} ({mine}) imports {target} ({theirs}); {mine} may import "
-                         f"only {', '.join(allowed)}")
+            found.append(
+                f"{where}:{line}: {module} ({mine}) imports {target} ({theirs}); {mine} may import "
+                f"only {', '.join(allowed)}"
+            )
         elif mine == theirs == "tools" and tool_of(module) != tool_of(target):
-            found.append(f"{where}:{line}: {module} imports {target}; the tools (doctor, bench, report) do not "
-                         "import each other (what two need belongs in a lower layer)")
+            found.append(
+                f"{where}:{line}: {module} imports {target}; the tools (doctor, bench, report) do not "
+                "import each other (what two need belongs in a lower layer)"
+            )
     return found
 
 
@@ -134,12 +151,18 @@ def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
 
 def import_graph() -> dict[str, set[str]]:
     modules = all_modules()
-    return {name: {target for _, target in imports(path.read_text(), name, path.name == "__init__.py", modules)
-                   if target != name}
-            for name, path in modules.items()}
+    return {
+        name: {
+            target
+            for _, target in imports(path.read_text(), name, path.name == "__init__.py", modules)
+            if target != name
+        }
+        for name, path in modules.items()
+    }
 
 
 # ----- the package as it is ---------------------------------------------------------------------------------
+
 
 def test_every_folder_of_modules_is_a_package() -> None:
     """setuptools packages only folders with an __init__.py: one missing leaves its modules out of a wheel."""
@@ -175,46 +198,80 @@ def test_the_check_sees_the_imports_that_are_there() -> None:
 
 # ----- the rule itself, on synthetic modules ------------------------------------------------------------------
 
-KNOWN = ["hpc_ddp", "hpc_ddp.launch", "hpc_ddp.launch.local", "hpc_ddp.run", "hpc_ddp.run.session",
-         "hpc_ddp.run.folder", "hpc_ddp.dist", "hpc_ddp.dist.env", "hpc_ddp.doctor", "hpc_ddp.doctor.facts",
-         "hpc_ddp.bench", "hpc_ddp.bench.runs", "hpc_ddp.errors"]
+KNOWN = [
+    "hpc_ddp",
+    "hpc_ddp.launch",
+    "hpc_ddp.launch.local",
+    "hpc_ddp.run",
+    "hpc_ddp.run.session",
+    "hpc_ddp.run.folder",
+    "hpc_ddp.cluster",
+    "hpc_ddp.cluster.env",
+    "hpc_ddp.doctor",
+    "hpc_ddp.doctor.facts",
+    "hpc_ddp.bench",
+    "hpc_ddp.bench.runs",
+    "hpc_ddp.errors",
+]
 
 
 def check(module: str, source: str, is_package: bool = False) -> list[str]:
     return violations(module, imports(source, module, is_package, KNOWN), "x.py")
 
 
-@pytest.mark.parametrize("module, source, named", [
-    ("hpc_ddp.run.session", "def f():\n    from hpc_ddp.launch.local import Launcher\n", "hpc_ddp.launch.local"),
-    ("hpc_ddp.dist.env", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                         "    from hpc_ddp.run.folder import MODEL\n", "hpc_ddp.run.folder"),
-    ("hpc_ddp.run.session", "from ..launch import local\n", "hpc_ddp.launch.local"),
-    ("hpc_ddp.run.session", "import hpc_ddp.launch.local as l\n", "hpc_ddp.launch.local"),
-    ("hpc_ddp.run.session", "from hpc_ddp import Task\n", "hpc_ddp (entry)"),
-    ("hpc_ddp.errors", "from hpc_ddp.dist import env\n", "hpc_ddp.dist.env"),
-    ("hpc_ddp.doctor.facts", "from hpc_ddp.bench import runs\n", "the tools (doctor, bench, report) do not"),
-    ("hpc_ddp.report.plots", "from hpc_ddp.doctor import facts\n", "hpc_ddp.doctor.facts"),
-    ("hpc_ddp.bench.runs", "def f():\n    from hpc_ddp.doctor.facts import gather\n", "hpc_ddp.doctor.facts"),
-])
+@pytest.mark.parametrize(
+    "module, source, named",
+    [
+        (
+            "hpc_ddp.run.session",
+            "def f():\n    from hpc_ddp.launch.local import Launcher\n",
+            "hpc_ddp.launch.local",
+        ),
+        (
+            "hpc_ddp.cluster.env",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hpc_ddp.run.folder import MODEL\n",
+            "hpc_ddp.run.folder",
+        ),
+        ("hpc_ddp.run.session", "from ..launch import local\n", "hpc_ddp.launch.local"),
+        ("hpc_ddp.run.session", "import hpc_ddp.launch.local as l\n", "hpc_ddp.launch.local"),
+        ("hpc_ddp.run.session", "from hpc_ddp import Task\n", "hpc_ddp (entry)"),
+        ("hpc_ddp.errors", "from hpc_ddp.cluster import env\n", "hpc_ddp.cluster.env"),
+        (
+            "hpc_ddp.doctor.facts",
+            "from hpc_ddp.bench import runs\n",
+            "the tools (doctor, bench, report) do not",
+        ),
+        ("hpc_ddp.report.plots", "from hpc_ddp.doctor import facts\n", "hpc_ddp.doctor.facts"),
+        (
+            "hpc_ddp.bench.runs",
+            "def f():\n    from hpc_ddp.doctor.facts import gather\n",
+            "hpc_ddp.doctor.facts",
+        ),
+    ],
+)
 def test_the_rule_names_an_upward_or_sideways_import(module: str, source: str, named: str) -> None:
     found = check(module, source)
     assert len(found) == 1 and named in found[0], found
     assert found[0].startswith("x.py:")
 
 
-@pytest.mark.parametrize("module, source", [
-    ("hpc_ddp.launch.local", "from hpc_ddp.run import folder\nfrom hpc_ddp.dist.env import detect\n"),
-    ("hpc_ddp.run.session", "from . import folder\nfrom hpc_ddp import errors\n"),
-    ("hpc_ddp.doctor.facts", "def f():\n    from hpc_ddp.launch import local\n"),
-    ("hpc_ddp", "def __getattr__(name):\n    from hpc_ddp.doctor.facts import gather\n"),
-])
+@pytest.mark.parametrize(
+    "module, source",
+    [
+        ("hpc_ddp.launch.local", "from hpc_ddp.run import folder\nfrom hpc_ddp.cluster.env import detect\n"),
+        ("hpc_ddp.run.session", "from . import folder\nfrom hpc_ddp import errors\n"),
+        ("hpc_ddp.doctor.facts", "def f():\n    from hpc_ddp.launch import local\n"),
+        ("hpc_ddp", "def __getattr__(name):\n    from hpc_ddp.doctor.facts import gather\n"),
+    ],
+)
 def test_the_rule_lets_downward_imports_pass(module: str, source: str) -> None:
     assert check(module, source) == []
 
 
 def test_a_module_without_a_layer_is_named() -> None:
     assert check("hpc_ddp.stray", "import os\n") == [
-        "x.py: hpc_ddp.stray has no layer; place it in tests/test_architecture.py (and the README)"]
+        "x.py: hpc_ddp.stray has no layer; place it in tests/test_architecture.py (and the README)"
+    ]
 
 
 def test_cycles_are_found_and_named() -> None:

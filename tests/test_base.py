@@ -15,11 +15,14 @@ def test_a_command_that_runs_gives_its_output() -> None:
     assert out.ok and out.stdout == "hello\n" and out.error == ""
 
 
-@pytest.mark.parametrize("argv, error", [
-    (["no-such-command-hpc-ddp"], "no-such-command-hpc-ddp not found on PATH"),
-    ([sys.executable, "-c", "import sys; sys.exit(3)"], "exit code 3"),
-    ([sys.executable, "-c", "import sys; sys.stderr.write('refused\\n'); sys.exit(1)"], "refused"),
-])
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (["no-such-command-hpc-ddp"], "no-such-command-hpc-ddp not found on PATH"),
+        ([sys.executable, "-c", "import sys; sys.exit(3)"], "exit code 3"),
+        ([sys.executable, "-c", "import sys; sys.stderr.write('refused\\n'); sys.exit(1)"], "refused"),
+    ],
+)
 def test_a_command_that_fails_gives_why_instead_of_raising(argv: list[str], error: str) -> None:
     out = proc.run(argv)
     assert not out.ok and out.error == error

@@ -13,8 +13,8 @@ import torch
 from conftest import run_module
 
 from hpc_ddp.bench import hand, report, runs, suite, watching
-from hpc_ddp.dist.env import detect
-from hpc_ddp.dist.group import process_group
+from hpc_ddp.cluster.env import detect
+from hpc_ddp.cluster.group import process_group
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import tasks
 from hpc_ddp.run.beacon import NullBeacon
@@ -26,21 +26,32 @@ from hpc_ddp.run.trainer import Trainer
 @pytest.mark.deadline(200)  # 40 s measured, and about 10 s for the watchdog section
 def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = run_module("hpc_ddp.bench", "--quick", "--json", str(out), "--folder", str(tmp_path / "runs"),
-                      timeout=600)
+    proc = run_module(
+        "hpc_ddp.bench", "--quick", "--json", str(out), "--folder", str(tmp_path / "runs"), timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     sections = report["sections"]
     assert list(sections) == list(suite.SECTIONS)
-    figures = [sections["overhead"]["kit_vs_naive"], sections["overhead"]["kit_vs_tuned"],
-               sections["scaling"]["efficiency"], sections["checkpoint"]["kit_vs_raw"],
-               sections["checkpoint"]["stall_ms"], sections["launch"]["local_vs_torchrun"],
-               sections["watchdog"]["with_vs_without"], sections["watchdog"]["with_samples_per_s"],
-               sections["watchdog"]["without_samples_per_s"]]
+    figures = [
+        sections["overhead"]["kit_vs_naive"],
+        sections["overhead"]["kit_vs_tuned"],
+        sections["scaling"]["efficiency"],
+        sections["checkpoint"]["kit_vs_raw"],
+        sections["checkpoint"]["stall_ms"],
+        sections["launch"]["local_vs_torchrun"],
+        sections["watchdog"]["with_vs_without"],
+        sections["watchdog"]["with_samples_per_s"],
+        sections["watchdog"]["without_samples_per_s"],
+    ]
     assert all(isinstance(x, float) and math.isfinite(x) and x > 0 for x in figures), figures
     assert [t["name"] for t in report["targets"]] == [
-        "kit / hand loop, default threads", "kit / hand loop, tuned threads", "checkpoint / raw write",
-        "launch / torchrun", "hang watch on / off"]
+        "kit / hand loop, default threads",
+        "kit / hand loop, tuned threads",
+        "checkpoint / raw write",
+        "launch / torchrun",
+        "hang watch on / off",
+    ]
     assert all(isinstance(t["met"], bool) for t in report["targets"])
     assert report["settings"]["quick"] is True
     assert "samples/s" in proc.stdout and "target  launch / torchrun" in proc.stdout  # the table
@@ -61,7 +72,8 @@ def test_quick_watchdog_section_alone_reports_its_ratio(tmp_path):
     ratio = watch["with_vs_without"]
     assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0
     assert report["targets"] == [
-        {"name": "hang watch on / off", "value": ratio, "op": ">=", "threshold": 0.99, "met": ratio >= 0.99}]
+        {"name": "hang watch on / off", "value": ratio, "op": ">=", "threshold": 0.99, "met": ratio >= 0.99}
+    ]
     assert "CPU on / off" in proc.stdout and "target  hang watch on / off" in proc.stdout
     assert watch["with_cpu_ms_per_step"] > 0 and watch["cpu_with_vs_without"] > 0
 
@@ -76,8 +88,9 @@ def test_watchdog_baseline_has_no_comm_hook_and_trains_the_same_steps(tmp_path):
     with process_group(single, torch.device("cpu")):
         for kwargs in ({}, {"beacon": NullBeacon(), "mark_grads": False}):
             torch.manual_seed(cfg.seed)
-            with Trainer(cfg, single, torch.device("cpu"), tasks.build(cfg), tmp_path, RankLog(0),
-                         **kwargs) as trainer:
+            with Trainer(
+                cfg, single, torch.device("cpu"), tasks.build(cfg), tmp_path, RankLog(0), **kwargs
+            ) as trainer:
                 hooks = len(trainer.ddp._comm_hooks)
                 trainer.run()
                 marked = trainer._grads_ready > 0
@@ -98,8 +111,10 @@ def test_help_explains_each_section():
 
 
 def test_bad_arguments_are_one_line_usage_errors():
-    for args, expected in ((["overhed"], "unknown section 'overhed'"),
-                           (["--steps", "500"], "Fix: --steps 128 or fewer")):
+    for args, expected in (
+        (["overhed"], "unknown section 'overhed'"),
+        (["--steps", "500"], "Fix: --steps 128 or fewer"),
+    ):
         proc = run_module("hpc_ddp.bench", *args)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and expected in proc.stderr

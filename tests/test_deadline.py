@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import ROOT, clean_environ, die_with_test
 
 DEADLINE_SH = ROOT / "env" / "deadline.sh"
@@ -49,14 +48,23 @@ def test_slower_than_the_first_deadline_within_its_own():
 """
 
 
-def run_pytest(tmp_path: Path, name: str, source: str, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def run_pytest(
+    tmp_path: Path, name: str, source: str, *args: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
     """pytest with only the deadline plugin on one test file in tmp_path; the result and its wall time."""
     (tmp_path / "pytest.ini").write_text(PYTEST_INI)
     (tmp_path / name).write_text(source)
     argv = [sys.executable, "-m", "pytest", "-p", "deadline", "-p", "no:cacheprovider", *args, name]
     start = time.monotonic()
-    proc = subprocess.run(argv, cwd=tmp_path, env=clean_environ(), capture_output=True, text=True,
-                          timeout=BOUND_S, preexec_fn=die_with_test)
+    proc = subprocess.run(
+        argv,
+        cwd=tmp_path,
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+        preexec_fn=die_with_test,
+    )
     return proc, time.monotonic() - start
 
 
@@ -67,11 +75,13 @@ def test_a_test_stuck_in_native_code_holding_the_gil_fails_with_every_stack(tmp_
     assert 3 <= took < BOUND_S
     line = "[deadline] test_stuck.py::test_stuck_in_native_code_holding_the_gil: 3 s"
     assert line in proc.stderr, out
-    dump = proc.stderr[proc.stderr.index(line):]
+    dump = proc.stderr[proc.stderr.index(line) :]
     assert "Timeout (0:00:03)!" in dump, out
     assert re.search(r"^Thread 0x[0-9a-f]+ \(most recent call first\):$", dump, re.M), out
     # The stuck frame itself: the test function, its file and line.
-    assert re.search(r'File ".*test_stuck\.py", line 6 in test_stuck_in_native_code_holding_the_gil', dump), out
+    assert re.search(r'File ".*test_stuck\.py", line 6 in test_stuck_in_native_code_holding_the_gil', dump), (
+        out
+    )
 
 
 def test_each_test_gets_its_own_deadline_and_a_finished_one_is_cancelled(tmp_path: Path) -> None:
@@ -79,7 +89,9 @@ def test_each_test_gets_its_own_deadline_and_a_finished_one_is_cancelled(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
     assert "[deadline] test_rearmed.py::test_fast: 2 s" in proc.stderr
-    assert "[deadline] test_rearmed.py::test_slower_than_the_first_deadline_within_its_own: 30 s" in proc.stderr
+    assert (
+        "[deadline] test_rearmed.py::test_slower_than_the_first_deadline_within_its_own: 30 s" in proc.stderr
+    )
     assert "Timeout" not in proc.stderr
 
 
@@ -110,9 +122,14 @@ stuck_in_native_sleep()
 
 def run_deadline(seconds: int, *command: str, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
     start = time.monotonic()
-    proc = subprocess.run(["bash", str(DEADLINE_SH), "--label", "[ci] suite", str(seconds), "--", *command],
-                          env=clean_environ(**env), capture_output=True, text=True, timeout=BOUND_S,
-                          preexec_fn=die_with_test)
+    proc = subprocess.run(
+        ["bash", str(DEADLINE_SH), "--label", "[ci] suite", str(seconds), "--", *command],
+        env=clean_environ(**env),
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+        preexec_fn=die_with_test,
+    )
     return proc, time.monotonic() - start
 
 
@@ -144,7 +161,9 @@ def test_the_run_deadline_dumps_native_and_python_stacks_and_kills_the_tree(tmp_
 
 def test_the_run_deadline_without_py_spy_still_lists_and_kills(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
-    proc, took = run_deadline(1, "bash", "-c", f'echo $$ > {pid_file}; exec sleep 600', PY_SPY=str(tmp_path / "no"))
+    proc, took = run_deadline(
+        1, "bash", "-c", f"echo $$ > {pid_file}; exec sleep 600", PY_SPY=str(tmp_path / "no")
+    )
     assert proc.returncode == 124, proc.stdout + proc.stderr
     assert took < 30
     assert "py-spy not found, no stacks" in proc.stdout

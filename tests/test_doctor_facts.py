@@ -7,19 +7,23 @@ import socket
 from pathlib import Path
 
 import pytest
+from test_doctor_rules import rank
 
 from hpc_ddp.doctor import facts as probes
 from hpc_ddp.doctor.facts import RankFacts
-from test_doctor_rules import rank
 
 # ---- probes on this host -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("files, expected", [
-    ({"/etc/machine-id": "abc", "/proc/sys/kernel/random/boot_id": "b00t"}, "abc/b00t"),
-    ({"/var/lib/dbus/machine-id": "dbus", "/proc/sys/kernel/random/boot_id": "b00t"}, "dbus/b00t"),
-    ({"/proc/sys/kernel/random/boot_id": "b00t"}, "b00t"),
-    ({}, "host:node7"),  # a bare container: the host name is the best left
-])
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        ({"/etc/machine-id": "abc", "/proc/sys/kernel/random/boot_id": "b00t"}, "abc/b00t"),
+        ({"/var/lib/dbus/machine-id": "dbus", "/proc/sys/kernel/random/boot_id": "b00t"}, "dbus/b00t"),
+        ({"/proc/sys/kernel/random/boot_id": "b00t"}, "b00t"),
+        ({}, "host:node7"),  # a bare container: the host name is the best left
+    ],
+)
 def test_machine_identity(files: dict[str, str], expected: str) -> None:
     assert probes.machine_identity(lambda path: files.get(path, ""), hostname="node7") == expected
 

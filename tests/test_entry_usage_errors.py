@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import clean_environ, run_module
 
 SUBMIT = "hpc_ddp.submit"
@@ -45,8 +44,10 @@ SUBMIT_CASES = [
     (["--nodes", "two"], ["argument --nodes: invalid int value: 'two'"]),
     (["--gpus-per-node", "-1"], ["--gpus-per-node -1: must be 0 (CPU job) or more"]),
     (["--tasks-per-node", "0"], ["--tasks-per-node 0: must be at least 1"]),
-    (["--gpus-per-node", "2", "--tasks-per-node", "3"],
-     ["--tasks-per-node 3 conflicts with --gpus-per-node 2", "one task per GPU", "Drop --tasks-per-node"]),
+    (
+        ["--gpus-per-node", "2", "--tasks-per-node", "3"],
+        ["--tasks-per-node 3 conflicts with --gpus-per-node 2", "one task per GPU", "Drop --tasks-per-node"],
+    ),
     (["--print-sbatch"], ["--print-sbatch and --wait are for Slurm jobs; drop them with --local"]),
     (["--epochs", "0"], ["--epochs 0: must be at least 1"]),
     (["--lr", "-1"], ["--lr -1.0: must be a positive number", "--lr 0.01"]),
@@ -57,7 +58,10 @@ SUBMIT_CASES = [
     (["--resume", "auto", "--overwrite"], ["--overwrite only applies with --resume never"]),
     (["--timeout-s", "0"], ["--timeout-s 0.0: must be positive"]),
     (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
-    (["--requeue-by", "scontrol"], ["--requeue-by scontrol: a local run is no Slurm job", "drop --requeue-by"]),
+    (
+        ["--requeue-by", "scontrol"],
+        ["--requeue-by scontrol: a local run is no Slurm job", "drop --requeue-by"],
+    ),
     (["--requeue-by", "slurm"], ["argument --requeue-by: invalid choice: 'slurm'"]),
 ]
 
@@ -106,17 +110,32 @@ ENV_CASES = [
     # sbatch copied a stale `export WORLD_SIZE=4` from the submitting shell, no launcher around it.
     ({"WORLD_SIZE": "4"}, ["WORLD_SIZE=4 is set but no launcher is detected", "unset WORLD_SIZE"]),
     # The batch shell of a 4-task job, without srun.
-    ({"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"},
-     ["Slurm job 77 (SLURM_NTASKS=4) but outside srun", "srun python -m hpc_ddp.train"]),
+    (
+        {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"},
+        ["Slurm job 77 (SLURM_NTASKS=4) but outside srun", "srun python -m hpc_ddp.train"],
+    ),
     # An srun step whose leftover RANK disagrees with Slurm.
-    ({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
-      "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "node1",
-      "SLURM_STEP_TASKS_PER_NODE": "2", "RANK": "0"},
-     ["RANK=0 is set in the environment but Slurm says rank=1", "unset RANK"]),
+    (
+        {
+            "SLURM_JOB_ID": "77",
+            "SLURM_STEP_ID": "0",
+            "SLURM_PROCID": "1",
+            "SLURM_LOCALID": "1",
+            "SLURM_NODEID": "0",
+            "SLURM_STEP_NUM_TASKS": "2",
+            "SLURM_STEP_NUM_NODES": "1",
+            "SLURM_STEP_NODELIST": "node1",
+            "SLURM_STEP_TASKS_PER_NODE": "2",
+            "RANK": "0",
+        },
+        ["RANK=0 is set in the environment but Slurm says rank=1", "unset RANK"],
+    ),
 ]
 
 
-@pytest.mark.parametrize("environ, expected", ENV_CASES, ids=["stale-world-size", "batch-shell", "stale-rank"])
+@pytest.mark.parametrize(
+    "environ, expected", ENV_CASES, ids=["stale-world-size", "batch-shell", "stale-rank"]
+)
 def test_train_bad_environment(environ: dict[str, str], expected: list[str], tmp_path: Path) -> None:
     proc = run_module(TRAIN, cwd=tmp_path, env=clean_environ(**environ), timeout=60)
     assert_usage_error(proc, TRAIN, *expected)
@@ -151,10 +170,17 @@ print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
 
 @pytest.mark.parametrize("module", [SUBMIT, TRAIN])
 @pytest.mark.parametrize("args, code", [(["--help"], 0), (["--epochs", "0"], 2), (["--task", "nope"], 2)])
-def test_help_and_usage_errors_import_nothing_heavy(module: str, args: list[str], code: int,
-                                                    tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", PROBE, module, *args], cwd=tmp_path, env=clean_environ(),
-                          capture_output=True, text=True, timeout=60)
+def test_help_and_usage_errors_import_nothing_heavy(
+    module: str, args: list[str], code: int, tmp_path: Path
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, module, *args],
+        cwd=tmp_path,
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     report = json.loads(proc.stderr.splitlines()[-1])
     assert report == {"code": code, "heavy": []}, proc.stderr
     if code == 0:
@@ -190,6 +216,7 @@ def test_abbreviated_options_are_refused(module: str, args: list[str], tmp_path:
 
 def test_bench_hand_refuses_abbreviated_options(tmp_path: Path) -> None:
     # An internal helper of the bench (argparse's own error format), but it must not guess either.
-    proc = run_module("hpc_ddp.bench.hand", "--thread", "tuned", "--out", "x", "--steps", "1", cwd=tmp_path,
-                      timeout=60)
+    proc = run_module(
+        "hpc_ddp.bench.hand", "--thread", "tuned", "--out", "x", "--steps", "1", cwd=tmp_path, timeout=60
+    )
     assert proc.returncode == 2 and "unrecognized arguments: --thread" in proc.stderr, proc.stderr

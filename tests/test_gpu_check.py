@@ -20,13 +20,23 @@ SCRIPT = ROOT / "env" / "gpu-check.sh"
 @pytest.mark.deadline(300)  # a one-rank doctor and one quick bench section: about 30 s on 2 busy cores
 def test_gpu_check_runs_its_cpu_steps(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", str(SCRIPT), "--cpu", str(out)], cwd=tmp_path,
-                          env=clean_environ(PYTHON=sys.executable), capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--cpu", str(out)],
+        cwd=tmp_path,
+        env=clean_environ(PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     sections = [line for line in proc.stdout.splitlines() if line.startswith("== ")]
-    assert sections == ["== versions", "== GPU tests: skipped (--cpu)", "== doctor (1 rank, --collective)",
-                        "== bench overhead (--quick with --cpu)"], text
+    assert sections == [
+        "== versions",
+        "== GPU tests: skipped (--cpu)",
+        "== doctor (1 rank, --collective)",
+        "== bench overhead (--quick with --cpu)",
+    ], text
     assert "torch " in text and "nvidia-smi" not in text
     assert "doctor: 0 FAIL" in (out / "doctor.log").read_text()
     report = json.loads((out / "bench.json").read_text())
@@ -35,8 +45,15 @@ def test_gpu_check_runs_its_cpu_steps(tmp_path: Path) -> None:
 
 
 def test_gpu_check_refuses_an_unknown_option(tmp_path: Path) -> None:
-    proc = subprocess.run(["bash", str(SCRIPT), "--cpus"], cwd=tmp_path, env=clean_environ(PYTHON=sys.executable),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--cpus"],
+        cwd=tmp_path,
+        env=clean_environ(PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
-    assert proc.stderr.splitlines() == ["env/gpu-check.sh: unknown option --cpus; usage: bash env/gpu-check.sh "
-                                        "[--cpu] [OUT_DIR]"]
+    assert proc.stderr.splitlines() == [
+        "env/gpu-check.sh: unknown option --cpus; usage: bash env/gpu-check.sh [--cpu] [OUT_DIR]"
+    ]

@@ -11,7 +11,6 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-
 from conftest import clean_environ, die_with_test
 
 from hpc_ddp import exitcodes
@@ -21,8 +20,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.deadline(60)]  # each 8-10 s (measur
 
 def start(folder: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(folder), *args]
-    return subprocess.Popen(cmd, env=clean_environ(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, preexec_fn=die_with_test)
+    return subprocess.Popen(
+        cmd,
+        env=clean_environ(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=die_with_test,
+    )
 
 
 def read_until(proc: subprocess.Popen[str], needle: str, timeout: float = 120) -> list[str]:
@@ -53,8 +58,11 @@ def test_2x2_local_run_trains_with_the_article_output(tmp_path: Path) -> None:
         assert f"Process {rank} initialized" in out
     assert out.count("Process group destroyed") == 4
     losses = [float(line.split("Loss:")[1]) for line in out.splitlines() if line.startswith("Epoch ")]
-    assert [line.split(",")[0] for line in out.splitlines() if line.startswith("Epoch ")] == \
-        ["Epoch 0", "Epoch 1", "Epoch 2"]
+    assert [line.split(",")[0] for line in out.splitlines() if line.startswith("Epoch ")] == [
+        "Epoch 0",
+        "Epoch 1",
+        "Epoch 2",
+    ]
     assert losses[-1] < losses[0]
     assert "Parameters identical on all 4 ranks" in out
     assert f"Model saved by rank 0 to {tmp_path / 'model.pth'}" in out
@@ -68,8 +76,16 @@ def test_2x2_local_run_trains_with_the_article_output(tmp_path: Path) -> None:
 
 def test_sigkill_of_one_rank_stops_everything_within_seconds(tmp_path: Path) -> None:
     # --max-restarts 0: no retry, the launcher ends at the first failure (tests/test_launch_local_retry.py retries)
-    proc = start(tmp_path, "--task", "slow_tasks:slow", "--epochs", "100", "--max-restarts", "0",
-                 SLOW_TASK_SLEEP_S="0.05")
+    proc = start(
+        tmp_path,
+        "--task",
+        "slow_tasks:slow",
+        "--epochs",
+        "100",
+        "--max-restarts",
+        "0",
+        SLOW_TASK_SLEEP_S="0.05",
+    )
     read_until(proc, "Epoch 0,")
     children = psutil.Process(proc.pid).children()
     assert len(children) == 4
@@ -102,7 +118,9 @@ def test_killing_the_launcher_leaves_no_process(tmp_path: Path) -> None:
 def test_a_hang_dumps_every_rank_stack_to_its_log_then_fails(tmp_path: Path) -> None:
     """With --timeout-s 8 the auto hang threshold is 4 s: the watchdog's verdict comes first (run/watchdog.py),
     and every rank's log holds its stacks."""
-    proc = start(tmp_path, "--task", "slow_tasks:hang", "--nodes", "1", "--timeout-s", "8", "--max-restarts", "0")
+    proc = start(
+        tmp_path, "--task", "slow_tasks:hang", "--nodes", "1", "--timeout-s", "8", "--max-restarts", "0"
+    )
     code, out = finish(proc, timeout=120)
     assert code == exitcodes.HANG, out
     assert "[launcher] hang at step 2: rank 1 (" in out

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import clean_environ, die_with_test, run_module
+from test_launch_local import finish, read_until, start
+
 from hpc_ddp import exitcodes
 from hpc_ddp.launch.local import Console
-from test_launch_local import finish, read_until, start
 
 pytestmark = pytest.mark.slow
 
@@ -38,10 +38,10 @@ def chatty(config):  # type: ignore[no-untyped-def]
     40 KB per step, 640 KB per rank in 2 epochs: far more than a pipe holds (64 KiB), so a launcher that
     stops draining a rank's output stalls that rank, and its peers then wait in the gradient all-reduce."""
     import torch
+    from slow_tasks import _data
     from torch import nn
 
     from hpc_ddp import Task
-    from slow_tasks import _data
 
     def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         for i in range(40):
@@ -54,10 +54,10 @@ def chatty(config):  # type: ignore[no-untyped-def]
 def hang(config):  # type: ignore[no-untyped-def]
     """slow_tasks:hang, which says when it starts to hang: rank 1 sleeps in loss_fn on its 2nd step, and from
     then on no rank can reach an agreed step (its peers wait for it in the gradient all-reduce)."""
+    from slow_tasks import _data
     from torch import nn
 
     from hpc_ddp import Task
-    from slow_tasks import _data
 
     calls = [0]
 
@@ -117,8 +117,9 @@ def assert_complete_logs(folder: Path, ranks: int) -> None:
 
 
 @pytest.mark.deadline(90)
-def test_unwritable_logs_are_reported_once_and_training_completes(tmp_path: Path,
-                                                                 procs: list[subprocess.Popen[str]]) -> None:
+def test_unwritable_logs_are_reported_once_and_training_completes(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
     # /dev/full fails every write with ENOSPC: the disk is full for these two logs only.
     (tmp_path / "logs").mkdir()
     for rank in (0, 1):
@@ -129,8 +130,11 @@ def test_unwritable_logs_are_reported_once_and_training_completes(tmp_path: Path
     assert code == 0, out[-3000:]
     assert (tmp_path / "model.pth").exists()
     for rank in (0, 1):
-        notes = [line for line in out.splitlines()
-                 if line.startswith("[launcher]") and f"rank{rank}.log" in line and "cannot write" in line]
+        notes = [
+            line
+            for line in out.splitlines()
+            if line.startswith("[launcher]") and f"rank{rank}.log" in line and "cannot write" in line
+        ]
         assert len(notes) == 1, out[-3000:]
         assert "No space left on device" in notes[0] and "dropped" in notes[0]
     assert "Exception in thread" not in out and "Traceback" not in out
@@ -151,33 +155,66 @@ def start_on_tmpfs(mount: Path, size: str, fill: bool, folder: Path, *args: str)
     """The local run, in a private mount namespace where `mount` is a small tmpfs (nothing leaks out: the
     mount goes away with the namespace when the launcher exits). With `fill`, the tmpfs is full from the start."""
     mount.mkdir(parents=True, exist_ok=True)
-    script = ('mount -t tmpfs -o "size=$1" tmpfs "$2" || exit 99; '
-              '[ "$3" = 1 ] && dd if=/dev/zero of="$2/fill" bs=4k 2>/dev/null; shift 3; exec "$@"')
-    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", size, str(mount),
-           "1" if fill else "0", sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(folder), *args]
-    return subprocess.Popen(cmd, env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=die_with_test)
+    script = (
+        'mount -t tmpfs -o "size=$1" tmpfs "$2" || exit 99; '
+        '[ "$3" = 1 ] && dd if=/dev/zero of="$2/fill" bs=4k 2>/dev/null; shift 3; exec "$@"'
+    )
+    cmd = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        size,
+        str(mount),
+        "1" if fill else "0",
+        sys.executable,
+        "-m",
+        "hpc_ddp.submit",
+        "--local",
+        "--folder",
+        str(folder),
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd,
+        env=clean_environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=die_with_test,
+    )
 
 
 @pytest.mark.deadline(90)
 @needs_mount_ns
-def test_a_really_full_log_disk_loses_logs_but_not_the_run(tmp_path: Path,
-                                                           procs: list[subprocess.Popen[str]]) -> None:
+def test_a_really_full_log_disk_loses_logs_but_not_the_run(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
     proc = start_on_tmpfs(tmp_path / "logs", "64k", True, tmp_path, *CHATTY)
     procs.append(proc)
     code, out = finish(proc, timeout=60)
     assert code == 0, out[-3000:]
     assert (tmp_path / "model.pth").exists()
     for rank in (0, 1):
-        notes = [line for line in out.splitlines() if line.startswith("[launcher]") and f"rank{rank}.log" in line
-                 and "No space left on device" in line]
+        notes = [
+            line
+            for line in out.splitlines()
+            if line.startswith("[launcher]")
+            and f"rank{rank}.log" in line
+            and "No space left on device" in line
+        ]
         assert len(notes) == 1, out[-3000:]
 
 
 @pytest.mark.deadline(90)
 @needs_mount_ns
-def test_a_full_run_folder_ends_the_run_with_an_error_not_a_hang(tmp_path: Path,
-                                                                 procs: list[subprocess.Popen[str]]) -> None:
+def test_a_full_run_folder_ends_the_run_with_an_error_not_a_hang(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
     # Everything (logs, checkpoints, metrics) on 256 KiB that the chatter fills within the first epoch.
     folder = tmp_path / "run"
     proc = start_on_tmpfs(folder, "256k", False, folder, *CHATTY, "--timeout-s", "30")
@@ -192,12 +229,19 @@ def test_a_full_run_folder_ends_the_run_with_an_error_not_a_hang(tmp_path: Path,
 
 
 @pytest.mark.deadline(90)
-def test_a_closed_console_stalls_no_rank_and_the_run_completes(tmp_path: Path,
-                                                               procs: list[subprocess.Popen[str]]) -> None:
+def test_a_closed_console_stalls_no_rank_and_the_run_completes(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
     # `python -m hpc_ddp.submit --local ... | head -3`
     cmd = [sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(tmp_path), *CHATTY]
-    proc = subprocess.Popen(cmd, env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=die_with_test)
+    proc = subprocess.Popen(
+        cmd,
+        env=clean_environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=die_with_test,
+    )
     procs.append(proc)
     assert proc.stdout is not None and proc.stderr is not None
     head = [proc.stdout.readline() for _ in range(3)]
@@ -252,7 +296,12 @@ def test_a_stalled_console_never_blocks_who_writes_to_it() -> None:
 
 # --- 3. Ctrl-C and SIGTERM while a rank hangs in user code ------------------------------------------------
 
-HANG = ("--task", "test_launch_local_faults:hang", "--nodes", "1")  # rank 1 sleeps 3600 s; default --timeout-s
+HANG = (
+    "--task",
+    "test_launch_local_faults:hang",
+    "--nodes",
+    "1",
+)  # rank 1 sleeps 3600 s; default --timeout-s
 
 
 def start_hung(tmp_path: Path, procs: list[subprocess.Popen[str]], *args: str) -> subprocess.Popen[str]:
@@ -264,7 +313,9 @@ def start_hung(tmp_path: Path, procs: list[subprocess.Popen[str]], *args: str) -
 
 
 @pytest.mark.deadline(60)
-def test_ctrl_c_twice_kills_a_hung_run_within_seconds(tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+def test_ctrl_c_twice_kills_a_hung_run_within_seconds(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
     proc = start_hung(tmp_path, procs)
     children = descendants(proc)
     assert len(children) >= 2
@@ -280,8 +331,9 @@ def test_ctrl_c_twice_kills_a_hung_run_within_seconds(tmp_path: Path, procs: lis
 
 
 @pytest.mark.deadline(60)
-def test_one_ctrl_c_kills_a_hung_run_after_the_grace_period(tmp_path: Path,
-                                                            procs: list[subprocess.Popen[str]]) -> None:
+def test_one_ctrl_c_kills_a_hung_run_after_the_grace_period(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
     proc = start_hung(tmp_path, procs, "--stop-grace-s", "3")
     children = descendants(proc)
     proc.send_signal(signal.SIGINT)
@@ -294,8 +346,9 @@ def test_one_ctrl_c_kills_a_hung_run_after_the_grace_period(tmp_path: Path,
 
 
 @pytest.mark.deadline(60)
-def test_sigterm_kills_a_hung_run_after_the_grace_period(tmp_path: Path,
-                                                         procs: list[subprocess.Popen[str]]) -> None:
+def test_sigterm_kills_a_hung_run_after_the_grace_period(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
     proc = start_hung(tmp_path, procs, "--stop-grace-s", "3")
     children = descendants(proc)
     proc.send_signal(signal.SIGTERM)
@@ -311,9 +364,12 @@ def test_sigterm_kills_a_hung_run_after_the_grace_period(tmp_path: Path,
 
 
 @pytest.mark.deadline(90)
-def test_one_ctrl_c_on_a_healthy_run_saves_and_exits_75(tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
-    proc = start(tmp_path, "--task", "slow_tasks:slow", "--nodes", "1", "--epochs", "100",
-                 SLOW_TASK_SLEEP_S="0.05")
+def test_one_ctrl_c_on_a_healthy_run_saves_and_exits_75(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    proc = start(
+        tmp_path, "--task", "slow_tasks:slow", "--nodes", "1", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05"
+    )
     procs.append(proc)
     read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGINT)
@@ -333,10 +389,29 @@ def test_a_terminal_that_closes_saves_and_stops_the_run(tmp_path: Path) -> None:
         die_with_test()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    cmd = [sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(tmp_path), "--task",
-           "slow_tasks:slow", "--nodes", "1", "--epochs", "100"]
-    proc = subprocess.Popen(cmd, env=clean_environ(SLOW_TASK_SLEEP_S="0.05"), stdin=slave, stdout=slave,
-                            stderr=slave, start_new_session=True, preexec_fn=on_the_terminal)
+    cmd = [
+        sys.executable,
+        "-m",
+        "hpc_ddp.submit",
+        "--local",
+        "--folder",
+        str(tmp_path),
+        "--task",
+        "slow_tasks:slow",
+        "--nodes",
+        "1",
+        "--epochs",
+        "100",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=clean_environ(SLOW_TASK_SLEEP_S="0.05"),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        preexec_fn=on_the_terminal,
+    )
     os.close(slave)
     try:
         shown = b""
@@ -364,6 +439,8 @@ def test_a_terminal_that_closes_saves_and_stops_the_run(tmp_path: Path) -> None:
 
 def test_stop_grace_must_be_a_number_of_seconds(tmp_path: Path) -> None:
     for bad in ("-1", "nan"):
-        out = run_module("hpc_ddp.submit", "--local", "--folder", str(tmp_path), "--stop-grace-s", bad, timeout=60)
+        out = run_module(
+            "hpc_ddp.submit", "--local", "--folder", str(tmp_path), "--stop-grace-s", bad, timeout=60
+        )
         assert out.returncode == exitcodes.USAGE, out.stderr
         assert "--stop-grace-s" in out.stderr and "0 or more seconds" in out.stderr

@@ -14,7 +14,6 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-
 from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
@@ -36,11 +35,19 @@ def test_a_rank_killed_mid_run_resumes_from_its_checkpoint_and_ends_bitwise_equa
     by_rank[2].send_signal(signal.SIGKILL)
     code, out = finish(proc)
     assert code == 0, out
-    assert "attempt 1 failed on 127.0.0.2 (points at the node): rank 2 was killed by SIGKILL; restarting from " \
-        "the checkpoint at step" in out, out
+    assert (
+        "attempt 1 failed on 127.0.0.2 (points at the node): rank 2 was killed by SIGKILL; restarting from "
+        "the checkpoint at step" in out
+    ), out
     first, second = attempts.read(folder)
-    assert (first.outcome, first.rank, first.node, first.blamed, first.decision, first.signature) == \
-        ("failed", 2, "127.0.0.2", True, "restart", "signal SIGKILL")
+    assert (first.outcome, first.rank, first.node, first.blamed, first.decision, first.signature) == (
+        "failed",
+        2,
+        "127.0.0.2",
+        True,
+        "restart",
+        "signal SIGKILL",
+    )
     assert first.exclude == ()  # locally blame is recorded, nothing is excluded
     assert first.checkpoint is not None and first.checkpoint >= 2  # 2 steps an epoch (512 samples, 4 x 64)
     assert (second.restart, second.outcome, second.decision) == (1, "completed", "done")
@@ -53,8 +60,9 @@ def test_a_rank_killed_mid_run_resumes_from_its_checkpoint_and_ends_bitwise_equa
 
 
 def test_max_restarts_0_ends_at_the_first_failure(tmp_path: Path) -> None:
-    code, out = finish(start(tmp_path, "--task", "retry_tasks:fails_everywhere", "--nodes", "1",
-                             "--max-restarts", "0"))
+    code, out = finish(
+        start(tmp_path, "--task", "retry_tasks:fails_everywhere", "--nodes", "1", "--max-restarts", "0")
+    )
     assert code == exitcodes.FAILED, out
     (only,) = attempts.read(tmp_path)
     assert (only.outcome, only.rank, only.decision) == ("failed", 1, "stop")
@@ -63,12 +71,16 @@ def test_max_restarts_0_ends_at_the_first_failure(tmp_path: Path) -> None:
 
 
 def test_a_crash_loop_stops_after_two_attempts_with_the_traceback_shown_once(tmp_path: Path) -> None:
-    code, out = finish(start(tmp_path, "--task", "retry_tasks:fails_everywhere", "--nodes", "1",
-                             "--max-restarts", "5"))
+    code, out = finish(
+        start(tmp_path, "--task", "retry_tasks:fails_everywhere", "--nodes", "1", "--max-restarts", "5")
+    )
     assert code == exitcodes.FAILED, out
     first, second = attempts.read(tmp_path)
-    assert first.signature == second.signature == \
-        "ValueError: bad batch at call N (tests/retry_tasks.py:fails_everywhere)"
+    assert (
+        first.signature
+        == second.signature
+        == "ValueError: bad batch at call N (tests/retry_tasks.py:fails_everywhere)"
+    )
     assert (first.decision, second.decision) == ("restart", "stop")
     assert first.blamed is False  # an error in the code is not the node's fault
     assert "crash loop: attempt 2 failed with the same error as attempt 1 and no newer checkpoint" in out

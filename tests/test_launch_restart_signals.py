@@ -10,15 +10,26 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_launch_local import finish, read_until, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(75)]  # ~15 s (measured)
 
 
-def test_a_second_preemption_signal_during_the_restart_preempts_again_instead_of_killing(tmp_path: Path) -> None:
-    proc = start(tmp_path, "--task", "slow_tasks:slow", "--nodes", "1", "--epochs", "2", "--batch-size", "8",
-                 SLOW_TASK_SLEEP_S="0.02")
+def test_a_second_preemption_signal_during_the_restart_preempts_again_instead_of_killing(
+    tmp_path: Path,
+) -> None:
+    proc = start(
+        tmp_path,
+        "--task",
+        "slow_tasks:slow",
+        "--nodes",
+        "1",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        SLOW_TASK_SLEEP_S="0.02",
+    )
     read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGUSR1)
     lines = read_until(proc, "[launcher] preempted: restarting all ranks (1 of --max-requeue 3)")

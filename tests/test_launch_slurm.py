@@ -33,25 +33,65 @@ from hpc_ddp.run import folder as run_folder
 
 GOLDEN = DATA / "golden" / "print_sbatch.txt"
 DDP_SBATCH = ROOT / "slurm" / "ddp.sbatch"
-GOLDEN_ARGS = ["--nodes", "2", "--gpus-per-node", "4", "--cpus-per-task", "8", "--mem-gb", "64", "--time",
-               "04:00:00", "--partition", "gpu", "--account", "proj", "--qos", "high", "--constraint", "a100",
-               "--exclusive", "--job-name", "golden", "--folder", "/shared/runs/golden", "--setup",
-               "module load cuda/12.4", "--setup", "source /shared/venv/bin/activate", "--slurm",
-               "mail-type=END", "--epochs", "5", "--print-sbatch"]
+GOLDEN_ARGS = [
+    "--nodes",
+    "2",
+    "--gpus-per-node",
+    "4",
+    "--cpus-per-task",
+    "8",
+    "--mem-gb",
+    "64",
+    "--time",
+    "04:00:00",
+    "--partition",
+    "gpu",
+    "--account",
+    "proj",
+    "--qos",
+    "high",
+    "--constraint",
+    "a100",
+    "--exclusive",
+    "--job-name",
+    "golden",
+    "--folder",
+    "/shared/runs/golden",
+    "--setup",
+    "module load cuda/12.4",
+    "--setup",
+    "source /shared/venv/bin/activate",
+    "--slurm",
+    "mail-type=END",
+    "--epochs",
+    "5",
+    "--print-sbatch",
+]
 
 
 # ----- pure rules -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, minutes", [
-    ("90", 90), ("1", 1), ("04:00:00", 240), ("1-00:00:00", 1440), ("2-03:04:05", 3065), ("0:00:30", 1),
-    ("00:01:01", 2), (" 60 ", 60),
-])
+
+@pytest.mark.parametrize(
+    "text, minutes",
+    [
+        ("90", 90),
+        ("1", 1),
+        ("04:00:00", 240),
+        ("1-00:00:00", 1440),
+        ("2-03:04:05", 3065),
+        ("0:00:30", 1),
+        ("00:01:01", 2),
+        (" 60 ", 60),
+    ],
+)
 def test_parse_time_accepts_minutes_and_slurm_format(text: str, minutes: int) -> None:
     assert request.parse_time(text) == minutes
 
 
-@pytest.mark.parametrize("text", ["0", "00:00:00", "1h", "90m", "1:2:3", "01:60:00", "01:00:61", "-5", "", "1-2",
-                                  "1.5", "01:00"])
+@pytest.mark.parametrize(
+    "text", ["0", "00:00:00", "1h", "90m", "1:2:3", "01:60:00", "01:00:61", "-5", "", "1-2", "1.5", "01:00"]
+)
 def test_parse_time_refuses_with_the_expected_forms(text: str) -> None:
     with pytest.raises(UsageError, match=r"--time"):
         request.parse_time(text)
@@ -66,8 +106,11 @@ def test_signal_delay_must_fit_in_the_time_limit() -> None:
 
 
 def test_extras_become_sbatch_options_and_may_not_shadow_our_flags() -> None:
-    assert request.parse_extras(["mail-type=END", "--hold", "comment=a=b"]) == \
-        {"mail-type": "END", "hold": True, "comment": "a=b"}
+    assert request.parse_extras(["mail-type=END", "--hold", "comment=a=b"]) == {
+        "mail-type": "END",
+        "hold": True,
+        "comment": "a=b",
+    }
     with pytest.raises(UsageError, match="set by --nodes"):
         request.parse_extras(["nodes=3"])
     for bad in ("Mail_Type=END", "x=", "=y", "two words=1"):
@@ -85,44 +128,85 @@ def test_mem_text() -> None:
 def test_a_job_inside_a_job_passes_on_nothing_of_its_own_but_the_cluster() -> None:
     """The real variables of a batch shell (captured on the local cluster), plus what srun and torch add."""
     outer = json.loads((DATA / "slurm_env" / "batch_2x2.json").read_text())
-    outer.update({"SLURM_CPUS_PER_TASK": "3", "SRUN_CPUS_PER_TASK": "3", "SLURMD_NODENAME": "node1",
-                  "SUBMITIT_EXECUTOR": "slurm", "RANK": "0", "MASTER_PORT": "12345", "TORCHELASTIC_RUN_ID": "x",
-                  "SBATCH_ACCOUNT": "proj", "PATH": "/usr/bin", "HOME": "/root"})
+    outer.update(
+        {
+            "SLURM_CPUS_PER_TASK": "3",
+            "SRUN_CPUS_PER_TASK": "3",
+            "SLURMD_NODENAME": "node1",
+            "SUBMITIT_EXECUTOR": "slurm",
+            "RANK": "0",
+            "MASTER_PORT": "12345",
+            "TORCHELASTIC_RUN_ID": "x",
+            "SBATCH_ACCOUNT": "proj",
+            "PATH": "/usr/bin",
+            "HOME": "/root",
+        }
+    )
     clean = request.submit_environ(outer)
-    assert clean == {"SLURM_CONF": outer["SLURM_CONF"], "SBATCH_ACCOUNT": "proj", "PATH": "/usr/bin",
-                     "HOME": "/root"}
+    assert clean == {
+        "SLURM_CONF": outer["SLURM_CONF"],
+        "SBATCH_ACCOUNT": "proj",
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+    }
 
 
-@pytest.mark.parametrize("output, expected", [
-    (("sbatch: error: invalid partition specified: nope\n"
-     "sbatch: error: Batch job submission failed: Invalid partition name specified\n"),
-     ("sbatch refused the job: invalid partition specified: nope; Invalid partition name specified. Fix: check "
-     "--partition (`sinfo -s` lists the partitions)")),
-    ("sbatch: unrecognized option '--bogus=1'\nTry \"sbatch --help\" for more information\n",
-     ("sbatch refused the job: unrecognized option '--bogus=1'. Fix: check the --slurm option names "
-     "(`sbatch --help`)")),
-    ("sbatch: error: Batch job submission failed: Invalid feature specification\n",
-     ("sbatch refused the job: Invalid feature specification. Fix: check --constraint (`sinfo -o '%N %f'` lists "
-     "node features)")),
-    (("sbatch: error: Memory specification can not be satisfied\n"
-     "sbatch: error: Batch job submission failed: Requested node configuration is not available\n"),
-     ("sbatch refused the job: Memory specification can not be satisfied; Requested node configuration is not "
-     "available. Fix: ask for less --mem-gb than a node has (`sinfo -N -l`)")),
-    ("", "sbatch refused the job: no output. Fix: check the Slurm options"),
-])
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        (
+            (
+                "sbatch: error: invalid partition specified: nope\n"
+                "sbatch: error: Batch job submission failed: Invalid partition name specified\n"
+            ),
+            (
+                "sbatch refused the job: invalid partition specified: nope; Invalid partition name specified. Fix: check "
+                "--partition (`sinfo -s` lists the partitions)"
+            ),
+        ),
+        (
+            "sbatch: unrecognized option '--bogus=1'\nTry \"sbatch --help\" for more information\n",
+            (
+                "sbatch refused the job: unrecognized option '--bogus=1'. Fix: check the --slurm option names "
+                "(`sbatch --help`)"
+            ),
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Invalid feature specification\n",
+            (
+                "sbatch refused the job: Invalid feature specification. Fix: check --constraint (`sinfo -o '%N %f'` lists "
+                "node features)"
+            ),
+        ),
+        (
+            (
+                "sbatch: error: Memory specification can not be satisfied\n"
+                "sbatch: error: Batch job submission failed: Requested node configuration is not available\n"
+            ),
+            (
+                "sbatch refused the job: Memory specification can not be satisfied; Requested node configuration is not "
+                "available. Fix: ask for less --mem-gb than a node has (`sinfo -N -l`)"
+            ),
+        ),
+        ("", "sbatch refused the job: no output. Fix: check the Slurm options"),
+    ],
+)
 def test_sbatch_refusals_become_one_line(output: str, expected: str) -> None:
     assert request.sbatch_error(output) == expected
 
 
-@pytest.mark.parametrize("text, state, done, exit_code", [
-    ("RUNNING|0:0\n", "RUNNING", False, 0),
-    ("COMPLETED|0:0\n", "COMPLETED", True, 0),
-    ("CANCELLED by 0|0:15\n", "CANCELLED", True, 0),
-    ("FAILED|75:0\n", "FAILED", True, 75),
-    ("REQUEUED|0:0\nPENDING|0:0\n", "PENDING", False, 0),
-    ("TIMEOUT|0:1\n", "TIMEOUT", True, 0),
-    ("PREEMPTED|0:0\n", "PREEMPTED", False, 0),
-])
+@pytest.mark.parametrize(
+    "text, state, done, exit_code",
+    [
+        ("RUNNING|0:0\n", "RUNNING", False, 0),
+        ("COMPLETED|0:0\n", "COMPLETED", True, 0),
+        ("CANCELLED by 0|0:15\n", "CANCELLED", True, 0),
+        ("FAILED|75:0\n", "FAILED", True, 75),
+        ("REQUEUED|0:0\nPENDING|0:0\n", "PENDING", False, 0),
+        ("TIMEOUT|0:1\n", "TIMEOUT", True, 0),
+        ("PREEMPTED|0:0\n", "PREEMPTED", False, 0),
+    ],
+)
 def test_parse_sacct(text: str, state: str, done: bool, exit_code: int) -> None:
     parsed = request.parse_sacct(text)
     assert parsed is not None
@@ -132,7 +216,9 @@ def test_parse_sacct(text: str, state: str, done: bool, exit_code: int) -> None:
 def test_parse_sacct_and_scontrol_without_an_answer() -> None:
     assert request.parse_sacct("") is None
     assert request.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
-    parsed = request.parse_scontrol("JobId=7 JobName=x JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 X=y")
+    parsed = request.parse_scontrol(
+        "JobId=7 JobName=x JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 X=y"
+    )
     assert parsed == request.JobState("FAILED", 1, 0)
 
 
@@ -170,6 +256,7 @@ def test_folders_are_owner_only_and_others_writable_ones_are_refused(tmp_path: P
 
 # ----- following and reporting a job (files and states faked) ------------------------------------------
 
+
 def test_the_log_follower_prints_whole_lines_without_submitits_chatter(tmp_path: Path) -> None:
     log, out = tmp_path / "1_0_log.out", io.StringIO()
     follower = submitter._LogFollower(log, out)
@@ -191,7 +278,10 @@ def report(tmp_path: Path, state: request.JobState, since: float = 0.0) -> tuple
 
 def test_report_says_what_ended_the_job_and_picks_the_exit_code(tmp_path: Path) -> None:
     (tmp_path / "submitit").mkdir()
-    assert report(tmp_path, request.JobState("COMPLETED")) == (0, f"[submit] job 7 completed; run folder {tmp_path}\n")
+    assert report(tmp_path, request.JobState("COMPLETED")) == (
+        0,
+        f"[submit] job 7 completed; run folder {tmp_path}\n",
+    )
     code, text = report(tmp_path, request.JobState("CANCELLED"))
     assert (code, text) == (1, "[submit] job 7 was cancelled (exit code 0)\n")
     (tmp_path / "preempted.json").write_text("{}")
@@ -208,7 +298,8 @@ def test_report_shows_the_error_of_the_rank_that_failed_first(tmp_path: Path) ->
     for rank in range(4):
         (sub / f"7_{rank}_log.out").write_text(
             f"Process {rank} initialized\nTraceback (most recent call last):\n  File x\n"
-            + ("ValueError: the real cause\n" if rank == 2 else "RuntimeError: Connection closed by peer\n"))
+            + ("ValueError: the real cause\n" if rank == 2 else "RuntimeError: Connection closed by peer\n")
+        )
     for rank, age in ((0, 5), (2, 10), (3, 1)):  # rank 2's error result is the oldest
         result = sub / f"7_{rank}_result.pkl"
         result.write_bytes(b"\x80\x05\x95(\x8c\x05error\x94")
@@ -216,15 +307,19 @@ def test_report_shows_the_error_of_the_rank_that_failed_first(tmp_path: Path) ->
     code, text = report(tmp_path, request.JobState("FAILED", 1))
     assert code == 1
     assert text.splitlines() == [
-        "[submit] job 7 ended FAILED (exit code 1)", f"[submit] rank 2 failed; the end of {sub / '7_2_log.out'}:",
-        "[submit]     Traceback (most recent call last):", "[submit]       File x",
-        "[submit]     ValueError: the real cause"]
+        "[submit] job 7 ended FAILED (exit code 1)",
+        f"[submit] rank 2 failed; the end of {sub / '7_2_log.out'}:",
+        "[submit]     Traceback (most recent call last):",
+        "[submit]       File x",
+        "[submit]     ValueError: the real cause",
+    ]
     for result in sub.glob("*_result.pkl"):
         result.unlink()
     assert submitter.failing_rank("7", tmp_path, 4) == 0  # no result files: the first log with a traceback
 
 
 # ----- the CLI, without a cluster ----------------------------------------------------------------------
+
 
 def print_sbatch(*args: str) -> str:
     proc = run_module("hpc_ddp.submit", *args, "--print-sbatch")
@@ -244,7 +339,8 @@ def test_print_sbatch_matches_the_golden_file(tmp_path: Path) -> None:
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text(), (
-        "--print-sbatch output changed; if intended: HPC_DDP_REGEN_GOLDEN=1 pytest tests/test_launch_slurm.py -k golden")
+        "--print-sbatch output changed; if intended: HPC_DDP_REGEN_GOLDEN=1 pytest tests/test_launch_slurm.py -k golden"
+    )
     assert not Path("/shared/runs/golden").exists() and list(tmp_path.iterdir()) == []  # submitted nothing
     assert "every task runs: python -m hpc_ddp.train --epochs=5 --folder=/shared/runs/golden" in proc.stderr
 
@@ -254,12 +350,26 @@ def test_print_sbatch_is_valid_bash_with_the_resource_lines(tmp_path: Path) -> N
     script.write_text(print_sbatch(*GOLDEN_ARGS[:-1]))
     assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
     lines = set(script.read_text().splitlines())
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
-                 "#SBATCH --cpus-per-task=8", "#SBATCH --mem=64G", "#SBATCH --time=240",
-                 "#SBATCH --partition=gpu", "#SBATCH --account=proj", "#SBATCH --qos=high",
-                 "#SBATCH --constraint=a100", "#SBATCH --exclusive", "#SBATCH --job-name=golden",
-                 "#SBATCH --mail-type=END", "#SBATCH --signal=USR2@120", "#SBATCH --requeue",
-                 "#SBATCH --open-mode=append", "module load cuda/12.4", "source /shared/venv/bin/activate"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --mem=64G",
+        "#SBATCH --time=240",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj",
+        "#SBATCH --qos=high",
+        "#SBATCH --constraint=a100",
+        "#SBATCH --exclusive",
+        "#SBATCH --job-name=golden",
+        "#SBATCH --mail-type=END",
+        "#SBATCH --signal=USR2@120",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        "module load cuda/12.4",
+        "source /shared/venv/bin/activate",
+    ):
         assert line in lines, line
 
 
@@ -271,7 +381,7 @@ def _sbatch_options(text: str) -> dict[str, str]:
     options = {}
     for line in text.splitlines():
         if line.startswith("#SBATCH --"):
-            key, _, value = line[len("#SBATCH --"):].partition("=")
+            key, _, value = line[len("#SBATCH --") :].partition("=")
             options[key] = value
     return options
 
@@ -293,11 +403,20 @@ def _srun_flags(text: str) -> dict[str, str]:
 def test_ddp_sbatch_and_print_sbatch_are_the_same_job() -> None:
     """Same defaults, signal, requeue and log mode, and the same srun flags (bar submitit's own output ones)."""
     static = DDP_SBATCH.read_text()
-    generated = print_sbatch("--nodes", "2", "--gpus-per-node", "4", "--cpus-per-task", "8",
-                             "--time", "01:00:00")
+    generated = print_sbatch(
+        "--nodes", "2", "--gpus-per-node", "4", "--cpus-per-task", "8", "--time", "01:00:00"
+    )
     ours, theirs = _sbatch_options(static), _sbatch_options(generated)
-    for key in ("job-name", "nodes", "gpus-per-node", "ntasks-per-node", "cpus-per-task", "signal", "requeue",
-                "open-mode"):
+    for key in (
+        "job-name",
+        "nodes",
+        "gpus-per-node",
+        "ntasks-per-node",
+        "cpus-per-task",
+        "signal",
+        "requeue",
+        "open-mode",
+    ):
         assert ours[key] == theirs[key], key
     assert request.parse_time(ours["time"]) == int(theirs["time"])
     assert "B:" not in ours["signal"] and ours["signal"] == f"{request.SIGNAL}@120"
@@ -306,19 +425,25 @@ def test_ddp_sbatch_and_print_sbatch_are_the_same_job() -> None:
         generated_srun.pop(submitit_own, None)
     assert static_srun.keys() == generated_srun.keys() == {"--kill-on-bad-exit", "--cpus-per-task"}
     assert static_srun["--kill-on-bad-exit"] == generated_srun["--kill-on-bad-exit"] == "1"
-    assert static_srun["--cpus-per-task"] == "${SLURM_CPUS_PER_TASK:-1}" and generated_srun["--cpus-per-task"] == "8"
+    assert (
+        static_srun["--cpus-per-task"] == "${SLURM_CPUS_PER_TASK:-1}"
+        and generated_srun["--cpus-per-task"] == "8"
+    )
     # Counts come from Slurm: the srun line repeats none of them.
     assert not re.search(r"srun[^\n]*(--nodes|--ntasks|-N |-n )", static.replace("\\\n", " "))
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--time", "1h"], "--time '1h': expected minutes"),
-    (["--time", "0"], "at least 1 minute"),
-    (["--time", "1", "--signal-delay-s", "90"], "--signal-delay-s 90 is not below --time"),
-    (["--slurm", "nodes=4"], "use that flag instead"),
-    (["--mem-gb", "-1"], "--mem-gb -1"),
-    (["--job-name", "two words"], "--job-name"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--time", "1h"], "--time '1h': expected minutes"),
+        (["--time", "0"], "at least 1 minute"),
+        (["--time", "1", "--signal-delay-s", "90"], "--signal-delay-s 90 is not below --time"),
+        (["--slurm", "nodes=4"], "use that flag instead"),
+        (["--mem-gb", "-1"], "--mem-gb -1"),
+        (["--job-name", "two words"], "--job-name"),
+    ],
+)
 def test_bad_slurm_flags_exit_2_with_one_line(args: list[str], needle: str) -> None:
     proc = run_module("hpc_ddp.submit", "--nodes", "2", *args)
     assert proc.returncode == 2, proc.stderr
@@ -332,8 +457,11 @@ def test_no_sbatch_on_path_exits_2_with_one_line(tmp_path: Path) -> None:
     proc = run_module("hpc_ddp.submit", "--nodes", "2", "--folder", str(tmp_path / "run"), env=env)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        ("python -m hpc_ddp.submit: error: sbatch not found on PATH: this machine is not a Slurm submit host. Fix: "
-        "run on a login node (or load the Slurm module), use --print-sbatch to see the script, or --local")]
+        (
+            "python -m hpc_ddp.submit: error: sbatch not found on PATH: this machine is not a Slurm submit host. Fix: "
+            "run on a login node (or load the Slurm module), use --print-sbatch to see the script, or --local"
+        )
+    ]
     assert not (tmp_path / "run").exists()
 
 
@@ -351,8 +479,15 @@ exit "${FAKE_STATUS:-0}"
 """
 
 
-def fake_batch(tmp_path: Path, args: list[str], folder: Path, status: int, record: dict[str, object] | None,
-               hold: bool = False, tell: bool = True) -> subprocess.Popen[str]:
+def fake_batch(
+    tmp_path: Path,
+    args: list[str],
+    folder: Path,
+    status: int,
+    record: dict[str, object] | None,
+    hold: bool = False,
+    tell: bool = True,
+) -> subprocess.Popen[str]:
     """Run slurm/ddp.sbatch as Slurm would run the batch shell, with a fake srun and scontrol on PATH. The
     fake tasks write `record` to `folder`/preempted.json and, if `tell`, tell the script that folder."""
     (tmp_path / "tmp").mkdir(exist_ok=True)  # the script's TMPDIR
@@ -360,31 +495,52 @@ def fake_batch(tmp_path: Path, args: list[str], folder: Path, status: int, recor
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "srun").write_text(FAKE_SRUN)
     # Only the calls that act are recorded; `scontrol show job` (the batch step's look at the job) says nothing.
-    (bin_dir / "scontrol").write_text('#!/bin/bash\n[[ $1 == show ]] && exit 0\n'
-                                      'printf "%s\\n" "$*" >> "$FAKE_DIR/scontrol_calls"\n')
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/bash\n[[ $1 == show ]] && exit 0\nprintf "%s\\n" "$*" >> "$FAKE_DIR/scontrol_calls"\n'
+    )
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     env = clean_environ(
-        PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_DIR=str(tmp_path), FAKE_FOLDER=str(folder),
-        FAKE_STATUS=str(status), FAKE_RECORD=json.dumps(record) if record else "", FAKE_HOLD="1" if hold else "",
-        FAKE_TELL=str(folder) if tell else "", TMPDIR=str(tmp_path / "tmp"),
-        SLURM_JOB_ID="123", SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="node[1-2]",
-        SLURM_TASKS_PER_NODE="2(x2)", SLURM_CPUS_PER_TASK="3", SLURM_SUBMIT_DIR=str(tmp_path))
-    return subprocess.Popen(["bash", str(DDP_SBATCH), *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_test)
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        FAKE_DIR=str(tmp_path),
+        FAKE_FOLDER=str(folder),
+        FAKE_STATUS=str(status),
+        FAKE_RECORD=json.dumps(record) if record else "",
+        FAKE_HOLD="1" if hold else "",
+        FAKE_TELL=str(folder) if tell else "",
+        TMPDIR=str(tmp_path / "tmp"),
+        SLURM_JOB_ID="123",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_JOB_NODELIST="node[1-2]",
+        SLURM_TASKS_PER_NODE="2(x2)",
+        SLURM_CPUS_PER_TASK="3",
+        SLURM_SUBMIT_DIR=str(tmp_path),
+    )
+    return subprocess.Popen(
+        ["bash", str(DDP_SBATCH), *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=die_with_test,
+    )
 
 
-@pytest.mark.parametrize("record, status, requeued", [
-    ({"requeue": True, "signal": "SIGUSR2", "mode": "exit"}, 75, True),  # tasks could not run scontrol
-    ({"requeue": True, "signal": "SIGUSR2", "mode": "scontrol"}, 75, False),  # rank 0 already requeued
-    ({"requeue": False, "signal": "SIGTERM", "mode": "exit"}, 75, False),  # scancel: stays cancelled
-    (None, 0, False),
-    (None, 1, True),  # a failure: started again from the latest checkpoint (--max-restarts)
-])
+@pytest.mark.parametrize(
+    "record, status, requeued",
+    [
+        ({"requeue": True, "signal": "SIGUSR2", "mode": "exit"}, 75, True),  # tasks could not run scontrol
+        ({"requeue": True, "signal": "SIGUSR2", "mode": "scontrol"}, 75, False),  # rank 0 already requeued
+        ({"requeue": False, "signal": "SIGTERM", "mode": "exit"}, 75, False),  # scancel: stays cancelled
+        (None, 0, False),
+        (None, 1, True),  # a failure: started again from the latest checkpoint (--max-restarts)
+    ],
+)
 @pytest.mark.parametrize("folder_args", [["--folder", "out/a"], ["--folder=out/a"], []])
 def test_ddp_sbatch_requeues_only_for_a_preempted_exit_that_asks_for_it(
-        tmp_path: Path, record: dict[str, object] | None, status: int, requeued: bool,
-        folder_args: list[str]) -> None:
+    tmp_path: Path, record: dict[str, object] | None, status: int, requeued: bool, folder_args: list[str]
+) -> None:
     folder = tmp_path / ("out/a" if folder_args else "runs/123")  # train's default: runs/<job id>
     proc = fake_batch(tmp_path, [*folder_args, "--epochs", "2"], folder, status, record)
     out, err = proc.communicate(timeout=60)
@@ -392,9 +548,19 @@ def test_ddp_sbatch_requeues_only_for_a_preempted_exit_that_asks_for_it(
     calls = tmp_path / "scontrol_calls"
     assert (calls.read_text() == "requeue 123\n") if requeued else not calls.exists()
     assert (tmp_path / "srun_args").read_text().splitlines() == [
-        "--kill-on-bad-exit=1", "--cpus-per-task=3", "python", "-u", "-m", "hpc_ddp.train", *folder_args,
-        "--epochs", "2"]
-    assert out.startswith("[ddp.sbatch] job 123 (restart 0): 2 node(s) node[1-2], tasks per node 2(x2), 3 CPU(s)")
+        "--kill-on-bad-exit=1",
+        "--cpus-per-task=3",
+        "python",
+        "-u",
+        "-m",
+        "hpc_ddp.train",
+        *folder_args,
+        "--epochs",
+        "2",
+    ]
+    assert out.startswith(
+        "[ddp.sbatch] job 123 (restart 0): 2 node(s) node[1-2], tasks per node 2(x2), 3 CPU(s)"
+    )
     assert_folder_file_removed(tmp_path)
 
 
@@ -429,8 +595,9 @@ def test_ddp_sbatch_finds_the_run_folder_itself_when_the_tasks_never_told_it(tmp
     assert_folder_file_removed(tmp_path)
 
 
-def test_rank_0_tells_its_run_folder_to_the_file_ddp_sbatch_names(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rank_0_tells_its_run_folder_to_the_file_ddp_sbatch_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     told = tmp_path / "folder_file"
     told.write_text("")  # ddp.sbatch makes it with mktemp
     monkeypatch.chdir(tmp_path)
@@ -445,8 +612,13 @@ def test_rank_0_tells_its_run_folder_to_the_file_ddp_sbatch_names(tmp_path: Path
 def test_train_tells_the_folder_it_resolved(tmp_path: Path) -> None:
     """A real one-process `python -m hpc_ddp.train` with its default folder, runs/<job id>."""
     told = tmp_path / "folder_file"
-    proc = run_module("hpc_ddp.train", "--epochs", "1", cwd=tmp_path,
-                      env=clean_environ(HPC_DDP_FOLDER_FILE=str(told), SLURM_JOB_ID="4242"))
+    proc = run_module(
+        "hpc_ddp.train",
+        "--epochs",
+        "1",
+        cwd=tmp_path,
+        env=clean_environ(HPC_DDP_FOLDER_FILE=str(told), SLURM_JOB_ID="4242"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert told.read_text() == f"{tmp_path}/runs/4242\n"
     assert (tmp_path / "runs" / "4242" / "model.pth").is_file()
@@ -454,8 +626,9 @@ def test_train_tells_the_folder_it_resolved(tmp_path: Path) -> None:
 
 def test_ddp_sbatch_keeps_waiting_for_the_tasks_after_sigterm(tmp_path: Path) -> None:
     """scancel signals the batch shell too; if it died, the job would end before the tasks had saved."""
-    proc = fake_batch(tmp_path, [], tmp_path / "runs" / "123", 75, {"requeue": False, "mode": "scontrol"},
-                      hold=True)
+    proc = fake_batch(
+        tmp_path, [], tmp_path / "runs" / "123", 75, {"requeue": False, "mode": "scontrol"}, hold=True
+    )
     while not (tmp_path / "srun_started").exists():
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)
@@ -469,12 +642,17 @@ def test_ddp_sbatch_keeps_waiting_for_the_tasks_after_sigterm(tmp_path: Path) ->
 
 def test_pending_reasons_that_waiting_will_not_cure_say_so() -> None:
     assert request.pending_hint("Resources") == "Resources"
-    assert request.pending_hint("PartitionConfig").startswith("PartitionConfig: Slurm will not start this job as asked")
+    assert request.pending_hint("PartitionConfig").startswith(
+        "PartitionConfig: Slurm will not start this job as asked"
+    )
     assert "scancel it" in request.pending_hint("QOSMaxNodePerJobLimit")
 
 
 def test_report_shows_a_hang_verdict_whatever_srun_made_of_the_exit_codes(tmp_path: Path) -> None:
-    verdict = {"line": "hang at step 3: rank 1 (node2, pid 9) has been in data loading for 41 s", "run_id": "7-0"}
+    verdict = {
+        "line": "hang at step 3: rank 1 (node2, pid 9) has been in data loading for 41 s",
+        "run_id": "7-0",
+    }
     (tmp_path / "hang.json").write_text(json.dumps(verdict))
     code, text = report(tmp_path, request.JobState("FAILED", 137))  # srun's code after it killed the others
     assert code == exitcodes.HANG
@@ -486,9 +664,11 @@ def test_report_names_a_non_finite_loss_and_exits_65(tmp_path: Path) -> None:
     (tmp_path / "submitit").mkdir()
     code, text = report(tmp_path, request.JobState("FAILED", exitcodes.NONFINITE))
     assert code == exitcodes.NONFINITE == 65
-    assert text == (f"[submit] job 7 stopped: the loss became NaN or infinite (exit code 65); every rank stopped "
-                    "before applying that update and nothing was saved after the last finite step (see the log "
-                    f"above). Fix: check the data, a smaller --lr or --clip-grad, then resume from {tmp_path}\n")
+    assert text == (
+        f"[submit] job 7 stopped: the loss became NaN or infinite (exit code 65); every rank stopped "
+        "before applying that update and nothing was saved after the last finite step (see the log "
+        f"above). Fix: check the data, a smaller --lr or --clip-grad, then resume from {tmp_path}\n"
+    )
     # A hang verdict of this submission still decides: srun's code may be anything then.
     (tmp_path / "hang.json").write_text(json.dumps({"line": "hang at step 3", "run_id": "7-0"}))
     assert report(tmp_path, request.JobState("FAILED", exitcodes.NONFINITE))[0] == exitcodes.HANG

@@ -35,19 +35,46 @@ FINAL_STEP = 48
 
 
 def submit_argv(folder: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "hpc_ddp.submit", "--nodes", "2", "--tasks-per-node", "2", "--time", "10",
-            "--folder", str(folder), *args]
+    return [
+        sys.executable,
+        "-m",
+        "hpc_ddp.submit",
+        "--nodes",
+        "2",
+        "--tasks-per-node",
+        "2",
+        "--time",
+        "10",
+        "--folder",
+        str(folder),
+        *args,
+    ]
 
 
-def run_submit(folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(submit_argv(folder, *args), env=env or clean_environ(), capture_output=True, text=True,
-                          check=False, timeout=HANG_GUARD_S, preexec_fn=die_with_test)
+def run_submit(
+    folder: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        submit_argv(folder, *args),
+        env=env or clean_environ(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=HANG_GUARD_S,
+        preexec_fn=die_with_test,
+    )
 
 
 def start_submit(folder: Path, *args: str, **env: str) -> tuple[subprocess.Popen[str], str]:
     """`submit --wait` in the background; returns it and the job id from its first line."""
-    proc = subprocess.Popen(submit_argv(folder, *args, "--wait"), env=clean_environ(**env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_test)
+    proc = subprocess.Popen(
+        submit_argv(folder, *args, "--wait"),
+        env=clean_environ(**env),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=die_with_test,
+    )
     assert proc.stdout is not None
     first = proc.stdout.readline()
     match = re.match(r"Submitted job (\d+):", first)
@@ -78,8 +105,12 @@ def wait_job(job_id: str) -> str:
 
 def sacct_records(job_id: str) -> list[str]:
     """Every record of the job, requeued runs included: e.g. ['REQUEUED', 'COMPLETED']."""
-    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", job_id], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", job_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
@@ -120,18 +151,30 @@ def final_checkpoint(folder: Path) -> dict[str, Any]:
 
 # ----- submit --wait, from inside a (pretend) job ------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
-def reference(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory,
-              time_limit_job: dict[str, Any]) -> dict[str, Any]:
+def reference(
+    slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory, time_limit_job: dict[str, Any]
+) -> dict[str, Any]:
     """One uninterrupted 2 x 2 deterministic run, submitted from an environment that carries another job's
     variables (the real ones of a batch shell on this cluster, plus stale ones srun would read).
     (`time_limit_job` is requested only to start that job first.)"""
     folder = tmp_path_factory.mktemp("reference") / "run"
-    outer = {**clean_environ(SLOW_TASK_SLEEP_S="0"), "SLURM_CPUS_PER_TASK": "3", "SRUN_CPUS_PER_TASK": "3",
-             "SLURM_HPC_DDP_CANARY": "outer", "MASTER_PORT": "1"}
+    outer = {
+        **clean_environ(SLOW_TASK_SLEEP_S="0"),
+        "SLURM_CPUS_PER_TASK": "3",
+        "SRUN_CPUS_PER_TASK": "3",
+        "SLURM_HPC_DDP_CANARY": "outer",
+        "MASTER_PORT": "1",
+    }
     outer.update(json.loads((DATA / "slurm_env" / "batch_2x2.json").read_text()))
-    args = [*DETERMINISTIC, "--partition", slurm_cluster,
-            "--setup", f"env | grep -E '^(SLURM|SRUN|MASTER)_' | sort > {folder}/batch_env.txt"]
+    args = [
+        *DETERMINISTIC,
+        "--partition",
+        slurm_cluster,
+        "--setup",
+        f"env | grep -E '^(SLURM|SRUN|MASTER)_' | sort > {folder}/batch_env.txt",
+    ]
     proc = run_submit(folder, *args, "--wait", env=outer)
     printed = run_submit(folder, *args, "--print-sbatch", env=outer)
     return {"folder": folder, "proc": proc, "outer": outer, "printed": printed.stdout}
@@ -154,7 +197,9 @@ def test_submit_wait_runs_4_ranks_on_2_nodes(reference: dict[str, Any]) -> None:
 
 
 def test_a_job_submitted_from_a_job_gets_none_of_its_variables(reference: dict[str, Any]) -> None:
-    job_env = dict(line.split("=", 1) for line in (reference["folder"] / "batch_env.txt").read_text().splitlines())
+    job_env = dict(
+        line.split("=", 1) for line in (reference["folder"] / "batch_env.txt").read_text().splitlines()
+    )
     assert job_env["SLURM_CONF"] == reference["outer"]["SLURM_CONF"]
     assert job_env["SLURM_JOB_ID"] != reference["outer"]["SLURM_JOB_ID"]
     assert job_env["SLURM_JOB_NAME"] == "hpc_ddp"
@@ -164,6 +209,7 @@ def test_a_job_submitted_from_a_job_gets_none_of_its_variables(reference: dict[s
 
 # ----- the static script --------------------------------------------------------------------------------
 
+
 def test_ddp_sbatch_with_cpu_overrides(slurm_cluster: str, tmp_path: Path) -> None:
     """`sbatch --gpus-per-node=0 --ntasks-per-node=2 ... slurm/ddp.sbatch`; python comes from env/job.env."""
     venv_bin = str(Path(sys.executable).parent)
@@ -171,9 +217,26 @@ def test_ddp_sbatch_with_cpu_overrides(slurm_cluster: str, tmp_path: Path) -> No
     (tmp_path / "env" / "job.env").write_text(f'export PATH="{venv_bin}:$PATH"\necho "job.env sourced"\n')
     path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
     submitted = subprocess.run(
-        ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--nodes=2", "--gpus-per-node=0",
-         "--ntasks-per-node=2", "--cpus-per-task=1", str(DDP_SBATCH), "--folder", str(tmp_path / "run"),
-         "--epochs", "3"], cwd=tmp_path, env=clean_environ(PATH=path), capture_output=True, text=True, check=True)
+        [
+            "sbatch",
+            "--parsable",
+            f"--partition={slurm_cluster}",
+            "--nodes=2",
+            "--gpus-per-node=0",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            str(DDP_SBATCH),
+            "--folder",
+            str(tmp_path / "run"),
+            "--epochs",
+            "3",
+        ],
+        cwd=tmp_path,
+        env=clean_environ(PATH=path),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     job_id = submitted.stdout.strip().split(";")[0]
     assert wait_job(job_id) == "COMPLETED"
     log = (tmp_path / f"hpc_ddp-{job_id}.out").read_text()
@@ -187,21 +250,41 @@ def test_ddp_sbatch_with_cpu_overrides(slurm_cluster: str, tmp_path: Path) -> No
 
 
 @pytest.mark.deadline(240)  # 55 s measured
-def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(slurm_cluster: str,
-                                                                             tmp_path: Path) -> None:
+def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
     """Tasks that cannot run scontrol leave "mode": "exit" in preempted.json and the batch shell requeues. It
     must find that file where the tasks put it: here their default runs/<job id>, under the working directory
     srun gives them from SLURM_WORKING_DIR (set where the job was submitted), not the batch shell's."""
     workdir = tmp_path / "tasks"
     workdir.mkdir()
     venv_bin = str(Path(sys.executable).parent)
-    env = clean_environ(PATH=f"{venv_bin}:{os.environ['PATH']}", SLURM_WORKING_DIR=str(workdir),
-                        SLOW_TASK_SLEEP_S="0.1")
+    env = clean_environ(
+        PATH=f"{venv_bin}:{os.environ['PATH']}", SLURM_WORKING_DIR=str(workdir), SLOW_TASK_SLEEP_S="0.1"
+    )
     submitted = subprocess.run(
-        ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--nodes=2", "--gpus-per-node=0",
-         "--ntasks-per-node=2", "--cpus-per-task=1", str(DDP_SBATCH), "--task", "slurm_tasks:without_scontrol",
-         "--epochs", "40", "--save-every-epochs", "0"], cwd=tmp_path, env=env, capture_output=True, text=True,
-        check=True)
+        [
+            "sbatch",
+            "--parsable",
+            f"--partition={slurm_cluster}",
+            "--nodes=2",
+            "--gpus-per-node=0",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            str(DDP_SBATCH),
+            "--task",
+            "slurm_tasks:without_scontrol",
+            "--epochs",
+            "40",
+            "--save-every-epochs",
+            "0",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     job_id = submitted.stdout.strip().split(";")[0]
     log = tmp_path / f"hpc_ddp-{job_id}.out"
     deadline = time.monotonic() + HANG_GUARD_S
@@ -217,8 +300,11 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(slur
     assert text.count("[hpc_ddp] attempt 1 preempted: preempted: saved a checkpoint, to be resumed") == 1
     assert text.count(f"[hpc_ddp] requeued job {job_id}") == 1
     folder = workdir / "runs" / job_id
-    assert json.loads((folder / "preempted.json").read_text()) == {"requeue": True, "signal": "SIGUSR2",
-                                                                    "mode": "exit"}
+    assert json.loads((folder / "preempted.json").read_text()) == {
+        "requeue": True,
+        "signal": "SIGUSR2",
+        "mode": "exit",
+    }
     assert "Resuming from" in text and (folder / "model.pth").is_file()
     assert not (tmp_path / "runs").exists()
 
@@ -231,11 +317,30 @@ def test_ddp_sbatch_ends_a_hung_job_with_the_verdict(slurm_cluster: str, tmp_pat
     env = clean_environ(PATH=f"{venv_bin}:{os.environ['PATH']}")
     folder = tmp_path / "run"
     submitted = subprocess.run(
-        ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--nodes=2", "--gpus-per-node=0",
-         "--ntasks-per-node=2", "--cpus-per-task=1", str(DDP_SBATCH), "--task", "hang_tasks:in_loss",
-         "--hang-timeout-s", "5", "--max-restarts", "0", "--folder", str(folder)], cwd=tmp_path, env=env,
+        [
+            "sbatch",
+            "--parsable",
+            f"--partition={slurm_cluster}",
+            "--nodes=2",
+            "--gpus-per-node=0",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            str(DDP_SBATCH),
+            "--task",
+            "hang_tasks:in_loss",
+            "--hang-timeout-s",
+            "5",
+            "--max-restarts",
+            "0",
+            "--folder",
+            str(folder),
+        ],
+        cwd=tmp_path,
+        env=env,
         capture_output=True,
-        text=True, check=True)
+        text=True,
+        check=True,
+    )
     job_id = submitted.stdout.strip().split(";")[0]
     assert wait_job(job_id) == "FAILED"
     log = (tmp_path / f"hpc_ddp-{job_id}.out").read_text()
@@ -248,6 +353,7 @@ def test_ddp_sbatch_ends_a_hung_job_with_the_verdict(slurm_cluster: str, tmp_pat
 
 # ----- preemption, failure, cancel, time limit ------------------------------------------------------------
 
+
 @pytest.mark.deadline(300)  # 39-52 s, + 14-18 s for `reference` when run alone (measured)
 def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any], tmp_path: Path) -> None:
     folder = tmp_path / "run"
@@ -256,7 +362,9 @@ def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any],
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
     out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, out
-    assert f"[submit] job {job_id} was requeued" in out and out.rstrip().endswith("completed; run folder " + str(folder))
+    assert f"[submit] job {job_id} was requeued" in out and out.rstrip().endswith(
+        "completed; run folder " + str(folder)
+    )
     assert sacct_records(job_id) == ["REQUEUED", "COMPLETED"]  # requeued exactly once
     logs = rank_logs(folder, job_id)
     # hpc_ddp's handler ran, not submitit's (which would checkpoint and requeue from rank 0 alone).
@@ -268,21 +376,31 @@ def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any],
     assert len(resumed) == 1
     path, step = Path(resumed[0][0]), int(resumed[0][1])
     assert 4 <= step < FINAL_STEP and path.name == f"ckpt-{step:08d}.pt"
-    assert sorted(p.name for p in (folder / "checkpoints").glob("ckpt-*.pt")) == \
-        [path.name, f"ckpt-{FINAL_STEP:08d}.pt"]
+    assert sorted(p.name for p in (folder / "checkpoints").glob("ckpt-*.pt")) == [
+        path.name,
+        f"ckpt-{FINAL_STEP:08d}.pt",
+    ]
     # Each with its SHA-256 next to it (hpc_ddp.run.checkpoint), and nothing else.
-    assert sorted(p.name for p in (folder / "checkpoints").glob("ckpt-*.sha256")) == \
-        [f"{path.name}.sha256", f"ckpt-{FINAL_STEP:08d}.pt.sha256"]
+    assert sorted(p.name for p in (folder / "checkpoints").glob("ckpt-*.sha256")) == [
+        f"{path.name}.sha256",
+        f"ckpt-{FINAL_STEP:08d}.pt.sha256",
+    ]
     # Model and optimizer end bitwise equal to the uninterrupted run.
     ref = reference["folder"]
-    assert_bitwise_equal(tensors(torch.load(folder / "model.pth", weights_only=True)),
-                         tensors(torch.load(ref / "model.pth", weights_only=True)))
-    assert_bitwise_equal(tensors(final_checkpoint(folder)["optimizer"]), tensors(final_checkpoint(ref)["optimizer"]))
+    assert_bitwise_equal(
+        tensors(torch.load(folder / "model.pth", weights_only=True)),
+        tensors(torch.load(ref / "model.pth", weights_only=True)),
+    )
+    assert_bitwise_equal(
+        tensors(final_checkpoint(folder)["optimizer"]), tensors(final_checkpoint(ref)["optimizer"])
+    )
 
 
 def test_a_raising_task_fails_the_job_and_shows_that_ranks_error(slurm_cluster: str, tmp_path: Path) -> None:
     # --max-restarts 0: the first failure ends the job (tests/test_launch_slurm_retry.py retries)
-    proc = run_submit(tmp_path / "run", "--task", "slow_tasks:crash", "--epochs", "3", "--max-restarts", "0", "--wait")
+    proc = run_submit(
+        tmp_path / "run", "--task", "slow_tasks:crash", "--epochs", "3", "--max-restarts", "0", "--wait"
+    )
     assert proc.returncode == 1, proc.stdout
     job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
     assert f"[submit] job {job_id} ended FAILED" in proc.stdout
@@ -293,7 +411,9 @@ def test_a_raising_task_fails_the_job_and_shows_that_ranks_error(slurm_cluster: 
 
 def test_scancel_saves_reports_cancelled_and_is_not_requeued(slurm_cluster: str, tmp_path: Path) -> None:
     folder = tmp_path / "run"
-    proc, job_id = start_submit(folder, "--task", "slow_tasks:slow", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05")
+    proc, job_id = start_submit(
+        folder, "--task", "slow_tasks:slow", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05"
+    )
     wait_for_line(submitter.log_path(folder, job_id), "Epoch 0,", proc)
     subprocess.run(["scancel", job_id], check=True)
     out, _ = proc.communicate(timeout=HANG_GUARD_S)  # the guard: --wait must not hang on a cancelled job
@@ -314,8 +434,22 @@ def time_limit_job(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory)
     Submitted without --wait, first thing in the module, so that its wait for Slurm's clock overlaps the
     other tests (two 2 x 2 jobs fit on the cluster at once)."""
     folder = tmp_path_factory.mktemp("time_limit") / "run"
-    proc = run_submit(folder, "--time", "1", "--signal-delay-s", "5", "--task", "slurm_tasks:slow_until_requeued",
-                      "--epochs", "60", "--save-every-epochs", "0", "--max-requeue", "5", env=clean_environ(SLOW_TASK_SLEEP_S="0.25"))
+    proc = run_submit(
+        folder,
+        "--time",
+        "1",
+        "--signal-delay-s",
+        "5",
+        "--task",
+        "slurm_tasks:slow_until_requeued",
+        "--epochs",
+        "60",
+        "--save-every-epochs",
+        "0",
+        "--max-requeue",
+        "5",
+        env=clean_environ(SLOW_TASK_SLEEP_S="0.25"),
+    )
     assert proc.returncode == 0, proc.stderr
     job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
     yield {"folder": folder, "proc": proc, "job_id": job_id}
@@ -328,7 +462,9 @@ def time_limit_job(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory)
 def test_time_limit_signal_checkpoints_requeues_and_finishes(time_limit_job: dict[str, Any]) -> None:
     proc, job_id = time_limit_job["proc"], time_limit_job["job_id"]
     log = submitter.log_path(time_limit_job["folder"], job_id)
-    assert f"tail -F {log}" in proc.stdout and f"sacct -j {job_id}" in proc.stdout  # what it says without --wait
+    assert (
+        f"tail -F {log}" in proc.stdout and f"sacct -j {job_id}" in proc.stdout
+    )  # what it says without --wait
     assert wait_job(job_id) == "COMPLETED"
     records = sacct_records(job_id)
     assert records[-1] == "COMPLETED" and records.count("REQUEUED") >= 1, records
@@ -340,14 +476,24 @@ def test_time_limit_signal_checkpoints_requeues_and_finishes(time_limit_job: dic
 
 # ----- Slurm says no -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args, needle", [
-    (["--partition", "no-such-partition"], ("sbatch refused the job: invalid partition specified: "
-                                           "no-such-partition; Invalid partition name specified. Fix: check "
-                                           "--partition")),
-    (["--slurm", "no-such-option=1"], "sbatch refused the job: unrecognized option '--no-such-option=1'"),
-])
-def test_slurm_refusals_exit_2_with_one_line(slurm_cluster: str, tmp_path: Path, args: list[str],
-                                             needle: str) -> None:
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["--partition", "no-such-partition"],
+            (
+                "sbatch refused the job: invalid partition specified: "
+                "no-such-partition; Invalid partition name specified. Fix: check "
+                "--partition"
+            ),
+        ),
+        (["--slurm", "no-such-option=1"], "sbatch refused the job: unrecognized option '--no-such-option=1'"),
+    ],
+)
+def test_slurm_refusals_exit_2_with_one_line(
+    slurm_cluster: str, tmp_path: Path, args: list[str], needle: str
+) -> None:
     proc = run_submit(tmp_path / "run", *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

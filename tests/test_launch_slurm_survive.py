@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import clean_environ
-from test_launch_slurm_submit import HANG_GUARD_S, run_submit, start_submit, sacct_records
+from test_launch_slurm_submit import HANG_GUARD_S, run_submit, sacct_records, start_submit
 
 from hpc_ddp.launch.slurm import submitter
 from hpc_ddp.run import attempts
@@ -34,8 +34,9 @@ def job_nodes(job_id: str) -> list[str]:
     match = re.search(r" NodeList=(\S+)", out)
     if not match or match.group(1) in ("(null)", ""):
         return []
-    return subprocess.run(["scontrol", "show", "hostnames", match.group(1)], capture_output=True,
-                          text=True).stdout.split()
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", match.group(1)], capture_output=True, text=True
+    ).stdout.split()
 
 
 def wait_all_idle(timeout_s: float = 120) -> None:
@@ -68,8 +69,9 @@ def uninterrupted(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory) 
     return torch.load(folder / "model.pth", weights_only=True)
 
 
-def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(uninterrupted: dict[str, Any], tmp_path: Path,
-                                                             taken_away: list[str]) -> None:
+def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(
+    uninterrupted: dict[str, Any], tmp_path: Path, taken_away: list[str]
+) -> None:
     folder = tmp_path / "run"
     proc, job_id = start_submit(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.1")
     deadline = time.monotonic() + HANG_GUARD_S
@@ -78,9 +80,13 @@ def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(uninterrupted: dict
         time.sleep(0.1)
     first, second = job_nodes(job_id)  # the batch shell runs on the first; any two nodes will do here
     taken_away.append(second)
-    subprocess.run(["scontrol", "update", f"NodeName={second}", "State=DOWN", "Reason=hpc_ddp test"], check=True)
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={second}", "State=DOWN", "Reason=hpc_ddp test"], check=True
+    )
     # DRAIN, so that its slurmd, still alive, does not bring it back mid-test.
-    subprocess.run(["scontrol", "update", f"NodeName={second}", "State=DRAIN", "Reason=hpc_ddp test"], check=True)
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={second}", "State=DRAIN", "Reason=hpc_ddp test"], check=True
+    )
     out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, out
     assert out.rstrip().endswith(f"[submit] job {job_id} completed; run folder {folder}"), out
@@ -90,7 +96,9 @@ def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(uninterrupted: dict
     assert second not in finished.nodes and first in finished.nodes and len(finished.nodes) == 2
     assert (finished.outcome, finished.decision) == ("completed", "done")
     assert finished.resumed_from is not None and finished.resumed_from >= 4
-    assert f"[submit] attempt 2 on {','.join(finished.nodes)}: resumed from step {finished.resumed_from}" in out
+    assert (
+        f"[submit] attempt 2 on {','.join(finished.nodes)}: resumed from step {finished.resumed_from}" in out
+    )
     got = torch.load(folder / "model.pth", weights_only=True)
     assert all(torch.equal(uninterrupted[k], got[k]) for k in uninterrupted)
 
@@ -99,8 +107,15 @@ def submit_node_fault(folder: Path, bad_nodes: str) -> tuple[subprocess.Complete
     """A 2-node job whose tasks on `bad_nodes` raise a CUDA ECC error, on an idle cluster (so it starts on
     node1,node2), waited for: the finished `submit --wait` and the job id."""
     wait_all_idle()
-    proc = run_submit(folder, "--task", "retry_tasks:node_fault", "--epochs", "2", "--wait",
-                      env=clean_environ(RETRY_BAD_NODE=bad_nodes))
+    proc = run_submit(
+        folder,
+        "--task",
+        "retry_tasks:node_fault",
+        "--epochs",
+        "2",
+        "--wait",
+        env=clean_environ(RETRY_BAD_NODE=bad_nodes),
+    )
     found = re.match(r"Submitted job (\d+):", proc.stdout)
     assert found, proc.stdout
     return proc, found.group(1)
@@ -112,17 +127,25 @@ def test_a_gpu_error_on_one_node_excludes_that_node(slurm_cluster: str, tmp_path
     assert proc.returncode == 0, proc.stdout
     failed, finished = attempts.read(folder)
     assert failed.nodes == ("node1", "node2")  # the idle cluster's first two nodes
-    assert (failed.outcome, failed.node, failed.blamed, failed.decision, failed.exclude) == \
-        ("failed", "node2", True, "requeue", ("node2",))
+    assert (failed.outcome, failed.node, failed.blamed, failed.decision, failed.exclude) == (
+        "failed",
+        "node2",
+        True,
+        "requeue",
+        ("node2",),
+    )
     assert failed.reason == "RuntimeError: CUDA error: uncorrectable ECC error encountered"
     assert finished.nodes == ("node1", "node3") and finished.outcome == "completed"
-    assert f"[hpc_ddp] requeued job {job_id}; it will not run on node2 (clear that with: scontrol update " \
+    assert (
+        f"[hpc_ddp] requeued job {job_id}; it will not run on node2 (clear that with: scontrol update "
         f"JobId={job_id} ExcNodeList=)" in proc.stdout
+    )
     assert sacct_records(job_id)[-1] == "COMPLETED"
 
 
-def test_a_task_that_fails_everywhere_stops_after_two_attempts_with_one_traceback(slurm_cluster: str,
-                                                                                  tmp_path: Path) -> None:
+def test_a_task_that_fails_everywhere_stops_after_two_attempts_with_one_traceback(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
     folder = tmp_path / "run"
     proc = run_submit(folder, "--task", "retry_tasks:fails_everywhere", "--epochs", "2", "--wait")
     assert proc.returncode == 1, proc.stdout
@@ -142,8 +165,9 @@ def test_a_task_that_fails_everywhere_stops_after_two_attempts_with_one_tracebac
     assert log.count("Traceback (most recent call last)") >= 1  # the ranks' own logs keep everything
 
 
-def test_a_job_that_no_longer_fits_once_bad_nodes_are_excluded_stops_instead_of_pending(slurm_cluster: str,
-                                                                                       tmp_path: Path) -> None:
+def test_a_job_that_no_longer_fits_once_bad_nodes_are_excluded_stops_instead_of_pending(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
     """node2 fails, then node3: with both excluded, one node is left for a 2-node job."""
     folder = tmp_path / "run"
     proc, job_id = submit_node_fault(folder, "node2,node3")
@@ -152,6 +176,8 @@ def test_a_job_that_no_longer_fits_once_bad_nodes_are_excluded_stops_instead_of_
     assert (first.node, first.decision, first.exclude) == ("node2", "requeue", ("node2",))
     assert (second.nodes, second.node, second.decision) == (("node1", "node3"), "node3", "stop")
     assert second.exclude == ("node2", "node3")
-    assert "cannot requeue: the job needs 2 node(s) and only 1 usable one(s) remain in partition debug once " \
+    assert (
+        "cannot requeue: the job needs 2 node(s) and only 1 usable one(s) remain in partition debug once "
         "node2,node3 are excluded" in proc.stdout
+    )
     assert f"[submit] job {job_id} ended FAILED" in proc.stdout

@@ -28,31 +28,56 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import clean_environ, run_module
+from report_check import IMAGES, inline_images, not_white
+
 from hpc_ddp.report import records, timeline
+from hpc_ddp.report.records import heat_map as records_heat
 from hpc_ddp.report.sources import parse_sacct, plausible, read_run
 from hpc_ddp.report.timeline import Window
-from hpc_ddp.report.records import heat_map as records_heat
 from hpc_ddp.run.folder import _start_ticks, hold_folder
-from report_check import IMAGES, inline_images, not_white
 
 JOB = "77"
 
 
 def step(t: float, s: int, loss: float, rate: float = 100.0) -> dict[str, Any]:
-    return {"event": "step", "time": t, "epoch": 0, "step": s, "loss": loss, "samples_per_s": rate,
-            "step_time_s": 1.0, "lr": 0.01, "data_s": 0.1}
+    return {
+        "event": "step",
+        "time": t,
+        "epoch": 0,
+        "step": s,
+        "loss": loss,
+        "samples_per_s": rate,
+        "step_time_s": 1.0,
+        "lr": 0.01,
+        "data_s": 0.1,
+    }
 
 
 def save(t: float, s: int, stall: float, final: bool = False) -> dict[str, Any]:
-    return {"event": "save", "time": t, "epoch": 0, "step": s, "stall_s": stall, "write_s": stall,
-            "final": final}
+    return {
+        "event": "save",
+        "time": t,
+        "epoch": 0,
+        "step": s,
+        "stall_s": stall,
+        "write_s": stall,
+        "final": final,
+    }
 
 
 def start(t: float, restart: int, s: int, startup: float) -> dict[str, Any]:
-    return {"event": "start", "time": t, "job": JOB, "restart": restart, "epoch": 0, "step": s,
-            "resumed": s > 0, "world_size": 4, "startup_s": startup}
+    return {
+        "event": "start",
+        "time": t,
+        "job": JOB,
+        "restart": restart,
+        "epoch": 0,
+        "step": s,
+        "resumed": s > 0,
+        "world_size": 4,
+        "startup_s": startup,
+    }
 
 
 def ranks(t: float, s: int, slow: int | None = None) -> dict[str, Any]:
@@ -63,38 +88,94 @@ def ranks(t: float, s: int, slow: int | None = None) -> dict[str, Any]:
 
 
 METRICS = [
-    start(1010, 0, 0, 10), step(1020, 10, 2.0), ranks(1020, 10), save(1023, 10, 1.0), step(1030, 20, 1.5),
-    save(1035, 20, 2.0), step(1042, 30, 1.2), ranks(1042, 30, slow=2), step(1052, 40, 1.1),
-    start(1100, 1, 20, 5), step(1110, 30, 1.3), step(1120, 40, 1.0), save(1126, 40, 3.0), step(1133, 50, 0.8),
+    start(1010, 0, 0, 10),
+    step(1020, 10, 2.0),
+    ranks(1020, 10),
+    save(1023, 10, 1.0),
+    step(1030, 20, 1.5),
+    save(1035, 20, 2.0),
+    step(1042, 30, 1.2),
+    ranks(1042, 30, slow=2),
+    step(1052, 40, 1.1),
+    start(1100, 1, 20, 5),
+    step(1110, 30, 1.3),
+    step(1120, 40, 1.0),
+    save(1126, 40, 3.0),
+    step(1133, 50, 0.8),
     save(1141, 55, 1.0, final=True),
-    {"event": "end", "time": 1142, "epoch": 0, "step": 55, "steps_this_process": 35, "samples_per_s": 100.0,
-     "median_step_time_s": 1.0, "seconds": 47},
-    start(1200, 2, 55, 4), step(1210, 65, 0.6), step(1220, 75, 0.4), step(1225, 80, 0.5),
+    {
+        "event": "end",
+        "time": 1142,
+        "epoch": 0,
+        "step": 55,
+        "steps_this_process": 35,
+        "samples_per_s": 100.0,
+        "median_step_time_s": 1.0,
+        "seconds": 47,
+    },
+    start(1200, 2, 55, 4),
+    step(1210, 65, 0.6),
+    step(1220, 75, 0.4),
+    step(1225, 80, 0.5),
     save(1227, 80, 2.0, final=True),
-    {"event": "end", "time": 1228, "epoch": 0, "step": 80, "steps_this_process": 25, "samples_per_s": 100.0,
-     "median_step_time_s": 1.0, "seconds": 32},
+    {
+        "event": "end",
+        "time": 1228,
+        "epoch": 0,
+        "step": 80,
+        "steps_this_process": 25,
+        "samples_per_s": 100.0,
+        "median_step_time_s": 1.0,
+        "seconds": 32,
+    },
 ]
 
 
 def attempt_lines() -> list[dict[str, Any]]:
     def end(t: float, restart: int, outcome: str, s: int, ckpt: int, decision: str) -> dict[str, Any]:
-        return {"event": "end", "job": JOB, "restart": restart, "time": t, "outcome": outcome, "step": s,
-                "checkpoint": ckpt, "rank": 1 if outcome == "failed" else None, "node": None,
-                "reason": f"{outcome} for the test", "signature": "", "decision": decision, "exclude": []}
+        return {
+            "event": "end",
+            "job": JOB,
+            "restart": restart,
+            "time": t,
+            "outcome": outcome,
+            "step": s,
+            "checkpoint": ckpt,
+            "rank": 1 if outcome == "failed" else None,
+            "node": None,
+            "reason": f"{outcome} for the test",
+            "signature": "",
+            "decision": decision,
+            "exclude": [],
+        }
+
     def begin(t: float, restart: int, resumed_from: int | None) -> dict[str, Any]:
-        return {"event": "start", "job": JOB, "restart": restart, "time": t, "nodes": ["node1", "node2"],
-                "resumed_from": resumed_from}
-    return [begin(1009, 0, None), end(1060, 0, "failed", 45, 20, "restart"),
-            begin(1099, 1, 20), end(1145, 1, "preempted", 55, 55, "requeue"),
-            begin(1199, 2, 55), end(1230, 2, "completed", 80, 80, "done")]
+        return {
+            "event": "start",
+            "job": JOB,
+            "restart": restart,
+            "time": t,
+            "nodes": ["node1", "node2"],
+            "resumed_from": resumed_from,
+        }
+
+    return [
+        begin(1009, 0, None),
+        end(1060, 0, "failed", 45, 20, "restart"),
+        begin(1099, 1, 20),
+        end(1145, 1, "preempted", 55, 55, "requeue"),
+        begin(1199, 2, 55),
+        end(1230, 2, "completed", 80, 80, "done"),
+    ]
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any]], torn: str = "") -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + torn)
 
 
-def write_fixture(folder: Path, metrics: list[dict[str, Any]] | None = None,
-                  attempts: list[dict[str, Any]] | None = None) -> Path:
+def write_fixture(
+    folder: Path, metrics: list[dict[str, Any]] | None = None, attempts: list[dict[str, Any]] | None = None
+) -> Path:
     """A run folder with the fixture's records (or the ones given), each file ending in a torn line."""
     folder.mkdir(parents=True, exist_ok=True)
     write_jsonl(folder / "metrics.jsonl", METRICS if metrics is None else metrics, torn='{"event": "st')
@@ -111,13 +192,26 @@ def test_the_fixture_numbers_are_exact(tmp_path: Path) -> None:
     s = summary(write_fixture(tmp_path / "run"))
     assert [a.outcome for a in s.attempts] == ["failed", "preempted", "completed"]
     assert [(a.resumed_at, a.last_step, a.kept_step, a.lost_steps) for a in s.attempts] == [
-        (0, 45, 20, 25), (20, 55, 55, 0), (55, 80, 80, 0)]
+        (0, 45, 20, 25),
+        (20, 55, 55, 0),
+        (55, 80, 80, 0),
+    ]
     assert [a.allocated_s for a in s.attempts] == [60, 50, 34]
     assert [(a.startup_s, a.productive_s, a.stalls_s, a.lost_s, a.after_s) for a in s.attempts] == [
-        (10, 19, 3, 20, 8), (5, 38, 4, 0, 3), (4, 26, 2, 0, 2)]
+        (10, 19, 3, 20, 8),
+        (5, 38, 4, 0, 3),
+        (4, 26, 2, 0, 2),
+    ]
     assert [a.queue_before_s for a in s.attempts] == [0, 35, 51]
     assert (s.allocated_s, s.productive_s, s.startup_s, s.stalls_s, s.lost_s, s.after_s, s.queue_s) == (
-        144, 83, 19, 9, 20, 13, 86)
+        144,
+        83,
+        19,
+        9,
+        20,
+        13,
+        86,
+    )
     assert s.goodput == pytest.approx(83 / 144)
     assert (s.steps, s.lost_steps, s.failures, s.saves) == (80, 25, 1, 5)
     assert (s.save_cost_s, s.mtbf_s, s.best_interval_s) == (2.0, 144.0, 24.0)
@@ -142,9 +236,13 @@ def test_slurm_accounting_gives_the_queue_wait(tmp_path: Path) -> None:
 
 
 def test_sacct_rows_become_windows_in_start_order_and_implausible_ones_are_dropped() -> None:
-    rows = ["77|2026-12-02T10:00:00|2026-12-02T10:05:00|2026-12-02T10:10:00|REQUEUED",
-            "77|2026-12-02T10:10:05|2026-12-02T10:11:00|Unknown|RUNNING",
-            "77|2026-12-02T10:10:05|Unknown|Unknown|PENDING", "78|x|y|z|COMPLETED", "garbage"]
+    rows = [
+        "77|2026-12-02T10:00:00|2026-12-02T10:05:00|2026-12-02T10:10:00|REQUEUED",
+        "77|2026-12-02T10:10:05|2026-12-02T10:11:00|Unknown|RUNNING",
+        "77|2026-12-02T10:10:05|Unknown|Unknown|PENDING",
+        "78|x|y|z|COMPLETED",
+        "garbage",
+    ]
     windows = parse_sacct(JOB, rows)
     assert sorted(windows) == [(JOB, 0), (JOB, 1)]
     assert windows[(JOB, 1)].start - windows[(JOB, 0)].end == 60 and windows[(JOB, 1)].end is None
@@ -171,7 +269,9 @@ def test_a_running_run_without_attempts_file_or_new_records(tmp_path: Path) -> N
 
 def test_a_lock_left_by_a_killed_run_is_no_running_run(tmp_path: Path) -> None:
     """A run SIGKILLed on this machine leaves its run.lock behind: its dead holder runs nothing."""
-    folder = write_fixture(tmp_path / "run", metrics=[step(100 + k, k, 1.0 / k) for k in range(1, 4)], attempts=[])
+    folder = write_fixture(
+        tmp_path / "run", metrics=[step(100 + k, k, 1.0 / k) for k in range(1, 4)], attempts=[]
+    )
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         lock = hold_folder(folder, "launcher", None, 0)  # a real lock record, then made the child's
@@ -187,21 +287,48 @@ def test_a_lock_left_by_a_killed_run_is_no_running_run(tmp_path: Path) -> None:
 
 def test_a_failed_last_attempt_loses_the_steps_after_its_checkpoint(tmp_path: Path) -> None:
     metrics = [start(10, 0, 0, 2), step(20, 10, 1.0), save(21, 10, 1.0), step(31, 20, 0.9), step(41, 30, 0.8)]
-    attempts = [{"event": "end", "job": JOB, "restart": 0, "time": 50, "outcome": "hang", "step": 30,
-                 "checkpoint": 10, "rank": 3, "node": "node2", "reason": "rank 3 hung", "signature": "x",
-                 "decision": "stop", "exclude": []}]
+    attempts = [
+        {
+            "event": "end",
+            "job": JOB,
+            "restart": 0,
+            "time": 50,
+            "outcome": "hang",
+            "step": 30,
+            "checkpoint": 10,
+            "rank": 3,
+            "node": "node2",
+            "reason": "rank 3 hung",
+            "signature": "x",
+            "decision": "stop",
+            "exclude": [],
+        }
+    ]
     s = summary(write_fixture(tmp_path / "run", metrics, attempts))
     a = s.attempts[0]
     assert (a.outcome, a.lost_steps, a.startup_s, a.productive_s, a.stalls_s, a.lost_s, a.after_s) == (
-        "hang", 20, 2, 10, 1, 20, 9)
+        "hang",
+        20,
+        2,
+        10,
+        1,
+        20,
+        9,
+    )
     assert s.state == "failed" and s.failures == 1 and s.mtbf_s == 42
     assert s.best_interval_s == pytest.approx(math.sqrt(2 * 1 * 42))
 
 
 def test_without_attempts_a_restart_that_resumed_earlier_shows_the_lost_steps(tmp_path: Path) -> None:
     """Only metrics: the next start's step says which steps the killed attempt lost."""
-    metrics = [start(10, 0, 0, 0), step(20, 10, 1.0), save(20, 10, 0.0), step(30, 20, 0.9),
-               start(40, 1, 10, 0), step(50, 20, 0.9)]
+    metrics = [
+        start(10, 0, 0, 0),
+        step(20, 10, 1.0),
+        save(20, 10, 0.0),
+        step(30, 20, 0.9),
+        start(40, 1, 10, 0),
+        step(50, 20, 0.9),
+    ]
     folder = write_fixture(tmp_path / "run", metrics, attempts=[])
     (folder / "run.lock").write_text("{}\n")
     s = summary(folder)
@@ -211,24 +338,48 @@ def test_without_attempts_a_restart_that_resumed_earlier_shows_the_lost_steps(tm
 
 def test_an_old_folder_is_cut_into_attempts_at_its_end_records(tmp_path: Path) -> None:
     """Before start records: a process's "end" record closes it, and the next one resumes at that step."""
+
     def end(t: float, s: int) -> dict[str, Any]:
-        return {"event": "end", "time": t, "epoch": 0, "step": s, "steps_this_process": s,
-                "samples_per_s": 1.0, "median_step_time_s": 1.0, "seconds": 10}
-    metrics = [step(100 + k, k, 1.0) for k in range(1, 11)] + [end(111, 10)] + \
-              [step(130 + k, 10 + k, 0.5) for k in range(1, 6)] + [end(136, 15)]
+        return {
+            "event": "end",
+            "time": t,
+            "epoch": 0,
+            "step": s,
+            "steps_this_process": s,
+            "samples_per_s": 1.0,
+            "median_step_time_s": 1.0,
+            "seconds": 10,
+        }
+
+    metrics = (
+        [step(100 + k, k, 1.0) for k in range(1, 11)]
+        + [end(111, 10)]
+        + [step(130 + k, 10 + k, 0.5) for k in range(1, 6)]
+        + [end(136, 15)]
+    )
     s = summary(write_fixture(tmp_path / "run", metrics, attempts=[]))
     assert [(a.outcome, a.resumed_at, a.last_step, a.allocated_s, a.after_s) for a in s.attempts] == [
-        ("stopped", 0, 10, 10, 0), ("completed", 10, 15, 5, 0)]
+        ("stopped", 0, 10, 10, 0),
+        ("completed", 10, 15, 5, 0),
+    ]
     assert (s.queue_s, s.lost_steps, s.state, s.final_loss) == (20, 0, "finished", 0.5)
 
 
 def test_records_of_the_wrong_shape_are_skipped_not_fatal(tmp_path: Path) -> None:
     """Foreign or damaged records (json.loads reads Infinity and NaN, strings where numbers belong) change
     nothing: the fixture's numbers stay exact."""
-    junk = [{"event": "step", "time": "x", "step": 3}, {"event": "step", "time": 1025, "step": float("inf")},
-            {"event": "ranks", "time": 1026, "step": 12, "step_time_s": "fast"}, {"time": None}, ["a list"]]
-    lines = [{"event": "end", "job": JOB, "restart": "zero", "time": 1}, {"event": "start", "job": JOB,
-             "restart": 5, "time": float("nan")}, {"event": "start"}]
+    junk = [
+        {"event": "step", "time": "x", "step": 3},
+        {"event": "step", "time": 1025, "step": float("inf")},
+        {"event": "ranks", "time": 1026, "step": 12, "step_time_s": "fast"},
+        {"time": None},
+        ["a list"],
+    ]
+    lines = [
+        {"event": "end", "job": JOB, "restart": "zero", "time": 1},
+        {"event": "start", "job": JOB, "restart": 5, "time": float("nan")},
+        {"event": "start"},
+    ]
     folder = write_fixture(tmp_path / "run", METRICS[:3] + junk + METRICS[3:], attempt_lines() + lines)
     s = summary(folder)
     assert (s.allocated_s, s.productive_s, s.lost_steps, len(s.attempts)) == (144, 83, 25, 3)
@@ -240,8 +391,9 @@ def test_heat_map_rows_are_ranks() -> None:
 
 
 def test_a_long_run_heat_map_keeps_each_windows_slowest() -> None:
-    records = [ranks(k, k) for k in range(1, 2501)] + [{"event": "ranks", "time": 9, "step": 2501,
-                                                       "step_time_s": [0.1, 0.1], "data_s": [0.0, 0.0]}]
+    records = [ranks(k, k) for k in range(1, 2501)] + [
+        {"event": "ranks", "time": 9, "step": 2501, "step_time_s": [0.1, 0.1], "data_s": [0.0, 0.0]}
+    ]
     records[1233]["step_time_s"][3] = 0.9  # one spike in 2501 records
     steps, rows = records_heat(records, 1000)
     assert len(steps) == 834 and steps[:3] == [1, 4, 7] and len(rows) == 4
@@ -263,9 +415,11 @@ def test_the_command_writes_one_self_contained_page_and_the_pngs(tmp_path: Path)
     folder = write_fixture(tmp_path / "run")
     proc = run_module("hpc_ddp.report", str(folder), "--no-sacct", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == (f"report: {folder / 'report.html'} (finished; 3 attempts, step 80, "
-                                   "final loss 0.5, best 0.4, goodput 57.6%, lost 25 steps, best checkpoint "
-                                   "interval 24.0 s)")
+    assert proc.stdout.strip() == (
+        f"report: {folder / 'report.html'} (finished; 3 attempts, step 80, "
+        "final loss 0.5, best 0.4, goodput 57.6%, lost 25 steps, best checkpoint "
+        "interval 24.0 s)"
+    )
     page = (folder / "report.html").read_text()
     assert not re.search(r"https?://", page) and "<script" not in page
     images = inline_images(page)
@@ -273,8 +427,16 @@ def test_the_command_writes_one_self_contained_page_and_the_pngs(tmp_path: Path)
     for name, png in images.items():
         assert png.startswith(b"\x89PNG") and png == (folder / name).read_bytes()
         assert not_white(png) > 0.02, name
-    for text in ("57.6%", "25 steps replayed", "sqrt(2", "failed for the test", "node1 node2", "24.0 s",
-                 "from metrics.jsonl and attempts.jsonl.</p>", "Goodput 57.6% &middot; finished"):
+    for text in (
+        "57.6%",
+        "25 steps replayed",
+        "sqrt(2",
+        "failed for the test",
+        "node1 node2",
+        "24.0 s",
+        "from metrics.jsonl and attempts.jsonl.</p>",
+        "Goodput 57.6% &middot; finished",
+    ):
         assert text in page
 
 
@@ -288,12 +450,16 @@ def test_out_elsewhere(tmp_path: Path) -> None:
     assert not (folder / "report.html").exists()
 
 
-@pytest.mark.parametrize("make, expected", [
-    (lambda p: p, "is not a run folder: it has no metrics.jsonl"),
-    (lambda p: p / "missing", "is not a folder"),
-])
-def test_a_folder_that_is_no_run_folder_is_one_line_and_exit_2(make: Any, expected: str,
-                                                                tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda p: p, "is not a run folder: it has no metrics.jsonl"),
+        (lambda p: p / "missing", "is not a folder"),
+    ],
+)
+def test_a_folder_that_is_no_run_folder_is_one_line_and_exit_2(
+    make: Any, expected: str, tmp_path: Path
+) -> None:
     proc = run_module("hpc_ddp.report", str(make(tmp_path)), timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and expected in proc.stderr and "Traceback" not in proc.stderr
@@ -310,8 +476,17 @@ def test_without_matplotlib_the_command_says_how_to_install_it(tmp_path: Path) -
     assert len(proc.stderr.splitlines()) == 1 and "pip install 'hpc-ddp[report]'" in proc.stderr
 
 
-@pytest.mark.parametrize("seconds, text", [(None, "n/a"), (0, "0 s"), (0.0186, "18.6 ms"), (9.04, "9.0 s"),
-                                           (83, "1 min 23 s"), (7322, "2 h 02 min")])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (None, "n/a"),
+        (0, "0 s"),
+        (0.0186, "18.6 ms"),
+        (9.04, "9.0 s"),
+        (83, "1 min 23 s"),
+        (7322, "2 h 02 min"),
+    ],
+)
 def test_durations_read_as_a_person_would_say_them(seconds: float | None, text: str) -> None:
     from hpc_ddp.report.page import duration
 
@@ -340,9 +515,11 @@ def test_queue_waits_come_from_sacct_when_it_answers(code: int, queue: str, tmp_
     """Slurm's own start and end of each run of job 77 give 32 + 44 s; a sacct that fails leaves the gaps
     between the attempts' records (35 + 51 s)."""
     pytest.importorskip("matplotlib")
-    rows = [f"77|{slurm_clock(900)}|{slurm_clock(990)}|{slurm_clock(1058)}|REQUEUED",
-            f"77|{slurm_clock(1058)}|{slurm_clock(1090)}|{slurm_clock(1146)}|REQUEUED",
-            f"77|{slurm_clock(1146)}|{slurm_clock(1190)}|Unknown|RUNNING"]
+    rows = [
+        f"77|{slurm_clock(900)}|{slurm_clock(990)}|{slurm_clock(1058)}|REQUEUED",
+        f"77|{slurm_clock(1058)}|{slurm_clock(1090)}|{slurm_clock(1146)}|REQUEUED",
+        f"77|{slurm_clock(1146)}|{slurm_clock(1190)}|Unknown|RUNNING",
+    ]
     env = fake_sacct(tmp_path / "bin", rows, code)
     folder = write_fixture(tmp_path / "run")
     proc = run_module("hpc_ddp.report", str(folder), env=env, timeout=120)
@@ -353,8 +530,14 @@ def test_queue_waits_come_from_sacct_when_it_answers(code: int, queue: str, tmp_
 
 
 def test_help_is_quick_and_options_are_never_abbreviated(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpc_ddp.report", "--help"], cwd=tmp_path,
-                          env=clean_environ(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "hpc_ddp.report", "--help"],
+        cwd=tmp_path,
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m hpc_ddp.report")
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()}
     assert "hpc_ddp" in imported and not imported & {"torch", "matplotlib", "numpy"}

@@ -7,19 +7,32 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from conftest import run_module
-from hpc_ddp.run.metrics import read_records
 from report_check import assert_report_matches_records, check_report
 from test_launch_local import finish, read_until, start
+
+from hpc_ddp.run.metrics import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(200)]  # 6-8 s and 13-20 s (measured)
 
 
 def local_run(folder: Path, *args: str) -> None:
     """`submit --local` on 1 node x 2 processes, a record for every step; must exit 0."""
-    proc = run_module("hpc_ddp.submit", "--local", "--nodes", "1", "--tasks-per-node", "2",
-                      "--log-every-s", "0", "--folder", str(folder), *args, cwd=folder.parent, timeout=120)
+    proc = run_module(
+        "hpc_ddp.submit",
+        "--local",
+        "--nodes",
+        "1",
+        "--tasks-per-node",
+        "2",
+        "--log-every-s",
+        "0",
+        "--folder",
+        str(folder),
+        *args,
+        cwd=folder.parent,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -41,9 +54,24 @@ def test_a_preempted_run_reported_while_it_runs_and_after(tmp_path: Path) -> Non
     """SIGUSR2 to the launcher: an agreed save, a restart. Asked meanwhile, the report says "running"; at the
     end, two attempts, no step lost, and the steps and losses of metrics.jsonl."""
     folder = tmp_path / "run"
-    proc = start(folder, "--nodes", "1", "--tasks-per-node", "2", "--task", "slow_tasks:slow",
-                 "--epochs", "4", "--batch-size", "8", "--log-every-s", "0", "--save-every-steps", "10",
-                 SLOW_TASK_SLEEP_S="0.03")
+    proc = start(
+        folder,
+        "--nodes",
+        "1",
+        "--tasks-per-node",
+        "2",
+        "--task",
+        "slow_tasks:slow",
+        "--epochs",
+        "4",
+        "--batch-size",
+        "8",
+        "--log-every-s",
+        "0",
+        "--save-every-steps",
+        "10",
+        SLOW_TASK_SLEEP_S="0.03",
+    )
     read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGUSR2)
     read_until(proc, "restarting all ranks")

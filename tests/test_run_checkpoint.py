@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import clean_environ, die_with_test
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from conftest import clean_environ, die_with_test
 from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.run import checkpoint, resume
 from hpc_ddp.run.config import TrainConfig
@@ -25,10 +25,16 @@ def sample_state(step: int) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": None,
-            "position": {"epoch": 1, "batch": 5, "step": step, "loss_sum": 1.5, "loss_count": 3.0},
-            "rng": [{"cpu": torch.get_rng_state(), "python": [3, list(range(625)), None]}],
-            "world_size": 1, "config": TrainConfig().as_dict(), "version": "test"}
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scaler": None,
+        "position": {"epoch": 1, "batch": 5, "step": step, "loss_sum": 1.5, "loss_count": 3.0},
+        "rng": [{"cpu": torch.get_rng_state(), "python": [3, list(range(625)), None]}],
+        "world_size": 1,
+        "config": TrainConfig().as_dict(),
+        "version": "test",
+    }
 
 
 def test_round_trip_keeps_model_optimizer_rng_and_position(tmp_path: Path) -> None:
@@ -88,8 +94,13 @@ for step in range(2, 100):
 
 @pytest.mark.slow
 def test_sigkill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], env=clean_environ(),
-                            stdout=subprocess.PIPE, text=True, preexec_fn=die_with_test)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(tmp_path)],
+        env=clean_environ(),
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=die_with_test,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "first"
     directory = checkpoint.ckpt_dir(tmp_path)
     deadline = time.monotonic() + 60

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_run_checkpoint import sample_state
 
+from hpc_ddp.errors import CheckpointError
 from hpc_ddp.run import checkpoint, resume
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.errors import CheckpointError
-from test_run_checkpoint import sample_state
 
 
 def wait_for(predicate, seconds: float = 10.0) -> None:  # type: ignore[no-untyped-def]
@@ -56,8 +56,9 @@ def test_a_flipped_bit_is_corrupt_and_the_previous_checkpoint_is_used(tmp_path: 
 
 
 @pytest.mark.parametrize("breakage", ["not UTF-8", "a directory"])
-def test_an_unreadable_latest_falls_back_to_the_newest_checkpoint_and_is_repaired(tmp_path: Path,
-                                                                                 breakage: str) -> None:
+def test_an_unreadable_latest_falls_back_to_the_newest_checkpoint_and_is_repaired(
+    tmp_path: Path, breakage: str
+) -> None:
     checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
     checkpoint.commit(tmp_path, sample_state(2), step=2, keep=3)
     pointer = checkpoint.ckpt_dir(tmp_path) / "latest"
@@ -70,7 +71,9 @@ def test_an_unreadable_latest_falls_back_to_the_newest_checkpoint_and_is_repaire
     warnings: list[str] = []
     found = checkpoint.find_resumable(tmp_path, warnings.append)
     assert found is not None and found[0].name == "ckpt-00000002.pt"
-    assert f"{pointer} is unreadable" in warnings[0] and "using the newest checkpoint that loads" in warnings[0]
+    assert (
+        f"{pointer} is unreadable" in warnings[0] and "using the newest checkpoint that loads" in warnings[0]
+    )
     # A start from it points `latest` at it again (a directory is moved aside, not deleted), and saves work.
     assert resume.choose(TrainConfig(), tmp_path, {}, warnings.append) == found[0]
     assert checkpoint.read_latest(tmp_path) == found[0]
@@ -85,7 +88,9 @@ class _NotData:
     """Pickled by reference to this module: a weights_only load refuses it."""
 
 
-def test_numpy_scalars_are_saved_as_python_numbers_and_other_types_fail_before_writing(tmp_path: Path) -> None:
+def test_numpy_scalars_are_saved_as_python_numbers_and_other_types_fail_before_writing(
+    tmp_path: Path,
+) -> None:
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=np.float64(0.01), momentum=np.float32(0.9))
     state = {**sample_state(1), "optimizer": opt.state_dict()}
@@ -137,8 +142,11 @@ def test_rotation_keeps_the_file_it_just_wrote_and_never_deletes_a_later_step(tm
         checkpoint.commit(tmp_path, sample_state(step), step=step, keep=3)
     path, _ = checkpoint.commit(tmp_path, sample_state(25), step=25, keep=1)
     assert path.is_file() and checkpoint.read_latest(tmp_path) == path
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == \
-        ["ckpt-00000045.pt", "ckpt-00000030.pt", "ckpt-00000025.pt"]  # 15 is older than 25: rotated
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "ckpt-00000045.pt",
+        "ckpt-00000030.pt",
+        "ckpt-00000025.pt",
+    ]  # 15 is older than 25: rotated
     assert not (checkpoint.ckpt_dir(tmp_path) / "ckpt-00000015.pt.sha256").exists()
 
 
@@ -180,7 +188,12 @@ def test_saving_that_keeps_failing_is_reported_when_the_retries_are_spent(tmp_pa
         writer.wait(retry=True)
     # A folder that is a file is no passing trouble: no retry.
     once = checkpoint.AsyncWriter(warn=lambda _: None, retries=5, backoff_s=0.01)
-    once.submit(lambda: checkpoint.commit(tmp_path / "x" / "y", sample_state(1), 1, 1)
-                if (tmp_path / "x").write_text("a file") else None)  # type: ignore[func-returns-value]
+    once.submit(
+        lambda: (
+            checkpoint.commit(tmp_path / "x" / "y", sample_state(1), 1, 1)
+            if (tmp_path / "x").write_text("a file")
+            else None
+        )
+    )  # type: ignore[func-returns-value]
     wait_for(lambda: once.check() is not None)
     assert once.failures == 1

@@ -18,7 +18,9 @@ def test_each_launch_path_has_its_default_folder() -> None:
     assert run_folder.default_for_task(None) == Path(f"runs/single-{os.getpid()}")
     assert run_folder.default_for_local_run("123") == Path("runs/local-123")
     stamp = time.mktime((2024, 5, 6, 7, 8, 9, 0, 0, -1))
-    assert run_folder.default_for_submission("golden", stamp) == Path("runs/golden-20240506-070809").absolute()
+    assert (
+        run_folder.default_for_submission("golden", stamp) == Path("runs/golden-20240506-070809").absolute()
+    )
 
 
 def test_prepare_creates_the_folder_and_leaves_nothing_in_it(tmp_path: Path) -> None:
@@ -28,7 +30,9 @@ def test_prepare_creates_the_folder_and_leaves_nothing_in_it(tmp_path: Path) -> 
 
 def test_prepare_refuses_a_path_under_a_file_with_the_fix(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
-    with pytest.raises(UsageError, match=r"run folder .*/file/run is not writable \(Not a directory\)\. Fix: --folder"):
+    with pytest.raises(
+        UsageError, match=r"run folder .*/file/run is not writable \(Not a directory\)\. Fix: --folder"
+    ):
         run_folder.prepare(tmp_path / "file" / "run")
     assert run_folder.write_test(tmp_path / "file", "probe") == "Not a directory"
 
@@ -54,7 +58,9 @@ def test_the_preemption_record_keeps_the_text_ddp_sbatch_greps_for(tmp_path: Pat
     assert '"requeue": true' in text and '"mode": "exit"' in text
     assert json.loads(text) == {"requeue": True, "signal": "SIGUSR2", "mode": "exit"}
     assert run_folder.read_preempted(tmp_path) == record
-    assert run_folder.preempted_since(tmp_path, since) and not run_folder.preempted_since(tmp_path, time.time() + 60)
+    assert run_folder.preempted_since(tmp_path, since) and not run_folder.preempted_since(
+        tmp_path, time.time() + 60
+    )
     run_folder.clear_preempted(tmp_path)
     assert run_folder.read_preempted(tmp_path) is None and not run_folder.preempted_since(tmp_path, 0)
 

@@ -20,32 +20,42 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-
 from conftest import clean_environ, die_with_test, run_module
+from test_launch_local import finish, read_until, start
+
 from hpc_ddp import exitcodes
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import checkpoint
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.metrics import read_records
-from test_launch_local import finish, read_until, start
 
 
 def train(folder: Path, *args: str, cwd: Path | None = None, **env: str) -> tuple[int, str]:
     """`python -m hpc_ddp.train` alone: one rank, a real gloo group; exit code and all output."""
-    proc = subprocess.run([sys.executable, "-m", "hpc_ddp.train", "--folder", str(folder), *args], cwd=cwd,
-                          env=clean_environ(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=120, preexec_fn=die_with_test)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc_ddp.train", "--folder", str(folder), *args],
+        cwd=cwd,
+        env=clean_environ(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        preexec_fn=die_with_test,
+    )
     return proc.returncode, proc.stdout
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     """Every file a run writes (logs and the lock aside), with its bytes and modification time."""
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
-            if p.is_file() and "logs" not in p.relative_to(folder).parts and p.name != "run.lock"}
+    return {
+        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "logs" not in p.relative_to(folder).parts and p.name != "run.lock"
+    }
 
 
 def steps(folder: Path) -> list[int]:
-    return [int(p.name[len("ckpt-"):-len(".pt")]) for p in checkpoint.list_checkpoints(folder)]
+    return [int(p.name[len("ckpt-") : -len(".pt")]) for p in checkpoint.list_checkpoints(folder)]
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +79,30 @@ def copy(trained: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.deadline(75)
-def test_a_start_from_an_earlier_checkpoint_keeps_its_new_line_and_sets_the_later_one_aside(tmp_path: Path) -> None:
+def test_a_start_from_an_earlier_checkpoint_keeps_its_new_line_and_sets_the_later_one_aside(
+    tmp_path: Path,
+) -> None:
     code, out = train(tmp_path, "--max-steps", "45", "--save-every-steps", "15", "--save-every-epochs", "0")
     assert code == 0, out
     assert steps(tmp_path) == [45, 30, 15]
     old_model = (tmp_path / "model.pth").read_bytes()
     step15 = checkpoint.ckpt_dir(tmp_path) / "ckpt-00000015.pt"
-    code, out = train(tmp_path, "--max-steps", "25", "--keep", "1", "--resume", str(step15),
-                      "--save-every-epochs", "0")
+    code, out = train(
+        tmp_path, "--max-steps", "25", "--keep", "1", "--resume", str(step15), "--save-every-epochs", "0"
+    )
     assert code == 0, out
     assert steps(tmp_path) == [25]  # rotation kept the file it wrote
     assert checkpoint.read_latest(tmp_path) == checkpoint.ckpt_dir(tmp_path) / "ckpt-00000025.pt"
     aside = list(checkpoint.ckpt_dir(tmp_path).glob("abandoned-*"))
     assert len(aside) == 1, out
     assert sorted(p.name for p in aside[0].iterdir()) == [
-        "ckpt-00000030.pt", "ckpt-00000030.pt.sha256", "ckpt-00000045.pt", "ckpt-00000045.pt.sha256", "model.pth",
-        "model.pth.sha256"]
+        "ckpt-00000030.pt",
+        "ckpt-00000030.pt.sha256",
+        "ckpt-00000045.pt",
+        "ckpt-00000045.pt.sha256",
+        "model.pth",
+        "model.pth.sha256",
+    ]
     assert (aside[0] / "model.pth").read_bytes() == old_model  # the abandoned line's weights: kept, not lost
     assert "ckpt-00000030.pt, ckpt-00000045.pt) and model.pth belong to another line of training" in out
     final = checkpoint.load(checkpoint.ckpt_dir(tmp_path) / "ckpt-00000025.pt")["model"]
@@ -107,8 +125,12 @@ def test_rerunning_a_finished_run_trains_nothing_until_asked_for_more(tmp_path: 
     done = snapshot(tmp_path)
     code, out = train(tmp_path, *args)
     assert code == 0, out
-    assert ("The run in " in out and "already finished at epoch 0, step 20 (--epochs 10 --max-steps 20): "
-            "nothing to train, nothing written" in out), out
+    assert (
+        "The run in " in out
+        and "already finished at epoch 0, step 20 (--epochs 10 --max-steps 20): "
+        "nothing to train, nothing written"
+        in out
+    ), out
     assert snapshot(tmp_path) == done  # no step 21, no checkpoint, model.pth/run.json/metrics untouched
     code, out = train(tmp_path, "--max-steps", "30", "--save-every-epochs", "0")
     assert code == 0 and "at epoch 0, step 20" in out, out
@@ -147,13 +169,30 @@ def test_a_numpy_learning_rate_saves_checkpoints_that_resume(tmp_path: Path) -> 
 
 
 def test_a_lock_from_another_machine_is_taken_over_only_once_stale_and_a_requeue_takes_its_own(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "run.lock"
-    path.write_text(json.dumps({"token": "theirs", "role": "rank0", "job_id": "77", "restarts": 0, "host": "far",
-                                "pid": 1, "pid_start": 1, "boot_id": "another boot", "pid_ns": "x",
-                                "since": time.time()}))
-    with pytest.raises(UsageError, match=r"is in use by rank 0 of job 77 \(pid 1 on far, .*refreshed 0 s ago.*"
-                                         r"Fix: wait for it to end or stop it \(scancel 77"):
+    path.write_text(
+        json.dumps(
+            {
+                "token": "theirs",
+                "role": "rank0",
+                "job_id": "77",
+                "restarts": 0,
+                "host": "far",
+                "pid": 1,
+                "pid_start": 1,
+                "boot_id": "another boot",
+                "pid_ns": "x",
+                "since": time.time(),
+            }
+        )
+    )
+    with pytest.raises(
+        UsageError,
+        match=r"is in use by rank 0 of job 77 \(pid 1 on far, .*refreshed 0 s ago.*"
+        r"Fix: wait for it to end or stop it \(scancel 77",
+    ):
         run_folder.hold_folder(tmp_path, "rank0", "88", 0)
     old = time.time() - 2 * run_folder.LOCK_STALE_S
     os.utime(path, (old, old))  # its holder stopped refreshing it two minutes ago
@@ -181,8 +220,17 @@ def test_a_second_run_in_a_live_folder_is_refused_and_the_lock_dies_with_its_hol
     code, out = train(tmp_path, "--task", "slow_tasks:slow")
     assert code == exitcodes.USAGE, out
     assert f"is in use by the local launcher of job {job} (pid {first.pid} on " in out, out
-    proc = run_module("hpc_ddp.submit", "--local", "--folder", str(tmp_path), *slow_task, "--resume", "never",
-                      "--overwrite", timeout=60)
+    proc = run_module(
+        "hpc_ddp.submit",
+        "--local",
+        "--folder",
+        str(tmp_path),
+        *slow_task,
+        "--resume",
+        "never",
+        "--overwrite",
+        timeout=60,
+    )
     assert proc.returncode == exitcodes.USAGE, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and f"is in use by the local launcher of job {job}" in proc.stderr
     assert checkpoint.list_checkpoints(tmp_path), "the live run's checkpoints must survive"
@@ -230,7 +278,7 @@ def test_a_cut_metrics_line_stays_alone_and_readers_skip_it(copy: Path) -> None:
     assert code == 0, out
     after = metrics.read_text().splitlines()
     assert after[len(lines) - 1] == cut  # nothing glued onto it
-    for line in after[len(lines):]:
+    for line in after[len(lines) :]:
         json.loads(line)  # every new record is whole
     records = read_records(metrics)
     assert len(records) == len(after) - 1 and records[-1]["event"] == "end"
@@ -244,8 +292,10 @@ def test_a_cut_metrics_line_stays_alone_and_readers_skip_it(copy: Path) -> None:
 def test_a_new_lr_on_resume_is_applied_and_said_or_refused(copy: Path, tmp_path: Path) -> None:
     code, out = train(copy, "--epochs", "3", "--lr", "0.005")  # the default SGD takes --lr
     assert code == 0, out
-    assert ("--lr changed from 0.01 to 0.005 on resume: applied, the optimizer's learning rate is now [0.005] "
-            "(was [0.01])") in out
+    assert (
+        "--lr changed from 0.01 to 0.005 on resume: applied, the optimizer's learning rate is now [0.005] "
+        "(was [0.01])"
+    ) in out
     last = checkpoint.load(checkpoint.read_latest(copy))  # type: ignore[arg-type]
     assert last["optimizer"]["param_groups"][0]["lr"] == 0.005 and last["config"]["lr"] == 0.005
 
@@ -255,8 +305,12 @@ def test_a_new_lr_on_resume_is_applied_and_said_or_refused(copy: Path, tmp_path:
     before = snapshot(own)
     code, out = train(own, "--task", "robust_tasks:fixed_lr", "--epochs", "2", "--lr", "0.005")
     assert code == exitcodes.USAGE, out
-    assert "--lr 0.005: checkpoint " in out and "was trained with --lr 0.01, but this task's optimizer does not " \
-        "take its learning rate from --lr (it is [0.003] either way)" in out
+    assert (
+        "--lr 0.005: checkpoint " in out
+        and "was trained with --lr 0.01, but this task's optimizer does not "
+        "take its learning rate from --lr (it is [0.003] either way)"
+        in out
+    )
     assert snapshot(own) == before  # nothing recorded of what did not happen
 
 

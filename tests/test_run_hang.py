@@ -20,8 +20,21 @@ THRESHOLD_S = 4
 
 def hung_run(tmp_path: Path, task: str, *args: str, **env: str) -> tuple[int, str, float, dict]:
     """A 1-node x 2-rank run whose rank 1 hangs; exit code, output, seconds from 'stuck now' to the verdict."""
-    proc = start(tmp_path, "--task", f"hang_tasks:{task}", "--nodes", "1", "--epochs", "3",
-                 "--hang-timeout-s", str(THRESHOLD_S), "--max-restarts", "0", *args, **env)  # the hang alone
+    proc = start(
+        tmp_path,
+        "--task",
+        f"hang_tasks:{task}",
+        "--nodes",
+        "1",
+        "--epochs",
+        "3",
+        "--hang-timeout-s",
+        str(THRESHOLD_S),
+        "--max-restarts",
+        "0",
+        *args,
+        **env,
+    )  # the hang alone
     read_until(proc, "stuck now", timeout=90)
     stuck_at = time.monotonic()
     started = psutil.Process(proc.pid).children(recursive=True)  # the ranks and their DataLoader workers
@@ -33,11 +46,13 @@ def hung_run(tmp_path: Path, task: str, *args: str, **env: str) -> tuple[int, st
 
 def all_gone(processes: list[psutil.Process]) -> bool:
     """None of `processes` is left (a zombie waiting for its reaper counts as gone)."""
+
     def gone(p: psutil.Process) -> bool:
         try:
             return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return True
+
     return all(gone(p) for p in processes)
 
 
@@ -71,8 +86,20 @@ def test_a_rank_stuck_in_getitem_is_named_in_data_loading(workers: str, tmp_path
 
 
 def test_a_frozen_rank_is_named_unresponsive_with_its_host(tmp_path: Path) -> None:
-    proc = start(tmp_path, "--task", "slow_tasks:slow", "--nodes", "1", "--epochs", "50", "--max-restarts", "0",
-                 "--hang-timeout-s", str(THRESHOLD_S), SLOW_TASK_SLEEP_S="0.01")
+    proc = start(
+        tmp_path,
+        "--task",
+        "slow_tasks:slow",
+        "--nodes",
+        "1",
+        "--epochs",
+        "50",
+        "--max-restarts",
+        "0",
+        "--hang-timeout-s",
+        str(THRESHOLD_S),
+        SLOW_TASK_SLEEP_S="0.01",
+    )
     read_until(proc, "Epoch 0,", timeout=90)
     rank1 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "1")
     rank1.send_signal(signal.SIGSTOP)
@@ -81,17 +108,32 @@ def test_a_frozen_rank_is_named_unresponsive_with_its_host(tmp_path: Path) -> No
     took = time.monotonic() - frozen_at
     assert code == exitcodes.HANG, out
     line = verdict_line(out)
-    assert f"rank 1 (" in line and f"pid {rank1.pid}) is unresponsive" in line, line
+    assert "rank 1 (" in line and f"pid {rank1.pid}) is unresponsive" in line, line
     assert not rank1.is_running() or rank1.status() == psutil.STATUS_ZOMBIE
     assert took < THRESHOLD_S + 15, f"detected after {took:.1f} s"
 
 
 def test_a_rank_three_times_slower_is_named_a_straggler_within_20_steps(tmp_path: Path) -> None:
-    code, out = finish(start(tmp_path, "--task", "hang_tasks:straggler", "--epochs", "2", "--batch-size", "8",
-                             "--max-steps", "25"), timeout=90)
+    code, out = finish(
+        start(
+            tmp_path,
+            "--task",
+            "hang_tasks:straggler",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "8",
+            "--max-steps",
+            "25",
+        ),
+        timeout=90,
+    )
     assert code == 0, out
-    named = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
-             if '"straggler"' in line]
+    named = [
+        json.loads(line)
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+        if '"straggler"' in line
+    ]
     assert named and named[0]["rank"] == 1 and named[0]["phase"] == "data loading", out
     assert named[0]["step"] <= 20 and named[0]["slower"] > 1.5
     assert f"straggler at step {named[0]['step']}: rank 1 (" in out
@@ -100,8 +142,19 @@ def test_a_rank_three_times_slower_is_named_a_straggler_within_20_steps(tmp_path
 
 def test_a_healthy_run_with_a_slow_first_step_and_slow_saves_raises_no_alarm(tmp_path: Path) -> None:
     """auto with --timeout-s 8: every threshold is 4 s; the first step and each save take 3 s."""
-    code, out = finish(start(tmp_path, "--task", "hang_tasks:slow_start_and_save", "--epochs", "2",
-                             "--timeout-s", "8", SLOW_S="3"), timeout=90)
+    code, out = finish(
+        start(
+            tmp_path,
+            "--task",
+            "hang_tasks:slow_start_and_save",
+            "--epochs",
+            "2",
+            "--timeout-s",
+            "8",
+            SLOW_S="3",
+        ),
+        timeout=90,
+    )
     assert code == 0, out
     assert "hang" not in out.lower() and "straggler" not in out
     assert not (tmp_path / "hang.json").exists()

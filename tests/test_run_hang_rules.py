@@ -9,16 +9,24 @@ import pytest
 from hpc_ddp.run import beacon, stragglers, verdict, watchdog
 
 
-@pytest.mark.parametrize("setting, phase, steps, expected", [
-    (12.0, beacon.DATA, [0.01] * 10, 12.0),  # an explicit S is taken as it is
-    (None, beacon.DATA, [0.01] * 2, 300.0),  # too few steps timed: half of --timeout-s
-    (None, beacon.CHECKPOINT, [0.01] * 10, 300.0),  # saves may be long
-    (None, beacon.STARTUP, [], 300.0),
-    (None, beacon.DATA, [0.01] * 10, 60.0),  # 20 x 10 ms is below the 60 s floor
-    (None, beacon.GRAD_ALLREDUCE, [5.0] * 10, 100.0),  # 20 median step times
-    (None, beacon.COMPUTE, [50.0] * 10, 300.0),  # never above half of --timeout-s
-    (None, beacon.COMPUTE, [0.01, 0.01, 9.0, 0.01, 0.01], 60.0),  # one slow step moves the median not at all
-])
+@pytest.mark.parametrize(
+    "setting, phase, steps, expected",
+    [
+        (12.0, beacon.DATA, [0.01] * 10, 12.0),  # an explicit S is taken as it is
+        (None, beacon.DATA, [0.01] * 2, 300.0),  # too few steps timed: half of --timeout-s
+        (None, beacon.CHECKPOINT, [0.01] * 10, 300.0),  # saves may be long
+        (None, beacon.STARTUP, [], 300.0),
+        (None, beacon.DATA, [0.01] * 10, 60.0),  # 20 x 10 ms is below the 60 s floor
+        (None, beacon.GRAD_ALLREDUCE, [5.0] * 10, 100.0),  # 20 median step times
+        (None, beacon.COMPUTE, [50.0] * 10, 300.0),  # never above half of --timeout-s
+        (
+            None,
+            beacon.COMPUTE,
+            [0.01, 0.01, 9.0, 0.01, 0.01],
+            60.0,
+        ),  # one slow step moves the median not at all
+    ],
+)
 def test_auto_threshold(setting: float | None, phase: str, steps: list[float], expected: float) -> None:
     assert watchdog.threshold_s(setting, 600.0, steps, phase) == expected
 
@@ -27,10 +35,25 @@ def test_the_threshold_floor_yields_to_the_cap_for_short_timeouts() -> None:
     assert watchdog.threshold_s(None, 8.0, [0.01] * 10, beacon.DATA) == 4.0
 
 
-def report(rank: int, phase: str, step: int = 120, stalled: float = 41.0, host: str = "node1",
-           frame: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"rank": rank, "host": host, "pid": 1000 + rank, "phase": phase, "step": step, "stalled_s": stalled,
-            "collective": phase in beacon.COLLECTIVE, "user_frame": frame, "stack": ""}
+def report(
+    rank: int,
+    phase: str,
+    step: int = 120,
+    stalled: float = 41.0,
+    host: str = "node1",
+    frame: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "host": host,
+        "pid": 1000 + rank,
+        "phase": phase,
+        "step": step,
+        "stalled_s": stalled,
+        "collective": phase in beacon.COLLECTIVE,
+        "user_frame": frame,
+        "stack": "",
+    }
 
 
 PEERS = [(f"node{1 + r // 4}", 1000 + r) for r in range(8)]
@@ -41,10 +64,14 @@ def test_one_rank_stuck_in_data_is_named_with_its_line() -> None:
     reports = [report(r, beacon.GRAD_ALLREDUCE, stalled=40.0) for r in range(8) if r != 5]
     reports.append(report(5, beacon.DATA, host="node2", frame=frame))
     v = verdict.decide(reports, 8, PEERS, 5.0)
-    assert v["line"] == ("hang at step 120: rank 5 (node2, pid 1005) has been in data loading for 41 s; ranks "
-                         "0-4,6-7 wait for it in the gradient all-reduce. Rank 5's stack: ... File \"mytask.py\", "
-                         "line 31, in __getitem__")
-    assert v["culprits"] == [5] and v["phase"] == beacon.DATA and v["host"] == "node2" and v["reason"] == "stuck"
+    assert v["line"] == (
+        "hang at step 120: rank 5 (node2, pid 1005) has been in data loading for 41 s; ranks "
+        '0-4,6-7 wait for it in the gradient all-reduce. Rank 5\'s stack: ... File "mytask.py", '
+        "line 31, in __getitem__"
+    )
+    assert (
+        v["culprits"] == [5] and v["phase"] == beacon.DATA and v["host"] == "node2" and v["reason"] == "stuck"
+    )
 
 
 def test_a_rank_that_sends_nothing_is_unresponsive_with_its_host() -> None:
@@ -56,8 +83,9 @@ def test_a_rank_that_sends_nothing_is_unresponsive_with_its_host() -> None:
 
 
 def test_ranks_in_different_collectives_blame_nobody() -> None:
-    reports = [report(r, beacon.GRAD_ALLREDUCE) for r in range(4)] + \
-        [report(r, beacon.STEP_ALLREDUCE, step=119) for r in range(4, 8)]
+    reports = [report(r, beacon.GRAD_ALLREDUCE) for r in range(4)] + [
+        report(r, beacon.STEP_ALLREDUCE, step=119) for r in range(4, 8)
+    ]
     v = verdict.decide(reports, 8, PEERS, 5.0)
     assert "no single rank is to blame" in v["line"] and v["culprits"] == [] and v["reason"] == "mismatched"
     assert "ranks 0-3 in the gradient all-reduce at step 120" in v["line"]
@@ -111,8 +139,11 @@ def test_a_slow_window_then_a_normal_one_resets_the_streak() -> None:
 
 
 def test_nccl_defaults_leave_what_the_user_set() -> None:
-    from hpc_ddp.dist.group import nccl_defaults
+    from hpc_ddp.cluster.group import nccl_defaults
 
     chosen = nccl_defaults({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, "/runs/x")
-    assert chosen == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-                      "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/runs/x/nccl-trace/rank"}
+    assert chosen == {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/runs/x/nccl-trace/rank",
+    }

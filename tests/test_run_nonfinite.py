@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_launch_local import finish, start
+from test_run_folder_rules import snapshot, train
 
 from hpc_ddp import exitcodes
 from hpc_ddp.run import checkpoint
-from test_launch_local import finish, start
-from test_run_folder_rules import snapshot, train
 
 pytestmark = pytest.mark.slow
 
@@ -60,13 +60,26 @@ def test_an_exploding_learning_rate_stops_with_exit_65_and_writes_no_weights(tmp
 
 @pytest.mark.deadline(30)  # ~3-4 s
 def test_skip_drops_the_nonfinite_step_and_training_goes_on(tmp_path: Path) -> None:
-    code, out = train(tmp_path, "--task", "robust_tasks:nan_loss", "--nonfinite-loss", "skip", "--epochs", "1",
-                      NAN_STEPS="3")
+    code, out = train(
+        tmp_path,
+        "--task",
+        "robust_tasks:nan_loss",
+        "--nonfinite-loss",
+        "skip",
+        "--epochs",
+        "1",
+        NAN_STEPS="3",
+    )
     assert code == 0, out
-    assert ("step 3 (epoch 0): the loss averaged over all ranks is NaN; that step's update was skipped "
-            "(--nonfinite-loss skip; 1 in a row") in out
+    assert (
+        "step 3 (epoch 0): the loss averaged over all ranks is NaN; that step's update was skipped "
+        "(--nonfinite-loss skip; 1 in a row"
+    ) in out
     model = torch.load(tmp_path / "model.pth", weights_only=True)
     assert all(torch.isfinite(t).all() for t in model.values())
-    epoch = [strict_json(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
-             if '"epoch"' in line and '"event": "epoch"' in line]
+    epoch = [
+        strict_json(line)
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+        if '"epoch"' in line and '"event": "epoch"' in line
+    ]
     assert math.isfinite(epoch[0]["loss"])

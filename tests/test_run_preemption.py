@@ -14,12 +14,15 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
 from hpc_ddp.run import checkpoint
-from test_launch_local import finish, read_until, start
 
-pytestmark = [pytest.mark.slow, pytest.mark.deadline(150)]  # 7-29 s each, + 8 s for `uninterrupted` (measured)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.deadline(150),
+]  # 7-29 s each, + 8 s for `uninterrupted` (measured)
 
 ARGS = ("--task", "slow_tasks:slow", "--epochs", "3", "--batch-size", "8", "--deterministic", "--lr", "0.005")
 SLOW = {"SLOW_TASK_SLEEP_S": "0.03"}
@@ -50,7 +53,9 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_usr2_to_the_launcher_saves_restarts_and_ends_bitwise_equal(tmp_path: Path, uninterrupted: Path) -> None:
+def test_usr2_to_the_launcher_saves_restarts_and_ends_bitwise_equal(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGUSR2)
@@ -75,8 +80,9 @@ def test_usr2_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path: Path, unint
     assert_bitwise_equal(tmp_path, uninterrupted)
 
 
-def test_sigterm_saves_and_does_not_restart_then_the_same_command_resumes(tmp_path: Path,
-                                                                         uninterrupted: Path) -> None:
+def test_sigterm_saves_and_does_not_restart_then_the_same_command_resumes(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
     rank0 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "0")

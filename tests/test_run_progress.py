@@ -25,45 +25,83 @@ class FakeTerminal(io.StringIO):
 
 
 def step(**fields: object) -> dict[str, object]:
-    record: dict[str, object] = {"event": "step", "epoch": 1, "step": 120, "loss": 0.12345, "samples_per_s": 1530.4,
-                                 "total_steps": 400, "eta_s": 185.2}
+    record: dict[str, object] = {
+        "event": "step",
+        "epoch": 1,
+        "step": 120,
+        "loss": 0.12345,
+        "samples_per_s": 1530.4,
+        "total_steps": 400,
+        "eta_s": 185.2,
+    }
     record.update(fields)
     return record
 
 
-@pytest.mark.parametrize("record, text", [
-    (step(), "epoch 1 step 120/400 loss 0.1235 | 1,530 samples/s | ETA 3m05s"),
-    (step(eta_s=None), "epoch 1 step 120/400 loss 0.1235 | 1,530 samples/s | ETA ?"),  # the first step: no time yet
-    (step(step=400, eta_s=0.0), "epoch 1 step 400/400 loss 0.1235 | 1,530 samples/s | done"),
-    (step(loss=None), "epoch 1 step 120/400 loss nan | 1,530 samples/s | ETA 3m05s"),  # a non-finite loss
-    (step(total_steps=0), "epoch 1 step 120 loss 0.1235 | 1,530 samples/s"),  # total unknown: no ETA
-    (step(step=1, samples_per_s=0.0, eta_s=None), "epoch 1 step 1/400 loss 0.1235 | ETA ?"),  # no rate yet
-    ({"event": "step", "epoch": 0, "step": 3, "loss": 2.0}, "epoch 0 step 3 loss 2.0000"),  # an older record
-])
+@pytest.mark.parametrize(
+    "record, text",
+    [
+        (step(), "epoch 1 step 120/400 loss 0.1235 | 1,530 samples/s | ETA 3m05s"),
+        (
+            step(eta_s=None),
+            "epoch 1 step 120/400 loss 0.1235 | 1,530 samples/s | ETA ?",
+        ),  # the first step: no time yet
+        (step(step=400, eta_s=0.0), "epoch 1 step 400/400 loss 0.1235 | 1,530 samples/s | done"),
+        (step(loss=None), "epoch 1 step 120/400 loss nan | 1,530 samples/s | ETA 3m05s"),  # a non-finite loss
+        (step(total_steps=0), "epoch 1 step 120 loss 0.1235 | 1,530 samples/s"),  # total unknown: no ETA
+        (
+            step(step=1, samples_per_s=0.0, eta_s=None),
+            "epoch 1 step 1/400 loss 0.1235 | ETA ?",
+        ),  # no rate yet
+        (
+            {"event": "step", "epoch": 0, "step": 3, "loss": 2.0},
+            "epoch 0 step 3 loss 2.0000",
+        ),  # an older record
+    ],
+)
 def test_the_progress_line_of_a_step_record(record: dict[str, object], text: str) -> None:
     assert progress.line(record) == text
 
 
-@pytest.mark.parametrize("seconds, text", [
-    (0, "0s"), (59.4, "59s"), (60, "1m00s"), (185, "3m05s"), (3599, "59m59s"), (7384, "2h03m"),
-    (2 * 86400 + 3600, "2d01h"), (None, "?"), (float("inf"), "?"), (float("nan"), "?"), (-1, "?"),
-])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (0, "0s"),
+        (59.4, "59s"),
+        (60, "1m00s"),
+        (185, "3m05s"),
+        (3599, "59m59s"),
+        (7384, "2h03m"),
+        (2 * 86400 + 3600, "2d01h"),
+        (None, "?"),
+        (float("inf"), "?"),
+        (float("nan"), "?"),
+        (-1, "?"),
+    ],
+)
 def test_durations(seconds: float | None, text: str) -> None:
     assert progress.duration(seconds) == text
 
 
-@pytest.mark.parametrize("step, total, recent, eta", [
-    (10, 100, [0.5, 1.5], 90.0),  # 90 steps left at the mean of the recent ones (1 s)
-    (100, 100, [1.0], 0.0),
-    (120, 100, [1.0], 0.0),  # past the total (a raised --max-steps afterwards): never negative
-    (10, 100, [], None),  # only the first step so far: it is left out, so no estimate
-    (10, 0, [1.0], None),  # total unknown
-])
-def test_eta_from_the_recent_step_times(step: int, total: int, recent: list[float], eta: float | None) -> None:
+@pytest.mark.parametrize(
+    "step, total, recent, eta",
+    [
+        (10, 100, [0.5, 1.5], 90.0),  # 90 steps left at the mean of the recent ones (1 s)
+        (100, 100, [1.0], 0.0),
+        (120, 100, [1.0], 0.0),  # past the total (a raised --max-steps afterwards): never negative
+        (10, 100, [], None),  # only the first step so far: it is left out, so no estimate
+        (10, 0, [1.0], None),  # total unknown
+    ],
+)
+def test_eta_from_the_recent_step_times(
+    step: int, total: int, recent: list[float], eta: float | None
+) -> None:
     assert progress.eta_s(step, total, recent) == eta
 
 
-@pytest.mark.parametrize("epochs, per_epoch, max_steps, total", [(10, 8, 0, 80), (10, 8, 20, 20), (2, 8, 100, 16)])
+@pytest.mark.parametrize(
+    "epochs, per_epoch, max_steps, total", [(10, 8, 0, 80), (10, 8, 20, 20), (2, 8, 100, 16)]
+)
 def test_total_steps(epochs: int, per_epoch: int, max_steps: int, total: int) -> None:
     assert progress.total_steps(epochs, per_epoch, max_steps) == total
 
@@ -103,21 +141,33 @@ def write_records(path: Path, *records: dict[str, object]) -> None:
 
 
 def test_submit_wait_follows_metrics_jsonl_and_shows_the_progress_line_and_each_start(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(submitter, "POLL_S", 0.01)
     monkeypatch.setattr(submitter, "_wait_while_completing", lambda job_id: None)
     monkeypatch.setattr(submitter, "_pending_reason", lambda job_id: "")  # no squeue
     (tmp_path / "submitit").mkdir()
     metrics = tmp_path / "metrics.jsonl"
-    start = {"event": "start", "job": "77", "restart": 0, "epoch": 0, "step": 0, "resumed": False, "world_size": 4,
-             "startup_s": 9.5}
+    start = {
+        "event": "start",
+        "job": "77",
+        "restart": 0,
+        "epoch": 0,
+        "step": 0,
+        "resumed": False,
+        "world_size": 4,
+        "startup_s": 9.5,
+    }
     # The job as sacct sees it, poll by poll; the run writes its records meanwhile.
     timeline = [
         ("PENDING", []),
         ("RUNNING", [start, step(epoch=0, step=10, eta_s=30.0)]),
         ("RUNNING", [step(epoch=0, step=20, eta_s=20.0), {"event": "end", "epoch": 0, "step": 21}]),
         ("REQUEUED", []),
-        ("RUNNING", [dict(start, restart=1, step=21, resumed=True, startup_s=12.25), step(step=400, eta_s=0.0)]),
+        (
+            "RUNNING",
+            [dict(start, restart=1, step=21, resumed=True, startup_s=12.25), step(step=400, eta_s=0.0)],
+        ),
         ("COMPLETED", []),
     ]
 
@@ -141,19 +191,27 @@ def test_submit_wait_follows_metrics_jsonl_and_shows_the_progress_line_and_each_
     terminal = FakeTerminal()
     assert submitter.follow("77", tmp_path, 4, 0.0, out=terminal, state_of=state_of) == 0
     shown = terminal.getvalue()
-    assert f"{LIVE}epoch 0 step 10/400 loss 0.1235 | 1,530 samples/s | ETA 30s{LIVE}epoch 0 step 20/400" in shown
-    assert shown.endswith(f"{LIVE}epoch 0 step 30/400 loss 0.1235 | 1,530 samples/s | ETA 10s\n"
-                          f"[submit] job 77 completed; run folder {tmp_path}\n")
+    assert (
+        f"{LIVE}epoch 0 step 10/400 loss 0.1235 | 1,530 samples/s | ETA 30s{LIVE}epoch 0 step 20/400" in shown
+    )
+    assert shown.endswith(
+        f"{LIVE}epoch 0 step 30/400 loss 0.1235 | 1,530 samples/s | ETA 10s\n"
+        f"[submit] job 77 completed; run folder {tmp_path}\n"
+    )
 
 
-def test_submit_wait_on_a_terminal_keeps_one_live_line_below_the_log(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_submit_wait_on_a_terminal_keeps_one_live_line_below_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(submitter, "POLL_S", 0.01)
     monkeypatch.setattr(submitter, "_wait_while_completing", lambda job_id: None)
     (tmp_path / "submitit").mkdir()
     log = submitter.log_path(tmp_path, "5")
-    timeline = [("RUNNING", step(step=1), "Process 0 initialized\n"), ("RUNNING", step(step=2), "Epoch 0, Loss: 1\n"),
-                ("COMPLETED", step(step=400, eta_s=0), "")]
+    timeline = [
+        ("RUNNING", step(step=1), "Process 0 initialized\n"),
+        ("RUNNING", step(step=2), "Epoch 0, Loss: 1\n"),
+        ("COMPLETED", step(step=400, eta_s=0), ""),
+    ]
 
     def state_of(job_id: str) -> JobState:
         state, record, text = timeline.pop(0)
@@ -165,11 +223,15 @@ def test_submit_wait_on_a_terminal_keeps_one_live_line_below_the_log(tmp_path: P
     out = FakeTerminal()
     assert submitter.follow("5", tmp_path, 2, 0.0, out=out, state_of=state_of) == 0
     line = "epoch 1 step {}/400 loss 0.1235 | 1,530 samples/s | "
-    assert out.getvalue() == (
-        f"Process 0 initialized\n{LIVE}{line.format(1)}ETA 3m05s"  # the log's line, then the live line
-        f"{LIVE}Epoch 0, Loss: 1\n{LIVE}{line.format(2)}ETA 3m05s"  # erased for the log's next line, drawn again
-        f"{LIVE}{line.format(400)}done\n"  # the last state stays
-        f"[submit] job 5 completed; run folder {tmp_path}\n")
+    assert (
+        out.getvalue()
+        == (
+            f"Process 0 initialized\n{LIVE}{line.format(1)}ETA 3m05s"  # the log's line, then the live line
+            f"{LIVE}Epoch 0, Loss: 1\n{LIVE}{line.format(2)}ETA 3m05s"  # erased for the log's next line, drawn again
+            f"{LIVE}{line.format(400)}done\n"  # the last state stays
+            f"[submit] job 5 completed; run folder {tmp_path}\n"
+        )
+    )
 
 
 def test_the_local_console_holds_rank_0s_live_line_at_the_bottom() -> None:
@@ -197,8 +259,11 @@ def test_the_local_console_ignores_live_lines_when_it_is_no_terminal() -> None:
 
 
 def test_tensorboard_without_its_package_is_a_usage_error_with_the_install_line(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tblog, "missing", lambda: "--tensorboard needs the tensorboard package. Fix: " + tblog.INSTALL)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        tblog, "missing", lambda: "--tensorboard needs the tensorboard package. Fix: " + tblog.INSTALL
+    )
     with pytest.raises(UsageError, match=r"pip install 'hpc-ddp\[tensorboard\]'"):
         TrainConfig(tensorboard=True)
     TrainConfig()  # without the flag nothing is checked
@@ -213,8 +278,11 @@ def test_the_package_check_names_what_failed(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_a_start_killed_before_it_recorded_its_event_file_is_read_back_and_a_cut_record_skipped(
-        tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard", reason="needs the tensorboard package (env/setup.sh --test installs it)")
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip(
+        "tensorboard", reason="needs the tensorboard package (env/setup.sh --test installs it)"
+    )
     first = tblog.Board(tmp_path)
     for step in range(1, 8):
         first.scalars(step, {"train/loss": 1.0 / step})
@@ -247,10 +315,15 @@ def test_a_new_line_of_training_moves_the_old_curves_aside(tmp_path: Path, how: 
     (tmp_path / "tb").mkdir()
     (tmp_path / "tb" / "logged.json").write_text('{"max_step": 20, "files": []}\n')
     said: list[str] = []
-    chosen = resume.Plan(None, set_aside=(later,)) if how == "set_aside" else resume.Plan(None, overwrite=True)
+    chosen = (
+        resume.Plan(None, set_aside=(later,)) if how == "set_aside" else resume.Plan(None, overwrite=True)
+    )
     resume.apply(chosen, tmp_path, said.append)
     assert not (tmp_path / "tb").exists()
-    [moved] = list(tmp_path.glob("checkpoints/abandoned-*/tb/logged.json") if how == "set_aside" else
-                   tmp_path.glob("tb-overwritten-*/logged.json"))
+    [moved] = list(
+        tmp_path.glob("checkpoints/abandoned-*/tb/logged.json")
+        if how == "set_aside"
+        else tmp_path.glob("tb-overwritten-*/logged.json")
+    )
     assert json.loads(moved.read_text())["max_step"] == 20
     assert any("TensorBoard's curves of the earlier line moved to" in line for line in said), said

@@ -4,7 +4,6 @@ read back with TensorBoard's own reader."""
 
 from __future__ import annotations
 
-import json
 import os
 import pty
 import re
@@ -16,24 +15,32 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, clean_environ, die_with_test, run_module
 from test_launch_local import finish, read_until, start
 
 from hpc_ddp.run.metrics import read_records
-from hpc_ddp.run.progress import LIVE
 
 LOCAL = ("--nodes", "1", "--tasks-per-node", "2", "--task", "slow_tasks:slow", "--batch-size", "8")
-PLAIN = re.compile(r"^epoch \d+ step \d+/64 loss \d+\.\d{4}( \| [\d,]+ samples/s)? \| (ETA (\d+[smhd])+|ETA \?|done)$")
+PLAIN = re.compile(
+    r"^epoch \d+ step \d+/64 loss \d+\.\d{4}( \| [\d,]+ samples/s)? \| (ETA (\d+[smhd])+|ETA \?|done)$"
+)
 
 
-def run_in_pty(folder: Path, *args: str, timeout: float = 90, module: str = "hpc_ddp.submit") -> tuple[int, str]:
+def run_in_pty(
+    folder: Path, *args: str, timeout: float = 90, module: str = "hpc_ddp.submit"
+) -> tuple[int, str]:
     """`python -m module --folder folder args` with its stdout and stderr on a pseudo-terminal; the bytes it
     showed there."""
     master, slave = pty.openpty()
     cmd = [sys.executable, "-m", module, "--folder", str(folder), *args]
-    proc = subprocess.Popen(cmd, env=clean_environ(SLOW_TASK_SLEEP_S="0.02"), stdin=subprocess.DEVNULL,
-                            stdout=slave, stderr=slave, preexec_fn=die_with_test)
+    proc = subprocess.Popen(
+        cmd,
+        env=clean_environ(SLOW_TASK_SLEEP_S="0.02"),
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        preexec_fn=die_with_test,
+    )
     os.close(slave)
     out = bytearray()
     deadline = time.monotonic() + timeout
@@ -66,7 +73,12 @@ def test_on_a_terminal_the_local_run_shows_a_live_line_in_place_and_logs_plain_l
     assert code == 0, shown
     # The article's lines are all there (a pseudo-terminal turns "\n" into "\r\n").
     text = shown.replace("\r\n", "\n")
-    for line in ("Process 0 initialized", "Epoch 1, Loss: ", "Model saved by rank 0", "Process group destroyed"):
+    for line in (
+        "Process 0 initialized",
+        "Epoch 1, Loss: ",
+        "Model saved by rank 0",
+        "Process group destroyed",
+    ):
         assert line in text, shown
     # Rank 0's live line, rewritten in place: one update follows another with no new line between them.
     live = re.findall(r"\r\x1b\[K(epoch \d+ step (\d+)/64 [^\r\n]*)", shown)
@@ -82,26 +94,50 @@ def test_on_a_terminal_the_local_run_shows_a_live_line_in_place_and_logs_plain_l
 
 @pytest.mark.slow
 @pytest.mark.deadline(60)
-def test_a_task_alone_on_a_terminal_rewrites_its_live_line_and_its_other_lines_erase_it(tmp_path: Path) -> None:
-    code, shown = run_in_pty(tmp_path, "--task", "slow_tasks:slow", "--batch-size", "16", "--epochs", "1",
-                             module="hpc_ddp.train")
+def test_a_task_alone_on_a_terminal_rewrites_its_live_line_and_its_other_lines_erase_it(
+    tmp_path: Path,
+) -> None:
+    code, shown = run_in_pty(
+        tmp_path, "--task", "slow_tasks:slow", "--batch-size", "16", "--epochs", "1", module="hpc_ddp.train"
+    )
     assert code == 0, shown
     assert re.search(r"\r\x1b\[Kepoch 0 step \d+/32 [^\n]*\r\x1b\[Kepoch 0 step \d+/32", shown), shown
     # The lines that follow the live line start by erasing it: no progress text is left in front of them.
-    assert "\r\x1b[KEpoch 0, Loss: " in shown and f"\r\x1b[KModel saved by rank 0 to {tmp_path}" in shown, shown
+    assert "\r\x1b[KEpoch 0, Loss: " in shown and f"\r\x1b[KModel saved by rank 0 to {tmp_path}" in shown, (
+        shown
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.deadline(90)
 def test_in_a_file_progress_is_plain_lines_and_metrics_jsonl_has_the_records_the_report_needs(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "console.txt"
     folder = tmp_path / "run"
     with open(out, "w") as f:
-        proc = subprocess.run([sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(folder), *LOCAL,
-                               "--epochs", "2", "--log-every-s", "0.2", "--save-every-steps", "10"],
-                              env=clean_environ(SLOW_TASK_SLEEP_S="0.02"), stdout=f, stderr=subprocess.STDOUT,
-                              timeout=80, preexec_fn=die_with_test)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hpc_ddp.submit",
+                "--local",
+                "--folder",
+                str(folder),
+                *LOCAL,
+                "--epochs",
+                "2",
+                "--log-every-s",
+                "0.2",
+                "--save-every-steps",
+                "10",
+            ],
+            env=clean_environ(SLOW_TASK_SLEEP_S="0.02"),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=80,
+            preexec_fn=die_with_test,
+        )
     shown = out.read_text()
     assert proc.returncode == 0, shown
     assert "\r" not in shown and "\x1b" not in shown
@@ -111,15 +147,39 @@ def test_in_a_file_progress_is_plain_lines_and_metrics_jsonl_has_the_records_the
     records = read_records(folder / "metrics.jsonl")
     by = lambda event: [r for r in records if r["event"] == event]  # noqa: E731
     [begin] = by("start")
-    assert set(begin) == {"event", "job", "restart", "epoch", "step", "resumed", "world_size", "startup_s", "time"}
-    assert (begin["restart"], begin["epoch"], begin["step"], begin["resumed"], begin["world_size"]) == (0, 0, 0,
-                                                                                                      False, 2)
+    assert set(begin) == {
+        "event",
+        "job",
+        "restart",
+        "epoch",
+        "step",
+        "resumed",
+        "world_size",
+        "startup_s",
+        "time",
+    }
+    assert (begin["restart"], begin["epoch"], begin["step"], begin["resumed"], begin["world_size"]) == (
+        0,
+        0,
+        0,
+        False,
+        2,
+    )
     assert isinstance(begin["job"], str) and begin["job"] and 0 < begin["startup_s"] < 60
     assert records.index(begin) < records.index(by("step")[0])  # right before the first step
     steps = by("step")
     assert len(steps) >= 2
     for r in steps:
-        assert {"lr", "data_s", "total_steps", "eta_s", "loss", "samples_per_s", "step_time_s", "time"} <= set(r)
+        assert {
+            "lr",
+            "data_s",
+            "total_steps",
+            "eta_s",
+            "loss",
+            "samples_per_s",
+            "step_time_s",
+            "time",
+        } <= set(r)
         assert r["lr"] == 0.01 and r["total_steps"] == 64 and r["data_s"] >= 0
         assert r["eta_s"] is None or (isinstance(r["eta_s"], float) and r["eta_s"] >= 0)
     assert any(isinstance(r["eta_s"], float) for r in steps)
@@ -138,16 +198,22 @@ def test_in_a_file_progress_is_plain_lines_and_metrics_jsonl_has_the_records_the
 
 
 def test_tensorboard_without_its_package_exits_2_with_the_install_line_on_every_entry_point(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     hidden = tmp_path / "hidden" / "tensorboard"
     hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text('raise ImportError("No module named \'tensorboard\' (hidden by the test)")\n')
+    (hidden / "__init__.py").write_text(
+        "raise ImportError(\"No module named 'tensorboard' (hidden by the test)\")\n"
+    )
     env = clean_environ(PYTHONPATH=os.pathsep.join([str(hidden.parent), str(ROOT / "tests"), str(ROOT)]))
     for argv in (["hpc_ddp.train"], ["hpc_ddp.submit", "--local"], ["hpc_ddp.submit", "--nodes", "1"]):
         proc = run_module(*argv, "--tensorboard", "--folder", str(tmp_path / "run"), env=env, timeout=60)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         [line] = proc.stderr.strip().splitlines()
-        assert "--tensorboard needs the tensorboard package" in line and "pip install 'hpc-ddp[tensorboard]'" in line
+        assert (
+            "--tensorboard needs the tensorboard package" in line
+            and "pip install 'hpc-ddp[tensorboard]'" in line
+        )
     assert not (tmp_path / "run").exists()  # refused before anything was made
 
 
@@ -169,25 +235,41 @@ def event_steps(directory: Path) -> list[tuple[str, dict[str, list[int]]]]:
 @pytest.mark.slow
 @pytest.mark.deadline(150)
 def test_tensorboard_curves_go_on_across_a_preemption_and_a_crash_with_no_step_twice(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard", reason="--tensorboard's test needs the tensorboard package "
-                                              "(env/setup.sh --test installs it)")
+    pytest.importorskip(
+        "tensorboard",
+        reason="--tensorboard's test needs the tensorboard package (env/setup.sh --test installs it)",
+    )
     import tensorboard
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     # The tensorboard this test imports, for the runs too (clean_environ sets PYTHONPATH).
     site = str(Path(tensorboard.__file__).resolve().parent.parent)
     path = os.pathsep.join([str(ROOT / "tests"), str(ROOT), site])
-    args = ("--nodes", "1", "--tasks-per-node", "2", "--task", "progress_tasks:crash_on_restart", "--batch-size",
-            "8", "--epochs", "3", "--tensorboard")
+    args = (
+        "--nodes",
+        "1",
+        "--tasks-per-node",
+        "2",
+        "--task",
+        "progress_tasks:crash_on_restart",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "3",
+        "--tensorboard",
+    )
     # 1st launch: preempted after epoch 0 (the launcher restarts it from that checkpoint); on the restart rank 1
     # crashes 12 steps later, long after the last checkpoint: the launch fails.
     # --max-restarts 0: the crash ends this launch (a retry would resume at once; the next launch does it here).
-    proc = start(tmp_path, *args, "--max-restarts", "0", SLOW_TASK_SLEEP_S="0.02", CRASH_AT_CALL="12",
-                 PYTHONPATH=path)
+    proc = start(
+        tmp_path, *args, "--max-restarts", "0", SLOW_TASK_SLEEP_S="0.02", CRASH_AT_CALL="12", PYTHONPATH=path
+    )
     read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGUSR2)
     code, out = finish(proc, timeout=100)
-    assert code == 1 and "restarting all ranks (1 of --max-requeue 3)" in out and "crash on restart" in out, out
+    assert code == 1 and "restarting all ranks (1 of --max-requeue 3)" in out and "crash on restart" in out, (
+        out
+    )
     # 2nd launch, the same command: it resumes from the preemption's checkpoint and trains those steps again.
     proc = start(tmp_path, *args, SLOW_TASK_SLEEP_S="0.02", PYTHONPATH=path)
     code, out = finish(proc, timeout=100)
@@ -201,8 +283,17 @@ def test_tensorboard_curves_go_on_across_a_preemption_and_a_crash_with_no_step_t
     assert len(files) == 3, files  # one per start
     crashed = files[1][1]["train/loss"]
     assert max(crashed) > resumed_at, crashed  # steps after the checkpoint were written, then trained again
-    expected = {"train/loss", "train/lr", "train/samples_per_s", "time/step_s", "time/data_s",
-                "time/checkpoint_stall_s", "time/checkpoint_write_s", "rank_step_time/0", "rank_step_time/1"}
+    expected = {
+        "train/loss",
+        "train/lr",
+        "train/samples_per_s",
+        "time/step_s",
+        "time/data_s",
+        "time/checkpoint_stall_s",
+        "time/checkpoint_write_s",
+        "rank_step_time/0",
+        "rank_step_time/1",
+    }
     for tag in expected:
         steps = [step for _, tags in files for step in tags.get(tag, [])]
         assert steps == sorted(set(steps)), (tag, steps)  # strictly increasing across the files: none twice

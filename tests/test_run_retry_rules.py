@@ -14,78 +14,150 @@ from hpc_ddp.run.attempts import Attempt
 
 
 def note(rank: int, kind: str, message: str, t: float, node: str = "n1", again: bool = True) -> dict:
-    return {"rank": rank, "node": node, "time": t, "type": kind, "message": message, "traceback": "tb",
-            "signature": retry.signature(kind, message), "retry": again}
+    return {
+        "rank": rank,
+        "node": node,
+        "time": t,
+        "type": kind,
+        "message": message,
+        "traceback": "tb",
+        "signature": retry.signature(kind, message),
+        "retry": again,
+    }
 
 
 NODES = ("n1", "n1", "n2", "n2")
 
 
-@pytest.mark.parametrize("evidence, expected", [
-    (retry.Evidence(code=0), ("completed", None, None, False)),
-    (retry.Evidence(code=75, requeue=True), ("preempted", None, None, False)),
-    (retry.Evidence(code=75, requeue=False), ("stopped", None, None, False)),
-    (retry.Evidence(code=2), ("usage", None, None, False)),
-    (retry.Evidence(code=65), ("nonfinite", None, None, False)),
-    # The first cause is the first error that is not a consequence of another rank's end.
-    (retry.Evidence(code=1, rank_nodes=NODES, notes=(
-        note(0, "RuntimeError", "Connection closed by peer [127.0.0.1]:1234", 1.0),
-        note(3, "RuntimeError", "CUDA error: uncorrectable ECC error encountered", 2.0, "n2"))),
-     ("failed", 3, "n2", True)),
-    (retry.Evidence(code=1, rank_nodes=NODES, notes=(note(1, "ValueError", "bad batch 7", 1.0),)),
-     ("failed", 1, "n1", False)),
-    # Only consequences: the earliest, not blamed.
-    (retry.Evidence(code=1, rank_nodes=NODES, notes=(note(2, "RuntimeError", "Connection reset by peer", 1.0,
-                                                          "n2"),)),
-     ("failed", 2, "n2", False)),
-    # A rank killed by a signal before anyone raised: its node.
-    (retry.Evidence(code=137, rank_nodes=NODES, killed=((2, "SIGKILL"), (0, "SIGKILL"))), ("failed", 2, "n2", True)),
-    (retry.Evidence(code=-9, rank_nodes=NODES, first_rank=3), ("failed", 3, "n2", True)),
-    (retry.Evidence(code=76, rank_nodes=NODES, verdict={"culprits": [2], "reason": "stuck", "phase": "forward",
-                                                         "line": "hang at step 3: rank 2"}),
-     ("hang", 2, "n2", True)),
-    (retry.Evidence(code=1, rank_nodes=NODES, down=("n2",), node_fail=True), ("node_fail", None, "n2", True)),
-    (retry.Evidence(code=1), ("failed", None, None, False)),
-])
+@pytest.mark.parametrize(
+    "evidence, expected",
+    [
+        (retry.Evidence(code=0), ("completed", None, None, False)),
+        (retry.Evidence(code=75, requeue=True), ("preempted", None, None, False)),
+        (retry.Evidence(code=75, requeue=False), ("stopped", None, None, False)),
+        (retry.Evidence(code=2), ("usage", None, None, False)),
+        (retry.Evidence(code=65), ("nonfinite", None, None, False)),
+        # The first cause is the first error that is not a consequence of another rank's end.
+        (
+            retry.Evidence(
+                code=1,
+                rank_nodes=NODES,
+                notes=(
+                    note(0, "RuntimeError", "Connection closed by peer [127.0.0.1]:1234", 1.0),
+                    note(3, "RuntimeError", "CUDA error: uncorrectable ECC error encountered", 2.0, "n2"),
+                ),
+            ),
+            ("failed", 3, "n2", True),
+        ),
+        (
+            retry.Evidence(code=1, rank_nodes=NODES, notes=(note(1, "ValueError", "bad batch 7", 1.0),)),
+            ("failed", 1, "n1", False),
+        ),
+        # Only consequences: the earliest, not blamed.
+        (
+            retry.Evidence(
+                code=1,
+                rank_nodes=NODES,
+                notes=(note(2, "RuntimeError", "Connection reset by peer", 1.0, "n2"),),
+            ),
+            ("failed", 2, "n2", False),
+        ),
+        # A rank killed by a signal before anyone raised: its node.
+        (
+            retry.Evidence(code=137, rank_nodes=NODES, killed=((2, "SIGKILL"), (0, "SIGKILL"))),
+            ("failed", 2, "n2", True),
+        ),
+        (retry.Evidence(code=-9, rank_nodes=NODES, first_rank=3), ("failed", 3, "n2", True)),
+        (
+            retry.Evidence(
+                code=76,
+                rank_nodes=NODES,
+                verdict={
+                    "culprits": [2],
+                    "reason": "stuck",
+                    "phase": "forward",
+                    "line": "hang at step 3: rank 2",
+                },
+            ),
+            ("hang", 2, "n2", True),
+        ),
+        (
+            retry.Evidence(code=1, rank_nodes=NODES, down=("n2",), node_fail=True),
+            ("node_fail", None, "n2", True),
+        ),
+        (retry.Evidence(code=1), ("failed", None, None, False)),
+    ],
+)
 def test_judge_names_the_first_cause(evidence: retry.Evidence, expected: tuple) -> None:
     ending = retry.judge(evidence)
     assert (ending.outcome, ending.rank, ending.node, ending.blamed) == expected
 
 
 def test_signatures_mask_numbers_addresses_and_paths() -> None:
-    assert retry.signature("ValueError", "bad batch at step 17 (0x7f3a) in '/data/x.bin'") == \
-        retry.signature("ValueError", "bad batch at step 40 (0x1) in '/other/y.bin'")
+    assert retry.signature("ValueError", "bad batch at step 17 (0x7f3a) in '/data/x.bin'") == retry.signature(
+        "ValueError", "bad batch at step 40 (0x1) in '/other/y.bin'"
+    )
     assert retry.signature("ValueError", "a") != retry.signature("KeyError", "a")
 
 
-def ended(number: int, outcome: str, checkpoint: int | None, signature: str = "E: x", node: str | None = None,
-          blamed: bool = False) -> Attempt:
-    return Attempt("7", number - 1, number=number, started=1.0, ended=2.0, outcome=outcome, step=10,
-                   checkpoint=checkpoint, node=node, blamed=blamed, signature=signature)
+def ended(
+    number: int,
+    outcome: str,
+    checkpoint: int | None,
+    signature: str = "E: x",
+    node: str | None = None,
+    blamed: bool = False,
+) -> Attempt:
+    return Attempt(
+        "7",
+        number - 1,
+        number=number,
+        started=1.0,
+        ended=2.0,
+        outcome=outcome,
+        step=10,
+        checkpoint=checkpoint,
+        node=node,
+        blamed=blamed,
+        signature=signature,
+    )
 
 
-@pytest.mark.parametrize("history, this, max_restarts, action, loop", [
-    ([], ended(1, "completed", 8), 3, "done", False),
-    ([], ended(1, "preempted", 8), 3, "requeue", False),
-    ([], ended(1, "stopped", 8), 3, "stop", False),
-    ([], ended(1, "usage", None), 3, "stop", False),
-    ([], ended(1, "failed", None), 3, "requeue", False),
-    ([], ended(1, "failed", None), 0, "stop", False),  # --max-restarts 0: no retry
-    # The same error again without a newer checkpoint: a crash loop.
-    ([ended(1, "failed", 4)], ended(2, "failed", 4), 9, "stop", True),
-    ([ended(1, "failed", None)], ended(2, "failed", None), 9, "stop", True),
-    # ... but progress in between, or another error, is not.
-    ([ended(1, "failed", 4)], ended(2, "failed", 8), 9, "requeue", False),
-    ([ended(1, "failed", 4)], ended(2, "failed", 4, "E: y"), 9, "requeue", False),
-    # The same hardware error on another node is that node's fault too, not a crash loop; on the same node it is.
-    ([ended(1, "failed", None, node="n2", blamed=True)], ended(2, "failed", None, node="n3", blamed=True), 9,
-     "requeue", False),
-    ([ended(1, "failed", None, node="n2", blamed=True)], ended(2, "failed", None, node="n2", blamed=True), 9,
-     "stop", True),
-    # Preemptions do not spend the failure budget.
-    ([ended(1, "preempted", 4), ended(2, "preempted", 8)], ended(3, "failed", 12), 1, "requeue", False),
-    ([ended(1, "failed", 4, "E: a"), ended(2, "preempted", 8)], ended(3, "failed", 12), 1, "stop", False),
-])
+@pytest.mark.parametrize(
+    "history, this, max_restarts, action, loop",
+    [
+        ([], ended(1, "completed", 8), 3, "done", False),
+        ([], ended(1, "preempted", 8), 3, "requeue", False),
+        ([], ended(1, "stopped", 8), 3, "stop", False),
+        ([], ended(1, "usage", None), 3, "stop", False),
+        ([], ended(1, "failed", None), 3, "requeue", False),
+        ([], ended(1, "failed", None), 0, "stop", False),  # --max-restarts 0: no retry
+        # The same error again without a newer checkpoint: a crash loop.
+        ([ended(1, "failed", 4)], ended(2, "failed", 4), 9, "stop", True),
+        ([ended(1, "failed", None)], ended(2, "failed", None), 9, "stop", True),
+        # ... but progress in between, or another error, is not.
+        ([ended(1, "failed", 4)], ended(2, "failed", 8), 9, "requeue", False),
+        ([ended(1, "failed", 4)], ended(2, "failed", 4, "E: y"), 9, "requeue", False),
+        # The same hardware error on another node is that node's fault too, not a crash loop; on the same node it is.
+        (
+            [ended(1, "failed", None, node="n2", blamed=True)],
+            ended(2, "failed", None, node="n3", blamed=True),
+            9,
+            "requeue",
+            False,
+        ),
+        (
+            [ended(1, "failed", None, node="n2", blamed=True)],
+            ended(2, "failed", None, node="n2", blamed=True),
+            9,
+            "stop",
+            True,
+        ),
+        # Preemptions do not spend the failure budget.
+        ([ended(1, "preempted", 4), ended(2, "preempted", 8)], ended(3, "failed", 12), 1, "requeue", False),
+        ([ended(1, "failed", 4, "E: a"), ended(2, "preempted", 8)], ended(3, "failed", 12), 1, "stop", False),
+    ],
+)
 def test_decide(history: list[Attempt], this: Attempt, max_restarts: int, action: str, loop: bool) -> None:
     decision = retry.decide(history, this, max_restarts)
     assert (decision.action, decision.crash_loop) == (action, loop)
@@ -100,40 +172,75 @@ def test_every_node_blamed_so_far_is_excluded_and_the_fit_is_checked() -> None:
 
 
 def test_not_retried_when_the_run_stopped_itself() -> None:
-    ending = retry.judge(retry.Evidence(code=1, notes=(note(0, "SavingFailed", "disk full", 1.0, again=False),)))
+    ending = retry.judge(
+        retry.Evidence(code=1, notes=(note(0, "SavingFailed", "disk full", 1.0, again=False),))
+    )
     assert retry.decide([], ended(1, "failed", None), 3, retryable=ending.retryable).action == "stop"
 
 
 def test_the_record_merges_starts_and_ends_and_survives_a_cut_line(tmp_path: Path) -> None:
     attempts.record_start(tmp_path, "7", 0, ["n1", "n2"], ["n1", "n2"], None, now=10.0)
-    attempts.record_end(tmp_path, Attempt("7", 0, outcome="failed", step=12, checkpoint=8, rank=1, node="n2",
-                                          blamed=True, decision="requeue", exclude=("n2",)), now=20.0)
+    attempts.record_end(
+        tmp_path,
+        Attempt(
+            "7",
+            0,
+            outcome="failed",
+            step=12,
+            checkpoint=8,
+            rank=1,
+            node="n2",
+            blamed=True,
+            decision="requeue",
+            exclude=("n2",),
+        ),
+        now=20.0,
+    )
     with open(tmp_path / attempts.ATTEMPTS, "ab") as f:
         f.write(b'{"event": "start", "job": "7", "rest')  # a kill mid-line
     attempts.record_start(tmp_path, "7", 1, ["n1", "n3"], ["n1", "n3"], 8, now=30.0)
     first, second = attempts.read(tmp_path)
-    assert (first.number, first.started, first.ended, first.lost_steps, first.exclude) == (1, 10.0, 20.0, 4, ("n2",))
+    assert (first.number, first.started, first.ended, first.lost_steps, first.exclude) == (
+        1,
+        10.0,
+        20.0,
+        4,
+        ("n2",),
+    )
     assert (second.number, second.resumed_from, second.outcome, second.ended) == (2, 8, "running", None)
 
 
-@pytest.mark.parametrize("lines, deaths", [
-    (["srun: error: node2: task 3: Killed", "srun: error: node1: tasks 0-1: Killed"],
-     ((3, "SIGKILL"), (0, "SIGKILL"), (1, "SIGKILL"))),
-    (["srun: error: node2: task 2: Segmentation fault"], ((2, "SIGSEGV"),)),
-    # A task exited with an error first: the kills after it are srun's --kill-on-bad-exit, not a cause.
-    (["srun: error: node1: task 1: Exited with exit code 1", "srun: error: node2: tasks 2-3: Killed"], ()),
-    (["Epoch 0, Loss: 1.0", "srun: Job step aborted"], ()),
-])
+@pytest.mark.parametrize(
+    "lines, deaths",
+    [
+        (
+            ["srun: error: node2: task 3: Killed", "srun: error: node1: tasks 0-1: Killed"],
+            ((3, "SIGKILL"), (0, "SIGKILL"), (1, "SIGKILL")),
+        ),
+        (["srun: error: node2: task 2: Segmentation fault"], ((2, "SIGSEGV"),)),
+        # A task exited with an error first: the kills after it are srun's --kill-on-bad-exit, not a cause.
+        (
+            ["srun: error: node1: task 1: Exited with exit code 1", "srun: error: node2: tasks 2-3: Killed"],
+            (),
+        ),
+        (["Epoch 0, Loss: 1.0", "srun: Job step aborted"], ()),
+    ],
+)
 def test_srun_deaths(lines: list[str], deaths: tuple) -> None:
     assert batch.srun_deaths(lines) == deaths
 
 
 def test_scontrol_and_sinfo_readings() -> None:
-    fields = batch.job_fields("JobId=7 JobName=x JobState=PENDING Reason=BeginTime Restarts=1 NumNodes=2-2 "
-                              "Partition=debug ExcNodeList=node2")
+    fields = batch.job_fields(
+        "JobId=7 JobName=x JobState=PENDING Reason=BeginTime Restarts=1 NumNodes=2-2 "
+        "Partition=debug ExcNodeList=node2"
+    )
     assert (fields["JobState"], fields["NumNodes"], fields["ExcNodeList"]) == ("PENDING", "2-2", "node2")
-    assert batch.node_states("node1 idle\nnode2 drain\nnode3 down*\n") == \
-        {"node1": "idle", "node2": "drain", "node3": "down*"}
+    assert batch.node_states("node1 idle\nnode2 drain\nnode3 down*\n") == {
+        "node1": "idle",
+        "node2": "drain",
+        "node3": "down*",
+    }
 
 
 def test_an_end_that_trained_nothing_is_no_attempt() -> None:

@@ -14,6 +14,9 @@ def test_mlp_has_the_parameter_count_the_docs_quote() -> None:
     count = sum(p.numel() for p in model.parameters())
     assert count == 3_428_368
     quoted = f"{count / 1e6:.1f} M parameters"  # "3.4 M parameters"
-    for where, text in (("README.md", (ROOT / "README.md").read_text()), ("tasks.mlp", tasks.mlp.__doc__ or ""),
-                        ("hpc_ddp.bench", bench.__doc__ or "")):
+    for where, text in (
+        ("README.md", (ROOT / "README.md").read_text()),
+        ("tasks.mlp", tasks.mlp.__doc__ or ""),
+        ("hpc_ddp.bench", bench.__doc__ or ""),
+    ):
         assert quoted in " ".join(text.split()), where

@@ -1,7 +1,7 @@
 """End of life: nothing outlives the process group, rank 0's errors reach all ranks, a task exits with its code.
 
 Nothing that holds the process group outlives it, errors reach every rank, and a task always exits with its
-own code, fast (hpc_ddp.dist.group teardown, Trainer.close, hpc_ddp.run.session, exitcodes.leave)."""
+own code, fast (hpc_ddp.cluster.group teardown, Trainer.close, hpc_ddp.run.session, exitcodes.leave)."""
 
 from __future__ import annotations
 
@@ -16,25 +16,26 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import clean_environ, die_with_test
+from slow_tasks import _data
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conftest import clean_environ, die_with_test
 from hpc_ddp import exitcodes
-from hpc_ddp.dist import env as dist_env
-from hpc_ddp.dist import group
-from hpc_ddp.dist.group import GroupLifetimeError
+from hpc_ddp.cluster import env as dist_env
+from hpc_ddp.cluster import group
+from hpc_ddp.cluster.group import GroupLifetimeError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import tasks
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.trainer import Trainer
-from slow_tasks import _data
 
 CPU = torch.device("cpu")
 
 
 def _task(fail: str) -> tasks.Task:
     """The linear task, failing where `fail` says."""
+
     def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if fail == "loss":
             raise RuntimeError("boom in loss_fn")
@@ -69,12 +70,21 @@ def _exercise(fail: str, folder: Path) -> None:
         trainer.run()
 
 
-@pytest.mark.parametrize("fail, expected", [
-    ("none", None), ("loss", RuntimeError), ("forward", RuntimeError), ("interrupt", KeyboardInterrupt),
-    ("optimizer", ValueError),
-    ("restore", Exception), ("writer", OSError)])
-def test_no_path_lets_ddp_outlive_the_process_group(fail: str, expected: type[BaseException] | None,
-                                                    tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "fail, expected",
+    [
+        ("none", None),
+        ("loss", RuntimeError),
+        ("forward", RuntimeError),
+        ("interrupt", KeyboardInterrupt),
+        ("optimizer", ValueError),
+        ("restore", Exception),
+        ("writer", OSError),
+    ],
+)
+def test_no_path_lets_ddp_outlive_the_process_group(
+    fail: str, expected: type[BaseException] | None, tmp_path: Path
+) -> None:
     """Whatever ends the block, the teardown finds no live DDP (it would raise GroupLifetimeError and keep the
     group), destroys the group, and the error that ended the block is the one raised. The exception's
     traceback stays referenced here on purpose: its frames hold the Trainer, the way the old hang did."""
@@ -111,8 +121,8 @@ def test_a_ddp_alive_at_teardown_is_an_error_not_a_later_deadlock() -> None:
 
 RANK0_SCRIPT = """
 import sys, time
-from hpc_ddp.dist.env import detect
-from hpc_ddp.dist.group import process_group
+from hpc_ddp.cluster.env import detect
+from hpc_ddp.cluster.group import process_group
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import session
 import torch
@@ -135,17 +145,29 @@ with process_group(env, torch.device("cpu"), "gloo", 120.0):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, seen_by_rank1", [
-    ("error", "RuntimeError: rank 0 failed (ValueError: disk on fire)"),
-    ("usage", "UsageError: --folder x: not writable. Fix: another --folder")])
+@pytest.mark.parametrize(
+    "kind, seen_by_rank1",
+    [
+        ("error", "RuntimeError: rank 0 failed (ValueError: disk on fire)"),
+        ("usage", "UsageError: --folder x: not writable. Fix: another --folder"),
+    ],
+)
 def test_any_error_on_rank0_reaches_every_rank_at_once(kind: str, seen_by_rank1: str) -> None:
     """Not only usage errors: before, anything else left rank 1 in the broadcast until the 120 s timeout."""
     from hpc_ddp.launch.local import fresh_job_id
 
     job_id = fresh_job_id()
-    procs = [subprocess.Popen([sys.executable, "-c", RANK0_SCRIPT, str(rank), job_id, kind],
-                              env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              preexec_fn=die_with_test) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK0_SCRIPT, str(rank), job_id, kind],
+            env=clean_environ(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=die_with_test,
+        )
+        for rank in (0, 1)
+    ]
     outs = []
     try:
         outs = [p.communicate(timeout=60)[0] for p in procs]
@@ -160,9 +182,14 @@ def test_any_error_on_rank0_reaches_every_rank_at_once(kind: str, seen_by_rank1:
 
 def train_task(folder: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     """`python -m hpc_ddp.train` alone (one process), output captured."""
-    return subprocess.Popen([sys.executable, "-m", "hpc_ddp.train", "--folder", str(folder), *args],
-                            env=clean_environ(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=die_with_test)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpc_ddp.train", "--folder", str(folder), *args],
+        env=clean_environ(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=die_with_test,
+    )
 
 
 def ended(proc: subprocess.Popen[str], within_s: float) -> tuple[int, str, float]:
@@ -179,7 +206,9 @@ def ended(proc: subprocess.Popen[str], within_s: float) -> tuple[int, str, float
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["leftover_thread", "gil_hang_at_exit"])
-def test_a_finished_task_leaves_with_code_0_despite_what_would_hang_its_exit(task: str, tmp_path: Path) -> None:
+def test_a_finished_task_leaves_with_code_0_despite_what_would_hang_its_exit(
+    task: str, tmp_path: Path
+) -> None:
     """A non-daemon thread that never ends, or an exit hook stuck in native code holding the GIL: an ordinary
     interpreter exit waits for either forever; the task skips both (os._exit) once its files are durable."""
     code, out, _ = ended(train_task(tmp_path, "--task", f"exit_tasks:{task}", "--epochs", "2"), 90)
@@ -190,8 +219,9 @@ def test_a_finished_task_leaves_with_code_0_despite_what_would_hang_its_exit(tas
 
 @pytest.mark.slow
 def test_a_preempted_task_keeps_its_code_75_despite_a_leftover_thread(tmp_path: Path) -> None:
-    proc = train_task(tmp_path, "--task", "exit_tasks:leftover_thread", "--epochs", "500",
-                      "--save-every-epochs", "0")
+    proc = train_task(
+        tmp_path, "--task", "exit_tasks:leftover_thread", "--epochs", "500", "--save-every-epochs", "0"
+    )
     assert proc.stdout is not None
     for line in proc.stdout:  # the run is training: its first epoch ended
         if line.startswith("Epoch 0,"):
@@ -204,8 +234,9 @@ def test_a_preempted_task_keeps_its_code_75_despite_a_leftover_thread(tmp_path: 
 
 @pytest.mark.slow
 def test_a_usage_error_after_user_code_started_a_thread_still_exits_2(tmp_path: Path) -> None:
-    code, out, _ = ended(train_task(tmp_path, "--task", "exit_tasks:leftover_thread", "--batch-size", "100000"),
-                         90)
+    code, out, _ = ended(
+        train_task(tmp_path, "--task", "exit_tasks:leftover_thread", "--batch-size", "100000"), 90
+    )
     assert code == exitcodes.USAGE, out
     assert "python -m hpc_ddp.train: error: each rank gets" in out and "Traceback" not in out
 
@@ -215,6 +246,8 @@ def test_a_step_stuck_in_native_code_holding_the_gil_ends_at_the_timeout_with_st
     """No Python thread can run then, the hang watchdog's neither: its dead man's switch, faulthandler's C timer
     pushed forward on every tick, fires threshold (3 s) + window (5 s) + margin (10 s) after the last tick,
     dumps every thread and exits 1."""
-    code, out, took = ended(train_task(tmp_path, "--task", "exit_tasks:gil_hang_in_step", "--timeout-s", "6"), 90)
+    code, out, took = ended(
+        train_task(tmp_path, "--task", "exit_tasks:gil_hang_in_step", "--timeout-s", "6"), 90
+    )
     assert code == exitcodes.FAILED, out
     assert "Timeout (0:00:1" in out and "in loss_fn" in out and "exit_tasks.py" in out

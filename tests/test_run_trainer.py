@@ -1,5 +1,5 @@
 """The DDP loop in-process, on a real one-rank gloo group: accumulation, AMP, clipping, metrics, resume.
-Every Trainer is closed inside its process_group() block (see hpc_ddp.dist.group: teardown order)."""
+Every Trainer is closed inside its process_group() block (see hpc_ddp.cluster.group: teardown order)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from hpc_ddp.dist import env as dist_env
-from hpc_ddp.dist.group import process_group
+from hpc_ddp.cluster import env as dist_env
+from hpc_ddp.cluster.group import process_group
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import tasks
 from hpc_ddp.run.config import TrainConfig
@@ -38,7 +38,10 @@ def test_grad_accum_all_reduces_once_per_optimizer_step(single: dist_env.DistEnv
         fut.set_result(bucket.buffer())
         return fut
 
-    with process_group(single, torch.device("cpu")), make(cfg, single, tmp_path, comm_hook=counting) as trainer:
+    with (
+        process_group(single, torch.device("cpu")),
+        make(cfg, single, tmp_path, comm_hook=counting) as trainer,
+    ):
         outcome = trainer.run()
     assert outcome.finished
     assert trainer.pos.step == 25  # 100 micro-batches / 4
@@ -68,7 +71,9 @@ def test_state_restores_position_optimizer_and_rng(single: dist_env.DistEnv, tmp
         with make(cfg, single, tmp_path) as second:
             second.restore(state, tmp_path / "x.pt")
     assert second.pos == first.pos and second.pos.step == 5
-    assert all(torch.equal(a, b) for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True)
+    )
     assert torch.equal(torch.get_rng_state(), state["rng"][0]["cpu"])
 
 
@@ -85,7 +90,9 @@ def test_train_step_is_one_step_of_the_loop(single: dist_env.DistEnv, tmp_path: 
             stepped.loader_gen.manual_seed(cfg.seed * 1_000_003)
             inputs, target = next(iter(stepped.loader))
             agreed = stepped.train_step(inputs, target)
-    assert all(torch.equal(a, b) for a, b in zip(looped.model.parameters(), stepped.model.parameters(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(looped.model.parameters(), stepped.model.parameters(), strict=True)
+    )
     first = json.loads((tmp_path / "loop" / "metrics.jsonl").read_text().splitlines()[0])
     assert agreed.count == 1 and agreed.loss_sum == pytest.approx(first["loss"]) and not agreed.requeue
 
@@ -103,8 +110,12 @@ def test_the_checkpoint_commit_is_the_callers_to_swap(single: dist_env.DistEnv, 
     cfg = TrainConfig(epochs=2, save_every_epochs=1)
     with process_group(single, torch.device("cpu")):
         torch.manual_seed(cfg.seed)
-        with Trainer(cfg, single, torch.device("cpu"), tasks.build(cfg), tmp_path, RankLog(0),
-                     commit=counted) as trainer:
+        with Trainer(
+            cfg, single, torch.device("cpu"), tasks.build(cfg), tmp_path, RankLog(0), commit=counted
+        ) as trainer:
             trainer.run()
             trainer.save(final=True)
-    assert calls == [31, 62] and checkpoint.read_latest(tmp_path) == tmp_path / "checkpoints" / "ckpt-00000062.pt"
+    assert (
+        calls == [31, 62]
+        and checkpoint.read_latest(tmp_path) == tmp_path / "checkpoints" / "ckpt-00000062.pt"
+    )

@@ -38,7 +38,7 @@ def tune_threads(rank: int, world_size: int, pin: bool) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     share = max(1, len(cpus) // world_size)
     if pin:
-        os.sched_setaffinity(0, cpus[(rank * share) % len(cpus):][:share])
+        os.sched_setaffinity(0, cpus[(rank * share) % len(cpus) :][:share])
     torch.set_num_threads(share)
     torch.set_num_interop_threads(1)
     return share
@@ -48,8 +48,10 @@ def rate(step_ends: list[float], samples_per_step: int) -> dict[str, float]:
     """Global samples/s from the end of the first step to the end of the last, and the median step time."""
     times = sorted(b - a for a, b in itertools.pairwise(step_ends))
     window = step_ends[-1] - step_ends[0] if len(step_ends) > 1 else 0.0
-    return {"samples_per_s": samples_per_step * len(times) / window if window > 0 else 0.0,
-            "median_step_time_s": times[len(times) // 2] if times else 0.0}
+    return {
+        "samples_per_s": samples_per_step * len(times) / window if window > 0 else 0.0,
+        "median_step_time_s": times[len(times) // 2] if times else 0.0,
+    }
 
 
 def worker(rank: int, args: argparse.Namespace, port: int) -> None:
@@ -73,7 +75,8 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     task = mlp(cfg)
     model = DDP(task.model)
     sampler: DistributedSampler[Any] = DistributedSampler(
-        task.dataset, num_replicas=args.world_size, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True)
+        task.dataset, num_replicas=args.world_size, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
+    )
     loader = DataLoader(task.dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     step_ends: list[float] = []
@@ -91,11 +94,16 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
         epoch += 1
     if rank == 0:
         result: dict[str, Any] = rate(step_ends, cfg.batch_size * args.world_size)
-        result.update(steps=len(step_ends), threads=torch.get_num_threads(), world_size=args.world_size,
-                      variant=args.threads, pinned=args.pin)
+        result.update(
+            steps=len(step_ends),
+            threads=torch.get_num_threads(),
+            world_size=args.world_size,
+            variant=args.threads,
+            pinned=args.pin,
+        )
         Path(args.out).write_text(json.dumps(result) + "\n")
     # DDP's Reducer holds the group: freed after destroy_process_group(), the gloo group's destructor can
-    # deadlock (hpc_ddp.dist.group). Drop it first, as the kit's Trainer.close() does.
+    # deadlock (hpc_ddp.cluster.group). Drop it first, as the kit's Trainer.close() does.
     del model, optimizer
     gc.collect()
     dist.destroy_process_group()
@@ -108,8 +116,12 @@ def free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpc_ddp.bench.hand", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="python -m hpc_ddp.bench.hand",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
     parser.add_argument("--threads", choices=THREADS, default="default", help="thread settings (see above)")
     parser.add_argument("--pin", action="store_true", help="tuned: also pin each rank to its own CPUs")
     parser.add_argument("--world-size", type=int, default=2, help="ranks on this machine (default: 2)")

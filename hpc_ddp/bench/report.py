@@ -21,8 +21,13 @@ class Target:
         return self.value >= self.threshold if self.op == ">=" else self.value <= self.threshold
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "value": self.value, "op": self.op, "threshold": self.threshold,
-                "met": self.met}
+        return {
+            "name": self.name,
+            "value": self.value,
+            "op": self.op,
+            "threshold": self.threshold,
+            "met": self.met,
+        }
 
 
 def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
@@ -44,40 +49,65 @@ def rows(results: dict[str, dict[str, Any]], s: Settings) -> list[tuple[str, str
     out: list[tuple[str, str, str]] = []
     if "overhead" in results:
         o = results["overhead"]
-        out += [("overhead", f"kit, submit --local, {s.world_size} ranks",
-                 f"{o['kit_samples_per_s']:,.0f} samples/s"),
-                ("", "hand loop, mp.spawn, default threads", f"{o['naive_samples_per_s']:,.0f} samples/s"),
-                ("", "hand loop, mp.spawn, tuned threads", f"{o['tuned_samples_per_s']:,.0f} samples/s"),
-                ("", "kit / default-threads loop", f"{o['kit_vs_naive']:.2f}x"),
-                ("", "kit / tuned loop", f"{o['kit_vs_tuned']:.2f}x")]
+        out += [
+            (
+                "overhead",
+                f"kit, submit --local, {s.world_size} ranks",
+                f"{o['kit_samples_per_s']:,.0f} samples/s",
+            ),
+            ("", "hand loop, mp.spawn, default threads", f"{o['naive_samples_per_s']:,.0f} samples/s"),
+            ("", "hand loop, mp.spawn, tuned threads", f"{o['tuned_samples_per_s']:,.0f} samples/s"),
+            ("", "kit / default-threads loop", f"{o['kit_vs_naive']:.2f}x"),
+            ("", "kit / tuned loop", f"{o['kit_vs_tuned']:.2f}x"),
+        ]
     if "scaling" in results:
         c = results["scaling"]
-        out += [("scaling", f"kit, 1 rank on {c['one_rank_cpus']} CPU(s)",
-                 f"{c['one_rank_samples_per_s']:,.0f} samples/s"),
-                ("", f"kit, {c['ranks']} ranks", f"{c['samples_per_s']:,.0f} samples/s"),
-                ("", f"efficiency, {c['ranks']} ranks / ({c['ranks']} x 1 rank)", f"{c['efficiency']:.2f}")]
+        out += [
+            (
+                "scaling",
+                f"kit, 1 rank on {c['one_rank_cpus']} CPU(s)",
+                f"{c['one_rank_samples_per_s']:,.0f} samples/s",
+            ),
+            ("", f"kit, {c['ranks']} ranks", f"{c['samples_per_s']:,.0f} samples/s"),
+            ("", f"efficiency, {c['ranks']} ranks / ({c['ranks']} x 1 rank)", f"{c['efficiency']:.2f}"),
+        ]
     if "checkpoint" in results:
         k = results["checkpoint"]
-        out += [("checkpoint", f"kit save ({k['bytes'] / 1e6:.1f} MB), call to durable rename",
-                 f"{k['kit_mb_per_s']:,.0f} MB/s"),
-                ("", "raw write + fsync, same bytes and folder", f"{k['raw_mb_per_s']:,.0f} MB/s"),
-                ("", "kit / raw", f"{k['kit_vs_raw']:.2f}x"),
-                ("", "training stall per save", f"{k['stall_ms']:.1f} ms"),
-                ("", "save call to `latest` updated", f"{k['latest_ms']:.1f} ms")]
+        out += [
+            (
+                "checkpoint",
+                f"kit save ({k['bytes'] / 1e6:.1f} MB), call to durable rename",
+                f"{k['kit_mb_per_s']:,.0f} MB/s",
+            ),
+            ("", "raw write + fsync, same bytes and folder", f"{k['raw_mb_per_s']:,.0f} MB/s"),
+            ("", "kit / raw", f"{k['kit_vs_raw']:.2f}x"),
+            ("", "training stall per save", f"{k['stall_ms']:.1f} ms"),
+            ("", "save call to `latest` updated", f"{k['latest_ms']:.1f} ms"),
+        ]
     if "launch" in results:
         la = results["launch"]
-        out += [("launch", "submit --local: start to first step", f"{la['local_s']:.2f} s"),
-                ("", "torchrun --standalone: start to first step", f"{la['torchrun_s']:.2f} s"),
-                ("", "submit --local / torchrun", f"{la['local_vs_torchrun']:.2f}x")]
+        out += [
+            ("launch", "submit --local: start to first step", f"{la['local_s']:.2f} s"),
+            ("", "torchrun --standalone: start to first step", f"{la['torchrun_s']:.2f} s"),
+            ("", "submit --local / torchrun", f"{la['local_vs_torchrun']:.2f}x"),
+        ]
     if "watchdog" in results:
         w = results["watchdog"]
-        out += [("watchdog", f"on: beacons, backward mark, watchdog, {w['ranks']} ranks",
-                 f"{w['with_samples_per_s']:,.0f} samples/s"),
-                ("", "off: NullBeacon, no mark, no watchdog", f"{w['without_samples_per_s']:,.0f} samples/s"),
-                ("", "on / off", f"{w['with_vs_without']:.3f}x"),
-                ("", "rank 0 CPU per step, on / off",
-                 f"{w['with_cpu_ms_per_step']:.1f} / {w['without_cpu_ms_per_step']:.1f} ms"),
-                ("", "CPU on / off", f"{w['cpu_with_vs_without']:.3f}x")]
+        out += [
+            (
+                "watchdog",
+                f"on: beacons, backward mark, watchdog, {w['ranks']} ranks",
+                f"{w['with_samples_per_s']:,.0f} samples/s",
+            ),
+            ("", "off: NullBeacon, no mark, no watchdog", f"{w['without_samples_per_s']:,.0f} samples/s"),
+            ("", "on / off", f"{w['with_vs_without']:.3f}x"),
+            (
+                "",
+                "rank 0 CPU per step, on / off",
+                f"{w['with_cpu_ms_per_step']:.1f} / {w['without_cpu_ms_per_step']:.1f} ms",
+            ),
+            ("", "CPU on / off", f"{w['cpu_with_vs_without']:.3f}x"),
+        ]
     return out
 
 
@@ -95,5 +125,7 @@ def table(results: dict[str, dict[str, Any]], s: Settings) -> str:
 
 
 def header(s: Settings) -> str:
-    return (f"hpc_ddp.bench: task {TASK}, {s.world_size} ranks x batch {s.batch_size}, {s.steps} steps, "
-            f"{s.trials} interleaved trial(s), {len(os.sched_getaffinity(0))} CPUs")
+    return (
+        f"hpc_ddp.bench: task {TASK}, {s.world_size} ranks x batch {s.batch_size}, {s.steps} steps, "
+        f"{s.trials} interleaved trial(s), {len(os.sched_getaffinity(0))} CPUs"
+    )

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.dist.env import without_launcher
-from hpc_ddp.dist.placement import THREAD_VARS
+from hpc_ddp.cluster.env import without_launcher
+from hpc_ddp.cluster.placement import THREAD_VARS
 
 TASK = "mlp"
 MLP_SAMPLES = 8192  # the mlp task's dataset (hpc_ddp/run/tasks.py)
@@ -105,29 +105,55 @@ def progress(message: str) -> None:
 
 
 # ----- running things -----------------------------------------------------------------------------------
-def run_cmd(cmd: list[str], log: Path, preexec: Callable[[], None] | None = None,
-            timeout: float = 600) -> float:
+def run_cmd(
+    cmd: list[str], log: Path, preexec: Callable[[], None] | None = None, timeout: float = 600
+) -> float:
     """Run `cmd` with its output in `log`; returns the wall-clock time just before it started."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         start = time.time()
         try:
-            code: int | str = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=child_env(), preexec_fn=preexec,
-                                             timeout=timeout, check=False).returncode
+            code: int | str = subprocess.run(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=child_env(),
+                preexec_fn=preexec,
+                timeout=timeout,
+                check=False,
+            ).returncode
         except subprocess.TimeoutExpired:
             code = f"a timeout after {timeout:.0f} s"
     if code != 0:
         tail = log.read_text(errors="replace").splitlines()[-8:]
-        raise RunFailed(f"`{' '.join(cmd)}` ended with {code}; last lines of {log}:\n    "
-                        + "\n    ".join(tail))
+        raise RunFailed(
+            f"`{' '.join(cmd)}` ended with {code}; last lines of {log}:\n    " + "\n    ".join(tail)
+        )
     return start
 
 
 def kit_cmd(folder: Path, world_size: int, s: Settings) -> list[str]:
-    return [sys.executable, "-m", "hpc_ddp.submit", "--local", "--nodes", "1", "--tasks-per-node",
-            str(world_size), "--task", TASK, "--batch-size", str(s.batch_size), "--max-steps", str(s.steps),
-            "--save-every-epochs", "0", "--folder", str(folder)]
+    return [
+        sys.executable,
+        "-m",
+        "hpc_ddp.submit",
+        "--local",
+        "--nodes",
+        "1",
+        "--tasks-per-node",
+        str(world_size),
+        "--task",
+        TASK,
+        "--batch-size",
+        str(s.batch_size),
+        "--max-steps",
+        str(s.steps),
+        "--save-every-epochs",
+        "0",
+        "--folder",
+        str(folder),
+    ]
 
 
 def torchrun_cmd() -> list[str]:
@@ -161,9 +187,24 @@ class Runner:
         folder = self.folder(label)
         folder.mkdir(parents=True)
         out = folder / "result.json"
-        run_cmd([sys.executable, "-m", "hpc_ddp.bench.hand", "--threads", threads, "--world-size",
-                 str(self.s.world_size), "--steps", str(self.s.steps), "--batch-size", str(self.s.batch_size),
-                 "--out", str(out)], folder / "output.log")
+        run_cmd(
+            [
+                sys.executable,
+                "-m",
+                "hpc_ddp.bench.hand",
+                "--threads",
+                threads,
+                "--world-size",
+                str(self.s.world_size),
+                "--steps",
+                str(self.s.steps),
+                "--batch-size",
+                str(self.s.batch_size),
+                "--out",
+                str(out),
+            ],
+            folder / "output.log",
+        )
         rate = float(json.loads(out.read_text())["samples_per_s"])
         self.done(trial, label, f"{rate:,.0f} samples/s")
         return rate

@@ -28,9 +28,9 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     """Trainer.save() against a raw write + fsync of the same bytes to the same folder, interleaved."""
     import torch
 
-    from hpc_ddp.dist import placement
-    from hpc_ddp.dist.env import detect
-    from hpc_ddp.dist.group import process_group
+    from hpc_ddp.cluster import placement
+    from hpc_ddp.cluster.env import detect
+    from hpc_ddp.cluster.group import process_group
     from hpc_ddp.log import RankLog
     from hpc_ddp.run import checkpoint
     from hpc_ddp.run.config import TrainConfig
@@ -58,8 +58,9 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     nbytes = 0
     with process_group(env, device, "gloo", 60.0):
         torch.manual_seed(cfg.seed)
-        with Trainer(cfg, env, device, build(cfg), folder, RankLog(0, io.StringIO()),
-                     commit=timed_commit) as trainer:
+        with Trainer(
+            cfg, env, device, build(cfg), folder, RankLog(0, io.StringIO()), commit=timed_commit
+        ) as trainer:
             inputs, target = next(iter(trainer.loader))
 
             def train_step() -> None:
@@ -82,17 +83,28 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
                 raw = raw_write(folder / "checkpoints" / f"raw-{trial + 1}.bin", data)
                 if trial < 0:
                     continue
-                for key, value in (("kit_s", durable_at[-1] - start), ("raw_s", raw), ("stall_s", stall),
-                                   ("latest_s", latest)):
+                for key, value in (
+                    ("kit_s", durable_at[-1] - start),
+                    ("raw_s", raw),
+                    ("stall_s", stall),
+                    ("latest_s", latest),
+                ):
                     t[key].append(value)
                 kit_rate, raw_rate = nbytes / t["kit_s"][-1] / 1e6, nbytes / raw / 1e6
-                progress(f"checkpoint {trial + 1}/{s.ckpt_trials}: kit {kit_rate:,.0f} MB/s (stall "
-                         f"{stall * 1000:.1f} ms), raw write {raw_rate:,.0f} MB/s "
-                         f"(load {load_average():.1f})")
-    return {"bytes": nbytes, "kit_mb_per_s": nbytes / median(t["kit_s"]) / 1e6,
-            "raw_mb_per_s": nbytes / median(t["raw_s"]) / 1e6,
-            "kit_vs_raw": median(ratios(t["raw_s"], t["kit_s"])),
-            "stall_ms": median(t["stall_s"]) * 1000, "latest_ms": median(t["latest_s"]) * 1000, "trials": t,
-            "measured": "kit: Trainer.save() call until the file is renamed into place and its folder "
-                        "fsynced; raw: create, write, fsync the same bytes; stall: time save() holds the "
-                        "training thread"}
+                progress(
+                    f"checkpoint {trial + 1}/{s.ckpt_trials}: kit {kit_rate:,.0f} MB/s (stall "
+                    f"{stall * 1000:.1f} ms), raw write {raw_rate:,.0f} MB/s "
+                    f"(load {load_average():.1f})"
+                )
+    return {
+        "bytes": nbytes,
+        "kit_mb_per_s": nbytes / median(t["kit_s"]) / 1e6,
+        "raw_mb_per_s": nbytes / median(t["raw_s"]) / 1e6,
+        "kit_vs_raw": median(ratios(t["raw_s"], t["kit_s"])),
+        "stall_ms": median(t["stall_s"]) * 1000,
+        "latest_ms": median(t["latest_s"]) * 1000,
+        "trials": t,
+        "measured": "kit: Trainer.save() call until the file is renamed into place and its folder "
+        "fsynced; raw: create, write, fsync the same bytes; stall: time save() holds the "
+        "training thread",
+    }

@@ -34,15 +34,25 @@ def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, An
     return {name: results[name] for name in SECTIONS if name in results}
 
 
-def run(sections: Sequence[str], trials: int, steps: int, world_size: int, batch_size: int, quick: bool,
-        json_path: str | None, keep_in: str | None) -> int:
+def run(
+    sections: Sequence[str],
+    trials: int,
+    steps: int,
+    world_size: int,
+    batch_size: int,
+    quick: bool,
+    json_path: str | None,
+    keep_in: str | None,
+) -> int:
     """Run `sections` in a fresh work folder (under `keep_in`, kept; else a temporary one, removed), print the
     table, write the JSON report to `json_path`; returns the exit code (1 if a measured run failed)."""
     if keep_in:
         # A fresh folder inside it every time: a kit run that found an earlier run's checkpoints would resume.
         Path(keep_in).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="hpc_ddp-bench-", dir=keep_in or None))
-    s = Settings(trials=trials, steps=steps, world_size=world_size, batch_size=batch_size, work=work, quick=quick)
+    s = Settings(
+        trials=trials, steps=steps, world_size=world_size, batch_size=batch_size, work=work, quick=quick
+    )
     load_before = load_average()
     progress(f"{header(s)}; load {load_before:.1f}; runs in {work}")
     started = time.monotonic()
@@ -57,11 +67,22 @@ def run(sections: Sequence[str], trials: int, steps: int, world_size: int, batch
     print(header(s), flush=True)
     print(table(results, s), flush=True)
     if json_path:
-        report = {"settings": {"task": TASK, "trials": s.trials, "steps": s.steps, "world_size": s.world_size,
-                               "batch_size": s.batch_size, "quick": s.quick,
-                               "cpus": len(os.sched_getaffinity(0)),
-                               "torch": version("torch"), "load_before": load_before,
-                               "load_after": load_average(), "seconds": round(time.monotonic() - started, 1)},
-                  "sections": results, "targets": [t.as_dict() for t in targets(results)]}
+        report = {
+            "settings": {
+                "task": TASK,
+                "trials": s.trials,
+                "steps": s.steps,
+                "world_size": s.world_size,
+                "batch_size": s.batch_size,
+                "quick": s.quick,
+                "cpus": len(os.sched_getaffinity(0)),
+                "torch": version("torch"),
+                "load_before": load_before,
+                "load_after": load_average(),
+                "seconds": round(time.monotonic() - started, 1),
+            },
+            "sections": results,
+            "targets": [t.as_dict() for t in targets(results)],
+        }
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
     return 0

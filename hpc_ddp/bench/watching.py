@@ -52,32 +52,59 @@ def watchdog_section(s: Settings) -> dict[str, Any]:
     folder.mkdir(parents=True)
     out, log = folder / "result.json", folder / "output.log"
     trials = s.watch_trials
-    progress(f"watchdog: {trials} trial(s) of the mlp task with and without the hang watch, interleaved, in "
-             f"one {s.world_size}-rank job (log: {log})")
-    run_cmd([sys.executable, "-m", "hpc_ddp.bench.watching", "--world-size", str(s.world_size), "--steps",
-             str(s.steps), "--batch-size", str(s.batch_size), "--trials", str(trials), "--out", str(out),
-             "--folder", str(folder / "runs")], log)
+    progress(
+        f"watchdog: {trials} trial(s) of the mlp task with and without the hang watch, interleaved, in "
+        f"one {s.world_size}-rank job (log: {log})"
+    )
+    run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "hpc_ddp.bench.watching",
+            "--world-size",
+            str(s.world_size),
+            "--steps",
+            str(s.steps),
+            "--batch-size",
+            str(s.batch_size),
+            "--trials",
+            str(trials),
+            "--out",
+            str(out),
+            "--folder",
+            str(folder / "runs"),
+        ],
+        log,
+    )
     result = json.loads(out.read_text())
     rates = {v: [float(x) for x in result[v]] for v in VARIANTS}
     cpu = {v: [float(x) for x in result["cpu_ms_per_step"][v]] for v in VARIANTS}
     for trial, (a, b, load) in enumerate(zip(rates["with"], rates["without"], result["loads"], strict=True)):
-        progress(f"trial {trial + 1}/{trials} watchdog: with {a:,.0f}, without {b:,.0f} samples/s, "
-                 f"{a / b if b else float('nan'):.3f}x; rank 0 CPU {cpu['with'][trial]:.1f} vs "
-                 f"{cpu['without'][trial]:.1f} ms/step (load {load:.1f})")
-    return {"ranks": s.world_size, "with_samples_per_s": median(rates["with"]),
-            "without_samples_per_s": median(rates["without"]),
-            "with_vs_without": median(ratios(rates["with"], rates["without"])), "trials": rates,
-            "with_cpu_ms_per_step": median(cpu["with"]), "without_cpu_ms_per_step": median(cpu["without"]),
-            "cpu_with_vs_without": median(ratios(cpu["with"], cpu["without"])), "cpu_trials": cpu,
-            "measured": "global samples/s on rank 0 over the wall-clock time of each variant's blocks of "
-                        f"{BLOCK_STEPS} steps of Trainer.run(), the two variants' blocks alternating A B B A "
-                        "... in one job; --steps steps of each per trial, after one uncounted warm-up block "
-                        "each",
-            "with": "Beacon, the end-of-backward mark, the straggler all-gather every 5 steps, a "
-                    "running Watchdog (--hang-timeout-s auto)",
-            "without": "NullBeacon, no mark, no straggler check, no watchdog",
-            "cpu": "rank 0's process CPU time (every thread) per step in each variant's blocks: steadier "
-                   "than throughput on a busy machine; a ratio above 1 is CPU the hang watch adds"}
+        progress(
+            f"trial {trial + 1}/{trials} watchdog: with {a:,.0f}, without {b:,.0f} samples/s, "
+            f"{a / b if b else float('nan'):.3f}x; rank 0 CPU {cpu['with'][trial]:.1f} vs "
+            f"{cpu['without'][trial]:.1f} ms/step (load {load:.1f})"
+        )
+    return {
+        "ranks": s.world_size,
+        "with_samples_per_s": median(rates["with"]),
+        "without_samples_per_s": median(rates["without"]),
+        "with_vs_without": median(ratios(rates["with"], rates["without"])),
+        "trials": rates,
+        "with_cpu_ms_per_step": median(cpu["with"]),
+        "without_cpu_ms_per_step": median(cpu["without"]),
+        "cpu_with_vs_without": median(ratios(cpu["with"], cpu["without"])),
+        "cpu_trials": cpu,
+        "measured": "global samples/s on rank 0 over the wall-clock time of each variant's blocks of "
+        f"{BLOCK_STEPS} steps of Trainer.run(), the two variants' blocks alternating A B B A "
+        "... in one job; --steps steps of each per trial, after one uncounted warm-up block "
+        "each",
+        "with": "Beacon, the end-of-backward mark, the straggler all-gather every 5 steps, a "
+        "running Watchdog (--hang-timeout-s auto)",
+        "without": "NullBeacon, no mark, no straggler check, no watchdog",
+        "cpu": "rank 0's process CPU time (every thread) per step in each variant's blocks: steadier "
+        "than throughput on a busy machine; a ratio above 1 is CPU the hang watch adds",
+    }
 
 
 # ----- the job: one process per rank ---------------------------------------------------------------------
@@ -107,18 +134,38 @@ def _trainers(env: Any, work: Path, args: argparse.Namespace, stack: contextlib.
     for variant in VARIANTS:
         folder = work / variant
         folder.mkdir(parents=True, exist_ok=True)
-        cfg = TrainConfig(task=TASK, batch_size=args.batch_size, epochs=10_000, save_every_epochs=0,
-                          folder=str(folder))
+        cfg = TrainConfig(
+            task=TASK, batch_size=args.batch_size, epochs=10_000, save_every_epochs=0, folder=str(folder)
+        )
         torch.manual_seed(cfg.seed)
         watched = variant == "with"
         kind = Trainer if watched else Unwatched
-        trainer = stack.enter_context(kind(cfg, env, torch.device("cpu"), build(cfg), folder, quiet,
-                                           beacon=Beacon() if watched else NullBeacon(), mark_grads=watched))
+        trainer = stack.enter_context(
+            kind(
+                cfg,
+                env,
+                torch.device("cpu"),
+                build(cfg),
+                folder,
+                quiet,
+                beacon=Beacon() if watched else NullBeacon(),
+                mark_grads=watched,
+            )
+        )
         if watched:
             who = Identity(env.rank, env.world_size, socket.gethostname(), tuple(trainer.peers), "bench")
             step_times = trainer.metrics.step_times  # the list the Recorder appends to
-            stack.enter_context(Watchdog(trainer.beacon, who, folder, cfg.hang_setting(), cfg.timeout_s,
-                                         lambda: step_times[-100:], RankLog(env.rank).info))
+            stack.enter_context(
+                Watchdog(
+                    trainer.beacon,
+                    who,
+                    folder,
+                    cfg.hang_setting(),
+                    cfg.timeout_s,
+                    lambda times=step_times: times[-100:],
+                    RankLog(env.rank).info,
+                )
+            )
         trainers[variant] = trainer
     return trainers
 
@@ -134,15 +181,24 @@ def _block(trainer: Any, steps: int) -> tuple[float, float]:
 
 def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     """One rank: join the group, build both variants, a warm-up block of each, then the trials."""
-    from hpc_ddp.dist import placement
-    from hpc_ddp.dist.env import DistEnv
-    from hpc_ddp.dist.group import process_group
+    from hpc_ddp.cluster import placement
+    from hpc_ddp.cluster.env import DistEnv
+    from hpc_ddp.cluster.group import process_group
     from hpc_ddp.run.config import TrainConfig
 
     device, _ = placement.place(rank, args.world_size, {}, cuda_count=0)
-    env = DistEnv(rank=rank, local_rank=rank, world_size=args.world_size, local_world_size=args.world_size,
-                  node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=port, job_id=None,
-                  launcher="single")
+    env = DistEnv(
+        rank=rank,
+        local_rank=rank,
+        world_size=args.world_size,
+        local_world_size=args.world_size,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="127.0.0.1",
+        master_port=port,
+        job_id=None,
+        launcher="single",
+    )
     samples = args.steps * args.batch_size * args.world_size  # per variant per trial
     rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpu_ms: dict[str, list[float]] = {v: [] for v in VARIANTS}  # per step
@@ -165,23 +221,42 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
                 cpu_ms[variant].append(1000 * cpu[variant] / args.steps)
             loads.append(os.getloadavg()[0])
             if rank == 0:
-                progress(f"trial {trial + 1}/{args.trials}: with {rates['with'][-1]:,.0f}, without "
-                         f"{rates['without'][-1]:,.0f} samples/s (load {loads[-1]:.1f})")
+                progress(
+                    f"trial {trial + 1}/{args.trials}: with {rates['with'][-1]:,.0f}, without "
+                    f"{rates['without'][-1]:,.0f} samples/s (load {loads[-1]:.1f})"
+                )
     if rank == 0:
-        Path(args.out).write_text(json.dumps({**rates, "cpu_ms_per_step": cpu_ms, "loads": loads,
-                                              "steps": args.steps,
-                                              "world_size": args.world_size,
-                                              "batch_size": args.batch_size}) + "\n")
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    **rates,
+                    "cpu_ms_per_step": cpu_ms,
+                    "loads": loads,
+                    "steps": args.steps,
+                    "world_size": args.world_size,
+                    "batch_size": args.batch_size,
+                }
+            )
+            + "\n"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     from hpc_ddp.bench.hand import free_port
 
-    parser = argparse.ArgumentParser(prog="python -m hpc_ddp.bench.watching", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="python -m hpc_ddp.bench.watching",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
     parser.add_argument("--world-size", type=int, default=2, help="ranks on this machine (default: 2)")
-    parser.add_argument("--steps", type=int, default=60,
-                        help="optimizer steps of each variant per trial, at least 1 (default: 60)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=60,
+        help="optimizer steps of each variant per trial, at least 1 (default: 60)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default: 32)")
     parser.add_argument("--trials", type=int, default=10, help="trials (default: 10)")
     parser.add_argument("--out", required=True, help="rank 0 writes its JSON result here")

@@ -1,6 +1,5 @@
-"""The distributed layer: who this process is in the job, where it runs, and the process group it joins.
+"""Renamed to `hpc_ddp.cluster` in 0.2: `hpc_ddp.dist.hostlist` keeps working for one release.
 
-`hostlist` reads Slurm's node lists, `env` derives ranks and the rendezvous from the launcher's variables,
-`placement` picks the GPU and CPUs, `group` joins and tears down the process group. Nothing here knows about
-training or about how the job was submitted.
+Why the rename: ruff, black and pytest skip folders named `dist` by default, and the common Python .gitignore
+ignores `dist/` anywhere in a tree, so code in it went unchecked and a new file there could go untracked.
 """

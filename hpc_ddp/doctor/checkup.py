@@ -45,10 +45,17 @@ ACK_WAIT_S = 10.0  # how long rank 0 keeps its store up for the others to read t
 def build_argparser() -> argparse.ArgumentParser:
     parser = build_parser(PROG, __doc__ or "")
     group = parser.add_argument_group("doctor")
-    group.add_argument("--collective", action="store_true",
-                       help="also benchmark all-reduce over message sizes (bus bandwidth, outlier ranks)")
-    group.add_argument("--join-timeout-s", type=float, default=60.0,
-                       help="seconds to wait for every rank to reach the store (default: 60)")
+    group.add_argument(
+        "--collective",
+        action="store_true",
+        help="also benchmark all-reduce over message sizes (bus bandwidth, outlier ranks)",
+    )
+    group.add_argument(
+        "--join-timeout-s",
+        type=float,
+        default=60.0,
+        help="seconds to wait for every rank to reach the store (default: 60)",
+    )
     add_train_arguments(parser)
     return parser
 
@@ -76,7 +83,7 @@ class _Run:
 
 def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_timeout_s: float) -> int:
     """Derive, probe, meet the other ranks, judge; returns this rank's exit code (the same on every rank)."""
-    from hpc_ddp.dist.env import detect
+    from hpc_ddp.cluster.env import detect
     from hpc_ddp.doctor.facts import gather, missing_dirs, remove_marker, write_marker
     from hpc_ddp.log import RankLog
     from hpc_ddp.run.folder import default_for_task
@@ -90,11 +97,19 @@ def run(cfg: TrainConfig, environ: Mapping[str, str], collective: bool, join_tim
     # torchrun's agent already hosts a store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE): rank 0 joins it as
     # a client like everyone else, and there is no port of ours to check.
     agent = env.launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    job = _Run(env, cfg, Path(cfg.folder) if cfg.folder else default_for_task(env.job_id), "agent" if agent else "rank0",
-               collective, join_timeout_s, RankLog(env.rank))
+    job = _Run(
+        env,
+        cfg,
+        Path(cfg.folder) if cfg.folder else default_for_task(env.job_id),
+        "agent" if agent else "rank0",
+        collective,
+        join_timeout_s,
+        RankLog(env.rank),
+    )
     hosts_store = env.is_main and not agent
-    facts = gather(env, job.folder, environ, job.store_host, hosts_store and env.master_port != 0,
-                   cfg.requeue_by)
+    facts = gather(
+        env, job.folder, environ, job.store_host, hosts_store and env.master_port != 0, cfg.requeue_by
+    )
     nonce, created = uuid.uuid4().hex, missing_dirs(job.folder) if env.is_main else []
     try:
         if env.is_main:
@@ -112,8 +127,14 @@ def _rendezvous(job: _Run, facts: RankFacts, nonce: str, environ: Mapping[str, s
         blockers = rules.blocking(facts)
         if blockers:  # hosting the store would fail, or wait for ranks that look for it elsewhere
             others = f"; the other ranks give up after {job.timeout_s:g} s" if env.world_size > 1 else ""
-            job.log.info(render(env, [facts], rules.solo(facts) + [
-                Check(FAIL, "store", f"not started: rank 0 cannot host it (see above){others}")]))
+            job.log.info(
+                render(
+                    env,
+                    [facts],
+                    rules.solo(facts)
+                    + [Check(FAIL, "store", f"not started: rank 0 cannot host it (see above){others}")],
+                )
+            )
             return exitcodes.FAILED
     try:
         store, where = _open_store(job, environ)
@@ -151,23 +172,35 @@ def _open_store(job: _Run, environ: Mapping[str, str]) -> tuple[Any, str]:
     env = job.env
     keep = timedelta(seconds=2 * job.timeout_s + 120)  # later gets wait out rank 0's collection and benchmark
     where = f"{env.master_addr}:{env.master_port}"
-    fix = (f"read rank 0's output: it names its own FAIL. If there is none, rank 0 never started, or "
-           f"MASTER_ADDR {env.master_addr} leads elsewhere from here (loopback, another host, a firewall)")
+    fix = (
+        f"read rank 0's output: it names its own FAIL. If there is none, rank 0 never started, or "
+        f"MASTER_ADDR {env.master_addr} leads elsewhere from here (loopback, another host, a firewall)"
+    )
     if job.store_host == "agent":
         fix = "torchrun's agent store is gone: did torchrun fail? Check its output"
     try:
         if env.is_main and job.store_host == "rank0":
-            store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=True,
-                                  wait_for_workers=False, timeout=keep)
+            store = dist.TCPStore(
+                env.master_addr,
+                env.master_port,
+                env.world_size,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=keep,
+            )
         else:
             error = _wait_for_listener(env.master_addr, env.master_port, job.timeout_s)
             if error:
-                raise _Unreachable(f"rank {env.rank} could not reach the store at {where} within "
-                                   f"{job.timeout_s:g} s ({error})", fix)
+                raise _Unreachable(
+                    f"rank {env.rank} could not reach the store at {where} within "
+                    f"{job.timeout_s:g} s ({error})",
+                    fix,
+                )
             store = dist.TCPStore(env.master_addr, env.master_port, None, is_master=False, timeout=keep)
     except (RuntimeError, OSError) as e:
-        raise _Unreachable(f"rank {env.rank} could not open the store at {where} ({str(e).splitlines()[0]})",
-                           fix) from None
+        raise _Unreachable(
+            f"rank {env.rank} could not open the store at {where} ({str(e).splitlines()[0]})", fix
+        ) from None
     prefix = f"hpc_ddp/doctor/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # apart from torch's own keys
     return dist.PrefixStore(prefix, store), f"{env.master_addr}:{store.port}"
 
@@ -209,8 +242,9 @@ def _lead(job: _Run, store: Any, where: str, facts: RankFacts, nonce: str) -> in
     return code
 
 
-def _collective(job: _Run, store: Any, facts: RankFacts,
-                present: Sequence[RankFacts]) -> tuple[Check, list[str]]:
+def _collective(
+    job: _Run, store: Any, facts: RankFacts, present: Sequence[RankFacts]
+) -> tuple[Check, list[str]]:
     """Rank 0: run the benchmark with everyone, gather their times through the store, judge them."""
     from hpc_ddp.doctor import collective
 
@@ -220,8 +254,12 @@ def _collective(job: _Run, store: Any, facts: RankFacts,
     broken = {r: one["error"] for r, one in runs.items() if one.get("error")}
     if broken:
         first = min(broken)
-        return Check(FAIL, "collective", f"the all-reduce failed on rank {rules.ranks_text(list(broken))} "
-                                         f"(rank {first}: {broken[first]})", "read those ranks' output"), []
+        return Check(
+            FAIL,
+            "collective",
+            f"the all-reduce failed on rank {rules.ranks_text(list(broken))} (rank {first}: {broken[first]})",
+            "read those ranks' output",
+        ), []
     times = {r: {int(size): t for size, t in one["times"].items()} for r, one in runs.items()}
     correct = {r: one["correct"] for r, one in runs.items()}
     check = collective.verdict(times, correct, {f.rank: f.host for f in present}, world)
@@ -236,8 +274,10 @@ def _follow(job: _Run, store: Any, facts: RankFacts) -> int:
     try:
         nonce = store.get("nonce").decode()
         facts = dataclasses.replace(
-            facts, folder_error=write_probe(job.folder, rank, nonce or uuid.uuid4().hex),
-            folder_marker=read_marker(job.folder, nonce) if nonce else "rank 0 could not write it")
+            facts,
+            folder_error=write_probe(job.folder, rank, nonce or uuid.uuid4().hex),
+            folder_marker=read_marker(job.folder, nonce) if nonce else "rank 0 could not write it",
+        )
         store.set(f"facts/{rank}", facts.to_json())
         if store.get("plan").decode() == "collective":
             store.set(f"bench/{rank}", json.dumps(_benchmark(job, store)))
@@ -255,7 +295,7 @@ def _benchmark(job: _Run, store: Any) -> dict[str, Any]:
     """Join a process group through the doctor's store and time all-reduces, placed as training would be."""
     import torch.distributed as dist
 
-    from hpc_ddp.dist import group, placement
+    from hpc_ddp.cluster import group, placement
     from hpc_ddp.doctor import collective
 
     env = job.env
@@ -265,8 +305,9 @@ def _benchmark(job: _Run, store: Any) -> dict[str, Any]:
         # A process group of its own would bind a second store on MASTER_PORT, which the doctor's store holds:
         # it joins through the doctor's store (under a prefix of its own) instead, with training's backend
         # rule, timeout, hang watch and teardown. The benchmark itself runs under the hang watch too.
-        with group.process_group(env, device, job.cfg.backend or None, job.timeout_s,
-                                 store=dist.PrefixStore("pg", store)) as backend:
+        with group.process_group(
+            env, device, job.cfg.backend or None, job.timeout_s, store=dist.PrefixStore("pg", store)
+        ) as backend:
             with group.hang_watch(job.timeout_s):
                 times, correct = collective.run(device, env.rank, env.world_size)
     except (RuntimeError, ValueError) as e:  # a peer died mid-benchmark, NCCL refused: a finding, not a crash

@@ -43,14 +43,18 @@ def bus_bandwidth(size: int, seconds: float, world: int) -> tuple[float, float]:
     return algbw, algbw * 2 * (world - 1) / world
 
 
-def outlier_ranks(totals: Mapping[int, float], factor: float = OUTLIER_FACTOR,
-                  floor_s: float = 1e-3) -> list[int]:
+def outlier_ranks(
+    totals: Mapping[int, float], factor: float = OUTLIER_FACTOR, floor_s: float = 1e-3
+) -> list[int]:
     """Ranks whose total time is `factor` away from the median (either way), and by more than `floor_s`."""
     if len(totals) < 3:  # with two ranks there is no majority to be an outlier from
         return []
     median = statistics.median(totals.values())
-    return sorted(r for r, t in totals.items()
-                  if abs(t - median) > floor_s and (t > median * factor or t * factor < median))
+    return sorted(
+        r
+        for r, t in totals.items()
+        if abs(t - median) > floor_s and (t > median * factor or t * factor < median)
+    )
 
 
 def table(times: Mapping[int, Mapping[int, float]], world: int) -> list[tuple[int, float, float, float]]:
@@ -62,26 +66,42 @@ def table(times: Mapping[int, Mapping[int, float]], world: int) -> list[tuple[in
     return rows
 
 
-def verdict(times: Mapping[int, Mapping[int, float]], correct: Mapping[int, bool], hosts: Mapping[int, str],
-            world: int) -> Check:
+def verdict(
+    times: Mapping[int, Mapping[int, float]],
+    correct: Mapping[int, bool],
+    hosts: Mapping[int, str],
+    world: int,
+) -> Check:
     """The benchmark's line in the doctor's verdict, from times[rank][size] and each rank's sum check."""
     wrong = sorted(r for r, ok in correct.items() if not ok)
     if wrong:
-        return Check(FAIL, "collective", f"all-reduce returned wrong sums on rank {ranks_text(wrong)}",
-                     "a broken GPU, driver or NCCL install on that node: run nccl-tests there and report it")
+        return Check(
+            FAIL,
+            "collective",
+            f"all-reduce returned wrong sums on rank {ranks_text(wrong)}",
+            "a broken GPU, driver or NCCL install on that node: run nccl-tests there and report it",
+        )
     totals = {r: sum(per_rank.values()) for r, per_rank in times.items()}
     odd = outlier_ranks(totals)
     if odd:
         r, median = odd[0], statistics.median(totals.values())
-        return Check(WARN, "collective", f"rank {ranks_text(odd)} is an outlier: rank {r} on "
-                                         f"{hosts.get(r, '?')} took {totals[r] / median:.2f}x the median",
-                     "look at that node: load (top), GPU clocks (nvidia-smi -q -d CLOCK), its network link")
+        return Check(
+            WARN,
+            "collective",
+            f"rank {ranks_text(odd)} is an outlier: rank {r} on "
+            f"{hosts.get(r, '?')} took {totals[r] / median:.2f}x the median",
+            "look at that node: load (top), GPU clocks (nvidia-smi -q -d CLOCK), its network link",
+        )
     rows = table(times, world)
     if world == 1 or not rows:
         return Check(PASS, "collective", f"{len(rows)} sizes timed; one rank: nothing crosses a link")
     size, _, _, busbw = max(rows, key=lambda row: row[3])
-    return Check(PASS, "collective", f"{len(rows)} sizes on {world} ranks; peak bus bandwidth "
-                                     f"{busbw:.2f} GB/s at {human_size(size)}; no outlier rank")
+    return Check(
+        PASS,
+        "collective",
+        f"{len(rows)} sizes on {world} ranks; peak bus bandwidth "
+        f"{busbw:.2f} GB/s at {human_size(size)}; no outlier rank",
+    )
 
 
 def human_size(size: int) -> str:

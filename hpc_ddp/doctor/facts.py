@@ -18,18 +18,26 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc_ddp.dist import placement
-from hpc_ddp.dist.env import SLURM_VARS
+from hpc_ddp.cluster import placement
+from hpc_ddp.cluster.env import SLURM_VARS
 from hpc_ddp.errors import ClusterConfigError
 from hpc_ddp.run.folder import write_test
 
 if TYPE_CHECKING:
-    from hpc_ddp.dist.env import DistEnv
+    from hpc_ddp.cluster.env import DistEnv
 
 # The variables the rules look at; only these travel to rank 0.
-RULE_VARS = ("OMP_NUM_THREADS", "SLURM_CPU_BIND", "SLURM_CPU_BIND_TYPE", "SLURM_CPU_BIND_LIST",
-             "SLURM_CPUS_PER_TASK", *SLURM_VARS["step_id"], "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-             "CUDA_VISIBLE_DEVICES")
+RULE_VARS = (
+    "OMP_NUM_THREADS",
+    "SLURM_CPU_BIND",
+    "SLURM_CPU_BIND_TYPE",
+    "SLURM_CPU_BIND_LIST",
+    "SLURM_CPUS_PER_TASK",
+    *SLURM_VARS["step_id"],
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "CUDA_VISIBLE_DEVICES",
+)
 MARKER = ".hpc_ddp-doctor-{nonce}"
 
 
@@ -126,8 +134,12 @@ def interfaces() -> tuple[tuple[str, ...], tuple[str, ...]]:
     import psutil
 
     table = psutil.net_if_addrs()
-    ips = [a.address.split("%")[0] for addrs in table.values() for a in addrs
-           if a.family in (socket.AF_INET, socket.AF_INET6)]
+    ips = [
+        a.address.split("%")[0]
+        for addrs in table.values()
+        for a in addrs
+        if a.family in (socket.AF_INET, socket.AF_INET6)
+    ]
     return tuple(table), tuple(dict.fromkeys(ips))
 
 
@@ -192,8 +204,13 @@ def versions() -> dict[str, str]:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except (AttributeError, RuntimeError):
             nccl = "unknown"
-    return {"torch": torch.__version__, "cuda": torch.version.cuda or "none", "nccl": nccl,
-            "python": platform.python_version(), "hpc_ddp": __version__}
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "nccl": nccl,
+        "python": platform.python_version(),
+        "hpc_ddp": __version__,
+    }
 
 
 def write_marker(folder: Path, nonce: str) -> str:
@@ -252,8 +269,14 @@ def slurm_version(environ: Mapping[str, str], requeue_by: str = "auto") -> str |
     return record.slurm_version() or ""
 
 
-def gather(env: DistEnv, folder: Path, environ: Mapping[str, str], store_host: str,
-           check_port: bool, requeue_by: str = "auto") -> RankFacts:
+def gather(
+    env: DistEnv,
+    folder: Path,
+    environ: Mapping[str, str],
+    store_host: str,
+    check_port: bool,
+    requeue_by: str = "auto",
+) -> RankFacts:
     """This rank's facts, before any rank talks to another (the folder marker comes later)."""
     import torch
 

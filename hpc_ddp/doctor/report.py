@@ -26,9 +26,19 @@ def machine_label(key: str) -> str:
 def render_rows(facts: Sequence[RankFacts]) -> list[str]:
     lines = [ROW.format("rank", "local", "node", "host", "machine", "master", "device", "cpus", "threads")]
     for f in facts:
-        lines.append(ROW.format(f.rank, f.local_rank, f.node_rank, f.host[:14], machine_label(f.machine),
-                                f"{f.master_addr}:{f.master_port}"[:22], f.device or "refused",
-                                cpu_list(f.cpus)[:9], f.threads))
+        lines.append(
+            ROW.format(
+                f.rank,
+                f.local_rank,
+                f.node_rank,
+                f.host[:14],
+                machine_label(f.machine),
+                f"{f.master_addr}:{f.master_port}"[:22],
+                f.device or "refused",
+                cpu_list(f.cpus)[:9],
+                f.threads,
+            )
+        )
     return lines
 
 
@@ -43,23 +53,30 @@ def render_checks(results: Sequence[Check]) -> str:
 
 
 def render_bench(times: Mapping[int, Mapping[int, float]], world: int, backend: str) -> list[str]:
-    lines = [f"all-reduce over {backend}, {world} rank(s), float32; busbw = algbw * 2(n-1)/n (nccl-tests)",
-             f"{'size':>8} {'calls':>6} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+    lines = [
+        f"all-reduce over {backend}, {world} rank(s), float32; busbw = algbw * 2(n-1)/n (nccl-tests)",
+        f"{'size':>8} {'calls':>6} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}",
+    ]
     for size, mean, algbw, busbw in collective.table(times, world):
-        lines.append(f"{collective.human_size(size):>8} {collective.iterations(size):>6} {mean * 1e6:>11.1f} "
-                     f"{algbw:>13.3f} {busbw:>13.3f}")
+        lines.append(
+            f"{collective.human_size(size):>8} {collective.iterations(size):>6} {mean * 1e6:>11.1f} "
+            f"{algbw:>13.3f} {busbw:>13.3f}"
+        )
     return lines
 
 
 def render(env: Any, facts: Sequence[RankFacts], results: Sequence[Check], bench: Sequence[str] = ()) -> str:
     machines = len({f.machine for f in facts})
-    head = (f"hpc_ddp doctor: {env.world_size} rank(s) on {env.num_nodes} node(s), {machines} machine(s) "
-            f"seen, launcher {env.launcher}" + (f", job {env.job_id}" if env.job_id else ""))
+    head = (
+        f"hpc_ddp doctor: {env.world_size} rank(s) on {env.num_nodes} node(s), {machines} machine(s) "
+        f"seen, launcher {env.launcher}" + (f", job {env.job_id}" if env.job_id else "")
+    )
     lines = [head, *(f"using {o} from the environment" for o in env.overrides), *render_rows(facts), ""]
     lines += [*bench, ""] if bench else []
     lines.append(render_checks(results))
     counts = {s: sum(c.status == s for c in results) for s in (FAIL, WARN, PASS)}
-    lines.append(f"doctor: {counts[FAIL]} FAIL, {counts[WARN]} WARN, {counts[PASS]} PASS"
-                 + (" -> exit 1" if counts[FAIL] else ""))
+    lines.append(
+        f"doctor: {counts[FAIL]} FAIL, {counts[WARN]} WARN, {counts[PASS]} PASS"
+        + (" -> exit 1" if counts[FAIL] else "")
+    )
     return "\n".join(lines)
-

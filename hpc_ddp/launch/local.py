@@ -2,7 +2,7 @@
 
 Every child gets the SLURM_* variables of a real `srun --nodes N --ntasks-per-node T` step (a fresh fake job
 id per run, node list `127.0.0.[1-N]`, which resolves everywhere without editing /etc/hosts, node/proc/local
-ids and counts), so `hpc_ddp.dist.env.detect` takes its Slurm path: the same code as a cluster job.
+ids and counts), so `hpc_ddp.cluster.env.detect` takes its Slurm path: the same code as a cluster job.
 
 The launcher supervises like Slurm with `--kill-on-bad-exit`: when a rank exits non-zero or dies, the others
 are stopped within seconds and the launcher names the failed rank and prints the end of its log. Signals:
@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hpc_ddp import exitcodes
-from hpc_ddp.dist.env import port_for_job, without_launcher
+from hpc_ddp.cluster.env import port_for_job, without_launcher
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.shape import JobShape
 from hpc_ddp.log import TracebackFold
@@ -66,10 +66,16 @@ from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig
 
 GRACE_S = 3.0  # after a failure, survivors get SIGTERM, then SIGKILL after this long
-STOP_GRACE_S = 30.0  # after Ctrl-C/SIGTERM to the launcher: time to save and exit before SIGKILL (Slurm's KillWait)
+STOP_GRACE_S = (
+    30.0  # after Ctrl-C/SIGTERM to the launcher: time to save and exit before SIGKILL (Slurm's KillWait)
+)
 KILL_WAIT_S = 5.0  # how long a SIGKILLed rank may take to disappear before the launcher says so and goes on
-READER_JOIN_S = 5.0  # after the ranks are gone, all their readers together get this long to copy the last lines
-CONSOLE_BACKLOG = 16 << 20  # characters queued for the console at most; beyond, lines are dropped (not from logs)
+READER_JOIN_S = (
+    5.0  # after the ranks are gone, all their readers together get this long to copy the last lines
+)
+CONSOLE_BACKLOG = (
+    16 << 20
+)  # characters queued for the console at most; beyond, lines are dropped (not from logs)
 CONSOLE_STALL_S = 30.0  # at exit, give up on a console that took nothing for this long (ranks are all gone)
 TAIL_LINES = 15
 
@@ -85,7 +91,9 @@ class LocalJob:
     job_id: str = ""
     module: str = "hpc_ddp.train"
     extra_env: dict[str, str] = field(default_factory=dict)
-    stop_grace_s: float = STOP_GRACE_S  # Ctrl-C/SIGTERM: how long the ranks get to save and exit before SIGKILL
+    stop_grace_s: float = (
+        STOP_GRACE_S  # Ctrl-C/SIGTERM: how long the ranks get to save and exit before SIGKILL
+    )
     max_restarts: int = 0  # failures after which the job is not started again (--max-restarts)
     records: bool = False  # append every attempt's end to attempts.jsonl (training runs)
 
@@ -104,14 +112,27 @@ def slurm_env(job: LocalJob, rank: int, restarts: int) -> dict[str, str]:
     hosts = nodelist(job.nodes)
     per_node = f"{job.tasks_per_node}(x{job.nodes})" if job.nodes > 1 else str(job.tasks_per_node)
     env = {
-        "SLURM_JOB_ID": job.job_id, "SLURM_JOBID": job.job_id, "SLURM_JOB_NAME": "hpc_ddp-local",
-        "SLURM_JOB_NODELIST": hosts, "SLURM_NODELIST": hosts, "SLURM_JOB_NUM_NODES": str(job.nodes),
-        "SLURM_NNODES": str(job.nodes), "SLURM_NTASKS": str(job.world_size), "SLURM_NPROCS": str(job.world_size),
-        "SLURM_TASKS_PER_NODE": per_node, "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
-        "SLURM_STEP_NODELIST": hosts, "SLURM_STEP_NUM_NODES": str(job.nodes),
-        "SLURM_STEP_NUM_TASKS": str(job.world_size), "SLURM_STEP_TASKS_PER_NODE": per_node,
-        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
-        "SLURMD_NODENAME": f"127.0.0.{node + 1}", "SLURM_CPUS_ON_NODE": str(os.cpu_count() or 1),
+        "SLURM_JOB_ID": job.job_id,
+        "SLURM_JOBID": job.job_id,
+        "SLURM_JOB_NAME": "hpc_ddp-local",
+        "SLURM_JOB_NODELIST": hosts,
+        "SLURM_NODELIST": hosts,
+        "SLURM_JOB_NUM_NODES": str(job.nodes),
+        "SLURM_NNODES": str(job.nodes),
+        "SLURM_NTASKS": str(job.world_size),
+        "SLURM_NPROCS": str(job.world_size),
+        "SLURM_TASKS_PER_NODE": per_node,
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEPID": "0",
+        "SLURM_STEP_NODELIST": hosts,
+        "SLURM_STEP_NUM_NODES": str(job.nodes),
+        "SLURM_STEP_NUM_TASKS": str(job.world_size),
+        "SLURM_STEP_TASKS_PER_NODE": per_node,
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(local),
+        "SLURM_NODEID": str(node),
+        "SLURMD_NODENAME": f"127.0.0.{node + 1}",
+        "SLURM_CPUS_ON_NODE": str(os.cpu_count() or 1),
     }
     if restarts:
         env["SLURM_RESTART_COUNT"] = str(restarts)  # unset on the first run, as in Slurm
@@ -246,8 +267,10 @@ class Console:
                 self._queue.clear()
                 self._queued, self._dropped, self._busy = 0, 0, True
             if dropped:
-                batch += (f"[launcher] the console fell behind: {dropped} lines were not shown here (they are all "
-                          "in the per-rank logs)\n")
+                batch += (
+                    f"[launcher] the console fell behind: {dropped} lines were not shown here (they are all "
+                    "in the per-rank logs)\n"
+                )
             # The live line stays at the bottom: erased before the lines, drawn again after them.
             ok = self._emit((progress.LIVE if self._shown else "") + batch + live)
             self._shown = ok and bool(live)
@@ -297,8 +320,9 @@ class Console:
 class _Rank:
     """One child process, its log file and the tail of its output."""
 
-    def __init__(self, rank: int, proc: subprocess.Popen[bytes], log_path: Path, console: Console,
-                 show_all: bool) -> None:
+    def __init__(
+        self, rank: int, proc: subprocess.Popen[bytes], log_path: Path, console: Console, show_all: bool
+    ) -> None:
         self.rank, self.proc, self.log_path = rank, proc, log_path
         self.console, self.show_all = console, show_all
         self.log_lost = False
@@ -314,8 +338,10 @@ class _Rank:
         try:
             self._copy()
         except Exception as e:  # a bug in the copying: say it once, then only drain
-            self.console.line(f"[launcher] rank {self.rank}'s output: copying stopped ({type(e).__name__}: {e}); "
-                              f"the rest is not saved in {self.log_path} nor shown")
+            self.console.line(
+                f"[launcher] rank {self.rank}'s output: copying stopped ({type(e).__name__}: {e}); "
+                f"the rest is not saved in {self.log_path} nor shown"
+            )
         finally:
             try:
                 while self.proc.stdout.read(65536):
@@ -339,7 +365,7 @@ class _Rank:
                 if self.rank == 0 and line.startswith(progress.LIVE):
                     # Rank 0's live progress line (hpc_ddp.run.metrics): in place on the console; the log gets
                     # rank 0's plain periodic lines instead.
-                    self.console.live(line[len(progress.LIVE):])
+                    self.console.live(line[len(progress.LIVE) :])
                     continue
                 self.tail.append(line)
                 if log is not None:
@@ -361,9 +387,11 @@ class _Rank:
     def _log_lost(self, error: OSError) -> None:
         # Once: a full disk would otherwise repeat this for every line. Training goes on; the log is the only loss.
         self.log_lost = True
-        self.console.line(f"[launcher] rank {self.rank}'s log {self.log_path}: cannot write "
-                          f"({error.strerror or error}); its lines are dropped from that file from here on. "
-                          "Training goes on, and the console and a failure report still get them as before")
+        self.console.line(
+            f"[launcher] rank {self.rank}'s log {self.log_path}: cannot write "
+            f"({error.strerror or error}); its lines are dropped from that file from here on. "
+            "Training goes on, and the console and a failure report still get them as before"
+        )
 
 
 def _close_quietly(log: TextIO | None) -> None:
@@ -375,7 +403,9 @@ def _close_quietly(log: TextIO | None) -> None:
             pass
 
 
-_OUT_OF_TIME = -1  # _supervise: a stop ran out of time (second Ctrl-C, or stop_grace_s after the first signal)
+_OUT_OF_TIME = (
+    -1
+)  # _supervise: a stop ran out of time (second Ctrl-C, or stop_grace_s after the first signal)
 
 
 def _send(proc: subprocess.Popen[bytes], sig: int, group: bool = False) -> None:
@@ -428,9 +458,15 @@ class Launcher:
             env = child_environ(dict(os.environ), self.job, rank, restarts)
             if self.lock_token:
                 env[run_folder.LOCK_VAR] = self.lock_token
-            proc = subprocess.Popen(cmd, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=lambda: _die_with_parent(parent, hold))
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=lambda: _die_with_parent(parent, hold),
+            )
             self.ranks.append(_Rank(rank, proc, logs / f"rank{rank}.log", self.console, self.job.all_ranks))
 
     def _resend(self, since: int) -> None:
@@ -498,14 +534,18 @@ class Launcher:
         self._announced = True
         grace = f"{self.job.stop_grace_s:g} s"
         if self.stop_signal == signal.SIGINT:
-            self.say(f"Ctrl-C: asked every rank to save at the next agreed step and stop; Ctrl-C again kills them "
-                     f"now, and they are killed anyway if still running in {grace} (--stop-grace-s)")
+            self.say(
+                f"Ctrl-C: asked every rank to save at the next agreed step and stop; Ctrl-C again kills them "
+                f"now, and they are killed anyway if still running in {grace} (--stop-grace-s)"
+            )
         else:
             name = signal.Signals(self.stop_signal).name
             if self.stop_signal == signal.SIGHUP:
                 name += " (the terminal closed)"
-            self.say(f"{name}: asked every rank to save at the next agreed step and stop; they are killed if "
-                     f"still running in {grace} (--stop-grace-s)")
+            self.say(
+                f"{name}: asked every rank to save at the next agreed step and stop; they are killed if "
+                f"still running in {grace} (--stop-grace-s)"
+            )
 
     def _supervise(self) -> int:
         """Wait for all ranks. Returns the first failure's rank index, -1 (_OUT_OF_TIME) when a stop ran out of
@@ -537,15 +577,19 @@ class Launcher:
         stuck = self._kill(alive)
         self._join_readers()
         names = ", ".join(f"rank {r.rank} (pid {r.proc.pid})" for r in alive)
-        self.say(f"{why}: killed the ranks that did not stop: {names}. Their work since the last checkpoint "
-                 f"(if any) in {self.job.folder} is lost; the same command resumes from it")
+        self.say(
+            f"{why}: killed the ranks that did not stop: {names}. Their work since the last checkpoint "
+            f"(if any) in {self.job.folder} is lost; the same command resumes from it"
+        )
         self._report_stuck(stuck)
         return 128 + signum  # as a shell reports a process killed by that signal: 130 for Ctrl-C
 
     def _report_stuck(self, stuck: list[_Rank]) -> None:
         for r in stuck:
-            self.say(f"rank {r.rank} (pid {r.proc.pid}) is still there {KILL_WAIT_S:g} s after SIGKILL: stuck in "
-                     "the kernel (a dead file system or device?); it ends when that call returns")
+            self.say(
+                f"rank {r.rank} (pid {r.proc.pid}) is still there {KILL_WAIT_S:g} s after SIGKILL: stuck in "
+                "the kernel (a dead file system or device?); it ends when that call returns"
+            )
 
     def _failure(self, index: int) -> retry.Ending:
         """Rank `index` failed first: stop the others, then name the first cause from what the ranks left (their
@@ -558,9 +602,12 @@ class Launcher:
         self._join_readers()
         verdict = watchdog.read_verdict(self.job.folder, since=self.started_at)
         evidence = retry.Evidence(
-            code=code, rank_nodes=tuple(self._node(r.rank) for r in self.ranks),
-            notes=tuple(exits.read(self.job.folder, self.job.job_id, self.restarts)), verdict=verdict,
-            first_rank=index)
+            code=code,
+            rank_nodes=tuple(self._node(r.rank) for r in self.ranks),
+            notes=tuple(exits.read(self.job.folder, self.job.job_id, self.restarts)),
+            verdict=verdict,
+            first_rank=index,
+        )
         ending = retry.judge(evidence)
         if verdict is None and ending.rank is None:
             ending = dataclasses.replace(ending, rank=index, node=self._node(index))
@@ -597,20 +644,27 @@ class Launcher:
             lines = list(r.tail)  # a copy: a reader that outlived its join may still append
         else:
             return
-        for line in lines[-TAIL_LINES * 4:]:
+        for line in lines[-TAIL_LINES * 4 :]:
             self.console.line(f"    {line}")
 
     def _end_attempt(self, ending: retry.Ending) -> retry.Decision:
         """Append this attempt's end to attempts.jsonl with what comes next; say it in one line."""
         folder, job = self.job.folder, self.job.job_id
         history = record.of_job(record.read(folder), job)
-        this = record.find(history, job, self.restarts) or record.Attempt(job, self.restarts,
-                                                                            number=len(history) + 1)
+        this = record.find(history, job, self.restarts) or record.Attempt(
+            job, self.restarts, number=len(history) + 1
+        )
         history = [a for a in history if a.key != this.key]
-        this = retry.close(this, ending, record.step_reached(folder, self.started_at),
-                           record.checkpoint_step(folder), time.time())
-        decision = retry.decide(history, this, self.job.max_restarts, again=record.RESTART,
-                                retryable=ending.retryable)
+        this = retry.close(
+            this,
+            ending,
+            record.step_reached(folder, self.started_at),
+            record.checkpoint_step(folder),
+            time.time(),
+        )
+        decision = retry.decide(
+            history, this, self.job.max_restarts, again=record.RESTART, retryable=ending.retryable
+        )
         if self.stop_requested and decision.action == record.RESTART:
             decision = retry.Decision(record.STOP, "stopped by Ctrl-C/SIGTERM", decision.exclude)
         if self.job.records and record.worth_recording(this):
@@ -661,8 +715,9 @@ class Launcher:
                 if outcome == _OUT_OF_TIME:
                     code = self._kill_stopping()
                     if code is not None:
-                        self._end_attempt(retry.Ending(record.STOPPED, "killed: the stop ran out of time",
-                                                       "stop timeout"))
+                        self._end_attempt(
+                            retry.Ending(record.STOPPED, "killed: the stop ran out of time", "stop timeout")
+                        )
                         return code
                     outcome = self._supervise()  # they all exited just before the kill: as if in time
                 if outcome < len(self.ranks):
@@ -680,14 +735,19 @@ class Launcher:
                         self._end_attempt(retry.Ending(record.COMPLETED, "finished"))
                         return exitcodes.OK
                     wanted = self._restart_wanted()
-                    decision = self._end_attempt(retry.judge(retry.Evidence(code=exitcodes.PREEMPTED,
-                                                                            requeue=wanted)))
+                    decision = self._end_attempt(
+                        retry.judge(retry.Evidence(code=exitcodes.PREEMPTED, requeue=wanted))
+                    )
                     if decision.action != record.RESTART:
-                        self.say(f"ranks stopped after saving a checkpoint in {self.job.folder}; run the same "
-                                 "command to resume")
+                        self.say(
+                            f"ranks stopped after saving a checkpoint in {self.job.folder}; run the same "
+                            "command to resume"
+                        )
                         return exitcodes.PREEMPTED
                     done = record.count(record.read(self.job.folder), self.job.job_id, (record.PREEMPTED,))
-                    self.say(f"preempted: restarting all ranks ({done} of --max-requeue {self.job.max_requeue})")
+                    self.say(
+                        f"preempted: restarting all ranks ({done} of --max-requeue {self.job.max_requeue})"
+                    )
                 seen = len(self.forwarded)
                 self.restarts += 1
         finally:
@@ -712,14 +772,22 @@ def gpu_count() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
-              extra_argv: tuple[str, ...] = (), stop_grace_s: float | None = None) -> int:
+def run_local(
+    shape: JobShape,
+    cfg: TrainConfig,
+    all_ranks: bool,
+    module: str,
+    extra_argv: tuple[str, ...] = (),
+    stop_grace_s: float | None = None,
+) -> int:
     """`python -m hpc_ddp.submit --local`: prepare the run folder, start the ranks here, supervise them."""
     if stop_grace_s is not None and not (math.isfinite(stop_grace_s) and stop_grace_s >= 0):
         raise UsageError(f"--stop-grace-s {stop_grace_s:g}: must be 0 or more seconds (0 kills at once)")
     if cfg.requeue_by == "scontrol":
-        raise UsageError("--requeue-by scontrol: a local run is no Slurm job that scontrol could requeue; its "
-                         "launcher restarts it after a preemption. Fix: drop --requeue-by")
+        raise UsageError(
+            "--requeue-by scontrol: a local run is no Slurm job that scontrol could requeue; its "
+            "launcher restarts it after a preemption. Fix: drop --requeue-by"
+        )
     # Said explicitly to every rank: there is no real Slurm job to requeue (its job id is fake), so after a
     # preemption the ranks exit PREEMPTED and this launcher starts them again (see Launcher.run).
     cfg = dataclasses.replace(cfg, requeue_by="launcher")
@@ -736,16 +804,28 @@ def run_local(shape: JobShape, cfg: TrainConfig, all_ranks: bool, module: str,
     if shape.gpus_per_node > 0:
         have = gpu_count()
         if have < shape.nodes * shape.gpus_per_node:
-            console.line(f"[launcher] --gpus-per-node {shape.gpus_per_node} x {shape.nodes} nodes asked, this "
-                         f"machine has {have} GPU(s): running {shape.tasks_per_node} CPU processes per node with "
-                         "gloo instead")
+            console.line(
+                f"[launcher] --gpus-per-node {shape.gpus_per_node} x {shape.nodes} nodes asked, this "
+                f"machine has {have} GPU(s): running {shape.tasks_per_node} CPU processes per node with "
+                "gloo instead"
+            )
             extra["CUDA_VISIBLE_DEVICES"] = ""
-    job = LocalJob(nodes=shape.nodes, tasks_per_node=shape.tasks_per_node, folder=folder,
-                   train_argv=cfg.to_argv() + list(extra_argv), max_requeue=cfg.max_requeue,
-                   max_restarts=cfg.max_restarts if module in _HOLDS_SIGNALS else 0,
-                   records=module in _HOLDS_SIGNALS,
-                   all_ranks=all_ranks, job_id=job_id, module=module, extra_env=extra,
-                   **({} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}))
-    console.line(f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run "
-                 f"folder {folder}, per-rank logs in {folder / run_folder.LOGS}")
+    job = LocalJob(
+        nodes=shape.nodes,
+        tasks_per_node=shape.tasks_per_node,
+        folder=folder,
+        train_argv=cfg.to_argv() + list(extra_argv),
+        max_requeue=cfg.max_requeue,
+        max_restarts=cfg.max_restarts if module in _HOLDS_SIGNALS else 0,
+        records=module in _HOLDS_SIGNALS,
+        all_ranks=all_ranks,
+        job_id=job_id,
+        module=module,
+        extra_env=extra,
+        **({} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}),
+    )
+    console.line(
+        f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run "
+        f"folder {folder}, per-rank logs in {folder / run_folder.LOGS}"
+    )
     return Launcher(job, console).run()  # which hands the console all it has before it returns

@@ -28,7 +28,9 @@ def job_shape(nodes: int, gpus_per_node: int, tasks_per_node: int | None) -> Job
     if tasks_per_node is not None and tasks_per_node <= 0:
         raise UsageError(f"--tasks-per-node {tasks_per_node}: must be at least 1")
     if gpus_per_node > 0 and tasks_per_node not in (None, gpus_per_node):
-        raise UsageError(f"--tasks-per-node {tasks_per_node} conflicts with --gpus-per-node {gpus_per_node}: "
-                         "hpc_ddp runs one task per GPU. Drop --tasks-per-node (or use --gpus-per-node 0 for CPU)")
+        raise UsageError(
+            f"--tasks-per-node {tasks_per_node} conflicts with --gpus-per-node {gpus_per_node}: "
+            "hpc_ddp runs one task per GPU. Drop --tasks-per-node (or use --gpus-per-node 0 for CPU)"
+        )
     tasks = gpus_per_node if gpus_per_node > 0 else (tasks_per_node or 2)
     return JobShape(nodes, gpus_per_node, tasks)

@@ -15,17 +15,25 @@ from hpc_ddp.run.folder import atomic_write_bytes
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(PROG, hpc_ddp.report.__doc__ or "")
     parser.add_argument("folder", help="the run folder (the run's --folder)")
-    parser.add_argument("--out", metavar="PATH",
-                        help="where to write the HTML (default: <folder>/report.html); the PNGs go beside it")
-    parser.add_argument("--no-sacct", action="store_true",
-                        help="do not ask Slurm's accounting for queue waits (use the gaps between attempts)")
+    parser.add_argument(
+        "--out",
+        metavar="PATH",
+        help="where to write the HTML (default: <folder>/report.html); the PNGs go beside it",
+    )
+    parser.add_argument(
+        "--no-sacct",
+        action="store_true",
+        help="do not ask Slurm's accounting for queue waits (use the gaps between attempts)",
+    )
     ns = parser.parse_args(argv)
     folder = Path(ns.folder)
     out = Path(ns.out) if ns.out else folder / "report.html"
     run = sources.read_run(folder, use_sacct=not ns.no_sacct)  # not a run folder: one line, before anything
     if out.is_dir() or not out.parent.is_dir():
-        raise UsageError(f"--out {out}: expected a file path in an existing folder. Fix: --out "
-                         f"{folder / 'report.html'}, or create {out.parent}")
+        raise UsageError(
+            f"--out {out}: expected a file path in an existing folder. Fix: --out "
+            f"{folder / 'report.html'}, or create {out.parent}"
+        )
     plots.pyplot()  # matplotlib missing: one line with the install command
     drafts = timeline.build_attempts(run.records, run.lines, running=run.running)
     slurm = sources.plausible(run.slurm, [(a.job, a.restart, a.process_start) for a in drafts])
@@ -35,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, data in pngs.items():
             atomic_write_bytes(out.with_name(name), data)
-        atomic_write_bytes(out, page.render(title, summary, pngs, time.time(), sources.described(run, slurm))
-                           .encode())
+        atomic_write_bytes(
+            out, page.render(title, summary, pngs, time.time(), sources.described(run, slurm)).encode()
+        )
     except OSError as e:
         raise UsageError(f"cannot write {out} ({e.strerror or e}). Fix: --out a path you can write") from None
     print(line(out, summary), flush=True)
@@ -48,9 +57,11 @@ def line(out: Path, s: timeline.Summary) -> str:
     goodput = "n/a" if s.goodput is None else f"{s.goodput:.1%}"
     best = "n/a (no failure)" if s.best_interval_s is None else page.duration(s.best_interval_s)
     attempts = f"{len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}"
-    return (f"report: {out} ({s.state}; {attempts}, step {s.steps}, final loss {page.number(s.final_loss)}, "
-            f"best {page.number(s.best_loss)}, goodput {goodput}, lost {page.steps_text(s.lost_steps)}, "
-            f"best checkpoint interval {best})")
+    return (
+        f"report: {out} ({s.state}; {attempts}, step {s.steps}, final loss {page.number(s.final_loss)}, "
+        f"best {page.number(s.best_loss)}, goodput {goodput}, lost {page.steps_text(s.lost_steps)}, "
+        f"best checkpoint interval {best})"
+    )
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ from hpc_ddp.report.timeline import Summary
 CAPTIONS = {
     "loss.png": "Loss (mean over ranks) at each recorded step, one line per attempt.",
     "throughput.png": "Samples per second over all ranks, measured from each process's second step.",
-    "step-time-heatmap.png": "Each rank's own work per step (data + compute) from the \"ranks\" records, "
-                             "every 5 steps (in a long run, the slowest of each window): a rank slower than "
-                             "the others shows as a bright row.",
+    "step-time-heatmap.png": 'Each rank\'s own work per step (data + compute) from the "ranks" records, '
+    "every 5 steps (in a long run, the slowest of each window): a rank slower than "
+    "the others shows as a bright row.",
     "time-breakdown.png": "Where each attempt's time went, from the queue wait before it (not allocated) to "
-                          "its end; \"all\" sums the attempts.",
+    'its end; "all" sums the attempts.',
 }
 
 DEFINITIONS = """
@@ -73,16 +73,21 @@ def headline(s: Summary) -> list[tuple[str, str]]:
     steps = f" (about {s.best_interval_steps} steps)" if s.best_interval_steps else ""
     interval = "n/a (no failure seen)" if s.best_interval_s is None else duration(s.best_interval_s) + steps
     return [
-        ("state", s.state), ("attempts", str(len(s.attempts))), ("steps reached", str(s.steps)),
+        ("state", s.state),
+        ("attempts", str(len(s.attempts))),
+        ("steps reached", str(s.steps)),
         ("final loss", number(s.final_loss)),
         ("best loss", number(s.best_loss) + (f" at step {s.best_step}" if s.best_step is not None else "")),
         ("goodput", "n/a" if s.goodput is None else f"{s.goodput:.1%}"),
-        ("allocated", duration(s.allocated_s)), ("productive", duration(s.productive_s)),
+        ("allocated", duration(s.allocated_s)),
+        ("productive", duration(s.productive_s)),
         ("startup", duration(s.startup_s)),
         ("checkpoint stalls", f"{duration(s.stalls_s)} in {s.saves} saves"),
         ("lost work", f"{duration(s.lost_s)} ({steps_text(s.lost_steps)} replayed)"),
-        ("after the last step", duration(s.after_s)), ("queue wait between attempts", duration(s.queue_s)),
-        ("failures", str(s.failures)), ("MTBF", duration(s.mtbf_s)),
+        ("after the last step", duration(s.after_s)),
+        ("queue wait between attempts", duration(s.queue_s)),
+        ("failures", str(s.failures)),
+        ("MTBF", duration(s.mtbf_s)),
         ("checkpoint cost C (mean stall)", duration(s.save_cost_s)),
         ("checkpoint interval as run", duration(s.save_interval_s)),
         ("best checkpoint interval sqrt(2 C M)", interval),
@@ -91,18 +96,61 @@ def headline(s: Summary) -> list[tuple[str, str]]:
 
 
 def _attempts_table(s: Summary) -> str:
-    head = ("#", "job", "restart", "nodes", "started", "resumed at", "last step", "lost steps", "outcome",
-            "decision", "reason", "allocated", "startup", "productive", "stalls", "lost", "after",
-            "queue before")
+    head = (
+        "#",
+        "job",
+        "restart",
+        "nodes",
+        "started",
+        "resumed at",
+        "last step",
+        "lost steps",
+        "outcome",
+        "decision",
+        "reason",
+        "allocated",
+        "startup",
+        "productive",
+        "stalls",
+        "lost",
+        "after",
+        "queue before",
+    )
     rows = []
     for k, a in enumerate(s.attempts):
-        cells = (str(k + 1), a.job, str(a.restart), " ".join(a.nodes), _clock(a.process_start),
-                 str(a.resumed_at), str(a.last_step), str(a.lost_steps), a.outcome, a.decision, a.reason,
-                 *(duration(x) for x in (a.allocated_s, a.startup_s, a.productive_s, a.stalls_s, a.lost_s,
-                                         a.after_s, a.queue_before_s)))
+        cells = (
+            str(k + 1),
+            a.job,
+            str(a.restart),
+            " ".join(a.nodes),
+            _clock(a.process_start),
+            str(a.resumed_at),
+            str(a.last_step),
+            str(a.lost_steps),
+            a.outcome,
+            a.decision,
+            a.reason,
+            *(
+                duration(x)
+                for x in (
+                    a.allocated_s,
+                    a.startup_s,
+                    a.productive_s,
+                    a.stalls_s,
+                    a.lost_s,
+                    a.after_s,
+                    a.queue_before_s,
+                )
+            ),
+        )
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    return ("<table class=attempts><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
-            + "".join(rows) + "</table>")
+    return (
+        "<table class=attempts><tr>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + "</tr>"
+        + "".join(rows)
+        + "</table>"
+    )
 
 
 def _clock(t: float) -> str:
@@ -114,8 +162,10 @@ def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float, 
     numbers come from (the files, and sacct when it answered)."""
     goodput = "n/a" if s.goodput is None else f"{s.goodput:.1%}"
     attempts = f"{len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}"
-    lead = (f"Goodput {goodput} &middot; {html.escape(s.state)} &middot; {attempts} &middot; step {s.steps} "
-            f"&middot; final loss {html.escape(number(s.final_loss))}")
+    lead = (
+        f"Goodput {goodput} &middot; {html.escape(s.state)} &middot; {attempts} &middot; step {s.steps} "
+        f"&middot; final loss {html.escape(number(s.final_loss))}"
+    )
     rows = [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in headline(s)]
     half = (len(rows) + 1) // 2
     tables = f"<table>{''.join(rows[:half])}</table><table>{''.join(rows[half:])}</table>"
@@ -123,8 +173,10 @@ def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float, 
     for name, caption in CAPTIONS.items():
         if name in pngs:
             data = base64.b64encode(pngs[name]).decode()
-            figures.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}">'
-                           f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+            figures.append(
+                f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}">'
+                f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+            )
         else:
             figures.append(f"<p class=missing>{html.escape(name)}: no records for it in this run.</p>")
     return f"""<!DOCTYPE html>

@@ -14,9 +14,14 @@ from hpc_ddp.report.timeline import Summary
 MAX_COLUMNS = 1000  # of the heat map; more "ranks" records are drawn by windows
 INSTALL = "pip install 'hpc-ddp[report]' (or: pip install matplotlib; env/setup.sh installs it)"
 # One color per part of the time breakdown, in the order the parts are stacked.
-PARTS = (("queue", "queue wait before", "#7f7f7f"), ("startup", "startup", "#1f77b4"),
-         ("productive", "productive", "#2ca02c"), ("stalls", "checkpoint stalls", "#ff7f0e"),
-         ("lost", "lost work", "#d62728"), ("after", "after the last step", "#9467bd"))
+PARTS = (
+    ("queue", "queue wait before", "#7f7f7f"),
+    ("startup", "startup", "#1f77b4"),
+    ("productive", "productive", "#2ca02c"),
+    ("stalls", "checkpoint stalls", "#ff7f0e"),
+    ("lost", "lost work", "#d62728"),
+    ("after", "after the last step", "#9467bd"),
+)
 
 
 def pyplot() -> Any:
@@ -24,8 +29,9 @@ def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise UsageError(f"matplotlib is not installed; the report draws its plots with it. Fix: {INSTALL}") \
-            from None
+        raise UsageError(
+            f"matplotlib is not installed; the report draws its plots with it. Fix: {INSTALL}"
+        ) from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
@@ -48,10 +54,15 @@ def _by_attempt(records: Sequence[Mapping[str, Any]], event: str, key: str, posi
     process start."""
     found = []
     for seg in segments(records):
-        rows = [(r["step"], r["time"], r[key]) for r in seg.records
-                if r.get("event") == event and isinstance(r.get("step"), int)
-                and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
-                and (r[key] > 0 or not positive)]
+        rows = [
+            (r["step"], r["time"], r[key])
+            for r in seg.records
+            if r.get("event") == event
+            and isinstance(r.get("step"), int)
+            and isinstance(r.get(key), (int, float))
+            and math.isfinite(r[key])
+            and (r[key] > 0 or not positive)
+        ]
         if rows:
             found.append(([s for s, _, _ in rows], [t for _, t, _ in rows], [v for _, _, v in rows]))
     return found
@@ -106,8 +117,14 @@ def heatmap_png(records: Sequence[Mapping[str, Any]]) -> bytes | None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 1.4 + 0.25 * min(len(rows), 32)))
     # From 0 ms: ranks within a few percent of each other look alike; one at 1.5x the others stands out.
-    image = ax.imshow([[v * 1000 for v in row] for row in rows], aspect="auto", interpolation="nearest",
-                      cmap="viridis", vmin=0, extent=(-0.5, len(steps) - 0.5, len(rows) - 0.5, -0.5))
+    image = ax.imshow(
+        [[v * 1000 for v in row] for row in rows],
+        aspect="auto",
+        interpolation="nearest",
+        cmap="viridis",
+        vmin=0,
+        extent=(-0.5, len(steps) - 0.5, len(rows) - 0.5, -0.5),
+    )
     ticks = sorted({round(i) for i in [k * (len(steps) - 1) / 5 for k in range(6)]})
     ax.set_xticks(ticks, [str(steps[i]) for i in ticks])
     if len(rows) <= 16:
@@ -126,14 +143,17 @@ def breakdown_png(summary: Summary) -> bytes | None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 1.6 + 0.45 * (len(summary.attempts) + 1)), layout="constrained")
     labels = [f"attempt {k + 1}" for k in range(len(summary.attempts))] + ["all"]
-    parts = {name: [getattr(a, "queue_before_s" if name == "queue" else f"{name}_s")
-                    for a in summary.attempts] + [getattr(summary, f"{name}_s")] for name, _, _ in PARTS}
+    parts = {
+        name: [getattr(a, "queue_before_s" if name == "queue" else f"{name}_s") for a in summary.attempts]
+        + [getattr(summary, f"{name}_s")]
+        for name, _, _ in PARTS
+    }
     scale, unit = (60, "minutes") if summary.allocated_s + summary.queue_s > 180 else (1, "seconds")
     left = [0.0] * len(labels)
     for name, label, color in PARTS:
         values = [v / scale for v in parts[name]]
         ax.barh(labels, values, left=left, color=color, label=label)
-        left = [a + b for a, b in zip(left, values)]
+        left = [a + b for a, b in zip(left, values, strict=True)]
     ax.invert_yaxis()
     ax.set_xlabel(unit)
     goodput = f"{summary.goodput:.1%}" if summary.goodput is not None else "n/a"
@@ -144,6 +164,10 @@ def breakdown_png(summary: Summary) -> bytes | None:
 
 def draw(records: Sequence[Mapping[str, Any]], summary: Summary) -> dict[str, bytes]:
     """Every plot there is data for, by file name (a run without "ranks" records has no heat map)."""
-    pngs = {"loss.png": loss_png(records), "throughput.png": throughput_png(records),
-            "step-time-heatmap.png": heatmap_png(records), "time-breakdown.png": breakdown_png(summary)}
+    pngs = {
+        "loss.png": loss_png(records),
+        "throughput.png": throughput_png(records),
+        "step-time-heatmap.png": heatmap_png(records),
+        "time-breakdown.png": breakdown_png(summary),
+    }
     return {name: png for name, png in pngs.items() if png is not None}

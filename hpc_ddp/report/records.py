@@ -7,6 +7,7 @@ record whose fields have the wrong type, rather than fail: a report must work on
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ class AttemptLine:
 
 # ----- attempts.jsonl -------------------------------------------------------------------------------------
 
+
 def merge_attempt_lines(lines: Iterable[Mapping[str, Any]]) -> list[AttemptLine]:
     """attempts.jsonl's start and end lines merged by (job, restart), in the order each attempt first appears.
     A line without a job or restart, or with fields of the wrong type, is skipped (a torn or foreign line)."""
@@ -51,9 +53,14 @@ def merge_attempt_lines(lines: Iterable[Mapping[str, Any]]) -> list[AttemptLine]
             entry["nodes"] = tuple(str(n) for n in nodes) if isinstance(nodes, list) else ()
             entry["resumed_from"] = int_or_none(line.get("resumed_from"))
         elif line.get("event") == "end":
-            entry.update(end_time=time, outcome=str(line.get("outcome") or "") or None,
-                         step=int_or_none(line.get("step")), checkpoint=int_or_none(line.get("checkpoint")),
-                         reason=str(line.get("reason") or ""), decision=str(line.get("decision") or ""))
+            entry.update(
+                end_time=time,
+                outcome=str(line.get("outcome") or "") or None,
+                step=int_or_none(line.get("step")),
+                checkpoint=int_or_none(line.get("checkpoint")),
+                reason=str(line.get("reason") or ""),
+                decision=str(line.get("decision") or ""),
+            )
     return [AttemptLine(**entry) for entry in merged.values()]
 
 
@@ -72,6 +79,7 @@ def num(value: Any) -> float | None:
 
 
 # ----- metrics.jsonl: records cut into attempts -----------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -133,27 +141,40 @@ def time_at_step(points: Sequence[tuple[float, int]], step: int) -> float:
     ordered = sorted(points, key=lambda p: (p[1], p[0]))
     if step <= ordered[0][1]:
         return ordered[0][0]
-    for (t0, s0), (t1, s1) in zip(ordered, ordered[1:]):
+    for (t0, s0), (t1, s1) in itertools.pairwise(ordered):
         if s0 <= step <= s1:
             return t0 if s1 == s0 else t0 + (t1 - t0) * (step - s0) / (s1 - s0)
     return ordered[-1][0]
 
 
-def heat_map(records: Sequence[Mapping[str, Any]],
-             max_columns: int = 0) -> tuple[list[int], list[list[float]]]:
+def heat_map(
+    records: Sequence[Mapping[str, Any]], max_columns: int = 0
+) -> tuple[list[int], list[list[float]]]:
     """The "ranks" records as (steps, rows): rows[rank][i] is that rank's step time (s) at steps[i]. A record
     whose list is shorter than the widest (a world-size change) leaves NaN for the missing ranks. With more
     records than `max_columns` (if set), each column is the slowest of a window of them (at its first step),
     so that a straggler's spike survives."""
-    ranks = [r for r in records if r.get("event") == "ranks" and isinstance(r.get("step_time_s"), list)
-             and int_or_none(r.get("step")) is not None]
+    ranks = [
+        r
+        for r in records
+        if r.get("event") == "ranks"
+        and isinstance(r.get("step_time_s"), list)
+        and int_or_none(r.get("step")) is not None
+    ]
     width = max((len(r["step_time_s"]) for r in ranks), default=0)
     steps = [int(r["step"]) for r in ranks]
-    rows = [[(num(r["step_time_s"][k]) if k < len(r["step_time_s"]) else None) for r in ranks]
-            for k in range(width)]
+    rows = [
+        [(num(r["step_time_s"][k]) if k < len(r["step_time_s"]) else None) for r in ranks]
+        for k in range(width)
+    ]
     if max_columns and len(steps) > max_columns:
         window = -(-len(steps) // max_columns)
         steps = steps[::window]
-        rows = [[max((v for v in row[i:i + window] if v is not None), default=None)
-                 for i in range(0, len(row), window)] for row in rows]
+        rows = [
+            [
+                max((v for v in row[i : i + window] if v is not None), default=None)
+                for i in range(0, len(row), window)
+            ]
+            for row in rows
+        ]
     return steps, [[math.nan if v is None else v for v in row] for row in rows]

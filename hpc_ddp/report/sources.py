@@ -38,20 +38,26 @@ class RunFiles:
 def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
     """The run folder's records; UsageError if `folder` is no run folder (nothing a run writes is there)."""
     if not folder.is_dir():
-        raise UsageError(f"{folder} is not a folder. Fix: give the run folder (the --folder of the run, e.g. "
-                         "runs/local-12345)")
+        raise UsageError(
+            f"{folder} is not a folder. Fix: give the run folder (the --folder of the run, e.g. "
+            "runs/local-12345)"
+        )
     if not any((folder / name).exists() for name in (METRICS, ATTEMPTS, RUN_RECORD, CHECKPOINTS)):
-        raise UsageError(f"{folder} is not a run folder: it has no {METRICS}, {ATTEMPTS}, {RUN_RECORD} or "
-                         f"{CHECKPOINTS}/. Fix: give the folder a run wrote (its --folder, e.g. "
-                         "runs/local-12345)")
+        raise UsageError(
+            f"{folder} is not a run folder: it has no {METRICS}, {ATTEMPTS}, {RUN_RECORD} or "
+            f"{CHECKPOINTS}/. Fix: give the folder a run wrote (its --folder, e.g. "
+            "runs/local-12345)"
+        )
     records = tuple(read_records(folder / METRICS))
     # The kit's own reader (a cut line skipped, only start and end lines), then the report's merge, which
     # skips a line whose fields have the wrong type rather than fail.
     lines = tuple(merge_attempt_lines(attempts.read_lines(folder)))
     slurm: Mapping[tuple[str, int], Window] = {}
     if use_sacct:
-        jobs = sorted({a.job for a in lines} | {str(r["job"]) for r in records
-                                                 if r.get("event") == "start" and r.get("job")})
+        jobs = sorted(
+            {a.job for a in lines}
+            | {str(r["job"]) for r in records if r.get("event") == "start" and r.get("job")}
+        )
         slurm = {key: w for job in jobs for key, w in sacct_windows(job).items()}
     return RunFiles(folder, records, lines, slurm, running=is_held(folder))
 
@@ -87,8 +93,9 @@ def _slurm_time(text: str) -> float | None:
         return None
 
 
-def plausible(windows: Mapping[tuple[str, int], Window], starts: Sequence[tuple[str, int, float]]
-              ) -> dict[tuple[str, int], Window]:
+def plausible(
+    windows: Mapping[tuple[str, int], Window], starts: Sequence[tuple[str, int, float]]
+) -> dict[tuple[str, int], Window]:
     """Only the windows that contain their attempt's process start (job, restart, time): a local run's fake
     job id that happens to be a real Slurm job's is never taken for it."""
     found = {}

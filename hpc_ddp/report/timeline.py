@@ -25,14 +25,22 @@ and MTBF = allocated time / failures, all in seconds.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpc_ddp.report.records import (AttemptLine, Segment, int_or_none, num, progress_points, segments,
-                                    time_at_step)
+from hpc_ddp.report.records import (
+    AttemptLine,
+    Segment,
+    int_or_none,
+    num,
+    progress_points,
+    segments,
+    time_at_step,
+)
 
 # Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
 # count as failures for the MTBF. A preemption saves at an agreed step and loses nothing (unless it lost
@@ -124,9 +132,13 @@ class Summary:
 
 # ----- the attempts and the summary -----------------------------------------------------------------------
 
-def build_attempts(records: Sequence[Mapping[str, Any]], lines: Sequence[AttemptLine],
-                   slurm: Mapping[tuple[str, int], Window] | None = None,
-                   running: bool = True) -> list[Attempt]:
+
+def build_attempts(
+    records: Sequence[Mapping[str, Any]],
+    lines: Sequence[AttemptLine],
+    slurm: Mapping[tuple[str, int], Window] | None = None,
+    running: bool = True,
+) -> list[Attempt]:
     """Every attempt of the run, oldest first, from metrics records and attempts.jsonl lines (either may be
     empty) and, where known, Slurm's start and end of each attempt (for the queue waits). `running`: a run
     holds the folder now (its run.lock); if not, a last attempt that never ended was killed."""
@@ -144,7 +156,7 @@ def build_attempts(records: Sequence[Mapping[str, Any]], lines: Sequence[Attempt
     drafts.sort(key=lambda d: _first_time(*d))
     nexts = [_resume_step(d[0], d[1]) for d in drafts[1:]] + [None]
     attempts: list[Attempt] = []
-    for i, ((seg, line), next_resume) in enumerate(zip(drafts, nexts)):
+    for i, ((seg, line), next_resume) in enumerate(zip(drafts, nexts, strict=True)):
         attempt = _attempt(seg, line, next_resume, is_last=i == len(drafts) - 1, running=running)
         attempts.append(_with_queue(attempt, attempts[-1] if attempts else None, slurm or {}))
     return attempts
@@ -173,26 +185,38 @@ def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
     return line.resumed_from if line is not None else None
 
 
-def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | None,
-             is_last: bool, running: bool) -> Attempt:
+def _attempt(
+    seg: Segment | None, line: AttemptLine | None, next_resume: int | None, is_last: bool, running: bool
+) -> Attempt:
     seg = seg or Segment(None, ())
     points = progress_points(seg)
     start = seg.start or {}
     first_step = num(start.get("time")) if seg.start is not None else (points[0][0] if points else None)
     process_start = _process_start(seg)
     if process_start is None:
-        process_start = (line.start_time if line and line.start_time is not None else
-                         line.end_time if line and line.end_time is not None else 0.0)
+        process_start = (
+            line.start_time
+            if line and line.start_time is not None
+            else line.end_time
+            if line and line.end_time is not None
+            else 0.0
+        )
     resumed_at = _resume_step(seg, line) or 0
     if first_step is not None:
         points = [(first_step, resumed_at)] + points
     ends = [r for r in seg.records if r.get("event") == "end"]
-    saves = [(int_or_none(r.get("step")), num(r.get("stall_s")) or 0.0) for r in seg.records
-             if r.get("event") == "save"]
+    saves = [
+        (int_or_none(r.get("step")), num(r.get("stall_s")) or 0.0)
+        for r in seg.records
+        if r.get("event") == "save"
+    ]
     last_time = max((t for r in seg.records if (t := num(r.get("time"))) is not None), default=None)
     end = max(t for t in (last_time, line.end_time if line else None, process_start) if t is not None)
-    last_step = max([s for _, s in points] + [s for s, _ in saves if s is not None]
-                    + [line.step if line and line.step is not None else resumed_at])
+    last_step = max(
+        [s for _, s in points]
+        + [s for s, _ in saves if s is not None]
+        + [line.step if line and line.step is not None else resumed_at]
+    )
     # The step a later attempt resumed from (or, for the last one, the checkpoint it ended with) is what was
     # kept; the steps after it were trained for nothing.
     checkpoint = next_resume if next_resume is not None else (line.checkpoint if line else None)
@@ -205,17 +229,37 @@ def _attempt(seg: Segment | None, line: AttemptLine | None, next_resume: int | N
         startup = first_step - process_start
         productive, lost = _kept_and_lost(points, saves, first_step, t_last, kept_step, last_step)
     outcome = line.outcome if line and line.outcome else _outcome_from_metrics(bool(ends), is_last, running)
-    return Attempt(job=line.job if line else str(start.get("job") or "?"),
-                   restart=line.restart if line else int_or_none(start.get("restart")) or 0,
-                   process_start=process_start, first_step=first_step, end=end, outcome=outcome,
-                   resumed_at=resumed_at, last_step=last_step, kept_step=kept_step, startup_s=startup,
-                   productive_s=productive, stalls_s=stalls, lost_s=lost, after_s=end - t_last,
-                   saves=len(saves), queue_before_s=0.0, nodes=line.nodes if line else (),
-                   reason=line.reason if line else "", decision=line.decision if line else "")
+    return Attempt(
+        job=line.job if line else str(start.get("job") or "?"),
+        restart=line.restart if line else int_or_none(start.get("restart")) or 0,
+        process_start=process_start,
+        first_step=first_step,
+        end=end,
+        outcome=outcome,
+        resumed_at=resumed_at,
+        last_step=last_step,
+        kept_step=kept_step,
+        startup_s=startup,
+        productive_s=productive,
+        stalls_s=stalls,
+        lost_s=lost,
+        after_s=end - t_last,
+        saves=len(saves),
+        queue_before_s=0.0,
+        nodes=line.nodes if line else (),
+        reason=line.reason if line else "",
+        decision=line.decision if line else "",
+    )
 
 
-def _kept_and_lost(points: Sequence[tuple[float, int]], saves: Sequence[tuple[int | None, float]],
-                   first_step: float, t_last: float, kept_step: int, last_step: int) -> tuple[float, float]:
+def _kept_and_lost(
+    points: Sequence[tuple[float, int]],
+    saves: Sequence[tuple[int | None, float]],
+    first_step: float,
+    t_last: float,
+    kept_step: int,
+    last_step: int,
+) -> tuple[float, float]:
     """(productive, lost) seconds of an attempt that trained from `first_step` to `t_last` and kept the
     steps up to `kept_step`. A save stalls training right after its step (its record comes later, once
     written): its stall is taken from the kept part if its step was kept, else from the lost part."""
@@ -235,8 +279,9 @@ def _outcome_from_metrics(ended: bool, is_last: bool, running: bool) -> str:
     return "running" if is_last and running else "cut"
 
 
-def _with_queue(attempt: Attempt, previous: Attempt | None,
-                slurm: Mapping[tuple[str, int], Window]) -> Attempt:
+def _with_queue(
+    attempt: Attempt, previous: Attempt | None, slurm: Mapping[tuple[str, int], Window]
+) -> Attempt:
     if previous is None:
         return attempt
     mine, theirs = slurm.get((attempt.job, attempt.restart)), slurm.get((previous.job, previous.restart))
@@ -247,38 +292,70 @@ def _with_queue(attempt: Attempt, previous: Attempt | None,
     return replace(attempt, queue_before_s=max(0.0, wait))
 
 
-def summarize(records: Sequence[Mapping[str, Any]], lines: Sequence[AttemptLine] = (),
-              slurm: Mapping[tuple[str, int], Window] | None = None, running: bool = True) -> Summary:
+def summarize(
+    records: Sequence[Mapping[str, Any]],
+    lines: Sequence[AttemptLine] = (),
+    slurm: Mapping[tuple[str, int], Window] | None = None,
+    running: bool = True,
+) -> Summary:
     """The run's numbers from its metrics records, its attempts lines and Slurm's windows (all optional)."""
     attempts = build_attempts(records, lines, slurm, running)
-    losses = [(int(r["step"]), loss) for r in records if r.get("event") == "step"
-              and int_or_none(r.get("step")) is not None and (loss := num(r.get("loss"))) is not None]
+    losses = [
+        (int(r["step"]), loss)
+        for r in records
+        if r.get("event") == "step"
+        and int_or_none(r.get("step")) is not None
+        and (loss := num(r.get("loss"))) is not None
+    ]
     if not losses:
-        losses = [(int(r["step"]), loss) for r in records if r.get("event") == "epoch"
-                  and int_or_none(r.get("step")) is not None and (loss := num(r.get("loss"))) is not None]
+        losses = [
+            (int(r["step"]), loss)
+            for r in records
+            if r.get("event") == "epoch"
+            and int_or_none(r.get("step")) is not None
+            and (loss := num(r.get("loss"))) is not None
+        ]
     best = min(losses, key=lambda p: p[1]) if losses else None
     final = max(enumerate(losses), key=lambda p: (p[1][0], p[0]))[1][1] if losses else None
     saves = [r for r in records if r.get("event") == "save"]
-    costs = [c for r in saves if not r.get("final") and (c := num(r.get("stall_s"))) is not None] or \
-        [c for r in saves if (c := num(r.get("stall_s"))) is not None]
+    costs = [c for r in saves if not r.get("final") and (c := num(r.get("stall_s"))) is not None] or [
+        c for r in saves if (c := num(r.get("stall_s"))) is not None
+    ]
     save_cost = statistics.fmean(costs) if costs else None
     allocated = sum(a.allocated_s for a in attempts)
     failures = sum(a.failure for a in attempts)
     mtbf = allocated / failures if failures else None
-    step_times = [t for r in records
-                  if r.get("event") == "step" and (t := num(r.get("step_time_s"))) is not None]
-    step_times = step_times or [t for r in records if r.get("event") == "end"
-                                and (t := num(r.get("median_step_time_s"))) is not None and t > 0]
+    step_times = [
+        t for r in records if r.get("event") == "step" and (t := num(r.get("step_time_s"))) is not None
+    ]
+    step_times = step_times or [
+        t
+        for r in records
+        if r.get("event") == "end" and (t := num(r.get("median_step_time_s"))) is not None and t > 0
+    ]
     return Summary(
-        attempts=tuple(attempts), steps=max((a.last_step for a in attempts), default=0),
-        final_loss=final, best_loss=best[1] if best else None, best_step=best[0] if best else None,
-        allocated_s=allocated, productive_s=sum(a.productive_s for a in attempts),
-        startup_s=sum(a.startup_s for a in attempts), stalls_s=sum(a.stalls_s for a in attempts),
-        lost_s=sum(a.lost_s for a in attempts), after_s=sum(a.after_s for a in attempts),
-        queue_s=sum(a.queue_before_s for a in attempts), lost_steps=sum(a.lost_steps for a in attempts),
-        failures=failures, saves=len(saves), save_cost_s=save_cost, save_interval_s=_save_interval(records),
-        mtbf_s=mtbf, best_interval_s=young_daly(save_cost, mtbf),
-        step_time_s=statistics.median(step_times) if step_times else None, state=_state(attempts, running))
+        attempts=tuple(attempts),
+        steps=max((a.last_step for a in attempts), default=0),
+        final_loss=final,
+        best_loss=best[1] if best else None,
+        best_step=best[0] if best else None,
+        allocated_s=allocated,
+        productive_s=sum(a.productive_s for a in attempts),
+        startup_s=sum(a.startup_s for a in attempts),
+        stalls_s=sum(a.stalls_s for a in attempts),
+        lost_s=sum(a.lost_s for a in attempts),
+        after_s=sum(a.after_s for a in attempts),
+        queue_s=sum(a.queue_before_s for a in attempts),
+        lost_steps=sum(a.lost_steps for a in attempts),
+        failures=failures,
+        saves=len(saves),
+        save_cost_s=save_cost,
+        save_interval_s=_save_interval(records),
+        mtbf_s=mtbf,
+        best_interval_s=young_daly(save_cost, mtbf),
+        step_time_s=statistics.median(step_times) if step_times else None,
+        state=_state(attempts, running),
+    )
 
 
 def young_daly(save_cost_s: float | None, mtbf_s: float | None) -> float | None:
@@ -295,11 +372,16 @@ def _save_interval(records: Sequence[Mapping[str, Any]]) -> float | None:
     gaps: list[float] = []
     for seg in segments(records):
         points = progress_points(seg)
-        steps = [s for r in seg.records if r.get("event") == "save" and not r.get("final")
-                 and (s := int_or_none(r.get("step"))) is not None]
+        steps = [
+            s
+            for r in seg.records
+            if r.get("event") == "save"
+            and not r.get("final")
+            and (s := int_or_none(r.get("step"))) is not None
+        ]
         if points:
             times = [time_at_step(points, s) for s in steps]
-            gaps += [b - a for a, b in zip(times, times[1:])]
+            gaps += [b - a for a, b in itertools.pairwise(times)]
     return statistics.fmean(gaps) if gaps else None
 
 

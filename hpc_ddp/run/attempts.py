@@ -108,10 +108,27 @@ def _ends_with_newline(target: Path) -> bool:
         return f.read(1) == b"\n"
 
 
-def record_start(folder: Path, job: str, restart: int, nodes: Iterable[str], ranks: Iterable[str],
-                 resumed_from: int | None, now: float | None = None) -> None:
-    append(folder, {"event": "start", "job": job, "restart": restart, "time": round(now or time.time(), 3),
-                    "nodes": list(nodes), "ranks": list(ranks), "resumed_from": resumed_from})
+def record_start(
+    folder: Path,
+    job: str,
+    restart: int,
+    nodes: Iterable[str],
+    ranks: Iterable[str],
+    resumed_from: int | None,
+    now: float | None = None,
+) -> None:
+    append(
+        folder,
+        {
+            "event": "start",
+            "job": job,
+            "restart": restart,
+            "time": round(now or time.time(), 3),
+            "nodes": list(nodes),
+            "ranks": list(ranks),
+            "resumed_from": resumed_from,
+        },
+    )
 
 
 def worth_recording(attempt: Attempt) -> bool:
@@ -122,11 +139,25 @@ def worth_recording(attempt: Attempt) -> bool:
 
 
 def record_end(folder: Path, attempt: Attempt, now: float | None = None) -> None:
-    append(folder, {"event": "end", "job": attempt.job, "restart": attempt.restart,
-                    "time": round(now or attempt.ended or time.time(), 3), "outcome": attempt.outcome,
-                    "step": attempt.step, "checkpoint": attempt.checkpoint, "rank": attempt.rank,
-                    "node": attempt.node, "blamed": attempt.blamed, "reason": attempt.reason, "signature": attempt.signature,
-                    "decision": attempt.decision, "exclude": list(attempt.exclude)})
+    append(
+        folder,
+        {
+            "event": "end",
+            "job": attempt.job,
+            "restart": attempt.restart,
+            "time": round(now or attempt.ended or time.time(), 3),
+            "outcome": attempt.outcome,
+            "step": attempt.step,
+            "checkpoint": attempt.checkpoint,
+            "rank": attempt.rank,
+            "node": attempt.node,
+            "blamed": attempt.blamed,
+            "reason": attempt.reason,
+            "signature": attempt.signature,
+            "decision": attempt.decision,
+            "exclude": list(attempt.exclude),
+        },
+    )
 
 
 def read_lines(folder: Path) -> list[dict[str, Any]]:
@@ -156,14 +187,28 @@ def merge(records: Iterable[dict[str, Any]]) -> list[Attempt]:
             continue
         a = merged.get(key) or Attempt(job=key[0], restart=key[1], number=len(merged) + 1)
         if r["event"] == "start":
-            a = replace(a, started=_num(r.get("time")), nodes=tuple(r.get("nodes") or ()),
-                        ranks=tuple(r.get("ranks") or ()), resumed_from=_int(r.get("resumed_from")))
+            a = replace(
+                a,
+                started=_num(r.get("time")),
+                nodes=tuple(r.get("nodes") or ()),
+                ranks=tuple(r.get("ranks") or ()),
+                resumed_from=_int(r.get("resumed_from")),
+            )
         else:
-            a = replace(a, ended=_num(r.get("time")), outcome=str(r.get("outcome") or LOST),
-                        step=_int(r.get("step")), checkpoint=_int(r.get("checkpoint")), rank=_int(r.get("rank")),
-                        node=r.get("node") or None, blamed=bool(r.get("blamed")), reason=str(r.get("reason") or ""),
-                        signature=str(r.get("signature") or ""), decision=str(r.get("decision") or ""),
-                        exclude=tuple(r.get("exclude") or ()))
+            a = replace(
+                a,
+                ended=_num(r.get("time")),
+                outcome=str(r.get("outcome") or LOST),
+                step=_int(r.get("step")),
+                checkpoint=_int(r.get("checkpoint")),
+                rank=_int(r.get("rank")),
+                node=r.get("node") or None,
+                blamed=bool(r.get("blamed")),
+                reason=str(r.get("reason") or ""),
+                signature=str(r.get("signature") or ""),
+                decision=str(r.get("decision") or ""),
+                exclude=tuple(r.get("exclude") or ()),
+            )
         merged[key] = a
     return list(merged.values())
 
@@ -213,6 +258,9 @@ def step_reached(folder: Path, since: float) -> int | None:
     as its periodic progress records tell."""
     from hpc_ddp.run.metrics import read_records
 
-    steps = [int(r["step"]) for r in read_records(Path(folder) / "metrics.jsonl")
-             if isinstance(r.get("step"), int) and float(r.get("time") or 0) >= since]
+    steps = [
+        int(r["step"])
+        for r in read_records(Path(folder) / "metrics.jsonl")
+        if isinstance(r.get("step"), int) and float(r.get("time") or 0) >= since
+    ]
     return max(steps, default=None)

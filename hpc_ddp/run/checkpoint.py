@@ -90,8 +90,9 @@ class _EarlyWriteback:
         if self.written - self.started >= self.CHUNK and hasattr(os, "posix_fadvise"):
             self.f.flush()
             # On dirty pages, DONTNEED starts their writeback and returns without waiting for it (Linux).
-            os.posix_fadvise(self.f.fileno(), self.started, self.written - self.started,
-                             os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(
+                self.f.fileno(), self.started, self.written - self.started, os.POSIX_FADV_DONTNEED
+            )
             self.started = self.written
         return n
 
@@ -170,7 +171,7 @@ class _Sha256Pipe:
         view = memoryview(data).cast("B")
         while view:
             n = min(len(view), self.CHUNK - self._used)
-            self._buffer[self._used:self._used + n] = view[:n]
+            self._buffer[self._used : self._used + n] = view[:n]
             self._used += n
             view = view[n:]
             if self._used == self.CHUNK:
@@ -255,11 +256,13 @@ class _Unsavable(Exception):
     def message(self, what: str) -> str:
         where = what + "".join(f"[{k!r}]" for k in reversed(self.where))
         kind = type(self.value)
-        return (f"{where} is a {kind.__module__}.{kind.__qualname__} ({repr(self.value)[:60]}), which a "
-                "checkpoint cannot hold: torch.load(weights_only=True) refuses it, so the checkpoint could never "
-                "be resumed. Fix: keep plain Python numbers, strings, lists, dicts and torch tensors in the "
-                "model's and optimizer's state (or register the type with torch.serialization.add_safe_globals "
-                "in your task module)")
+        return (
+            f"{where} is a {kind.__module__}.{kind.__qualname__} ({repr(self.value)[:60]}), which a "
+            "checkpoint cannot hold: torch.load(weights_only=True) refuses it, so the checkpoint could never "
+            "be resumed. Fix: keep plain Python numbers, strings, lists, dicts and torch tensors in the "
+            "model's and optimizer's state (or register the type with torch.serialization.add_safe_globals "
+            "in your task module)"
+        )
 
 
 def _copy(obj: Any) -> Any:
@@ -322,7 +325,11 @@ def _leaf(obj: Any) -> Any:
     kind = type(obj)
     if kind.__module__ == "numpy" and getattr(obj, "ndim", None) == 0 and hasattr(obj, "item"):
         return obj.item()
-    if kind is complex or isinstance(obj, (torch.dtype, torch.device)) or _qualname(kind) in _loadable_globals():
+    if (
+        kind is complex
+        or isinstance(obj, (torch.dtype, torch.device))
+        or _qualname(kind) in _loadable_globals()
+    ):
         return obj
     raise _Unsavable(obj)
 
@@ -353,13 +360,20 @@ _SCALARS = frozenset({int, float, bool, str, bytes, type(None)})
 def require_finite(model_state: dict[str, Any], names: Iterable[str], step: int) -> None:
     """Refuse to write weights that are NaN or infinite (an update that overflowed): the checkpoint would
     replace a good one. Only `names` (the parameters) are checked: buffers may hold -inf on purpose (masks)."""
-    bad = [n for n in names if isinstance(model_state.get(n), torch.Tensor) and model_state[n].is_floating_point()
-           and not bool(torch.isfinite(model_state[n]).all())]
+    bad = [
+        n
+        for n in names
+        if isinstance(model_state.get(n), torch.Tensor)
+        and model_state[n].is_floating_point()
+        and not bool(torch.isfinite(model_state[n]).all())
+    ]
     if bad:
-        raise NonFinite(f"the weights at step {step} are not finite ({', '.join(bad[:3])}"
-                        f"{', ...' if len(bad) > 3 else ''}): the update before it overflowed. That checkpoint was "
-                        "not written, and the earlier ones are kept. Fix: a smaller --lr (or --clip-grad), then "
-                        "run the same command to resume from the last good checkpoint")
+        raise NonFinite(
+            f"the weights at step {step} are not finite ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}): the update before it overflowed. That checkpoint was "
+            "not written, and the earlier ones are kept. Fix: a smaller --lr (or --clip-grad), then "
+            "run the same command to resume from the last good checkpoint"
+        )
 
 
 def list_checkpoints(folder: str | os.PathLike[str]) -> list[Path]:
@@ -374,8 +388,11 @@ def list_checkpoints(folder: str | os.PathLike[str]) -> list[Path]:
 def remove_stale_temporaries(folder: str | os.PathLike[str]) -> int:
     """Delete temporary files a killed writer left behind (called by rank 0 at start, before any new save)."""
     directory = ckpt_dir(folder)
-    stale = [p for p in directory.iterdir() if p.name.startswith(".") and ".tmp-" in p.name] \
-        if directory.is_dir() else []
+    stale = (
+        [p for p in directory.iterdir() if p.name.startswith(".") and ".tmp-" in p.name]
+        if directory.is_dir()
+        else []
+    )
     for path in stale:
         path.unlink(missing_ok=True)
     return len(stale)
@@ -399,13 +416,20 @@ def read_latest(folder: str | os.PathLike[str], warn: Callable[[str], None] | No
     if _NAME.match(name) and path.is_file():
         return path
     if warn is not None and name:
-        warn(f"{pointer} names {name[:80]!r}, which is not a checkpoint of this folder; using the newest "
-             "checkpoint that loads instead")
+        warn(
+            f"{pointer} names {name[:80]!r}, which is not a checkpoint of this folder; using the newest "
+            "checkpoint that loads instead"
+        )
     return None
 
 
-def commit(folder: str | os.PathLike[str], state: dict[str, Any], step: int, keep: int,
-           save: Callable[[Any, Path], int] = atomic_save) -> tuple[Path, int]:
+def commit(
+    folder: str | os.PathLike[str],
+    state: dict[str, Any],
+    step: int,
+    keep: int,
+    save: Callable[[Any, Path], int] = atomic_save,
+) -> tuple[Path, int]:
     """Write checkpoint `step` with `save` (durable, renamed into place, when it returns), point `latest` at
     it, then drop all but the newest `keep` of its line. Returns the checkpoint's path and size.
 
@@ -417,7 +441,7 @@ def commit(folder: str | os.PathLike[str], state: dict[str, Any], step: int, kee
     path = directory / ckpt_name(step)
     nbytes = save(state, path)
     atomic_write_bytes(directory / LATEST, (path.name + "\n").encode())
-    for old in [p for p in list_checkpoints(folder) if ckpt_step(p) < step][keep - 1:]:
+    for old in [p for p in list_checkpoints(folder) if ckpt_step(p) < step][keep - 1 :]:
         remove(old)
     return path, nbytes
 
@@ -443,19 +467,24 @@ def load(path: str | os.PathLike[str], map_location: Any = "cpu", verify: bool =
         try:
             actual = file_sha256(path)
         except OSError as e:
-            raise CheckpointCorrupt(f"checkpoint {path} cannot be loaded safely: it cannot be read "
-                                    f"({e.strerror or e})") from e
+            raise CheckpointCorrupt(
+                f"checkpoint {path} cannot be loaded safely: it cannot be read ({e.strerror or e})"
+            ) from e
         if actual != expected:
-            raise CheckpointCorrupt(f"checkpoint {path} cannot be loaded safely: it is corrupt (its SHA-256 is "
-                                    f"{actual[:16]}..., {checksum_path(path).name} recorded {expected[:16]}... "
-                                    "when it was written)")
+            raise CheckpointCorrupt(
+                f"checkpoint {path} cannot be loaded safely: it is corrupt (its SHA-256 is "
+                f"{actual[:16]}..., {checksum_path(path).name} recorded {expected[:16]}... "
+                "when it was written)"
+            )
     try:
         state = _load_weights_only(path, map_location)
     except CheckpointError:
         raise
     except Exception as e:  # a torn zip, a damaged pickle
-        raise CheckpointCorrupt(f"checkpoint {path} cannot be loaded safely: it is corrupt "
-                                f"({str(e).splitlines()[0][:300] if str(e) else type(e).__name__})") from e
+        raise CheckpointCorrupt(
+            f"checkpoint {path} cannot be loaded safely: it is corrupt "
+            f"({str(e).splitlines()[0][:300] if str(e) else type(e).__name__})"
+        ) from e
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not an hpc_ddp checkpoint (no 'model' entry)")
     return state
@@ -472,10 +501,12 @@ def _load_weights_only(path: Path, map_location: Any) -> Any:
         with torch.serialization.safe_globals([_resolve(name) for name in refused] + _numpy_dtype_classes()):
             return torch.load(path, map_location=map_location, weights_only=True)
     names = ", ".join(refused) or "objects"
-    raise CheckpointRefused(f"checkpoint {path} cannot be loaded safely: it is intact, but holds {names}, which a "
-                            "weights_only load refuses (unpickling them could run code). Fix: resume from "
-                            "another checkpoint (--resume PATH), or another --folder; load it yourself only if "
-                            "you trust where it came from")
+    raise CheckpointRefused(
+        f"checkpoint {path} cannot be loaded safely: it is intact, but holds {names}, which a "
+        "weights_only load refuses (unpickling them could run code). Fix: resume from "
+        "another checkpoint (--resume PATH), or another --folder; load it yourself only if "
+        "you trust where it came from"
+    )
 
 
 def _refused_globals(path: Path, message: str) -> list[str]:
@@ -499,7 +530,9 @@ def _resolve(name: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def find_resumable(folder: str | os.PathLike[str], warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
+def find_resumable(
+    folder: str | os.PathLike[str], warn: Callable[[str], None]
+) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint of `folder` that loads, starting at `latest`; each bad one is reported and skipped.
     An unreadable `latest` is reported and the checkpoints are tried newest first."""
     candidates = list_checkpoints(folder)
@@ -518,7 +551,8 @@ def retriable(error: BaseException) -> bool:
     """A write error that may go away by itself: a full disk or quota, a file server's hiccup (OSError), but
     not a path that is a file where a folder must be, nor a permission denied."""
     return isinstance(error, OSError) and not isinstance(
-        error, (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError))
+        error, (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
+    )
 
 
 class AsyncWriter:
@@ -533,8 +567,12 @@ class AsyncWriter:
     that no retry cures, `check()` returns the error: the run must stop.
     """
 
-    def __init__(self, warn: Callable[[str], None] | None = None, retries: int = SAVE_RETRIES,
-                 backoff_s: float | None = None) -> None:
+    def __init__(
+        self,
+        warn: Callable[[str], None] | None = None,
+        retries: int = SAVE_RETRIES,
+        backoff_s: float | None = None,
+    ) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last: tuple[Path, int] | None = None
@@ -543,7 +581,9 @@ class AsyncWriter:
         self.backoff_s = SAVE_BACKOFF_S if backoff_s is None else backoff_s
         self.failures = 0  # consecutive failed attempts
         self.fatal: BaseException | None = None  # saving keeps failing: whoever checks must stop
-        self._job: Callable[[], tuple[Path, int]] | None = None  # the newest state's write, until it is durable
+        self._job: Callable[[], tuple[Path, int]] | None = (
+            None  # the newest state's write, until it is durable
+        )
         self._failed: BaseException | None = None  # the last failure, while a retry of it is pending
         self._retry_at: float | None = None
 
@@ -577,15 +617,22 @@ class AsyncWriter:
             return
         delay = self.backoff_s * 2 ** (self.failures - 1)
         self._retry_at = time.monotonic() + delay
-        self.warn(f"a checkpoint could not be written ({describe(error)}); retry {self.failures} of {self.retries} "
-                  f"in {delay:g} s, training goes on")
+        self.warn(
+            f"a checkpoint could not be written ({describe(error)}); retry {self.failures} of {self.retries} "
+            f"in {delay:g} s, training goes on"
+        )
 
     def check(self) -> BaseException | None:
         """Non-blocking, every step: book a write that ended, start a retry that is due. The error that must
         stop the run, once saving keeps failing; else None."""
         self._collect(block=False)
-        if (self.fatal is None and self._retry_at is not None and self._job is not None and self._thread is None
-                and time.monotonic() >= self._retry_at):
+        if (
+            self.fatal is None
+            and self._retry_at is not None
+            and self._job is not None
+            and self._thread is None
+            and time.monotonic() >= self._retry_at
+        ):
             self._retry_at = None
             self._start(self._job)
         return self.fatal

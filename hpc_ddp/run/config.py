@@ -28,91 +28,171 @@ MAX_TIMEOUT_S = 30 * 86400.0  # timedelta and faulthandler overflow on absurd va
 class TrainConfig:
     """Everything a task needs to train; every field is a `--flag` (underscores become dashes)."""
 
-    task: str = field(default="linear", metadata={"help": "built-in task (linear, mlp) or module.path:function "
-                                                          "returning an hpc_ddp.Task (imported from the working "
-                                                          "directory or PYTHONPATH)"})
+    task: str = field(
+        default="linear",
+        metadata={
+            "help": "built-in task (linear, mlp) or module.path:function "
+            "returning an hpc_ddp.Task (imported from the working "
+            "directory or PYTHONPATH)"
+        },
+    )
     epochs: int = field(default=10, metadata={"help": "epochs to train; counted from 0"})
     batch_size: int = field(default=32, metadata={"help": "samples per rank per micro-step"})
     lr: float = field(default=0.01, metadata={"help": "learning rate of the default SGD optimizer"})
     seed: int = field(default=0, metadata={"help": "seed for model init, data order and every rank's RNG"})
-    folder: str = field(default="", metadata={"help": "run folder on shared storage: checkpoints, model.pth, "
-                                                      "metrics, run.json (default: runs/<job id>)"})
-    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step; gradients are "
-                                                         "all-reduced on the last one only"})
-    amp: str = field(default="none", metadata={"help": "autocast dtype: none, bf16 or fp16 (fp16 uses a "
-                                                       "GradScaler)", "choices": AMP_CHOICES})
+    folder: str = field(
+        default="",
+        metadata={
+            "help": "run folder on shared storage: checkpoints, model.pth, "
+            "metrics, run.json (default: runs/<job id>)"
+        },
+    )
+    grad_accum: int = field(
+        default=1,
+        metadata={"help": "micro-batches per optimizer step; gradients are all-reduced on the last one only"},
+    )
+    amp: str = field(
+        default="none",
+        metadata={
+            "help": "autocast dtype: none, bf16 or fp16 (fp16 uses a GradScaler)",
+            "choices": AMP_CHOICES,
+        },
+    )
     clip_grad: float = field(default=0.0, metadata={"help": "clip the gradient norm to this value (0: off)"})
-    max_steps: int = field(default=0, metadata={"help": "stop after this many optimizer steps in total (0: "
-                                                        "no limit)"})
+    max_steps: int = field(
+        default=0, metadata={"help": "stop after this many optimizer steps in total (0: no limit)"}
+    )
     save_every_epochs: int = field(default=1, metadata={"help": "checkpoint every N epochs (0: off)"})
     save_every_steps: int = field(default=0, metadata={"help": "checkpoint every N optimizer steps (0: off)"})
     keep: int = field(default=3, metadata={"help": "checkpoints to keep in the run folder"})
-    resume: str = field(default="auto", metadata={"help": "auto: continue from the run folder's latest "
-                                                          "checkpoint; never; or a checkpoint PATH (first start "
-                                                          "only; a requeued run always resumes its own latest)"})
-    overwrite: bool = field(default=False, metadata={"help": "with --resume never: delete the folder's "
-                                                             "checkpoints instead of refusing to start"})
-    deterministic: bool = field(default=False, metadata={"help": "deterministic algorithms and data order: a "
-                                                                 "resumed run ends bitwise equal to an "
-                                                                 "uninterrupted one"})
+    resume: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: continue from the run folder's latest "
+            "checkpoint; never; or a checkpoint PATH (first start "
+            "only; a requeued run always resumes its own latest)"
+        },
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "with --resume never: delete the folder's checkpoints instead of refusing to start"
+        },
+    )
+    deterministic: bool = field(
+        default=False,
+        metadata={
+            "help": "deterministic algorithms and data order: a "
+            "resumed run ends bitwise equal to an "
+            "uninterrupted one"
+        },
+    )
     max_requeue: int = field(default=3, metadata={"help": "times a preempted run may requeue itself"})
-    max_restarts: int = field(default=3, metadata={"help": (
-        "times a failed run starts again from its latest checkpoint (a rank raising or killed, a hang verdict, a "
-        "lost node), counted apart from --max-requeue; a crash loop (the same error twice without a newer "
-        "checkpoint) stops earlier. 0: no retry (default: 3)")})
-    requeue_by: str = field(default="auto", metadata={
-        "help": "who restarts a preempted run: scontrol (rank 0 runs `scontrol requeue` for the job), launcher "
-                "(every task exits 75 and its launcher or batch script starts it again; submit --local passes "
-                "this), or auto: scontrol inside a real Slurm job with scontrol on PATH, else the launcher",
-        "choices": REQUEUE_BY})
-    backend: str = field(default="", metadata={"help": "process-group backend (default: nccl on GPU, gloo "
-                                                       "on CPU)"})
-    timeout_s: float = field(default=600.0, metadata={"help": "seconds a collective may wait for a peer "
-                                                              "before the job fails (stacks dumped first)"})
-    hang_timeout_s: str = field(default="auto", metadata={"help": (
-        "seconds a rank may stay in one phase (data, forward/backward, all-reduce, ...) at one step before the "
-        "hang watchdog names the stalled rank, its host and its line, writes <folder>/hang.json and ends the run "
-        "with exit code 76. auto: 20 median step times, at least 60 s, at most half of --timeout-s (half of "
-        "--timeout-s during startup, saves and the first 3 steps); 0: no watchdog; a number: that many seconds, "
-        "below --timeout-s (default: auto)")})
-    num_workers: int = field(default=-1, metadata={"help": "DataLoader workers per rank (-1: 0 on CPU, 2 "
-                                                           "per GPU rank)"})
-    log_every_s: float = field(default=30.0, metadata={"help": "seconds between rank 0's progress lines in its "
-                                                               "log and records in metrics.jsonl (on a terminal, "
-                                                               "a live line is also updated in place)"})
-    tensorboard: bool = field(default=False, metadata={"help": "rank 0 writes TensorBoard scalars (loss, learning "
-                                                               "rate, samples/s, step time, per-rank step time, "
-                                                               "checkpoint stall, data wait) to <folder>/tb/ "
-                                                               "(needs: pip install 'hpc-ddp[tensorboard]')"})
-    nonfinite_loss: str = field(default="stop", metadata={"help": "when the loss averaged over all ranks is NaN "
-                                                                  "or infinite: stop (exit 65; that update is "
-                                                                  "not applied and nothing is saved after the "
-                                                                  "last finite step) or skip the step (the run "
-                                                                  "still stops after 10 in a row)",
-                                                          "choices": NONFINITE_CHOICES})
+    max_restarts: int = field(
+        default=3,
+        metadata={
+            "help": (
+                "times a failed run starts again from its latest checkpoint (a rank raising or killed, a hang verdict, a "
+                "lost node), counted apart from --max-requeue; a crash loop (the same error twice without a newer "
+                "checkpoint) stops earlier. 0: no retry (default: 3)"
+            )
+        },
+    )
+    requeue_by: str = field(
+        default="auto",
+        metadata={
+            "help": "who restarts a preempted run: scontrol (rank 0 runs `scontrol requeue` for the job), launcher "
+            "(every task exits 75 and its launcher or batch script starts it again; submit --local passes "
+            "this), or auto: scontrol inside a real Slurm job with scontrol on PATH, else the launcher",
+            "choices": REQUEUE_BY,
+        },
+    )
+    backend: str = field(
+        default="", metadata={"help": "process-group backend (default: nccl on GPU, gloo on CPU)"}
+    )
+    timeout_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "seconds a collective may wait for a peer before the job fails (stacks dumped first)"
+        },
+    )
+    hang_timeout_s: str = field(
+        default="auto",
+        metadata={
+            "help": (
+                "seconds a rank may stay in one phase (data, forward/backward, all-reduce, ...) at one step before the "
+                "hang watchdog names the stalled rank, its host and its line, writes <folder>/hang.json and ends the run "
+                "with exit code 76. auto: 20 median step times, at least 60 s, at most half of --timeout-s (half of "
+                "--timeout-s during startup, saves and the first 3 steps); 0: no watchdog; a number: that many seconds, "
+                "below --timeout-s (default: auto)"
+            )
+        },
+    )
+    num_workers: int = field(
+        default=-1, metadata={"help": "DataLoader workers per rank (-1: 0 on CPU, 2 per GPU rank)"}
+    )
+    log_every_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "seconds between rank 0's progress lines in its "
+            "log and records in metrics.jsonl (on a terminal, "
+            "a live line is also updated in place)"
+        },
+    )
+    tensorboard: bool = field(
+        default=False,
+        metadata={
+            "help": "rank 0 writes TensorBoard scalars (loss, learning "
+            "rate, samples/s, step time, per-rank step time, "
+            "checkpoint stall, data wait) to <folder>/tb/ "
+            "(needs: pip install 'hpc-ddp[tensorboard]')"
+        },
+    )
+    nonfinite_loss: str = field(
+        default="stop",
+        metadata={
+            "help": "when the loss averaged over all ranks is NaN "
+            "or infinite: stop (exit 65; that update is "
+            "not applied and nothing is saved after the "
+            "last finite step) or skip the step (the run "
+            "still stops after 10 in a row)",
+            "choices": NONFINITE_CHOICES,
+        },
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # nan/inf pass every comparison below the wrong way
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise UsageError(f"--{_flag(f.name)} {value}: must be a finite number (default: {f.default})")
-        positive = {"epochs": self.epochs, "batch_size": self.batch_size, "grad_accum": self.grad_accum,
-                    "keep": self.keep}
+        positive = {
+            "epochs": self.epochs,
+            "batch_size": self.batch_size,
+            "grad_accum": self.grad_accum,
+            "keep": self.keep,
+        }
         for name, value in positive.items():
             if value <= 0:
                 raise UsageError(f"--{_flag(name)} {value}: must be at least 1")
-        non_negative = {"max_steps": self.max_steps, "save_every_epochs": self.save_every_epochs,
-                        "save_every_steps": self.save_every_steps, "max_requeue": self.max_requeue,
-                        "max_restarts": self.max_restarts,
-                        "clip_grad": self.clip_grad, "log_every_s": self.log_every_s}
+        non_negative = {
+            "max_steps": self.max_steps,
+            "save_every_epochs": self.save_every_epochs,
+            "save_every_steps": self.save_every_steps,
+            "max_requeue": self.max_requeue,
+            "max_restarts": self.max_restarts,
+            "clip_grad": self.clip_grad,
+            "log_every_s": self.log_every_s,
+        }
         for name, value in non_negative.items():
             if value < 0:
                 raise UsageError(f"--{_flag(name)} {value}: must be 0 or more")
         if not self.lr > 0:
             raise UsageError(f"--lr {self.lr}: must be a positive number, e.g. --lr 0.01")
         if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
-            raise UsageError(f"--timeout-s {self.timeout_s}: must be positive and at most {MAX_TIMEOUT_S:.0f} (30 "
-                             "days), e.g. --timeout-s 600")
+            raise UsageError(
+                f"--timeout-s {self.timeout_s}: must be positive and at most {MAX_TIMEOUT_S:.0f} (30 "
+                "days), e.g. --timeout-s 600"
+            )
         self.hang_setting()  # validates --hang-timeout-s
         if self.num_workers < -1:
             raise UsageError(f"--num-workers {self.num_workers}: use -1 (auto) or a count >= 0")
@@ -121,22 +201,30 @@ class TrainConfig:
         if self.requeue_by not in REQUEUE_BY:
             raise UsageError(f"--requeue-by {self.requeue_by}: choose one of {', '.join(REQUEUE_BY)}")
         if self.nonfinite_loss not in NONFINITE_CHOICES:
-            raise UsageError(f"--nonfinite-loss {self.nonfinite_loss}: choose one of {', '.join(NONFINITE_CHOICES)}")
+            raise UsageError(
+                f"--nonfinite-loss {self.nonfinite_loss}: choose one of {', '.join(NONFINITE_CHOICES)}"
+            )
         if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
-            raise UsageError(f"--seed {self.seed}: must be a 64-bit integer, from {SEED_RANGE[0]} to {SEED_RANGE[1]} "
-                             "(e.g. --seed 0)")
+            raise UsageError(
+                f"--seed {self.seed}: must be a 64-bit integer, from {SEED_RANGE[0]} to {SEED_RANGE[1]} "
+                "(e.g. --seed 0)"
+            )
         if self.backend not in ("", "gloo", "nccl", "mpi", "ucc"):
             raise UsageError(f"--backend {self.backend}: choose gloo or nccl (or leave it out)")
         module, _, function = self.task.partition(":")
         if self.task not in BUILTIN_TASKS and not (module and function):
-            raise UsageError(f"--task {self.task!r}: unknown task. Use one of {', '.join(BUILTIN_TASKS)}, or "
-                             "module.path:function for your own (e.g. --task mytasks:build)")
+            raise UsageError(
+                f"--task {self.task!r}: unknown task. Use one of {', '.join(BUILTIN_TASKS)}, or "
+                "module.path:function for your own (e.g. --task mytasks:build)"
+            )
         if self.tensorboard:  # every entry point, before torch: a missing package is a usage error at once
             why = tblog.missing()
             if why:
                 raise UsageError(why)
         if self.overwrite and self.resume != "never":
-            raise UsageError("--overwrite only applies with --resume never (it deletes the folder's checkpoints)")
+            raise UsageError(
+                "--overwrite only applies with --resume never (it deletes the folder's checkpoints)"
+            )
 
     def hang_setting(self) -> float | None:
         """--hang-timeout-s as the watchdog takes it: None for auto, 0.0 for off, else seconds."""
@@ -147,12 +235,16 @@ class TrainConfig:
         except ValueError:
             seconds = -1.0
         if not (math.isfinite(seconds) and seconds >= 0):
-            raise UsageError(f"--hang-timeout-s {self.hang_timeout_s}: use auto, 0 (off) or a number of seconds, "
-                             "e.g. --hang-timeout-s 120")
+            raise UsageError(
+                f"--hang-timeout-s {self.hang_timeout_s}: use auto, 0 (off) or a number of seconds, "
+                "e.g. --hang-timeout-s 120"
+            )
         if seconds >= self.timeout_s:
-            raise UsageError(f"--hang-timeout-s {self.hang_timeout_s} is not below --timeout-s {self.timeout_s:g}: "
-                             "the collective timeout would end the run before the watchdog could say why. Fix: "
-                             "a smaller --hang-timeout-s, or auto")
+            raise UsageError(
+                f"--hang-timeout-s {self.hang_timeout_s} is not below --timeout-s {self.timeout_s:g}: "
+                "the collective timeout would end the run before the watchdog could say why. Fix: "
+                "a smaller --hang-timeout-s, or auto"
+            )
         return seconds
 
     def to_argv(self) -> list[str]:
@@ -172,7 +264,7 @@ class TrainConfig:
                 argv.append(f"--{_flag(f.name)}={value}")
         return argv
 
-    def with_folder(self, folder: str) -> "TrainConfig":
+    def with_folder(self, folder: str) -> TrainConfig:
         return dataclasses.replace(self, folder=folder)
 
     def as_dict(self) -> dict[str, Any]:
@@ -192,9 +284,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(f"--{_flag(f.name)}", action="store_true", help=help_text)
             continue
         kind = {"int": int, "float": float, "str": str}[str(f.type)]
-        group.add_argument(f"--{_flag(f.name)}", type=kind, default=f.default, metavar=f.name.upper(),
-                           help=help_text if "default" in help_text else f"{help_text} (default: {f.default})",
-                           choices=f.metadata.get("choices"))
+        group.add_argument(
+            f"--{_flag(f.name)}",
+            type=kind,
+            default=f.default,
+            metavar=f.name.upper(),
+            help=help_text if "default" in help_text else f"{help_text} (default: {f.default})",
+            choices=f.metadata.get("choices"),
+        )
 
 
 def from_namespace(ns: argparse.Namespace) -> TrainConfig:

@@ -31,11 +31,17 @@ def note(folder: Path, job: str, restart: int, rank: int, node: str, error: Base
     """Write this rank's note about `error` (never raises: a rank on its way out must not fail again here)."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__)).rstrip("\n")
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    record = {"rank": rank, "node": node, "time": time.time(), "type": type(error).__name__,
-              "message": message[:2000], "traceback": text[-20000:],
-              "signature": retry.signature(type(error).__name__, message),
-              # The kit stopped the run on purpose (checkpoints cannot be written...): a retry fails the same way.
-              "retry": not isinstance(error, RunStopped)}
+    record = {
+        "rank": rank,
+        "node": node,
+        "time": time.time(),
+        "type": type(error).__name__,
+        "message": message[:2000],
+        "traceback": text[-20000:],
+        "signature": retry.signature(type(error).__name__, message),
+        # The kit stopped the run on purpose (checkpoints cannot be written...): a retry fails the same way.
+        "retry": not isinstance(error, RunStopped),
+    }
     try:
         where = attempt_folder(folder, job, restart)
         where.mkdir(parents=True, exist_ok=True)

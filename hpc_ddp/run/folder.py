@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hpc_ddp.dist.env import FOLDER_FILE_VAR, FOLDER_LOCK_VAR
+from hpc_ddp.cluster.env import FOLDER_FILE_VAR, FOLDER_LOCK_VAR
 from hpc_ddp.errors import UsageError
 
 CHECKPOINTS = "checkpoints"
@@ -48,8 +48,8 @@ LOCK_HEARTBEAT_S = 10.0  # the holder refreshes the lock's mtime this often
 LOCK_STALE_S = 60.0  # a lock from another machine not refreshed for this long: its holder is gone
 
 
-
 # ----- where the folder is when --folder is not given -------------------------------------------------------
+
 
 def default_for_task(job_id: str | None) -> Path:
     """runs/<job id>, relative to the task's working directory: every task of a job, and the job after a
@@ -70,6 +70,7 @@ def default_for_submission(job_name: str, now: float | None = None) -> Path:
 
 
 # ----- can it be written? ---------------------------------------------------------------------------------
+
 
 def write_test(folder: Path, name: str) -> str:
     """Write (and remove) the file `name` in `folder`: '' if that worked, else why not. A real write, since
@@ -96,14 +97,17 @@ def prepare(folder: Path, private: bool = False) -> None:
     if private:
         mode = folder.stat().st_mode
         if mode & 0o022:
-            raise UsageError(f"run folder {folder} is writable by others (mode {mode & 0o777:o}); submitit loads "
-                             f"and runs pickles from it. Fix: chmod go-w {folder}, or use another --folder")
+            raise UsageError(
+                f"run folder {folder} is writable by others (mode {mode & 0o777:o}); submitit loads "
+                f"and runs pickles from it. Fix: chmod go-w {folder}, or use another --folder"
+            )
     error = write_test(folder, f".write-test-{os.getpid()}")
     if error:
         raise UsageError(f"run folder {folder} is not writable ({error}). {fix}")
 
 
 # ----- one run at a time ----------------------------------------------------------------------------------
+
 
 class FolderLock:
     """One run at a time in a run folder: `<folder>/run.lock`, created with O_EXCL by the run's global rank 0 (or
@@ -130,8 +134,12 @@ class FolderLock:
         while not self._stop.wait(LOCK_HEARTBEAT_S):
             try:
                 if (_read_lock(self.path) or {}).get("token") != self.token:
-                    print(f"warning: {self.path} was taken over by another run; this run no longer holds its "
-                          "folder", file=sys.stderr, flush=True)
+                    print(
+                        f"warning: {self.path} was taken over by another run; this run no longer holds its "
+                        "folder",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return
                 os.utime(self.path)
             except OSError:  # a file server hiccup: the next beat tries again
@@ -143,13 +151,24 @@ class FolderLock:
             self.path.unlink(missing_ok=True)
 
 
-def hold_folder(folder: Path, role: str, job_id: str | None, restarts: int,
-                inherited: str | None = None) -> FolderLock:
+def hold_folder(
+    folder: Path, role: str, job_id: str | None, restarts: int, inherited: str | None = None
+) -> FolderLock:
     """Take `folder` for this run, or raise UsageError naming the run that holds it (see FolderLock)."""
     path = folder / LOCK_NAME
-    me = {"token": uuid.uuid4().hex, "role": role, "job_id": job_id, "restarts": restarts,
-          "host": socket.gethostname(), "pid": os.getpid(), "pid_start": _start_ticks(os.getpid()),
-          "boot_id": _boot_id(), "pid_ns": _pid_ns(), "since": round(time.time(), 3), "argv": sys.argv[1:]}
+    me = {
+        "token": uuid.uuid4().hex,
+        "role": role,
+        "job_id": job_id,
+        "restarts": restarts,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": _start_ticks(os.getpid()),
+        "boot_id": _boot_id(),
+        "pid_ns": _pid_ns(),
+        "since": round(time.time(), 3),
+        "argv": sys.argv[1:],
+    }
     for _ in range(5):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -164,15 +183,18 @@ def hold_folder(folder: Path, role: str, job_id: str | None, restarts: int,
                 print(f"warning: took over {path}: {gone}", file=sys.stderr, flush=True)
             continue
         except OSError as e:
-            raise UsageError(f"cannot create {path} ({e.strerror or e}). Fix: --folder a directory you can "
-                             "write") from None
+            raise UsageError(
+                f"cannot create {path} ({e.strerror or e}). Fix: --folder a directory you can write"
+            ) from None
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(me) + "\n")
             f.flush()
             os.fsync(f.fileno())
         return FolderLock(path, me, owned=True)
-    raise UsageError(f"{path} changed hands 5 times while this run tried to take it: more than one run is starting "
-                     "in this folder. Fix: start one run per --folder")
+    raise UsageError(
+        f"{path} changed hands 5 times while this run tried to take it: more than one run is starting "
+        "in this folder. Fix: start one run per --folder"
+    )
 
 
 def is_held(folder: Path) -> bool:
@@ -234,15 +256,23 @@ def _holder_gone(path: Path, holder: dict[str, Any] | None, me: dict[str, Any]) 
         return "it was released meanwhile"
     if holder is None:
         return f"an unreadable lock, not refreshed for {age:.0f} s" if age > LOCK_STALE_S else None
-    if holder.get("job_id") and holder.get("job_id") == me["job_id"] and \
-            int(holder.get("restarts") or 0) < me["restarts"]:
+    if (
+        holder.get("job_id")
+        and holder.get("job_id") == me["job_id"]
+        and int(holder.get("restarts") or 0) < me["restarts"]
+    ):
         return f"job {me['job_id']} was restarted (restart {me['restarts']}); the lock was its previous run's"
     if me["boot_id"] and holder.get("boot_id") == me["boot_id"] and holder.get("pid_ns") == me["pid_ns"]:
-        alive = holder.get("pid_start") is not None and _start_ticks(int(holder.get("pid", -1))) == holder["pid_start"]
+        alive = (
+            holder.get("pid_start") is not None
+            and _start_ticks(int(holder.get("pid", -1))) == holder["pid_start"]
+        )
         return None if alive else f"its holder, pid {holder.get('pid')} on this machine, is gone"
     if age > LOCK_STALE_S:
-        return (f"its holder on {holder.get('host')} has not refreshed it for {age:.0f} s (every "
-                f"{LOCK_HEARTBEAT_S:g} s while it runs)")
+        return (
+            f"its holder on {holder.get('host')} has not refreshed it for {age:.0f} s (every "
+            f"{LOCK_HEARTBEAT_S:g} s while it runs)"
+        )
     return None
 
 
@@ -266,8 +296,10 @@ def _break_lock(path: Path, holder: dict[str, Any] | None) -> bool:
 
 def _held_message(folder: Path, path: Path, holder: dict[str, Any] | None) -> str:
     if holder is None:
-        return (f"run folder {folder} is being taken by another run ({path} is being written). Fix: start one run "
-                "per --folder")
+        return (
+            f"run folder {folder} is being taken by another run ({path} is being written). Fix: start one run "
+            "per --folder"
+        )
     job = holder.get("job_id")
     role = "the local launcher" if holder.get("role") == "launcher" else "rank 0"
     who = f"{role} of job {job}" if job else f"{role} of another run"
@@ -277,12 +309,15 @@ def _held_message(folder: Path, path: Path, holder: dict[str, Any] | None) -> st
     except OSError:
         refreshed = ""
     stop = f"stop it (scancel {job}, or Ctrl-C its launcher)" if job else "stop it"
-    return (f"run folder {folder} is in use by {who} (pid {holder.get('pid')} on {holder.get('host')}, since "
-            f"{since}{refreshed}; {path}). Two runs in one folder overwrite each other's checkpoints and records. "
-            f"Fix: wait for it to end or {stop}, or use another --folder")
+    return (
+        f"run folder {folder} is in use by {who} (pid {holder.get('pid')} on {holder.get('host')}, since "
+        f"{since}{refreshed}; {path}). Two runs in one folder overwrite each other's checkpoints and records. "
+        f"Fix: wait for it to end or {stop}, or use another --folder"
+    )
 
 
 # ----- atomic writes ------------------------------------------------------------------------------------
+
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or a new file in `path` durable (the directory entry, not only the file's data)."""
@@ -319,6 +354,7 @@ def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
 
 
 # ----- the preemption record ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Preempted:
@@ -371,6 +407,12 @@ def tell_folder(folder: Path, environ: Mapping[str, str]) -> None:
     try:
         with open(path, "w") as f:
             f.write(f"{folder.absolute()}\n")
-    except OSError as e:  # costs only the batch script's requeue after a preemption: not worth failing the run
-        print(f"warning: cannot write the run folder to {FOLDER_FILE_VAR}={path} ({e.strerror or e}): the batch "
-              "script will not requeue this job after a preemption", file=sys.stderr, flush=True)
+    except (
+        OSError
+    ) as e:  # costs only the batch script's requeue after a preemption: not worth failing the run
+        print(
+            f"warning: cannot write the run folder to {FOLDER_FILE_VAR}={path} ({e.strerror or e}): the batch "
+            "script will not requeue this job after a preemption",
+            file=sys.stderr,
+            flush=True,
+        )

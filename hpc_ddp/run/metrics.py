@@ -49,7 +49,7 @@ from hpc_ddp.run import progress
 from hpc_ddp.run.folder import METRICS
 
 if TYPE_CHECKING:
-    from hpc_ddp.dist.env import DistEnv
+    from hpc_ddp.cluster.env import DistEnv
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.run.position import Position
     from hpc_ddp.run.tblog import Board
@@ -71,7 +71,7 @@ class Recorder:
     (run/tblog.py) is opened by `start`, once the folder is settled, and gets every step's scalars and those of
     the "ranks" and "save" records; `close` flushes it."""
 
-    def __init__(self, folder: Path | None, cfg: "TrainConfig", env: "DistEnv", total_steps: int = 0) -> None:
+    def __init__(self, folder: Path | None, cfg: TrainConfig, env: DistEnv, total_steps: int = 0) -> None:
         self.folder = folder
         self.path = folder / METRICS if folder else None
         self.interval = cfg.log_every_s
@@ -111,7 +111,7 @@ class Recorder:
         sys.stdout.write(out)
         sys.stdout.flush()
 
-    def step(self, pos: "Position", loss: float, samples: int, lr: float = 0.0, data_s: float = 0.0) -> None:
+    def step(self, pos: Position, loss: float, samples: int, lr: float = 0.0, data_s: float = 0.0) -> None:
         now = time.monotonic()
         step_time = now - self.last_step_end
         self.last_step_end = now
@@ -126,18 +126,33 @@ class Recorder:
         self.data_sum += data_s
         self.data_steps += 1
         if self.board is not None:
-            self.board.scalars(pos.step, {"train/loss": loss, "train/lr": lr, "time/step_s": step_time,
-                                          "time/data_s": data_s,
-                                          "train/samples_per_s": samples / step_time if step_time > 0 else None})
+            self.board.scalars(
+                pos.step,
+                {
+                    "train/loss": loss,
+                    "train/lr": lr,
+                    "time/step_s": step_time,
+                    "time/data_s": data_s,
+                    "train/samples_per_s": samples / step_time if step_time > 0 else None,
+                },
+            )
         due = now - self.last_print >= self.interval
         live = bool(self.live) and (now - self.last_live >= LIVE_EVERY_S or pos.step == self.total_steps)
         if not (due or live):
             return
-        recent = self.step_times[-progress.RECENT_STEPS:]
-        record = {"event": "step", "epoch": pos.epoch, "step": pos.step, "loss": loss,
-                  "samples_per_s": self.samples_per_s(), "step_time_s": step_time, "lr": lr,
-                  "data_s": self.data_sum / self.data_steps, "total_steps": self.total_steps,
-                  "eta_s": progress.eta_s(pos.step, self.total_steps, recent)}
+        recent = self.step_times[-progress.RECENT_STEPS :]
+        record = {
+            "event": "step",
+            "epoch": pos.epoch,
+            "step": pos.step,
+            "loss": loss,
+            "samples_per_s": self.samples_per_s(),
+            "step_time_s": step_time,
+            "lr": lr,
+            "data_s": self.data_sum / self.data_steps,
+            "total_steps": self.total_steps,
+            "eta_s": progress.eta_s(pos.step, self.total_steps, recent),
+        }
         if live:
             self.last_live = now
             self._show(progress.line(record), live=True)
@@ -152,48 +167,91 @@ class Recorder:
             return 0.0
         return self.warm_samples / (self.last_step_end - self.warm_start)
 
-    def epoch(self, pos: "Position", loss: float) -> None:
+    def epoch(self, pos: Position, loss: float) -> None:
         if self.path is None:
             return
         self.clear_live()  # the "Epoch N" line takes its place
-        self._write({"event": "epoch", "epoch": pos.epoch, "step": pos.step, "loss": loss,
-                     "samples_per_s": self.samples_per_s()})
+        self._write(
+            {
+                "event": "epoch",
+                "epoch": pos.epoch,
+                "step": pos.step,
+                "loss": loss,
+                "samples_per_s": self.samples_per_s(),
+            }
+        )
 
-    def start(self, pos: "Position", job: str, restart: int, resumed: bool, world_size: int,
-              startup_s: float) -> None:
+    def start(
+        self, pos: Position, job: str, restart: int, resumed: bool, world_size: int, startup_s: float
+    ) -> None:
         """This process starts training (rank 0, right before its first step)."""
-        self.last_step_end = time.monotonic()  # the first step's time is that step's, not the resume before it
+        self.last_step_end = (
+            time.monotonic()
+        )  # the first step's time is that step's, not the resume before it
         if self.folder is not None and self.tensorboard and self.board is None:
             from hpc_ddp.run.tblog import Board
 
             self.board = Board(self.folder)
-        self._write({"event": "start", "job": job, "restart": restart, "epoch": pos.epoch, "step": pos.step,
-                     "resumed": resumed, "world_size": world_size, "startup_s": round(startup_s, 3)})
+        self._write(
+            {
+                "event": "start",
+                "job": job,
+                "restart": restart,
+                "epoch": pos.epoch,
+                "step": pos.step,
+                "resumed": resumed,
+                "world_size": world_size,
+                "startup_s": round(startup_s, 3),
+            }
+        )
 
-    def ranks(self, pos: "Position", rows: list[list[float]]) -> None:
+    def ranks(self, pos: Position, rows: list[list[float]]) -> None:
         """Every rank's time split of a straggler window (run/stragglers.py rows: data, compute, comm, steps)."""
         if self.path is None:
             return
-        record = {"event": "ranks", "epoch": pos.epoch, "step": pos.step,
-                  "step_time_s": [(d + c) / s if s else 0.0 for d, c, _, s in rows],
-                  "data_s": [d / s if s else 0.0 for d, _, _, s in rows]}
+        record = {
+            "event": "ranks",
+            "epoch": pos.epoch,
+            "step": pos.step,
+            "step_time_s": [(d + c) / s if s else 0.0 for d, c, _, s in rows],
+            "data_s": [d / s if s else 0.0 for d, _, _, s in rows],
+        }
         self._write(record)
         if self.board is not None:
-            self.board.scalars(pos.step, {f"rank_step_time/{r}": v for r, v in enumerate(record["step_time_s"])})
+            self.board.scalars(
+                pos.step, {f"rank_step_time/{r}": v for r, v in enumerate(record["step_time_s"])}
+            )
 
     def save(self, epoch: int, step: int, stall_s: float, write_s: float | None, final: bool) -> None:
         """A checkpoint rank 0 saved (see the module docstring)."""
-        self._write({"event": "save", "epoch": epoch, "step": step, "stall_s": round(stall_s, 6),
-                     "write_s": None if write_s is None else round(write_s, 6), "final": final})
+        self._write(
+            {
+                "event": "save",
+                "epoch": epoch,
+                "step": step,
+                "stall_s": round(stall_s, 6),
+                "write_s": None if write_s is None else round(write_s, 6),
+                "final": final,
+            }
+        )
         if self.board is not None:
             self.board.scalars(step, {"time/checkpoint_stall_s": stall_s, "time/checkpoint_write_s": write_s})
 
-    def straggler(self, pos: "Position", rank: int, host: str, phase: str, slower: float) -> None:
+    def straggler(self, pos: Position, rank: int, host: str, phase: str, slower: float) -> None:
         """A rank named slower than the others (run/stragglers.py): rank 0 records it."""
-        self._write({"event": "straggler", "epoch": pos.epoch, "step": pos.step, "rank": rank, "host": host,
-                     "phase": phase, "slower": round(slower, 2)})
+        self._write(
+            {
+                "event": "straggler",
+                "epoch": pos.epoch,
+                "step": pos.step,
+                "rank": rank,
+                "host": host,
+                "phase": phase,
+                "slower": round(slower, 2),
+            }
+        )
 
-    def nonfinite(self, pos: "Position", step: int, action: str) -> None:
+    def nonfinite(self, pos: Position, step: int, action: str) -> None:
         self._write({"event": "nonfinite", "epoch": pos.epoch, "step": step, "loss": None, "action": action})
 
     def clear_live(self) -> None:
@@ -201,13 +259,21 @@ class Recorder:
         if self.live:
             self._show("", live=True)
 
-    def end(self, pos: "Position") -> None:
+    def end(self, pos: Position) -> None:
         self.clear_live()
         times = sorted(self.step_times)
         median = times[len(times) // 2] if times else 0.0
-        self._write({"event": "end", "epoch": pos.epoch, "step": pos.step, "steps_this_process": self.steps,
-                     "samples_per_s": self.samples_per_s(), "median_step_time_s": median,
-                     "seconds": round(time.monotonic() - self.started, 3)})
+        self._write(
+            {
+                "event": "end",
+                "epoch": pos.epoch,
+                "step": pos.step,
+                "steps_this_process": self.steps,
+                "samples_per_s": self.samples_per_s(),
+                "median_step_time_s": median,
+                "seconds": round(time.monotonic() - self.started, 3),
+            }
+        )
 
     def close(self) -> None:
         """Flush and close the TensorBoard writer (every path out of the Trainer). Idempotent."""

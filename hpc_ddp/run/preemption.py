@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpc_ddp import proc
@@ -88,8 +87,11 @@ def decide(requeue_votes: float, stop_votes: float, preempted: int, max_requeue:
     if stop_votes > 0:
         return Decision(False, "stopped by SIGTERM: checkpoint saved, not requeued")
     if preempted >= max_requeue:
-        return Decision(False, f"preempted: checkpoint saved; requeue budget spent ({preempted} of --max-requeue "
-                               f"{max_requeue}), not requeued. Resume with the same command and --folder")
+        return Decision(
+            False,
+            f"preempted: checkpoint saved; requeue budget spent ({preempted} of --max-requeue "
+            f"{max_requeue}), not requeued. Resume with the same command and --folder",
+        )
     return Decision(True, f"preempted: checkpoint saved, requeue {preempted + 1} of {max_requeue}")
 
 

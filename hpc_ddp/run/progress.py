@@ -76,11 +76,16 @@ def event_line(record: Mapping[str, Any]) -> str | None:
     restarted) and its end. None for the records it does not show."""
     event = record.get("event")
     if event == "start":
-        how = (f"resumed at epoch {record.get('epoch')}, step {record.get('step')}" if record.get("resumed")
-               else "from the beginning")
-        return (f"[run] start {record.get('restart', 0)} of job {record.get('job') or '?'}: {how}; "
-                f"{record.get('world_size')} ranks, {record.get('startup_s', 0):.1f} s from process start to "
-                "the first step")
+        how = (
+            f"resumed at epoch {record.get('epoch')}, step {record.get('step')}"
+            if record.get("resumed")
+            else "from the beginning"
+        )
+        return (
+            f"[run] start {record.get('restart', 0)} of job {record.get('job') or '?'}: {how}; "
+            f"{record.get('world_size')} ranks, {record.get('startup_s', 0):.1f} s from process start to "
+            "the first step"
+        )
     if event == "end":
         return f"[run] ranks ended at epoch {record.get('epoch')}, step {record.get('step')}"
     return None

@@ -62,14 +62,20 @@ def write(folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str) -
         "cwd": cwd,
         "config": config,
         "dist": env,
-        "versions": {"hpc_ddp": __version__, "torch": torch.__version__, "python": platform.python_version(),
-                     "cuda": torch.version.cuda, "slurm": slurm_version()},
+        "versions": {
+            "hpc_ddp": __version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "cuda": torch.version.cuda,
+            "slurm": slurm_version(),
+        },
         "git_commit": git_commit(cwd),
         "starts": starts + [round(time.time(), 3)],
     }
     previous = {k: v for k, v in old.items() if k not in ("starts", "earlier")}
-    if previous and any(json.dumps(previous.get(k), default=str) != json.dumps(info[k], default=str)
-                        for k in _DESCRIBES):
+    if previous and any(
+        json.dumps(previous.get(k), default=str) != json.dumps(info[k], default=str) for k in _DESCRIBES
+    ):
         earlier.append({**previous, "starts": starts})
     if earlier:
         info["earlier"] = earlier

@@ -49,8 +49,9 @@ class Plan:
     repoint: bool = False  # `latest` must name `start` (it names another file, or is unreadable)
 
 
-def choose(cfg: TrainConfig, folder: Path, environ: Mapping[str, str],
-           warn: Callable[[str], None]) -> Path | None:
+def choose(
+    cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Callable[[str], None]
+) -> Path | None:
     """Rank 0: `plan` and `apply` at once; the checkpoint to start from, or None."""
     chosen = plan(cfg, folder, environ, warn)
     apply(chosen, folder, warn)
@@ -71,8 +72,10 @@ def plan(cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Calla
     if mode == "never":
         existing = checkpoint.list_checkpoints(folder)
         if existing and not cfg.overwrite:
-            raise UsageError(f"--resume never, but {folder} already holds {len(existing)} checkpoint(s). Fix: add "
-                             "--overwrite to delete them, use another --folder, or drop --resume never to continue")
+            raise UsageError(
+                f"--resume never, but {folder} already holds {len(existing)} checkpoint(s). Fix: add "
+                "--overwrite to delete them, use another --folder, or drop --resume never to continue"
+            )
         return Plan(None, overwrite=bool(existing))
     return _from_path(mode, folder)
 
@@ -89,12 +92,16 @@ def _nothing_loads(folder: Path) -> CheckpointError:
             intact.append(path.name)
     where = checkpoint.ckpt_dir(folder)
     if not intact:
-        return CheckpointError(f"no checkpoint in {where} can be loaded: all {len(corrupt)} are corrupt (see above). "
-                               "Fix: --resume never --overwrite to start over, or --resume PATH")
-    return CheckpointError(f"no checkpoint in {where} can be loaded: {', '.join(intact)} are intact but refused by "
-                           f"a weights_only load{' and ' + ', '.join(corrupt) + ' are corrupt' if corrupt else ''} "
-                           "(see above). Fix: --resume PATH of a checkpoint that loads, or another --folder "
-                           "(--resume never --overwrite would delete the intact files)")
+        return CheckpointError(
+            f"no checkpoint in {where} can be loaded: all {len(corrupt)} are corrupt (see above). "
+            "Fix: --resume never --overwrite to start over, or --resume PATH"
+        )
+    return CheckpointError(
+        f"no checkpoint in {where} can be loaded: {', '.join(intact)} are intact but refused by "
+        f"a weights_only load{' and ' + ', '.join(corrupt) + ' are corrupt' if corrupt else ''} "
+        "(see above). Fix: --resume PATH of a checkpoint that loads, or another --folder "
+        "(--resume never --overwrite would delete the intact files)"
+    )
 
 
 def _continue(start: Path, folder: Path) -> Plan:
@@ -137,17 +144,23 @@ def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
         has_model = (aside / MODEL).is_file()
         fsync_dir(aside)
         fsync_dir(directory)
-        start = f"{chosen.start.name} (step {checkpoint.ckpt_step(chosen.start)})" if chosen.start else "nothing"
+        start = (
+            f"{chosen.start.name} (step {checkpoint.ckpt_step(chosen.start)})" if chosen.start else "nothing"
+        )
         if chosen.start is not None and chosen.start.parent.resolve() != directory.resolve():
             start = str(chosen.start)
-        say(f"starting from {start}: {len(moved)} checkpoint(s) of this folder ({', '.join(p.name for p in moved)})"
+        say(
+            f"starting from {start}: {len(moved)} checkpoint(s) of this folder ({', '.join(p.name for p in moved)})"
             f"{' and model.pth' if has_model else ''} belong to another line of training; moved to {aside}, "
-            "nothing was deleted")
+            "nothing was deleted"
+        )
     board = folder / TENSORBOARD
     if (chosen.overwrite or chosen.set_aside) and board.is_dir():
         # --tensorboard never writes a step twice (run/tblog.py): the curves of the line left behind would
         # hide the new line's steps up to theirs. They go with its checkpoints.
-        into = aside / TENSORBOARD if chosen.set_aside else _new_folder(folder, "tb-overwritten", create=False)
+        into = (
+            aside / TENSORBOARD if chosen.set_aside else _new_folder(folder, "tb-overwritten", create=False)
+        )
         os.replace(board, into)
         say(f"TensorBoard's curves of the earlier line moved to {into}")
     pointer = directory / checkpoint.LATEST
@@ -175,14 +188,19 @@ def _new_folder(directory: Path, prefix: str, create: bool = True) -> Path:
 def check_compatible(state: dict[str, Any], path: Path, cfg: TrainConfig, world_size: int) -> None:
     """A checkpoint from another model or an incompatible config fails here with both values shown."""
     saved = state.get("config", {})
-    diffs = [f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})" for k in MUST_MATCH
-             if k in saved and saved[k] != getattr(cfg, k)]
+    diffs = [
+        f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
+        for k in MUST_MATCH
+        if k in saved and saved[k] != getattr(cfg, k)
+    ]
     if state.get("world_size") != world_size:
         diffs.append(f"world size {state.get('world_size')} (now {world_size})")
     if diffs:
-        raise CheckpointError(f"checkpoint {path} was written with {', '.join(diffs)}; an exact resume needs the "
-                              "same values. Fix: run with the same settings, or start over with --resume never "
-                              "--overwrite (or another --folder)")
+        raise CheckpointError(
+            f"checkpoint {path} was written with {', '.join(diffs)}; an exact resume needs the "
+            "same values. Fix: run with the same settings, or start over with --resume never "
+            "--overwrite (or another --folder)"
+        )
 
 
 def load_model_state(model: Any, state: dict[str, Any], path: Path) -> None:
@@ -190,14 +208,20 @@ def load_model_state(model: Any, state: dict[str, Any], path: Path) -> None:
     try:
         result = model.load_state_dict(state["model"], strict=False)
     except RuntimeError as e:  # same names, other shapes
-        raise CheckpointError(f"checkpoint {path} is for a different model: {str(e).splitlines()[-1].strip()[:300]}. "
-                              "Fix: the same --task, or another --folder") from e
+        raise CheckpointError(
+            f"checkpoint {path} is for a different model: {str(e).splitlines()[-1].strip()[:300]}. "
+            "Fix: the same --task, or another --folder"
+        ) from e
     if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(f"checkpoint {path} is for a different model: missing {list(result.missing_keys)[:5]}, "
-                              f"unexpected {list(result.unexpected_keys)[:5]}. Fix: the same --task, or another --folder")
+        raise CheckpointError(
+            f"checkpoint {path} is for a different model: missing {list(result.missing_keys)[:5]}, "
+            f"unexpected {list(result.unexpected_keys)[:5]}. Fix: the same --task, or another --folder"
+        )
 
 
-def reapply_lr(optimizer: Any, fresh: list[Any], state: dict[str, Any], cfg: TrainConfig, path: Path) -> str | None:
+def reapply_lr(
+    optimizer: Any, fresh: list[Any], state: dict[str, Any], cfg: TrainConfig, path: Path
+) -> str | None:
     """A resume restores the optimizer's state, learning rates included. When --lr differs from the value the
     checkpoint was trained with, the learning rates the current options build (`fresh`, read before the state
     was loaded) are put back and this says so; if the optimizer does not take its rates from --lr (a task's own
@@ -207,13 +231,17 @@ def reapply_lr(optimizer: Any, fresh: list[Any], state: dict[str, Any], cfg: Tra
         return None
     restored = [group.get("lr") for group in optimizer.param_groups]
     if _rates(fresh) == _rates(restored):
-        raise UsageError(f"--lr {cfg.lr}: checkpoint {path} was trained with --lr {saved}, but this task's optimizer "
-                         f"does not take its learning rate from --lr (it is {_rates(restored)} either way), so the "
-                         f"new value would not apply. Fix: --lr {saved}, or change the learning rate in the task")
+        raise UsageError(
+            f"--lr {cfg.lr}: checkpoint {path} was trained with --lr {saved}, but this task's optimizer "
+            f"does not take its learning rate from --lr (it is {_rates(restored)} either way), so the "
+            f"new value would not apply. Fix: --lr {saved}, or change the learning rate in the task"
+        )
     for group, rate in zip(optimizer.param_groups, fresh, strict=True):
         group["lr"] = rate
-    return (f"--lr changed from {saved} to {cfg.lr} on resume: applied, the optimizer's learning rate is now "
-            f"{_rates(fresh)} (was {_rates(restored)})")
+    return (
+        f"--lr changed from {saved} to {cfg.lr} on resume: applied, the optimizer's learning rate is now "
+        f"{_rates(fresh)} (was {_rates(restored)})"
+    )
 
 
 def _rates(values: list[Any]) -> list[float | None]:

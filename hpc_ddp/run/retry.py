@@ -32,18 +32,42 @@ from hpc_ddp.run.attempts import Attempt
 
 # Errors that point at the machine, not the code: a rank raising one blames its node. Lower-case substrings.
 NODE_FAULTS = (
-    "uncorrectable ecc error", "ecc error", "cuda error: unspecified launch failure", "gpu is lost",
-    "cuda error: an uncorrectable nvlink error", "cudaerrornodevice", "no cuda-capable device is detected",
-    "cuda-capable device(s) is/are busy or unavailable", "cuda error: uncorrectable", "xid ",
-    "nccl error", "ncclsystemerror", "ncclinternalerror", "ncclunhandledcudaerror", "ncclremoteerror",
-    "cuda driver error", "nvml", "input/output error",
+    "uncorrectable ecc error",
+    "ecc error",
+    "cuda error: unspecified launch failure",
+    "gpu is lost",
+    "cuda error: an uncorrectable nvlink error",
+    "cudaerrornodevice",
+    "no cuda-capable device is detected",
+    "cuda-capable device(s) is/are busy or unavailable",
+    "cuda error: uncorrectable",
+    "xid ",
+    "nccl error",
+    "ncclsystemerror",
+    "ncclinternalerror",
+    "ncclunhandledcudaerror",
+    "ncclremoteerror",
+    "cuda driver error",
+    "nvml",
+    "input/output error",
 )
 # Errors a rank raises because *another* rank ended (its peers' sockets closed, an aborted communicator,
 # rank 0's forwarded failure): never the first cause when a first cause is known.
 SECONDARY = (
-    "connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
-    "communicator was aborted", "remote process exited", "rank 0 failed (", "socket closed",
-    "ncclremoteerror", "dist_backend_error", "recvbytes", "sendbytes", "read error", "early eof",
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "connection refused",
+    "communicator was aborted",
+    "remote process exited",
+    "rank 0 failed (",
+    "socket closed",
+    "ncclremoteerror",
+    "dist_backend_error",
+    "recvbytes",
+    "sendbytes",
+    "read error",
+    "early eof",
 )
 
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
@@ -84,7 +108,9 @@ class Evidence:
     rank_nodes: tuple[str, ...] = ()  # the node of each rank
     notes: tuple[dict[str, Any], ...] = ()  # the ranks' exit notes (hpc_ddp.run.exits), oldest first
     verdict: dict[str, Any] | None = None  # hang.json written in this attempt
-    killed: tuple[tuple[int, str], ...] = ()  # (rank, signal name) of ranks that died by a signal, first first
+    killed: tuple[
+        tuple[int, str], ...
+    ] = ()  # (rank, signal name) of ranks that died by a signal, first first
     first_rank: int | None = None  # the rank that ended first, when the supervisor knows it (local)
     requeue: bool | None = None  # a preemption: preempted.json's decision; None when there was none
     down: tuple[str, ...] = ()  # this attempt's nodes that Slurm set DOWN/DRAIN/FAIL meanwhile
@@ -112,8 +138,11 @@ def judge(ev: Evidence) -> Ending:
     if ev.code == exitcodes.OK and not ev.node_fail:
         return Ending(record.COMPLETED, "finished")
     if ev.code == exitcodes.PREEMPTED and ev.requeue is not None and not ev.node_fail:
-        return (Ending(record.PREEMPTED, "preempted: saved a checkpoint, to be resumed") if ev.requeue else
-                Ending(record.STOPPED, "stopped by a signal after saving a checkpoint; not requeued"))
+        return (
+            Ending(record.PREEMPTED, "preempted: saved a checkpoint, to be resumed")
+            if ev.requeue
+            else Ending(record.STOPPED, "stopped by a signal after saving a checkpoint; not requeued")
+        )
     if ev.code == exitcodes.USAGE:
         note = ev.notes[0] if ev.notes else {}
         return Ending(record.USAGE, "usage error (see the log)", "usage", note.get("rank"), note.get("node"))
@@ -122,15 +151,26 @@ def judge(ev: Evidence) -> Ending:
     if ev.node_fail or ev.down:
         node = ev.down[0] if ev.down else None
         where = f"node {node}" if node else "a node"
-        return Ending(record.NODE_FAIL, f"{where} failed (Slurm took it away)", f"node failure {node or ''}".strip(),
-                      node=node, blamed=node is not None)
+        return Ending(
+            record.NODE_FAIL,
+            f"{where} failed (Slurm took it away)",
+            f"node failure {node or ''}".strip(),
+            node=node,
+            blamed=node is not None,
+        )
     if ev.verdict is not None:
         culprits = [int(r) for r in ev.verdict.get("culprits") or [] if isinstance(r, int)]
         rank = culprits[0] if culprits else None
         line = str(ev.verdict.get("line") or "hang")
         kind = str(ev.verdict.get("reason") or "hang")
-        return Ending(record.HANG, line, signature("Hang", f"{kind} in {ev.verdict.get('phase') or 'unknown'}"),
-                      rank, _node(ev, rank), blamed=rank is not None and kind != "mismatched")
+        return Ending(
+            record.HANG,
+            line,
+            signature("Hang", f"{kind} in {ev.verdict.get('phase') or 'unknown'}"),
+            rank,
+            _node(ev, rank),
+            blamed=rank is not None and kind != "mismatched",
+        )
     primary = [n for n in ev.notes if not secondary(f"{n.get('type')}: {n.get('message')}")]
     killed = ev.killed
     if ev.first_rank is not None and ev.code < 0:  # the local launcher saw this rank die by a signal first
@@ -139,31 +179,66 @@ def judge(ev: Evidence) -> Ending:
         first = primary[0]
         rank = int(first["rank"])
         text = f"{first.get('type')}: {first.get('message')}"
-        return Ending(record.FAILED, text, str(first.get("signature") or signature(str(first.get("type")), "")),
-                      rank, first.get("node") or _node(ev, rank), blamed=node_fault(text),
-                      traceback=str(first.get("traceback") or ""), retryable=first.get("retry") is not False)
+        return Ending(
+            record.FAILED,
+            text,
+            str(first.get("signature") or signature(str(first.get("type")), "")),
+            rank,
+            first.get("node") or _node(ev, rank),
+            blamed=node_fault(text),
+            traceback=str(first.get("traceback") or ""),
+            retryable=first.get("retry") is not False,
+        )
     if killed:
         rank, name = killed[0]
-        return Ending(record.FAILED, f"rank {rank} was killed by {name}", f"signal {name}", rank, _node(ev, rank),
-                      blamed=True)
+        return Ending(
+            record.FAILED,
+            f"rank {rank} was killed by {name}",
+            f"signal {name}",
+            rank,
+            _node(ev, rank),
+            blamed=True,
+        )
     if ev.notes:
         first = ev.notes[0]
         rank = int(first["rank"])
-        return Ending(record.FAILED, f"{first.get('type')}: {first.get('message')}",
-                      str(first.get("signature") or ""), rank, first.get("node") or _node(ev, rank),
-                      traceback=str(first.get("traceback") or ""))
+        return Ending(
+            record.FAILED,
+            f"{first.get('type')}: {first.get('message')}",
+            str(first.get("signature") or ""),
+            rank,
+            first.get("node") or _node(ev, rank),
+            traceback=str(first.get("traceback") or ""),
+        )
     code = ev.code
     how = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
-    return Ending(record.FAILED, f"the job step ended with {how}", f"exit {code}", ev.first_rank,
-                  _node(ev, ev.first_rank))
+    return Ending(
+        record.FAILED,
+        f"the job step ended with {how}",
+        f"exit {code}",
+        ev.first_rank,
+        _node(ev, ev.first_rank),
+    )
 
 
 def close(this: Attempt, ending: Ending, step: int | None, checkpoint: int | None, now: float) -> Attempt:
     """`this` attempt as it ended: `ending`, the last step recorded and the latest checkpoint (pure)."""
     if step is not None and checkpoint is not None:
-        step = max(step, checkpoint)  # progress records are periodic; the checkpoint's step was surely reached
-    return replace(this, ended=now, outcome=ending.outcome, step=step, checkpoint=checkpoint, rank=ending.rank,
-                   node=ending.node, blamed=ending.blamed, reason=ending.reason, signature=ending.signature)
+        step = max(
+            step, checkpoint
+        )  # progress records are periodic; the checkpoint's step was surely reached
+    return replace(
+        this,
+        ended=now,
+        outcome=ending.outcome,
+        step=step,
+        checkpoint=checkpoint,
+        rank=ending.rank,
+        node=ending.node,
+        blamed=ending.blamed,
+        reason=ending.reason,
+        signature=ending.signature,
+    )
 
 
 @dataclass(frozen=True)
@@ -182,8 +257,13 @@ def blamed_nodes(history: Sequence[Attempt]) -> tuple[str, ...]:
     return tuple(nodes)
 
 
-def decide(history: Sequence[Attempt], this: Attempt, max_restarts: int, again: str = record.REQUEUE,
-           retryable: bool = True) -> Decision:
+def decide(
+    history: Sequence[Attempt],
+    this: Attempt,
+    max_restarts: int,
+    again: str = record.REQUEUE,
+    retryable: bool = True,
+) -> Decision:
     """What the job does after `this` attempt ended. `history` is this job's attempts before it, in order;
     `again` is how it starts again here (attempts.REQUEUE on Slurm, RESTART locally); `retryable` is False
     when the kit itself stopped the run (Ending.retryable). Pure."""
@@ -201,21 +281,42 @@ def decide(history: Sequence[Attempt], this: Attempt, max_restarts: int, again: 
     failures = sum(1 for a in history if a.failed) + 1
     before = history[-1] if history else None
     elsewhere = before is not None and before.blamed and this.blamed and before.node != this.node
-    if (before is not None and before.failed and before.signature == this.signature and not elsewhere
-            and (this.checkpoint if this.checkpoint is not None else -1)
-            <= (before.checkpoint if before.checkpoint is not None else -1)):
-        return Decision(record.STOP, f"crash loop: attempt {this.number} failed with the same error as attempt "
-                                     f"{before.number} and no newer checkpoint in between; not retried "
-                                     "(an error in the code or data, not bad luck)", exclude, crash_loop=True)
+    if (
+        before is not None
+        and before.failed
+        and before.signature == this.signature
+        and not elsewhere
+        and (this.checkpoint if this.checkpoint is not None else -1)
+        <= (before.checkpoint if before.checkpoint is not None else -1)
+    ):
+        return Decision(
+            record.STOP,
+            f"crash loop: attempt {this.number} failed with the same error as attempt "
+            f"{before.number} and no newer checkpoint in between; not retried "
+            "(an error in the code or data, not bad luck)",
+            exclude,
+            crash_loop=True,
+        )
     if failures > max_restarts:
-        return Decision(record.STOP, f"restart budget spent: {failures} failure(s), --max-restarts {max_restarts}",
-                        exclude)
-    since = f"the checkpoint at step {this.checkpoint}" if this.checkpoint is not None else "the start (no checkpoint yet)"
-    return Decision(again, f"restarting from {since} (failure {failures} of --max-restarts {max_restarts})", exclude)
+        return Decision(
+            record.STOP,
+            f"restart budget spent: {failures} failure(s), --max-restarts {max_restarts}",
+            exclude,
+        )
+    since = (
+        f"the checkpoint at step {this.checkpoint}"
+        if this.checkpoint is not None
+        else "the start (no checkpoint yet)"
+    )
+    return Decision(
+        again, f"restarting from {since} (failure {failures} of --max-restarts {max_restarts})", exclude
+    )
 
 
 def usable(states: dict[str, str], exclude: Sequence[str]) -> list[str]:
     """The nodes a job could still run on: not excluded and not down, drained or failed (`states` maps node
     -> Slurm state as sinfo prints it). The job fits when it needs no more nodes than these. Pure."""
     bad = ("down", "drain", "drng", "fail", "maint", "inval", "unk", "futr", "npc")
-    return [n for n, s in states.items() if n not in exclude and not s.lower().rstrip("*~#!%$@^-").startswith(bad)]
+    return [
+        n for n, s in states.items() if n not in exclude and not s.lower().rstrip("*~#!%$@^-").startswith(bad)
+    ]

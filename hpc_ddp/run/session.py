@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpc_ddp import exitcodes
-from hpc_ddp.dist.env import DistEnv, detect
+from hpc_ddp.cluster.env import DistEnv, detect
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import attempts, exits, preemption
@@ -50,8 +50,13 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         # one-line error at once. Only rank 0 writes there; the other ranks are stopped by their launcher (srun
         # --kill-on-bad-exit, torchrun).
         run_folder.prepare(folder)
-        lock = run_folder.hold_folder(folder, "rank0", env.job_id, int(environ.get("SLURM_RESTART_COUNT") or 0),
-                                      environ.get(run_folder.LOCK_VAR))
+        lock = run_folder.hold_folder(
+            folder,
+            "rank0",
+            env.job_id,
+            int(environ.get("SLURM_RESTART_COUNT") or 0),
+            environ.get(run_folder.LOCK_VAR),
+        )
         run_folder.tell_folder(folder, environ)  # where slurm/ddp.sbatch finds preempted.json
     try:
         return _run_holding(cfg, env, folder, environ)
@@ -79,8 +84,8 @@ def node_name(environ: Mapping[str, str]) -> str:
 
 
 def _run_holding(cfg: TrainConfig, env: DistEnv, folder: Path, environ: Mapping[str, str]) -> int:
-    from hpc_ddp.dist import placement
-    from hpc_ddp.dist.group import nccl_defaults, process_group
+    from hpc_ddp.cluster import placement
+    from hpc_ddp.cluster.group import nccl_defaults, process_group
 
     log = RankLog(env.rank)
     os.environ.update(env.torch_env())  # what user code and libraries expect from torchrun
@@ -100,9 +105,11 @@ def _run_holding(cfg: TrainConfig, env: DistEnv, folder: Path, environ: Mapping[
         if env.is_main and nccl:
             log.info(f"NCCL settings (unless set): {' '.join(f'{k}={v}' for k, v in nccl.items())}")
     with process_group(env, device, cfg.backend or None, cfg.timeout_s) as backend:
-        log.info(f"Process {env.rank} initialized on {socket.gethostname()} (node {env.node_rank}, "
-                 f"local rank {env.local_rank}, {device}, {backend}, {plan.threads} threads; "
-                 f"world size {env.world_size})")
+        log.info(
+            f"Process {env.rank} initialized on {socket.gethostname()} (node {env.node_rank}, "
+            f"local rank {env.local_rank}, {device}, {backend}, {plan.threads} threads; "
+            f"world size {env.world_size})"
+        )
         code = _train(cfg, env, device, folder, log, environ)
     log.info("Process group destroyed")
     return code
@@ -137,7 +144,7 @@ def _check_gpus(env: DistEnv, device: torch.device) -> None:
     """Fail fast if two ranks of one node hold the same physical GPU (wrong binding, duplicate indices)."""
     import torch.distributed as dist
 
-    from hpc_ddp.dist import placement
+    from hpc_ddp.cluster import placement
 
     mine = (env.rank, env.node_rank, placement.gpu_uuid(device))
     everyone: list[Any] = [None] * env.world_size
@@ -145,8 +152,10 @@ def _check_gpus(env: DistEnv, device: torch.device) -> None:
     clashes = placement.shared_gpus(everyone)
     if clashes:
         node, ranks, uuid = clashes[0]
-        raise UsageError(f"ranks {ranks} on node {node} share one GPU ({uuid}). Each rank needs its own GPU: check "
-                         "--gpus-per-node vs --ntasks-per-node, and CUDA_VISIBLE_DEVICES / --gpu-bind")
+        raise UsageError(
+            f"ranks {ranks} on node {node} share one GPU ({uuid}). Each rank needs its own GPU: check "
+            "--gpus-per-node vs --ntasks-per-node, and CUDA_VISIBLE_DEVICES / --gpu-bind"
+        )
 
 
 def _check_in_sync(model: torch.nn.Module, env: DistEnv, log: RankLog) -> None:
@@ -165,8 +174,10 @@ def _check_in_sync(model: torch.nn.Module, env: DistEnv, log: RankLog) -> None:
     # NaN equals nothing, itself included: non-finite weights are their own finding, not a difference.
     broken = [r for r, fp in enumerate(everyone) if not all(math.isfinite(x) for x in fp)]
     if broken:
-        raise NonFinite(f"the weights are not finite at the end of training (ranks {broken}): model.pth was not "
-                        "written. Fix: a smaller --lr or --clip-grad, then resume from the last good checkpoint")
+        raise NonFinite(
+            f"the weights are not finite at the end of training (ranks {broken}): model.pth was not "
+            "written. Fix: a smaller --lr or --clip-grad, then resume from the last good checkpoint"
+        )
     differing = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
     if differing and env.is_main:
         log.warn(f"parameters differ between rank 0 and ranks {differing} at the end of training")
@@ -174,8 +185,14 @@ def _check_in_sync(model: torch.nn.Module, env: DistEnv, log: RankLog) -> None:
         log.main(f"Parameters identical on all {env.world_size} ranks")
 
 
-def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, log: RankLog,
-           environ: Mapping[str, str]) -> int:
+def _train(
+    cfg: TrainConfig,
+    env: DistEnv,
+    device: torch.device,
+    folder: Path,
+    log: RankLog,
+    environ: Mapping[str, str],
+) -> int:
     import torch
     import torch.distributed as dist
 
@@ -196,8 +213,10 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
     # Leaving the block closes the trainer on every path, errors included: the checkpoint in flight is
     # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed. The
     # watchdog is stopped first, and covers everything up to then: training, saves, the final barriers.
-    with Trainer(cfg, env, device, task, folder, log, beacon=beacon) as trainer, \
-            _watchdog(cfg, env, folder, log, trainer, environ):
+    with (
+        Trainer(cfg, env, device, task, folder, log, beacon=beacon) as trainer,
+        _watchdog(cfg, env, folder, log, trainer, environ),
+    ):
         beacon.set(STARTUP)  # the user's setup is done; the kit resumes and prepares the folder (rank 0)
         if start is not None:
             trainer.restore(checkpoint.load(start, verify=False), start)  # rank 0 verified it in plan()
@@ -212,13 +231,21 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, folder: Path, l
             log.main(note)
         if start is not None:
             log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
-        trainer.metrics.start(trainer.pos, env.job_id or "", _restart_count(environ), start is not None,
-                              env.world_size, _since_process_start())
+        trainer.metrics.start(
+            trainer.pos,
+            env.job_id or "",
+            _restart_count(environ),
+            start is not None,
+            env.world_size,
+            _since_process_start(),
+        )
         outcome = trainer.run()
         beacon.set(FINISHING)
         if not outcome.finished:
-            log.main(f"{preemption.signal_name()}: every rank stopped at step {trainer.pos.step}; saving a "
-                     "checkpoint")
+            log.main(
+                f"{preemption.signal_name()}: every rank stopped at step {trainer.pos.step}; saving a "
+                "checkpoint"
+            )
         signals = preemption.count()
         trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
         beacon.set(FINISHING)
@@ -265,7 +292,7 @@ def _record_start(env: DistEnv, folder: Path, environ: Mapping[str, str], resume
     the supervisor blames when a rank fails without a word: killed by a signal, hung)."""
     import torch.distributed as dist
 
-    from hpc_ddp.dist.hostlist import expand
+    from hpc_ddp.cluster.hostlist import expand
 
     nodes: list[Any] = [None] * env.world_size
     dist.all_gather_object(nodes, node_name(environ))
@@ -275,7 +302,9 @@ def _record_start(env: DistEnv, folder: Path, environ: Mapping[str, str], resume
             job_nodes = expand(listed) if listed else list(dict.fromkeys(nodes))
         except ValueError:
             job_nodes = list(dict.fromkeys(nodes))
-        attempts.record_start(folder, env.job_id or "", attempt_restart(environ), job_nodes, nodes, resumed_from)
+        attempts.record_start(
+            folder, env.job_id or "", attempt_restart(environ), job_nodes, nodes, resumed_from
+        )
 
 
 def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
@@ -288,13 +317,16 @@ def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
     if not model_path.is_file():
         checkpoint.atomic_save(checkpoint.to_cpu(trainer.model.state_dict()), model_path)
         log.info(f"model.pth was missing: written from the final checkpoint to {model_path}")
-    log.info(f"The run in {folder} already finished at epoch {pos.epoch}, step {pos.step} ({limits}): nothing to "
-             "train, nothing written. To train further, raise --epochs or --max-steps; to start over, use "
-             "another --folder or --resume never --overwrite")
+    log.info(
+        f"The run in {folder} already finished at epoch {pos.epoch}, step {pos.step} ({limits}): nothing to "
+        "train, nothing written. To train further, raise --epochs or --max-steps; to start over, use "
+        "another --folder or --resume never --overwrite"
+    )
 
 
-def _watchdog(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, trainer: Trainer,
-              environ: Mapping[str, str]) -> contextlib.AbstractContextManager[object]:
+def _watchdog(
+    cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, trainer: Trainer, environ: Mapping[str, str]
+) -> contextlib.AbstractContextManager[object]:
     """The hang watchdog for this rank (run/watchdog.py), or nothing with --hang-timeout-s 0."""
     from hpc_ddp.run.watchdog import Identity, Watchdog
 
@@ -305,12 +337,20 @@ def _watchdog(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, traine
     # The same on every rank, new for every start of the job: a requeued run's reports never mix with the last.
     run_id = f"{env.job_id or 'pid' + str(trainer.peers[0][1])}-{restart}"
     who = Identity(env.rank, env.world_size, socket.gethostname(), tuple(trainer.peers), run_id)
-    return Watchdog(trainer.beacon, who, folder, setting, cfg.timeout_s,
-                    lambda: trainer.metrics.step_times[-100:], log.info)
+    return Watchdog(
+        trainer.beacon,
+        who,
+        folder,
+        setting,
+        cfg.timeout_s,
+        lambda: trainer.metrics.step_times[-100:],
+        log.info,
+    )
 
 
-def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, environ: Mapping[str, str],
-               outcome: Outcome) -> int:
+def _preempted(
+    cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, environ: Mapping[str, str], outcome: Outcome
+) -> int:
     """After the agreed save: every rank is past it (barrier), then rank 0 requeues or reports."""
     import torch.distributed as dist
 
@@ -320,14 +360,18 @@ def _preempted(cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, envir
         decision = preemption.decide(outcome.requeue_votes, outcome.stop_votes, preempted, cfg.max_requeue)
         mode = preemption.requeue_mode(cfg.requeue_by, env.launcher, bool(environ.get(preemption.BATCH_VAR)))
         # The launcher (local run) or a batch script reads this to decide whether to start the job again.
-        run_folder.write_preempted(folder, run_folder.Preempted(decision.requeue, preemption.signal_name(), mode))
+        run_folder.write_preempted(
+            folder, run_folder.Preempted(decision.requeue, preemption.signal_name(), mode)
+        )
         log.info(f"{preemption.signal_name()}: {decision.message}")
         if decision.requeue and mode == "scontrol" and env.job_id:
             error = preemption.scontrol_requeue(env.job_id)
-            log.info(f"requeued job {env.job_id}" if error is None else
-                     f"scontrol requeue {env.job_id} failed: {error}; exiting {exitcodes.PREEMPTED} instead")
+            log.info(
+                f"requeued job {env.job_id}"
+                if error is None
+                else f"scontrol requeue {env.job_id} failed: {error}; exiting {exitcodes.PREEMPTED} instead"
+            )
     # Nobody exits before rank 0 has requeued: under `srun --kill-on-bad-exit=1` the first task to exit
     # PREEMPTED (non-zero) gets the whole step killed, rank 0 included, maybe before its scontrol call.
     dist.barrier()
     return exitcodes.PREEMPTED
-

@@ -70,7 +70,9 @@ def slow_ranks(rows: Sequence[Sequence[float]]) -> list[Straggler]:
     slow = []
     for rank, (data, compute) in enumerate(per_step):
         if own[rank] > FACTOR * median and own[rank] - median > MIN_EXCESS_S:
-            phase = "data loading" if data - median_data >= compute - median_compute else "forward and backward"
+            phase = (
+                "data loading" if data - median_data >= compute - median_compute else "forward and backward"
+            )
             slow.append(Straggler(rank, phase, own[rank], median))
     return slow
 
@@ -91,6 +93,8 @@ class Judge:
 
 
 def describe(s: Straggler, host: str, step: int) -> str:
-    return (f"straggler at step {step}: rank {s.rank} ({host}) is {s.slower:.1f}x slower than the median rank "
-            f"in {s.phase} ({s.own_s * 1000:.1f} ms of its own work per step vs {s.median_s * 1000:.1f} ms); every "
-            "rank waits for it at each all-reduce")
+    return (
+        f"straggler at step {step}: rank {s.rank} ({host}) is {s.slower:.1f}x slower than the median rank "
+        f"in {s.phase} ({s.own_s * 1000:.1f} ms of its own work per step vs {s.median_s * 1000:.1f} ms); every "
+        "rank waits for it at each all-reduce"
+    )

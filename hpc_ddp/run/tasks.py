@@ -55,19 +55,31 @@ def _synthetic_regression(samples: int, features: int, outputs: int, seed: int) 
 
 def linear(config: TrainConfig) -> Task:
     """The article's example: nn.Linear(10, 1) on 1000 synthetic samples, MSE, SGD."""
-    return Task(model=nn.Linear(10, 1), dataset=_synthetic_regression(1000, 10, 1, config.seed),
-                loss_fn=nn.functional.mse_loss)
+    return Task(
+        model=nn.Linear(10, 1),
+        dataset=_synthetic_regression(1000, 10, 1, config.seed),
+        loss_fn=nn.functional.mse_loss,
+    )
 
 
 def mlp(config: TrainConfig) -> Task:
     """About 3.4 M parameters (3,428,368): big enough that the gradient all-reduce is a real part of each
     step."""
     width = 1024
-    model = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                          nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                          nn.Linear(width, 16))
-    return Task(model=model, dataset=_synthetic_regression(8192, 256, 16, config.seed),
-                loss_fn=nn.functional.mse_loss)
+    model = nn.Sequential(
+        nn.Linear(256, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 16),
+    )
+    return Task(
+        model=model, dataset=_synthetic_regression(8192, 256, 16, config.seed), loss_fn=nn.functional.mse_loss
+    )
 
 
 BUILTINS: dict[str, Callable[[TrainConfig], Task]] = {"linear": linear, "mlp": mlp}
@@ -79,7 +91,9 @@ def resolve(spec: str) -> Callable[[TrainConfig], Task]:
         return BUILTINS[spec]
     module_name, _, func_name = spec.partition(":")
     if not module_name or not func_name:
-        raise UsageError(f"--task {spec!r}: expected a built-in ({', '.join(BUILTINS)}) or module.path:function")
+        raise UsageError(
+            f"--task {spec!r}: expected a built-in ({', '.join(BUILTINS)}) or module.path:function"
+        )
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # `python -m` puts the cwd first; console scripts don't
     try:
@@ -88,14 +102,23 @@ def resolve(spec: str) -> Callable[[TrainConfig], Task]:
         # Not found only if what is missing is the task module itself or one of its packages; a module that
         # exists but imports something missing is another mistake (its name merely starting alike is not it).
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise UsageError(f"--task {spec!r}: module {module_name!r} not found in {os.getcwd()} or PYTHONPATH. "
-                             "Fix: run from the folder that holds it, or add that folder to PYTHONPATH") from e
-        where = next((f"{os.path.basename(frame.filename)} line {frame.lineno}"
-                      for frame in reversed(traceback.extract_tb(e.__traceback__))
-                      if not frame.filename.startswith("<")), "")
-        raise UsageError(f"--task {spec!r}: {module_name} was found, but importing it failed: {e}"
-                         f"{f' ({where})' if where else ''}. Fix: install that module in this environment, or "
-                         "fix the import") from e
+            raise UsageError(
+                f"--task {spec!r}: module {module_name!r} not found in {os.getcwd()} or PYTHONPATH. "
+                "Fix: run from the folder that holds it, or add that folder to PYTHONPATH"
+            ) from e
+        where = next(
+            (
+                f"{os.path.basename(frame.filename)} line {frame.lineno}"
+                for frame in reversed(traceback.extract_tb(e.__traceback__))
+                if not frame.filename.startswith("<")
+            ),
+            "",
+        )
+        raise UsageError(
+            f"--task {spec!r}: {module_name} was found, but importing it failed: {e}"
+            f"{f' ({where})' if where else ''}. Fix: install that module in this environment, or "
+            "fix the import"
+        ) from e
     builder = getattr(module, func_name, None)
     if not callable(builder):
         raise UsageError(f"--task {spec!r}: {module_name} has no function {func_name!r}")
@@ -106,10 +129,16 @@ def build(config: TrainConfig) -> Task:
     """Resolve and call the task builder, checking that it returned a usable Task."""
     task = resolve(config.task)(config)
     if not isinstance(task, Task):
-        raise UsageError(f"--task {config.task}: the function returned {type(task).__name__}, expected hpc_ddp.Task")
+        raise UsageError(
+            f"--task {config.task}: the function returned {type(task).__name__}, expected hpc_ddp.Task"
+        )
     if not isinstance(task.model, nn.Module):
-        raise UsageError(f"--task {config.task}: Task.model is {type(task.model).__name__}, expected an nn.Module")
+        raise UsageError(
+            f"--task {config.task}: Task.model is {type(task.model).__name__}, expected an nn.Module"
+        )
     if not hasattr(task.dataset, "__len__") or not hasattr(task.dataset, "__getitem__"):
-        raise UsageError(f"--task {config.task}: Task.dataset must be a map-style Dataset (with __len__ and "
-                         "__getitem__), so the DistributedSampler can split it across ranks")
+        raise UsageError(
+            f"--task {config.task}: Task.dataset must be a map-style Dataset (with __len__ and "
+            "__getitem__), so the DistributedSampler can split it across ranks"
+        )
     return task

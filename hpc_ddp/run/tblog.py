@@ -31,8 +31,10 @@ def missing() -> str | None:
     try:
         import tensorboard  # noqa: F401  (a light import: the package loads its parts lazily)
     except ImportError as e:
-        return (f"--tensorboard needs the tensorboard package, which this Python cannot import ({e}). Fix: "
-                f"{INSTALL}, or drop --tensorboard")
+        return (
+            f"--tensorboard needs the tensorboard package, which this Python cannot import ({e}). Fix: "
+            f"{INSTALL}, or drop --tensorboard"
+        )
     return None
 
 
@@ -97,4 +99,3 @@ class Board:
         writer.close()
         record = {"max_step": self.last, "files": sorted(set(self.covered + self.own))}
         self._atomic(self.directory / RECORD, (json.dumps(record) + "\n").encode())
-

@@ -17,9 +17,9 @@ Every few steps the ranks compare those splits with one small all-gather (run/st
 from __future__ import annotations
 
 import contextlib
-import os
 import itertools
 import math
+import os
 import random
 import socket
 import time
@@ -37,8 +37,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from hpc_ddp._version import __version__
-from hpc_ddp.dist import group
-from hpc_ddp.dist.env import DistEnv
+from hpc_ddp.cluster import group
+from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import NonFinite, SavingFailed, UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import beacon as phase
@@ -123,9 +123,19 @@ class Trainer:
     `comm_hook`, if given, is DDP's comm hook (none by default: DDP's own C++ all-reduce). `mark_grads=False`
     (the baseline of `python -m hpc_ddp.bench watchdog`) skips the end-of-backward mark of the beacon."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task, folder: Path,
-                 log: RankLog, commit: checkpoint.Commit = checkpoint.commit, beacon: Beacon | None = None,
-                 comm_hook: CommHook | None = None, mark_grads: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        env: DistEnv,
+        device: torch.device,
+        task: Task,
+        folder: Path,
+        log: RankLog,
+        commit: checkpoint.Commit = checkpoint.commit,
+        beacon: Beacon | None = None,
+        comm_hook: CommHook | None = None,
+        mark_grads: bool = True,
+    ) -> None:
         self.cfg, self.env, self.device, self.folder, self.log = cfg, env, device, folder, log
         self.commit = commit
         self.beacon = beacon or Beacon()  # what this rank does, for the hang watchdog (run/watchdog.py)
@@ -141,17 +151,26 @@ class Trainer:
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
         self.loss_fn = task.loss_fn
         self.sampler: DistributedSampler[Any] = DistributedSampler(
-            task.dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed, drop_last=True)
+            task.dataset,
+            num_replicas=env.world_size,
+            rank=env.rank,
+            shuffle=True,
+            seed=cfg.seed,
+            drop_last=True,
+        )
         self.batches_per_epoch = len(self.sampler) // cfg.batch_size
         if self.batches_per_epoch == 0:  # checked before DDP exists: nothing to release on this error
-            raise UsageError(f"each rank gets {len(self.sampler)} samples of the dataset ({env.world_size} ranks), "
-                             f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks")
+            raise UsageError(
+                f"each rank gets {len(self.sampler)} samples of the dataset ({env.world_size} ranks), "
+                f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks"
+            )
         self.pending_save: _PendingSave | None = None  # before the writer: close() records what it wrote
         self.writer = checkpoint.AsyncWriter(warn=log.warn)
         self.model = task.model.to(device)
         # gradient_as_bucket_view: gradients live inside DDP's all-reduce buckets, saving a copy per step.
-        self.ddp = DDP(self.model, device_ids=[device] if device.type == "cuda" else None,
-                       gradient_as_bucket_view=True)
+        self.ddp = DDP(
+            self.model, device_ids=[device] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        )
         group.hold(self.ddp)  # its Reducer holds the group: it must be gone before the group is
         try:
             self._finish_init(cfg, env, device, task, comm_hook, mark_grads)
@@ -159,8 +178,15 @@ class Trainer:
             self.close()  # a user optimizer or the DataLoader raised: release DDP before the group goes
             raise
 
-    def _finish_init(self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task,
-                     comm_hook: CommHook | None, mark_grads: bool) -> None:
+    def _finish_init(
+        self,
+        cfg: TrainConfig,
+        env: DistEnv,
+        device: torch.device,
+        task: Task,
+        comm_hook: CommHook | None,
+        mark_grads: bool,
+    ) -> None:
         # No comm hook unless one is needed: any hook, even a Python copy of DDP's own all-reduce, costs an
         # extra pass over every gradient (DDP divides while copying into its buckets only without a hook).
         hook = comm_hook or (_ordered_mean_hook if cfg.deterministic and env.world_size > 1 else None)
@@ -176,10 +202,16 @@ class Trainer:
         # An explicit generator: otherwise each DataLoader iterator draws its seed from the global RNG, and a
         # resumed run's dropout would see a different random stream than the uninterrupted run.
         self.loader_gen = torch.Generator()
-        self.loader = DataLoader(task.dataset, batch_size=cfg.batch_size, sampler=self.skip, drop_last=True,
-                                 num_workers=workers, pin_memory=device.type == "cuda",
-                                 worker_init_fn=preemption.ignore if workers else None,
-                                 generator=self.loader_gen)
+        self.loader = DataLoader(
+            task.dataset,
+            batch_size=cfg.batch_size,
+            sampler=self.skip,
+            drop_last=True,
+            num_workers=workers,
+            pin_memory=device.type == "cuda",
+            worker_init_fn=preemption.ignore if workers else None,
+            generator=self.loader_gen,
+        )
         self._step_loss = torch.zeros((), device=device)  # this step's micro-batch losses, on the device
         self.pos = Position()
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
@@ -189,8 +221,12 @@ class Trainer:
         self.param_names = [name for name, _ in self.model.named_parameters()]
         self.step_data_s = 0.0  # this step's wait for data (rank 0 records it)
         steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
-        self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env,
-                                        progress.total_steps(cfg.epochs, steps_per_epoch, cfg.max_steps))
+        self.metrics = metrics.Recorder(
+            self.folder if env.is_main else None,
+            cfg,
+            env,
+            progress.total_steps(cfg.epochs, steps_per_epoch, cfg.max_steps),
+        )
         checkpoint.check_savable(self.optimizer.state_dict(), "the optimizer's state_dict()")
 
     def _queue_mark(self, grad: torch.Tensor) -> None:
@@ -226,7 +262,7 @@ class Trainer:
                 except Exception as e:  # the run's outcome stands; the curves lose their last events
                     self.log.warn(f"TensorBoard's event file could not be flushed and closed: {e}")
 
-    def __enter__(self) -> "Trainer":
+    def __enter__(self) -> Trainer:
         return self
 
     def __exit__(self, kind: object, error: BaseException | None, tb: TracebackType | None) -> None:
@@ -254,17 +290,29 @@ class Trainer:
         rngs: list[Any] = [None] * self.env.world_size
         # RNG tensors travel as bytes: a pickled tensor goes through torch.save/torch.load inside
         # all_gather_object, which doubled the gather, a third of a save's stall (hpc_ddp.bench).
-        mine = {k: v.numpy().tobytes() if isinstance(v, torch.Tensor) else v
-                for k, v in self._rank_rng().items()}
+        mine = {
+            k: v.numpy().tobytes() if isinstance(v, torch.Tensor) else v for k, v in self._rank_rng().items()
+        }
         dist.all_gather_object(rngs, mine)
-        rngs = [{k: torch.frombuffer(bytearray(v), dtype=torch.uint8) if isinstance(v, bytes) else v
-                 for k, v in rng.items()} for rng in rngs]
+        rngs = [
+            {
+                k: torch.frombuffer(bytearray(v), dtype=torch.uint8) if isinstance(v, bytes) else v
+                for k, v in rng.items()
+            }
+            for rng in rngs
+        ]
         if not self.env.is_main:
             return None
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler else None, "position": asdict(self.pos),
-                "rng": rngs, "world_size": self.env.world_size, "config": self.cfg.as_dict(),
-                "version": __version__}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "position": asdict(self.pos),
+            "rng": rngs,
+            "world_size": self.env.world_size,
+            "config": self.cfg.as_dict(),
+            "version": __version__,
+        }
 
     def save(self, final: bool = False) -> None:
         """Checkpoint at the current position: rank 0 copies state to CPU now and writes it in the background.
@@ -293,7 +341,9 @@ class Trainer:
 
                 self.writer.submit(write)  # waits for the previous write first
                 self._record_save()  # the previous save: its write has ended
-                self.pending_save = _PendingSave(self.pos.epoch, self.pos.step, time.monotonic() - began, timing)
+                self.pending_save = _PendingSave(
+                    self.pos.epoch, self.pos.step, time.monotonic() - began, timing
+                )
         if final and self.env.is_main:
             waited = time.monotonic()
             try:
@@ -313,17 +363,20 @@ class Trainer:
         """Rank 0: write the "save" record of the pending save (its write has ended, or never will)."""
         pending, self.pending_save = self.pending_save, None
         if pending is not None:
-            self.metrics.save(pending.epoch, pending.step, pending.stall_s, pending.timing.get("write_s"),
-                              pending.final)
+            self.metrics.save(
+                pending.epoch, pending.step, pending.stall_s, pending.timing.get("write_s"), pending.final
+            )
 
     def _saving_failed_message(self, error: BaseException) -> str:
         last = checkpoint.read_latest(self.folder)
         kept = f"the last checkpoint written, {last}, is kept" if last else "no checkpoint was written"
         tries = f" after {self.writer.failures} attempts" if self.writer.failures > 1 else ""
-        return (f"checkpoints cannot be written to {checkpoint.ckpt_dir(self.folder)}{tries}: "
-                f"{checkpoint.describe(error)}. Every rank stops at step {self.pos.step} so that no more work depends "
-                f"on a save that does not happen; {kept}. Fix: free space (or quota) there, then run the same "
-                "command to resume")
+        return (
+            f"checkpoints cannot be written to {checkpoint.ckpt_dir(self.folder)}{tries}: "
+            f"{checkpoint.describe(error)}. Every rank stops at step {self.pos.step} so that no more work depends "
+            f"on a save that does not happen; {kept}. Fix: free space (or quota) there, then run the same "
+            "command to resume"
+        )
 
     def _stop_for_saving(self, code: float) -> None:
         """Every rank, at the same step: rank 0's writer gave up (see `_agree`)."""
@@ -332,13 +385,17 @@ class Trainer:
             raise SavingFailed(self._saving_failed_message(error)) from error
         if error is not None:  # non-finite weights (one line), or a bug (its traceback)
             raise error
-        message = (f"rank 0 could not write checkpoints (see its log); every rank stopped with it at step "
-                   f"{self.pos.step}")
+        message = (
+            f"rank 0 could not write checkpoints (see its log); every rank stopped with it at step "
+            f"{self.pos.step}"
+        )
         raise NonFinite(message) if code == _SAVING_NONFINITE else SavingFailed(message)
 
     def finished(self) -> bool:
         """Nothing left to train at this position under the current --epochs and --max-steps."""
-        return self.pos.epoch >= self.cfg.epochs or bool(self.cfg.max_steps and self.pos.step >= self.cfg.max_steps)
+        return self.pos.epoch >= self.cfg.epochs or bool(
+            self.cfg.max_steps and self.pos.step >= self.cfg.max_steps
+        )
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         """Load a checkpoint's model, optimizer, scaler, position and this rank's RNG. A --lr that differs from
@@ -405,8 +462,11 @@ class Trainer:
         target = target.to(self.device, non_blocking=True)
         # no_sync on all but the last micro-batch: gradients accumulate locally, one all-reduce per step.
         with contextlib.nullcontext() if sync else self.ddp.no_sync():
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                                enabled=self.autocast_dtype is not None):
+            with torch.autocast(
+                self.device.type,
+                dtype=self.autocast_dtype or torch.float32,
+                enabled=self.autocast_dtype is not None,
+            ):
                 loss = self.loss_fn(self.ddp(inputs), target)
             scaled = loss * scale
             if sync and self.mark_grads:
@@ -434,12 +494,20 @@ class Trainer:
         0's background writer gave up (checked without waiting; it also starts a retry that is due)."""
         requeue, stop = preemption.pending()
         fatal = self.writer.check()  # idle on every rank but 0
-        saving = _SAVING_OK if fatal is None else (_SAVING_NONFINITE if isinstance(fatal, NonFinite)
-                                                   else _SAVING_FAILED)
-        packet = torch.stack([loss_sum.float(), torch.tensor(float(count), device=self.device),
-                              torch.tensor(float(requeue), device=self.device),
-                              torch.tensor(float(stop), device=self.device),
-                              torch.tensor(saving, device=self.device)])
+        saving = (
+            _SAVING_OK
+            if fatal is None
+            else (_SAVING_NONFINITE if isinstance(fatal, NonFinite) else _SAVING_FAILED)
+        )
+        packet = torch.stack(
+            [
+                loss_sum.float(),
+                torch.tensor(float(count), device=self.device),
+                torch.tensor(float(requeue), device=self.device),
+                torch.tensor(float(stop), device=self.device),
+                torch.tensor(saving, device=self.device),
+            ]
+        )
         dist.all_reduce(packet)
         values = packet.tolist()
         return Agreed(values[0], values[1], values[2], values[3], values[4])
@@ -452,9 +520,11 @@ class Trainer:
         if self.cfg.nonfinite_loss == "skip" and self.skipped < MAX_SKIPPED:
             self.skipped += 1
             if self.env.is_main:
-                self.log.warn(f"{where}: the loss averaged over all ranks is {value}; that step's update was "
-                              f"skipped (--nonfinite-loss skip; {self.skipped} in a row, the run stops at "
-                              f"{MAX_SKIPPED + 1})")
+                self.log.warn(
+                    f"{where}: the loss averaged over all ranks is {value}; that step's update was "
+                    f"skipped (--nonfinite-loss skip; {self.skipped} in a row, the run stops at "
+                    f"{MAX_SKIPPED + 1})"
+                )
             return
         self.metrics.nonfinite(self.pos, step, self.cfg.nonfinite_loss)
         last = checkpoint.read_latest(self.folder)
@@ -462,14 +532,20 @@ class Trainer:
         if (self.folder / MODEL).is_file():
             kept += ", model.pth is untouched"
         if self.skipped:
-            cause = (f"{where}: the loss averaged over all ranks was not finite in {self.skipped + 1} steps in a "
-                     f"row ({value} now), so the weights themselves are probably not finite")
+            cause = (
+                f"{where}: the loss averaged over all ranks was not finite in {self.skipped + 1} steps in a "
+                f"row ({value} now), so the weights themselves are probably not finite"
+            )
         else:
-            cause = (f"{where}: the loss averaged over all {self.env.world_size} ranks is {value} (a rank's loss "
-                     "or data became NaN/inf, or the learning rate is too high)")
-        raise NonFinite(f"{cause}. The run stopped before applying that update and saved nothing after the last "
-                        f"finite step ({kept}). Fix: check the data, a smaller --lr or --clip-grad; "
-                        "--nonfinite-loss skip drops such steps instead")
+            cause = (
+                f"{where}: the loss averaged over all {self.env.world_size} ranks is {value} (a rank's loss "
+                "or data became NaN/inf, or the learning rate is too high)"
+            )
+        raise NonFinite(
+            f"{cause}. The run stopped before applying that update and saved nothing after the last "
+            f"finite step ({kept}). Fix: check the data, a smaller --lr or --clip-grad; "
+            "--nonfinite-loss skip drops such steps instead"
+        )
 
     # ----- the loop -----------------------------------------------------------------------------------
     def _epoch(self, epoch: int) -> Outcome | None:
@@ -494,9 +570,13 @@ class Trainer:
                 self.skipped = 0
                 pos.loss_sum, pos.loss_count = pos.loss_sum + agreed.loss_sum, pos.loss_count + agreed.count
             pos.batch, pos.step = pos.batch + size, pos.step + 1
-            self.metrics.step(pos, agreed.loss_sum / max(agreed.count, 1.0),
-                              cfg.batch_size * size * self.env.world_size,
-                              float(self.optimizer.param_groups[0]["lr"]), self.step_data_s)
+            self.metrics.step(
+                pos,
+                agreed.loss_sum / max(agreed.count, 1.0),
+                cfg.batch_size * size * self.env.world_size,
+                float(self.optimizer.param_groups[0]["lr"]),
+                self.step_data_s,
+            )
             self.step_data_s = 0.0
             if self.pending_save is not None and "write_s" in self.pending_save.timing:
                 self._record_save()  # the background write is durable: rank 0 records the save
@@ -564,4 +644,3 @@ def _to_lists(obj: Any) -> Any:
 
 def _to_tuples(obj: Any) -> Any:
     return tuple(_to_tuples(x) for x in obj) if isinstance(obj, list) else obj
-

@@ -37,8 +37,9 @@ def _where(frame: Mapping[str, Any] | None) -> str:
     return f'File "{frame["file"]}", line {frame["line"]}, in {frame["function"]}'
 
 
-def decide(reports: Sequence[Mapping[str, Any]], world_size: int,
-           peers: Sequence[tuple[str, int]], window_s: float) -> dict[str, Any]:
+def decide(
+    reports: Sequence[Mapping[str, Any]], world_size: int, peers: Sequence[tuple[str, int]], window_s: float
+) -> dict[str, Any]:
     """The verdict record: `line` (one line for humans), `culprits`, `unresponsive`, `waiting`, `phase` and
     `step` of the first culprit (what a requeue decision needs), and `reason` (which rule applied)."""
     by_rank = {int(r["rank"]): r for r in reports}
@@ -48,8 +49,14 @@ def decide(reports: Sequence[Mapping[str, Any]], world_size: int,
     steps = [int(r["step"]) for r in reports]
     step = min(steps) if steps else None
     head = f"hang at step {step}: " if step is not None else "hang: "
-    record: dict[str, Any] = {"step": step, "unresponsive": missing, "waiting": waiting, "culprits": [],
-                              "phase": None, "host": None}
+    record: dict[str, Any] = {
+        "step": step,
+        "unresponsive": missing,
+        "waiting": waiting,
+        "culprits": [],
+        "phase": None,
+        "host": None,
+    }
 
     def waiters_text(culprits: Sequence[int]) -> str:
         others = [r for r in waiting if r not in culprits]
@@ -61,10 +68,14 @@ def decide(reports: Sequence[Mapping[str, Any]], world_size: int,
 
     if missing:
         hosts = [peers[r][0] if r < len(peers) else "?" for r in missing]
-        names = ", ".join(_who(r, h, peers[r][1] if r < len(peers) else None) for r, h in zip(missing, hosts))
+        names = ", ".join(
+            _who(r, h, peers[r][1] if r < len(peers) else None) for r, h in zip(missing, hosts, strict=True)
+        )
         verb = "is" if len(missing) == 1 else "are"
-        line = (f"{head}{names} {verb} unresponsive: no report within {window_s:g} s (stopped, frozen in native "
-                f"code, or its node is gone)" + waiters_text(missing))
+        line = (
+            f"{head}{names} {verb} unresponsive: no report within {window_s:g} s (stopped, frozen in native "
+            f"code, or its node is gone)" + waiters_text(missing)
+        )
         record.update(culprits=missing, reason="unresponsive", host=hosts[0])
         if working:
             line += f". Also not waiting: ranks {ranks_text(working)}"
@@ -73,8 +84,10 @@ def decide(reports: Sequence[Mapping[str, Any]], world_size: int,
         first = by_rank[working[0]]
         names = ", ".join(_who(r, str(by_rank[r]["host"]), by_rank[r].get("pid")) for r in working)
         verb = "has" if len(working) == 1 else "have"
-        line = (f"{head}{names} {verb} been in {first['phase']} for {float(first['stalled_s']):.0f} s"
-                + waiters_text(working))
+        line = (
+            f"{head}{names} {verb} been in {first['phase']} for {float(first['stalled_s']):.0f} s"
+            + waiters_text(working)
+        )
         where = _where(first.get("user_frame"))
         if where:
             line += f". Rank {first['rank']}'s stack: ... {where}"
@@ -84,10 +97,16 @@ def decide(reports: Sequence[Mapping[str, Any]], world_size: int,
     if len(spots) > 1:
         groups = "; ".join(
             f"ranks {ranks_text([r for r, rep in by_rank.items() if (rep['phase'], rep['step']) == spot])} in "
-            f"{spot[0]} at step {spot[1]}" for spot in spots)
-        line = (f"{head}no single rank is to blame: the ranks wait in different collectives ({groups}); a "
-                "collective that only some ranks call (rank-dependent code) deadlocks like this")
+            f"{spot[0]} at step {spot[1]}"
+            for spot in spots
+        )
+        line = (
+            f"{head}no single rank is to blame: the ranks wait in different collectives ({groups}); a "
+            "collective that only some ranks call (rank-dependent code) deadlocks like this"
+        )
         return {**record, "line": line, "reason": "mismatched"}
-    line = (f"{head}no single rank is to blame: every rank waits in {spots[0][0]} (a peer outside this job, "
-            "or the network between the nodes)")
+    line = (
+        f"{head}no single rank is to blame: every rank waits in {spots[0][0]} (a peer outside this job, "
+        "or the network between the nodes)"
+    )
     return {**record, "line": line, "reason": "all-waiting"}

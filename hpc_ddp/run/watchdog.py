@@ -70,19 +70,29 @@ def threshold_s(setting: float | None, timeout_s: float, step_times: Sequence[fl
     return min(cap, max(FLOOR_S, STEP_MULTIPLE * median))
 
 
-_LIBRARY_DIRS = tuple({os.path.dirname(os.path.dirname(__file__)) + os.sep,  # hpc_ddp
-                       sysconfig.get_paths()["stdlib"] + os.sep})
+_LIBRARY_DIRS = tuple(
+    {
+        os.path.dirname(os.path.dirname(__file__)) + os.sep,  # hpc_ddp
+        sysconfig.get_paths()["stdlib"] + os.sep,
+    }
+)
 
 
 def _is_library(filename: str) -> bool:
-    return filename.startswith(_LIBRARY_DIRS) or f"{os.sep}torch{os.sep}" in filename or filename.startswith("<")
+    return (
+        filename.startswith(_LIBRARY_DIRS) or f"{os.sep}torch{os.sep}" in filename or filename.startswith("<")
+    )
 
 
 def user_frame(frame: FrameType | None) -> dict[str, Any] | None:
     """The innermost frame of user code (not hpc_ddp, torch or the standard library) in a thread's stack."""
     while frame is not None:
         if not _is_library(frame.f_code.co_filename):
-            return {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
+            return {
+                "file": frame.f_code.co_filename,
+                "line": frame.f_lineno,
+                "function": frame.f_code.co_name,
+            }
         frame = frame.f_back
     return None
 
@@ -124,10 +134,24 @@ def _write_json(path: Path, record: dict[str, Any]) -> None:
 class Watchdog:
     """Start it once training is about to begin, stop it before teardown (see the module docstring)."""
 
-    def __init__(self, beacon: Beacon, who: Identity, folder: Path, setting: float | None, timeout_s: float,
-                 step_times: Callable[[], Sequence[float]], say: Callable[[str], None],
-                 leave: Callable[[int], Any] = exitcodes.leave) -> None:
-        self.beacon, self.who, self.folder, self.setting, self.timeout_s = beacon, who, folder, setting, timeout_s
+    def __init__(
+        self,
+        beacon: Beacon,
+        who: Identity,
+        folder: Path,
+        setting: float | None,
+        timeout_s: float,
+        step_times: Callable[[], Sequence[float]],
+        say: Callable[[str], None],
+        leave: Callable[[int], Any] = exitcodes.leave,
+    ) -> None:
+        self.beacon, self.who, self.folder, self.setting, self.timeout_s = (
+            beacon,
+            who,
+            folder,
+            setting,
+            timeout_s,
+        )
         self.step_times, self.say, self.leave = step_times, say, leave
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._watch, name="hpc_ddp-watchdog", daemon=True)
@@ -169,10 +193,18 @@ class Watchdog:
     # ----- diagnosis ------------------------------------------------------------------------------------
     def report(self, phase: str, step: int, stalled: float) -> dict[str, Any]:
         main = sys._current_frames().get(threading.main_thread().ident or 0)
-        return {"rank": self.who.rank, "host": self.who.host, "pid": os.getpid(), "phase": phase, "step": step,
-                "stalled_s": round(stalled, 1), "collective": phase in phases.COLLECTIVE,
-                "user_frame": user_frame(main), "stack": stacks(skip=threading.get_ident()),
-                "time": round(time.time(), 3)}
+        return {
+            "rank": self.who.rank,
+            "host": self.who.host,
+            "pid": os.getpid(),
+            "phase": phase,
+            "step": step,
+            "stalled_s": round(stalled, 1),
+            "collective": phase in phases.COLLECTIVE,
+            "user_frame": user_frame(main),
+            "stack": stacks(skip=threading.get_ident()),
+            "time": round(time.time(), 3),
+        }
 
     def diagnose(self, phase: str, step: int, stalled: float) -> None:
         """Report, collect, decide (lowest reporting rank), print, and leave with exitcodes.HANG."""
@@ -189,11 +221,16 @@ class Watchdog:
             # its log only: unprefixed lines of ranks other than 0 stay out of the local launcher's console.
             if decided:
                 self.say(line)
-            _raw(("" if decided else f"{line}\n") + f"hpc_ddp: rank {who.rank} was in {phase} at step {step} for "
-                 f"{stalled:.0f} s; its stacks:\n{mine['stack']}")
+            _raw(
+                ("" if decided else f"{line}\n")
+                + f"hpc_ddp: rank {who.rank} was in {phase} at step {step} for "
+                f"{stalled:.0f} s; its stacks:\n{mine['stack']}"
+            )
         except Exception as e:  # the run folder is gone or read-only: still end, never hang here
-            self.say(f"hang: rank {who.rank} stalled in {phase} at step {step} for {stalled:.0f} s, and its "
-                     f"report could not be written ({e})")
+            self.say(
+                f"hang: rank {who.rank} stalled in {phase} at step {step} for {stalled:.0f} s, and its "
+                f"report could not be written ({e})"
+            )
         _end_children()
         self.leave(exitcodes.HANG)
 

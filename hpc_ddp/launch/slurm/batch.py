@@ -41,10 +41,10 @@ from typing import Any, NoReturn
 
 from hpc_ddp import exitcodes, proc
 from hpc_ddp.cli import build_parser
-from hpc_ddp.dist.hostlist import expand
+from hpc_ddp.cluster.hostlist import expand
 from hpc_ddp.errors import UsageError, run_main
 from hpc_ddp.run import attempts as record
-from hpc_ddp.run import exits, preemption, retry, watchdog
+from hpc_ddp.run import exits, retry, watchdog
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
 
@@ -61,6 +61,7 @@ def say(text: str) -> None:
 
 
 # ----- pure parts ----------------------------------------------------------------------------------------
+
 
 def srun_deaths(lines: Sequence[str]) -> tuple[tuple[int, str], ...]:
     """srun's "task N: <signal text>" lines -> ((rank, signal name), ...), but only when a death by a signal
@@ -108,6 +109,7 @@ def _hosts(text: str) -> list[str]:
 
 
 # ----- the shell around Slurm's commands --------------------------------------------------------------------
+
 
 def _slurm(*argv: str) -> str | None:
     out = proc.run(list(argv), timeout_s=30)
@@ -168,15 +170,24 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
         # Its batch shell died before its `end` (its node went down with it, most likely): close it now.
         nodes = list(open_attempt.nodes)
         down = _down(nodes) if nodes else ()
-        ending = retry.judge(retry.Evidence(code=exitcodes.FAILED, rank_nodes=open_attempt.ranks, down=down,
-                                            node_fail=True))
+        ending = retry.judge(
+            retry.Evidence(code=exitcodes.FAILED, rank_nodes=open_attempt.ranks, down=down, node_fail=True)
+        )
         if not down:
-            ending = replace(ending, outcome=record.LOST, reason="its batch shell ended without a word (the "
-                                                                  "node it ran on failed, or it was killed)",
-                             signature="lost")
+            ending = replace(
+                ending,
+                outcome=record.LOST,
+                reason="its batch shell ended without a word (the node it ran on failed, or it was killed)",
+                signature="lost",
+            )
         before = [a for a in history if a.number < open_attempt.number]
-        closed = retry.close(open_attempt, ending, record.step_reached(folder, open_attempt.started or 0),
-                             record.checkpoint_step(folder), time.time())
+        closed = retry.close(
+            open_attempt,
+            ending,
+            record.step_reached(folder, open_attempt.started or 0),
+            record.checkpoint_step(folder),
+            time.time(),
+        )
         decision = retry.decide(before, closed, cfg.max_restarts)
         record.record_end(folder, replace(closed, decision=decision.action, exclude=decision.exclude))
         say(f"attempt {closed.number} {closed.outcome}: {closed.reason}; {decision.message}")
@@ -192,11 +203,14 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
     if folder.is_dir():  # else the tasks create it (a first start); `end` then goes by rank 0's start record
         where = exits.attempt_folder(folder, job, restart)
         where.mkdir(parents=True, exist_ok=True)
-        run_folder.atomic_write_bytes(where / STATE, json.dumps({"began": time.time(), "log": log,
-                                                                 "offset": offset}).encode())
+        run_folder.atomic_write_bytes(
+            where / STATE, json.dumps({"began": time.time(), "log": log, "offset": offset}).encode()
+        )
     number = len(history) + 1
-    say(f"attempt {number} of job {job} (restart {restart}) on {environ.get('SLURM_JOB_NODELIST', '?')}; run "
-        f"folder {folder.absolute()}")
+    say(
+        f"attempt {number} of job {job} (restart {restart}) on {environ.get('SLURM_JOB_NODELIST', '?')}; run "
+        f"folder {folder.absolute()}"
+    )
     return exitcodes.OK
 
 
@@ -243,12 +257,19 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str]) 
     fresh = status == exitcodes.PREEMPTED and run_folder.preempted_since(folder, began)
     preempted = run_folder.read_preempted(folder) if fresh else None
     evidence = retry.Evidence(
-        code=status, rank_nodes=this.ranks, notes=tuple(exits.read(folder, job, restart)),
+        code=status,
+        rank_nodes=this.ranks,
+        notes=tuple(exits.read(folder, job, restart)),
         verdict=watchdog.read_verdict(folder, since=began) if began else None,
-        killed=srun_deaths(_srun_lines(state, log)), requeue=preempted.requeue if preempted else None,
-        down=_down(nodes) if status != exitcodes.OK else (), node_fail=slurm_requeued and status != exitcodes.OK)
+        killed=srun_deaths(_srun_lines(state, log)),
+        requeue=preempted.requeue if preempted else None,
+        down=_down(nodes) if status != exitcodes.OK else (),
+        node_fail=slurm_requeued and status != exitcodes.OK,
+    )
     ending = retry.judge(evidence)
-    this = retry.close(this, ending, record.step_reached(folder, began), record.checkpoint_step(folder), time.time())
+    this = retry.close(
+        this, ending, record.step_reached(folder, began), record.checkpoint_step(folder), time.time()
+    )
     decision = retry.decide(history, this, cfg.max_restarts, retryable=ending.retryable)
     exclude = decision.exclude
     if decision.action == record.REQUEUE and exclude:
@@ -256,10 +277,14 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str]) 
         exclude = tuple(dict.fromkeys([*_hosts(fields.get("ExcNodeList", "")), *exclude]))
         usable = retry.usable(_states(partition=fields.get("Partition", "")), exclude)
         if len(usable) < needed:
-            decision = retry.Decision(record.STOP, f"cannot requeue: the job needs {needed} node(s) and only "
-                                                   f"{len(usable)} usable one(s) remain in partition "
-                                                   f"{fields.get('Partition', '?')} once {','.join(exclude)} are "
-                                                   "excluded (the others are down, drained or excluded)", exclude)
+            decision = retry.Decision(
+                record.STOP,
+                f"cannot requeue: the job needs {needed} node(s) and only "
+                f"{len(usable)} usable one(s) remain in partition "
+                f"{fields.get('Partition', '?')} once {','.join(exclude)} are "
+                "excluded (the others are down, drained or excluded)",
+                exclude,
+            )
     if record.worth_recording(this):
         record.record_end(folder, replace(this, decision=decision.action, exclude=exclude))
     if this.outcome == record.HANG:
@@ -299,7 +324,10 @@ def _requeue(job: str, exclude: Sequence[str], fields: Mapping[str, str], alread
     elif not already:
         steps = [["scontrol", "requeuehold" if exclude else "requeue", job]]
     if exclude and (new or not already):
-        steps += [["scontrol", "update", f"JobId={job}", f"ExcNodeList={listed}"], ["scontrol", "release", job]]
+        steps += [
+            ["scontrol", "update", f"JobId={job}", f"ExcNodeList={listed}"],
+            ["scontrol", "release", job],
+        ]
     for argv in steps:
         out = proc.run(argv, timeout_s=30)
         if not out.ok:
@@ -308,15 +336,22 @@ def _requeue(job: str, exclude: Sequence[str], fields: Mapping[str, str], alread
                 proc.run(["scontrol", "release", job], timeout_s=30)  # never leave the job held
             return exitcodes.FAILED
     if exclude:
-        say(f"requeued job {job}; it will not run on {listed} (clear that with: scontrol update JobId={job} "
-            "ExcNodeList=)")
+        say(
+            f"requeued job {job}; it will not run on {listed} (clear that with: scontrol update JobId={job} "
+            "ExcNodeList=)"
+        )
     else:
         say(f"requeued job {job}" if not already else f"job {job} was requeued by Slurm")
     return exitcodes.OK
 
 
-def _stop(job: str, this: record.Attempt, ending: retry.Ending, decision: retry.Decision,
-          history: Sequence[record.Attempt]) -> None:
+def _stop(
+    job: str,
+    this: record.Attempt,
+    ending: retry.Ending,
+    decision: retry.Decision,
+    history: Sequence[record.Attempt],
+) -> None:
     """The job ends here: the first error's traceback first, once, then the attempts in one table."""
     if ending.traceback:
         say(f"the error (rank {ending.rank} on {ending.node}):")
@@ -339,19 +374,23 @@ def summary(a: record.Attempt) -> str:
 
 
 def _stop_code(outcome: str, status: int) -> int:
-    return {record.HANG: exitcodes.HANG, record.NONFINITE: exitcodes.NONFINITE, record.USAGE: exitcodes.USAGE,
-            record.STOPPED: exitcodes.PREEMPTED, record.PREEMPTED: exitcodes.PREEMPTED}.get(outcome,
-                                                                                           exitcodes.FAILED)
+    return {
+        record.HANG: exitcodes.HANG,
+        record.NONFINITE: exitcodes.NONFINITE,
+        record.USAGE: exitcodes.USAGE,
+        record.STOPPED: exitcodes.PREEMPTED,
+        record.PREEMPTED: exitcodes.PREEMPTED,
+    }.get(outcome, exitcodes.FAILED)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     # Everything after `--` is the tasks' training options, parsed by the training parser (_resolve).
-    own, train = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
+    own, train = (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
     parser = build_parser(PROG, __doc__ or "")
     parser.add_argument("step", choices=("begin", "end"), help="before srun (begin) or after it (end)")
     parser.add_argument("--status", type=int, default=0, help="srun's exit status (end)")
-    parser.add_argument("--log", default="", help="a file that holds srun's own lines (\"task N: Killed\")")
+    parser.add_argument("--log", default="", help='a file that holds srun\'s own lines ("task N: Killed")')
     parser.epilog = "then: -- <training options of the tasks>"
     ns = parser.parse_args(own)
     if ns.step == "begin":

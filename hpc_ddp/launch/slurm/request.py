@@ -19,17 +19,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hpc_ddp.dist.env import without_launcher
+from hpc_ddp.cluster.env import without_launcher
 from hpc_ddp.errors import UsageError
 
 SIGNAL = "USR2"  # submitit's default too; NCCL has been known to catch USR1
 SRUN_FLAGS = ("--kill-on-bad-exit=1",)  # plus --cpus-per-task=N when it is known
 
 # sbatch options that `submit` sets from its own flags: `--slurm` must not set them behind the flag's back.
-_OWN_OPTIONS = {"nodes": "--nodes", "ntasks-per-node": "--tasks-per-node", "gpus-per-node": "--gpus-per-node",
-                "cpus-per-task": "--cpus-per-task", "mem": "--mem-gb", "time": "--time", "partition": "--partition",
-                "account": "--account", "qos": "--qos", "constraint": "--constraint", "exclusive": "--exclusive",
-                "job-name": "--job-name", "signal": "--signal-delay-s", "output": "--folder", "error": "--folder"}
+_OWN_OPTIONS = {
+    "nodes": "--nodes",
+    "ntasks-per-node": "--tasks-per-node",
+    "gpus-per-node": "--gpus-per-node",
+    "cpus-per-task": "--cpus-per-task",
+    "mem": "--mem-gb",
+    "time": "--time",
+    "partition": "--partition",
+    "account": "--account",
+    "qos": "--qos",
+    "constraint": "--constraint",
+    "exclusive": "--exclusive",
+    "job-name": "--job-name",
+    "signal": "--signal-delay-s",
+    "output": "--folder",
+    "error": "--folder",
+}
 
 _TIME = re.compile(r"^(?:(?P<days>\d+)-)?(?P<hours>\d{1,2}):(?P<minutes>\d{2}):(?P<seconds>\d{2})$")
 _KEY = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -43,14 +56,18 @@ def parse_time(text: str) -> int:
     else:
         match = _TIME.match(value)
         if match is None or int(match["minutes"]) > 59 or int(match["seconds"]) > 59:
-            raise UsageError(f"--time {text!r}: expected minutes (e.g. 90) or [D-]HH:MM:SS (e.g. 04:00:00 or "
-                             "1-00:00:00)")
-        seconds = (((int(match["days"] or 0) * 24 + int(match["hours"])) * 60 + int(match["minutes"])) * 60
-                   + int(match["seconds"]))
+            raise UsageError(
+                f"--time {text!r}: expected minutes (e.g. 90) or [D-]HH:MM:SS (e.g. 04:00:00 or 1-00:00:00)"
+            )
+        seconds = (
+            (int(match["days"] or 0) * 24 + int(match["hours"])) * 60 + int(match["minutes"])
+        ) * 60 + int(match["seconds"])
         minutes = -(-seconds // 60)
     if minutes <= 0:
-        raise UsageError(f"--time {text!r}: must be at least 1 minute (Slurm reads 0 as 'no limit', which would "
-                         "never send the preemption signal)")
+        raise UsageError(
+            f"--time {text!r}: must be at least 1 minute (Slurm reads 0 as 'no limit', which would "
+            "never send the preemption signal)"
+        )
     return minutes
 
 
@@ -58,8 +75,10 @@ def check_signal_delay(delay_s: int, minutes: int) -> None:
     if delay_s <= 0 or delay_s > 65535:
         raise UsageError(f"--signal-delay-s {delay_s}: must be between 1 and 65535 seconds (Slurm's range)")
     if delay_s >= minutes * 60:
-        raise UsageError(f"--signal-delay-s {delay_s} is not below --time ({minutes * 60} s): the preemption "
-                         "signal would come at once. Fix: a longer --time or a smaller --signal-delay-s")
+        raise UsageError(
+            f"--signal-delay-s {delay_s} is not below --time ({minutes * 60} s): the preemption "
+            "signal would come at once. Fix: a longer --time or a smaller --signal-delay-s"
+        )
 
 
 def parse_extras(items: Sequence[str]) -> dict[str, Any]:
@@ -69,8 +88,10 @@ def parse_extras(items: Sequence[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         key = key.strip().lstrip("-")
         if not _KEY.match(key) or (sep and not value):
-            raise UsageError(f"--slurm {item!r}: expected KEY=VALUE with an sbatch long option name, e.g. "
-                             "--slurm mail-type=END (or KEY alone for a flag, e.g. --slurm hold)")
+            raise UsageError(
+                f"--slurm {item!r}: expected KEY=VALUE with an sbatch long option name, e.g. "
+                "--slurm mail-type=END (or KEY alone for a flag, e.g. --slurm hold)"
+            )
         if key in _OWN_OPTIONS:
             raise UsageError(f"--slurm {item!r}: {key} is set by {_OWN_OPTIONS[key]}; use that flag instead")
         extras[key] = value if sep else True
@@ -81,7 +102,7 @@ def submit_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment to run sbatch in: `environ` minus what an enclosing job or launcher put there. sbatch
     exports the submitting environment into the new job (--export=ALL), and srun reads SLURM_* as defaults:
     a stale SLURM_CPUS_PER_TASK or SLURM_NTASKS_PER_NODE from the outer job would silently reshape the inner
-    one. SLURM_CONF and the user's SBATCH_* stay (hpc_ddp.dist.env: the launcher variables)."""
+    one. SLURM_CONF and the user's SBATCH_* stay (hpc_ddp.cluster.env: the launcher variables)."""
     return without_launcher(environ)
 
 
@@ -121,12 +142,22 @@ class SlurmRequest:
 
     def executor_parameters(self) -> dict[str, Any]:
         """Keyword arguments for submitit's `SlurmExecutor.update_parameters` (its native names)."""
-        optional = {"gpus_per_node": self.gpus_per_node or None, "cpus_per_task": self.cpus_per_task,
-                    "mem": self.mem, "partition": self.partition, "account": self.account, "qos": self.qos,
-                    "constraint": self.constraint, "exclusive": True if self.exclusive else None}
+        optional = {
+            "gpus_per_node": self.gpus_per_node or None,
+            "cpus_per_task": self.cpus_per_task,
+            "mem": self.mem,
+            "partition": self.partition,
+            "account": self.account,
+            "qos": self.qos,
+            "constraint": self.constraint,
+            "exclusive": True if self.exclusive else None,
+        }
         params: dict[str, Any] = {
-            "job_name": self.job_name, "nodes": self.nodes, "ntasks_per_node": self.tasks_per_node,
-            "time": self.minutes, "signal_delay_s": self.signal_delay_s,
+            "job_name": self.job_name,
+            "nodes": self.nodes,
+            "ntasks_per_node": self.tasks_per_node,
+            "time": self.minutes,
+            "signal_delay_s": self.signal_delay_s,
             # One log per task, stdout and stderr interleaved in the order they happened.
             "stderr_to_stdout": True,
             "srun_args": srun_args(self.cpus_per_task),
@@ -139,7 +170,9 @@ class SlurmRequest:
         return params
 
 
-def with_batch_steps(params: dict[str, Any], python: str, argv: Sequence[str], submitit_dir: str) -> dict[str, Any]:
+def with_batch_steps(
+    params: dict[str, Any], python: str, argv: Sequence[str], submitit_dir: str
+) -> dict[str, Any]:
     """The executor parameters plus the batch shell's steps around srun (hpc_ddp.launch.slurm.batch), as
     slurm/ddp.sbatch has them: `begin` in the setup lines, `end` (given srun's status) in the teardown lines.
     The trap keeps the shell alive on SIGTERM (scancel, a requeue): bash runs it once srun returns, and `end`
@@ -149,11 +182,13 @@ def with_batch_steps(params: dict[str, Any], python: str, argv: Sequence[str], s
     module = f"{python} -m hpc_ddp.launch.slurm.batch"
     options = shlex.join(["--", *argv])
     log = shlex.quote(submitit_dir) + '/"${SLURM_JOB_ID}_0_log.out"'
-    setup = [*params.get("setup", []),
-             "export HPC_DDP_BATCH=1  # the tasks leave requeueing to this shell's `end` step",
-             f"{module} begin --log {log} {options} || exit $?",
-             "trap 'echo \"[hpc_ddp] SIGTERM: the tasks save a checkpoint and stop; waiting for them\" >&2' TERM"]
-    teardown = ["status=$?  # srun's", f"{module} end --status \"$status\" {options}", "exit $?"]
+    setup = [
+        *params.get("setup", []),
+        "export HPC_DDP_BATCH=1  # the tasks leave requeueing to this shell's `end` step",
+        f"{module} begin --log {log} {options} || exit $?",
+        "trap 'echo \"[hpc_ddp] SIGTERM: the tasks save a checkpoint and stop; waiting for them\" >&2' TERM",
+    ]
+    teardown = ["status=$?  # srun's", f'{module} end --status "$status" {options}', "exit $?"]
     return {**params, "setup": setup, "teardown": teardown}
 
 
@@ -169,8 +204,10 @@ _SBATCH_FIXES = (
     ("feature", "check --constraint (`sinfo -o '%N %f'` lists node features)"),
     ("memory", "ask for less --mem-gb than a node has (`sinfo -N -l`)"),
     ("gres", "check --gpus-per-node: this partition may have no (or fewer) GPUs (`sinfo -o '%P %G'`)"),
-    ("node configuration is not available", ("ask for no more nodes, CPUs, GPUs or memory than the "
-                                             "partition's nodes have (`sinfo -N -l`)")),
+    (
+        "node configuration is not available",
+        ("ask for no more nodes, CPUs, GPUs or memory than the partition's nodes have (`sinfo -N -l`)"),
+    ),
     ("node count", "ask for no more --nodes than the partition has (`sinfo -s`)"),
 )
 
@@ -178,9 +215,14 @@ _SBATCH_FIXES = (
 def sbatch_error(output: str) -> str:
     """One line from sbatch's refusal: its own error text, then the flag to fix."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    errors = [re.sub(r"^sbatch:\s*(error:\s*)?", "", line) for line in lines
-              if line.startswith("sbatch:") and "Try \"sbatch --help\"" not in line]
-    errors = [re.sub(r"^Batch job submission failed:\s*", "", e) for e in errors] or lines[-1:] or ["no output"]
+    errors = [
+        re.sub(r"^sbatch:\s*(error:\s*)?", "", line)
+        for line in lines
+        if line.startswith("sbatch:") and 'Try "sbatch --help"' not in line
+    ]
+    errors = (
+        [re.sub(r"^Batch job submission failed:\s*", "", e) for e in errors] or lines[-1:] or ["no output"]
+    )
     seen = list(dict.fromkeys(errors))  # sbatch often says the same thing twice in two wordings
     reason = "; ".join(seen)
     fix = next((fix for key, fix in _SBATCH_FIXES if key in reason.lower()), "check the Slurm options")
@@ -188,21 +230,48 @@ def sbatch_error(output: str) -> str:
 
 
 # Pending reasons that waiting will not cure: the job asks for more than the partition or account allows.
-_HOPELESS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
-             "InvalidQOS", "MaxNodePerJob", "MaxCpuPerJob", "MaxGRESPerJob", "MaxWallDurationPerJob")
+_HOPELESS = (
+    "PartitionConfig",
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "BadConstraints",
+    "InvalidAccount",
+    "InvalidQOS",
+    "MaxNodePerJob",
+    "MaxCpuPerJob",
+    "MaxGRESPerJob",
+    "MaxWallDurationPerJob",
+)
 
 
 def pending_hint(reason: str) -> str:
     """squeue's pending reason, with a warning when Slurm will never start the job as asked."""
     if any(key in reason for key in _HOPELESS):
-        return (f"{reason}: Slurm will not start this job as asked (more nodes, GPUs or time than the partition "
-                "or account allows; `sinfo -s`, `scontrol show partition`). scancel it and fix the flags")
+        return (
+            f"{reason}: Slurm will not start this job as asked (more nodes, GPUs or time than the partition "
+            "or account allows; `sinfo -s`, `scontrol show partition`). scancel it and fix the flags"
+        )
     return reason
 
 
-ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
-                           "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "RESV_DEL_HOLD",
-                           "PREEMPTED", "UNKNOWN"})
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SUSPENDED",
+        "COMPLETING",
+        "CONFIGURING",
+        "STAGE_OUT",
+        "SIGNALING",
+        "RESV_DEL_HOLD",
+        "PREEMPTED",
+        "UNKNOWN",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ Layout of a run folder (`--folder`, on storage every node sees):
 Both are created readable by the owner only: submitit unpickles, and so runs, what is in that folder.
 
 Every task runs `TaskEntry`, which calls `hpc_ddp.train.main` with the validated training options; ranks are
-derived inside by `hpc_ddp.dist.env` from srun's variables, as on every other path.
+derived inside by `hpc_ddp.cluster.env` from srun's variables, as on every other path.
 
 Preemption. submitit installs its own handler for the preemption signal (USR2) before it calls the job: on
 rank 0 alone it would checkpoint, `scontrol requeue` and exit, inside the handler, while the other ranks are
@@ -41,12 +41,23 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO, cast
 
 from hpc_ddp import exitcodes, proc
 from hpc_ddp.errors import UsageError, run_task
+from hpc_ddp.launch.slurm.request import (
+    JobState,
+    SlurmRequest,
+    check_signal_delay,
+    mem_text,
+    parse_extras,
+    parse_sacct,
+    parse_scontrol,
+    parse_time,
+    pending_hint,
+    sbatch_error,
+    submit_environ,
+    with_batch_steps,
+)
 from hpc_ddp.log import TracebackFold
-from hpc_ddp.launch.slurm.request import (JobState, SlurmRequest, check_signal_delay, mem_text, parse_extras,
-                                          parse_sacct, parse_scontrol, parse_time, pending_hint, sbatch_error,
-                                          submit_environ, with_batch_steps)
-from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import attempts, preemption, progress, watchdog
+from hpc_ddp.run import folder as run_folder
 
 if TYPE_CHECKING:
     from hpc_ddp.launch.shape import JobShape
@@ -109,11 +120,22 @@ def request_from(ns: argparse.Namespace, shape: JobShape) -> SlurmRequest:
     if not ns.job_name.strip() or any(c.isspace() for c in ns.job_name):
         raise UsageError(f"--job-name {ns.job_name!r}: use a name without spaces, e.g. --job-name resnet50")
     return SlurmRequest(
-        nodes=shape.nodes, tasks_per_node=shape.tasks_per_node, gpus_per_node=shape.gpus_per_node,
-        minutes=minutes, signal_delay_s=ns.signal_delay_s, job_name=ns.job_name,
-        cpus_per_task=ns.cpus_per_task, mem=mem_text(ns.mem_gb) if ns.mem_gb is not None else None,
-        partition=ns.partition, account=ns.account, qos=ns.qos, constraint=ns.constraint,
-        exclusive=ns.exclusive, setup=tuple(ns.setup), extras=tuple(parse_extras(ns.slurm).items()))
+        nodes=shape.nodes,
+        tasks_per_node=shape.tasks_per_node,
+        gpus_per_node=shape.gpus_per_node,
+        minutes=minutes,
+        signal_delay_s=ns.signal_delay_s,
+        job_name=ns.job_name,
+        cpus_per_task=ns.cpus_per_task,
+        mem=mem_text(ns.mem_gb) if ns.mem_gb is not None else None,
+        partition=ns.partition,
+        account=ns.account,
+        qos=ns.qos,
+        constraint=ns.constraint,
+        exclusive=ns.exclusive,
+        setup=tuple(ns.setup),
+        extras=tuple(parse_extras(ns.slurm).items()),
+    )
 
 
 def sbatch_text(request: SlurmRequest, folder: Path, module: str = "", argv: tuple[str, ...] = ()) -> str:
@@ -122,8 +144,9 @@ def sbatch_text(request: SlurmRequest, folder: Path, module: str = "", argv: tup
 
     python = shlex.quote(sys.executable)
     command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder / SUBMITIT_DIR))}"
-    return _make_sbatch_string(command=command, folder=folder / SUBMITIT_DIR,
-                               **_parameters(request, folder, module, argv))
+    return _make_sbatch_string(
+        command=command, folder=folder / SUBMITIT_DIR, **_parameters(request, folder, module, argv)
+    )
 
 
 def _parameters(request: SlurmRequest, folder: Path, module: str, argv: tuple[str, ...]) -> dict[str, Any]:
@@ -161,31 +184,46 @@ def submit(ns: argparse.Namespace, shape: JobShape, cfg: TrainConfig, module: st
         raise UsageError(f"{module} is not available in this installation of hpc_ddp")
     folder = Path(cfg.folder).absolute() if cfg.folder else run_folder.default_for_submission(ns.job_name)
     cfg = cfg.with_folder(str(folder))  # the tasks, and a requeued run, write to and resume from here
-    argv = (*cfg.to_argv(), *(["--collective"] if getattr(ns, "collective", False) else []))  # a doctor option
+    argv = (
+        *cfg.to_argv(),
+        *(["--collective"] if getattr(ns, "collective", False) else []),
+    )  # a doctor option
     if ns.print_sbatch:
         print(sbatch_text(request, folder, module, argv), end="")
         print(f"# every task runs: python -m {module} {shlex.join(argv)}", file=sys.stderr)
         return exitcodes.OK
     if shutil.which("sbatch") is None:
-        raise UsageError("sbatch not found on PATH: this machine is not a Slurm submit host. Fix: run on a login "
-                         "node (or load the Slurm module), use --print-sbatch to see the script, or --local")
+        raise UsageError(
+            "sbatch not found on PATH: this machine is not a Slurm submit host. Fix: run on a login "
+            "node (or load the Slurm module), use --print-sbatch to see the script, or --local"
+        )
     existed = folder.exists()
     prepare_folder(folder)
     try:
-        job_id = _submit(request, folder, TaskEntry(module, argv), cfg.max_requeue,
-                         _parameters(request, folder, module, argv))
+        job_id = _submit(
+            request,
+            folder,
+            TaskEntry(module, argv),
+            cfg.max_requeue,
+            _parameters(request, folder, module, argv),
+        )
     except UsageError:
         if not existed:  # leave nothing behind for a job that never was
             shutil.rmtree(folder, ignore_errors=True)
         raise
     submitted_at = time.time()
     log = log_path(folder, job_id)
-    print(f"Submitted job {job_id}: {shape.nodes} node(s) x {shape.tasks_per_node} task(s), run folder {folder}",
-          flush=True)
+    print(
+        f"Submitted job {job_id}: {shape.nodes} node(s) x {shape.tasks_per_node} task(s), run folder {folder}",
+        flush=True,
+    )
     if not ns.wait:
-        print(f"  rank 0 log:  {log}  (rank N: {job_id}_N_log.out)\n"
-              f"  follow it:   tail -F {log}\n"
-              f"  state:       sacct -j {job_id}    cancel: scancel {job_id}", flush=True)
+        print(
+            f"  rank 0 log:  {log}  (rank N: {job_id}_N_log.out)\n"
+            f"  follow it:   tail -F {log}\n"
+            f"  state:       sacct -j {job_id}    cancel: scancel {job_id}",
+            flush=True,
+        )
         return exitcodes.OK
     print(f"Following {log} until the job ends (Ctrl-C stops following; the job keeps running)", flush=True)
     try:
@@ -195,8 +233,9 @@ def submit(ns: argparse.Namespace, shape: JobShape, cfg: TrainConfig, module: st
         return 130
 
 
-def _submit(request: SlurmRequest, folder: Path, entry: TaskEntry, max_requeue: int,
-            params: dict[str, Any]) -> str:
+def _submit(
+    request: SlurmRequest, folder: Path, entry: TaskEntry, max_requeue: int, params: dict[str, Any]
+) -> str:
     import submitit
     from submitit.core.utils import FailedJobError
 
@@ -212,6 +251,7 @@ def _submit(request: SlurmRequest, folder: Path, entry: TaskEntry, max_requeue: 
 
 
 # ----- following a job ---------------------------------------------------------------------------------
+
 
 def _run(argv: list[str]) -> str | None:
     """A Slurm command's output, or None when it failed (the caller asks again at its next poll)."""
@@ -268,8 +308,14 @@ class _LogFollower:
         self.out.flush()
 
 
-def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out: TextIO = sys.stdout,
-           state_of: Callable[[str], JobState | None] = job_state) -> int:
+def follow(
+    job_id: str,
+    folder: Path,
+    world_size: int,
+    submitted_at: float,
+    out: TextIO = sys.stdout,
+    state_of: Callable[[str], JobState | None] = job_state,
+) -> int:
     """--wait: print rank 0's log as it grows until the job ends, then report; returns the exit code. The
     progress line of the job's metrics.jsonl is shown below it (in place on a terminal), with each start."""
     metrics = progress.MetricsView(folder / run_folder.METRICS, out)
@@ -285,8 +331,10 @@ def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out:
         metrics.poll()
         if state is None:  # sacct may lag behind a fresh submission for a moment
             if time.monotonic() - unknown_since > 300:
-                out.write(f"[submit] cannot get the state of job {job_id} from sacct or scontrol for 5 minutes; "
-                          f"stopped following. Check: sacct -j {job_id}\n")
+                out.write(
+                    f"[submit] cannot get the state of job {job_id} from sacct or scontrol for 5 minutes; "
+                    f"stopped following. Check: sacct -j {job_id}\n"
+                )
                 return exitcodes.FAILED
             time.sleep(POLL_S)
             continue
@@ -303,7 +351,9 @@ def follow(job_id: str, folder: Path, world_size: int, submitted_at: float, out:
             last = state.state
         attempts_seen = _show_attempts(folder, job_id, attempts_seen, out)
         if state.done and not _over(job_id, folder, state, done_since := done_since or time.monotonic()):
-            time.sleep(POLL_S)  # requeued: Slurm's accounting shows the last run's end (NODE_FAIL) for a while
+            time.sleep(
+                POLL_S
+            )  # requeued: Slurm's accounting shows the last run's end (NODE_FAIL) for a while
             continue
         done_since = None if not state.done else done_since
         if state.done:
@@ -338,18 +388,31 @@ def _over(job_id: str, folder: Path, state: JobState, done_since: float) -> bool
     attempts record says the last attempt was requeued and the controller has not caught up yet."""
     fields = dict(re.findall(r"(\w+)=(\S*)", _run(["scontrol", "show", "job", "-o", job_id]) or ""))
     current = fields.get("JobState", "").upper()
-    if current and current not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                                   "BOOT_FAIL", "DEADLINE", "PREEMPTED"):
+    if current and current not in (
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+    ):
         return False
     ends = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.ended is not None]
     requeued = bool(ends) and ends[-1].decision == attempts.REQUEUE or state.state == "NODE_FAIL"
     return not requeued or time.monotonic() - done_since > REQUEUE_GRACE_S
 
 
-def report(job_id: str, folder: Path, world_size: int, state: JobState, submitted_at: float,
-           out: TextIO) -> int:
+def report(
+    job_id: str, folder: Path, world_size: int, state: JobState, submitted_at: float, out: TextIO
+) -> int:
     """The final word on a finished job, and the exit code that `--wait` returns."""
-    say = lambda text: print(f"[submit] {text}", file=out, flush=True)
+
+    def say(text: str) -> None:
+        print(f"[submit] {text}", file=out, flush=True)
+
     saved = run_folder.preempted_since(folder, submitted_at)
     resume = f"; the ranks saved a checkpoint first: run the same command to resume from {folder}"
     if state.state == "COMPLETED":
@@ -361,16 +424,22 @@ def report(job_id: str, folder: Path, world_size: int, state: JobState, submitte
         say(f"job {job_id}: {verdict.get('line', 'hang')}; every rank's report: {folder / watchdog.VERDICT}")
         return exitcodes.HANG
     if state.state == "FAILED" and state.exit_code == exitcodes.NONFINITE:
-        say(f"job {job_id} stopped: the loss became NaN or infinite (exit code {exitcodes.NONFINITE}); every rank "
+        say(
+            f"job {job_id} stopped: the loss became NaN or infinite (exit code {exitcodes.NONFINITE}); every rank "
             f"stopped before applying that update and nothing was saved after the last finite step (see the log "
-            f"above). Fix: check the data, a smaller --lr or --clip-grad, then resume from {folder}")
+            f"above). Fix: check the data, a smaller --lr or --clip-grad, then resume from {folder}"
+        )
         return exitcodes.NONFINITE
     if state.state == "FAILED" and state.exit_code == exitcodes.PREEMPTED:
         say(f"job {job_id} stopped after a signal and was not requeued (see the log above){resume}")
         return exitcodes.PREEMPTED
-    how = {"CANCELLED": "was cancelled", "TIMEOUT": "hit its time limit", "PREEMPTED": "was preempted",
-           "OUT_OF_MEMORY": "ran out of memory (--mem-gb)", "NODE_FAIL": "lost a node"}.get(
-               state.state, f"ended {state.state}")
+    how = {
+        "CANCELLED": "was cancelled",
+        "TIMEOUT": "hit its time limit",
+        "PREEMPTED": "was preempted",
+        "OUT_OF_MEMORY": "ran out of memory (--mem-gb)",
+        "NODE_FAIL": "lost a node",
+    }.get(state.state, f"ended {state.state}")
     if saved:
         say(f"job {job_id} {how}{resume}")
         return exitcodes.PREEMPTED
@@ -380,10 +449,15 @@ def report(job_id: str, folder: Path, world_size: int, state: JobState, submitte
     if ends and ends[-1].decision == attempts.STOP:
         # The batch shell's `end` step showed the first error's traceback and every attempt (above): once.
         last = ends[-1]
-        who = f"rank {last.rank} failed first" + (f" (on {last.node})" if last.node else "") + ": " \
-            if last.rank is not None else ""
-        say(f"{who}{last.reason}; after {len(ends)} attempt(s) the job stopped: its traceback and every attempt "
-            "are shown above")
+        who = (
+            f"rank {last.rank} failed first" + (f" (on {last.node})" if last.node else "") + ": "
+            if last.rank is not None
+            else ""
+        )
+        say(
+            f"{who}{last.reason}; after {len(ends)} attempt(s) the job stopped: its traceback and every attempt "
+            "are shown above"
+        )
     elif state.state != "CANCELLED":
         _show_failure(job_id, folder, world_size, say)
     return exitcodes.USAGE if state.exit_code == exitcodes.USAGE else exitcodes.FAILED
@@ -415,7 +489,7 @@ def _show_failure(job_id: str, folder: Path, world_size: int, say: Callable[[str
     path = log_path(folder, job_id, rank)
     lines = [line for line in _read(path).splitlines() if not _chatter(line)]
     tracebacks = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
-    shown = lines[tracebacks[-1]:] if tracebacks else lines
+    shown = lines[tracebacks[-1] :] if tracebacks else lines
     say(f"rank {rank} failed; the end of {path}:")
     for line in shown[-TAIL_LINES:]:
         say(f"    {line}")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from hpc_ddp.dist import hostlist
+from hpc_ddp.cluster import hostlist
 from hpc_ddp.errors import ClusterConfigError
 
 Launcher = Literal["torchrun", "slurm", "single"]
@@ -78,16 +78,18 @@ FOLDER_LOCK_VAR = "HPC_DDP_FOLDER_LOCK"
 # Everything else Slurm, srun, salloc, submitit and torchrun set for a task goes by these prefixes (srun reads
 # SLURM_*/SRUN_* as defaults: a stale SLURM_CPUS_PER_TASK from an outer job would reshape an inner one).
 LAUNCHER_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
-LAUNCHER_NAMES = frozenset({name for names in TORCHRUN_VARS.values() for name in names}
-                           | {FOLDER_FILE_VAR, FOLDER_LOCK_VAR})
+LAUNCHER_NAMES = frozenset(
+    {name for names in TORCHRUN_VARS.values() for name in names} | {FOLDER_FILE_VAR, FOLDER_LOCK_VAR}
+)
 # Kept: which cluster to talk to is the site's setting, not the job's. (SBATCH_* are kept too: Slurm never sets
 # them, so they are the user's own defaults.)
 SITE_VARS = frozenset({"SLURM_CONF"})
 
 # The torch variables that name a rank. sbatch copies the submitting shell's environment into the job, so a
 # stale `export RANK=0` from an earlier experiment would arrive in every task: they must agree with Slurm or fail.
-TORCH_RANK_VARS = {TORCHRUN_VARS[field][0]: field for field in ("rank", "local_rank", "world_size",
-                                                                "local_world_size")}
+TORCH_RANK_VARS = {
+    TORCHRUN_VARS[field][0]: field for field in ("rank", "local_rank", "world_size", "local_world_size")
+}
 
 
 def is_launcher_var(name: str) -> bool:
@@ -124,7 +126,15 @@ class DistEnv:
 
     def torch_env(self) -> dict[str, str]:
         """The variables torch and user code expect (what torchrun would have set)."""
-        fields = ("rank", "local_rank", "world_size", "local_world_size", "node_rank", "master_addr", "master_port")
+        fields = (
+            "rank",
+            "local_rank",
+            "world_size",
+            "local_world_size",
+            "node_rank",
+            "master_addr",
+            "master_port",
+        )
         return {TORCHRUN_VARS[field][0]: str(getattr(self, field)) for field in fields}
 
 
@@ -218,7 +228,8 @@ def _refuse_batch_shell(environ: Mapping[str, str]) -> None:
         raise ClusterConfigError(
             f"running in Slurm job {job} ({found}) but outside srun, so this would be 1 process instead of "
             f"{ntasks}. Launch each task with srun: `srun python -m hpc_ddp.train ...` (or "
-            "`sbatch slurm/ddp.sbatch ...`)")
+            "`sbatch slurm/ddp.sbatch ...`)"
+        )
 
 
 def _check_leftovers(environ: Mapping[str, str], derived: dict[str, int]) -> None:
@@ -228,11 +239,13 @@ def _check_leftovers(environ: Mapping[str, str], derived: dict[str, int]) -> Non
             raise ClusterConfigError(
                 f"{var}={environ[var]} is set in the environment but Slurm says {field}={derived[field]} "
                 f"(SLURM_PROCID={environ.get('SLURM_PROCID')}, world size {derived['world_size']}). It was probably "
-                f"exported in the shell that ran sbatch. Fix: `unset {var}` before submitting, or launch with torchrun")
+                f"exported in the shell that ran sbatch. Fix: `unset {var}` before submitting, or launch with torchrun"
+            )
 
 
-def _rendezvous(environ: Mapping[str, str], nodes: list[str], job_id: str | None,
-                world_size: int) -> tuple[str, int, tuple[str, ...]]:
+def _rendezvous(
+    environ: Mapping[str, str], nodes: list[str], job_id: str | None, world_size: int
+) -> tuple[str, int, tuple[str, ...]]:
     """MASTER_ADDR/PORT: explicit variables win (and are reported); else the first node and the job's port."""
     derived_addr = nodes[0] if nodes else None
     derived_port = port_for_job(job_id) if job_id else None
@@ -244,17 +257,22 @@ def _rendezvous(environ: Mapping[str, str], nodes: list[str], job_id: str | None
         if world_size > 1:  # never fall back to localhost: each node would form its own world and hang
             raise ClusterConfigError(
                 "cannot find the rendezvous host: SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are unset and "
-                "MASTER_ADDR is not given. Launch with srun inside an allocation, or export MASTER_ADDR")
+                "MASTER_ADDR is not given. Launch with srun inside an allocation, or export MASTER_ADDR"
+            )
         addr = "127.0.0.1"
     port = derived_port if derived_port is not None else 0
     if environ.get("MASTER_PORT"):
         try:
             port = int(environ["MASTER_PORT"])
         except ValueError:
-            raise ClusterConfigError(f"MASTER_PORT={environ['MASTER_PORT']!r} is not an integer. "
-                                     "Fix: unset it (the port is derived from the job id) or set a number") from None
+            raise ClusterConfigError(
+                f"MASTER_PORT={environ['MASTER_PORT']!r} is not an integer. "
+                "Fix: unset it (the port is derived from the job id) or set a number"
+            ) from None
         if not 1 <= port <= 65535:
-            raise ClusterConfigError(f"MASTER_PORT={port} is outside 1-65535. Fix: unset it or pick a valid port")
+            raise ClusterConfigError(
+                f"MASTER_PORT={port} is outside 1-65535. Fix: unset it or pick a valid port"
+            )
         if port != derived_port:
             overrides.append(f"MASTER_PORT={port} (derived: {derived_port})")
     return addr, port, tuple(overrides)
@@ -266,8 +284,10 @@ def _parse(parser: Callable[[str], T], found: tuple[str, str]) -> T:
     try:
         return parser(value)
     except hostlist.HostlistError as e:
-        raise ClusterConfigError(f"{name}: {e}. Fix: check the job's srun/sbatch line; hpc_ddp reads the "
-                                 "variables Slurm sets, so this one was changed or set by hand") from e
+        raise ClusterConfigError(
+            f"{name}: {e}. Fix: check the job's srun/sbatch line; hpc_ddp reads the "
+            "variables Slurm sets, so this one was changed or set by hand"
+        ) from e
 
 
 def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
@@ -286,32 +306,54 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
     if world_size == 0 or num_nodes == 0:
         raise ClusterConfigError(f"Slurm reports {world_size} tasks on {num_nodes} nodes. {fix}")
     if rank >= world_size:
-        raise ClusterConfigError(f"SLURM_PROCID={rank} but the step has {world_size} tasks "
-                                 f"({(_first(environ, SLURM_VARS['world_size']) or ('SLURM_NTASKS',))[0]}): rank must be < "
-                                 f"world size. {fix}")
+        raise ClusterConfigError(
+            f"SLURM_PROCID={rank} but the step has {world_size} tasks "
+            f"({(_first(environ, SLURM_VARS['world_size']) or ('SLURM_NTASKS',))[0]}): rank must be < "
+            f"world size. {fix}"
+        )
     if node_rank >= num_nodes:
         raise ClusterConfigError(f"SLURM_NODEID={node_rank} but the step has {num_nodes} nodes. {fix}")
     if nodelist and len(nodes) != num_nodes:
-        raise ClusterConfigError(f"{nodelist[0]}={nodelist[1]} names {len(nodes)} hosts but the step has "
-                                 f"{num_nodes} nodes. {fix}")
+        raise ClusterConfigError(
+            f"{nodelist[0]}={nodelist[1]} names {len(nodes)} hosts but the step has {num_nodes} nodes. {fix}"
+        )
     if len(per_node) == 1 and num_nodes > 1:
         per_node = per_node * num_nodes
     if len(per_node) != num_nodes or sum(per_node) != world_size:
-        raise ClusterConfigError(f"{tasks[0] if tasks else 'tasks per node'}={tasks[1] if tasks else per_node} does not "
-                                 f"add up to {world_size} tasks on {num_nodes} nodes. {fix}")
+        raise ClusterConfigError(
+            f"{tasks[0] if tasks else 'tasks per node'}={tasks[1] if tasks else per_node} does not "
+            f"add up to {world_size} tasks on {num_nodes} nodes. {fix}"
+        )
     local_world_size = per_node[node_rank]
     if local_rank >= local_world_size:
         where = f"{tasks[0]}={tasks[1]}" if tasks else f"{world_size} tasks on {num_nodes} nodes"
-        raise ClusterConfigError(f"SLURM_LOCALID={local_rank} but node {node_rank} runs {local_world_size} tasks "
-                                 f"of this step ({where}): local rank must be < tasks on this node. {fix}")
-    derived = {"rank": rank, "local_rank": local_rank, "world_size": world_size,
-               "local_world_size": local_world_size}
+        raise ClusterConfigError(
+            f"SLURM_LOCALID={local_rank} but node {node_rank} runs {local_world_size} tasks "
+            f"of this step ({where}): local rank must be < tasks on this node. {fix}"
+        )
+    derived = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world_size,
+        "local_world_size": local_world_size,
+    }
     _check_leftovers(environ, derived)
     addr, port, overrides = _rendezvous(environ, nodes, job_id, world_size)
     _check_rank0_host(environ, rank, addr, nodes)
-    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_world_size,
-                   node_rank=node_rank, num_nodes=num_nodes, master_addr=addr, master_port=port, job_id=job_id,
-                   launcher="slurm", nodes=tuple(nodes), overrides=overrides)
+    return DistEnv(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=addr,
+        master_port=port,
+        job_id=job_id,
+        launcher="slurm",
+        nodes=tuple(nodes),
+        overrides=overrides,
+    )
 
 
 def _check_rank0_host(environ: Mapping[str, str], rank: int, addr: str, nodes: list[str]) -> None:
@@ -325,19 +367,25 @@ def _check_rank0_host(environ: Mapping[str, str], rank: int, addr: str, nodes: l
     if rank == 0 and here and nodes and addr == nodes[0] and here != nodes[0]:
         raise ClusterConfigError(
             f"rank 0 runs on {here} but the rendezvous host is {nodes[0]}, the first node of the step: the tasks "
-            "are not in block order. Fix: srun --distribution=block, or export MASTER_ADDR=<rank 0's host>")
+            "are not in block order. Fix: srun --distribution=block, or export MASTER_ADDR=<rank 0's host>"
+        )
 
 
 def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
     fix = "These are set by torchrun; was the environment changed after it started?"
-    values = {field: _int(environ, names, fix) for field, names in TORCHRUN_VARS.items()
-              if field in ("rank", "local_rank", "world_size", "local_world_size")}
+    values = {
+        field: _int(environ, names, fix)
+        for field, names in TORCHRUN_VARS.items()
+        if field in ("rank", "local_rank", "world_size", "local_world_size")
+    }
     given = _first(environ, TORCHRUN_VARS["node_rank"])
     node_rank = _int(environ, TORCHRUN_VARS["node_rank"], fix) if given else 0
     if values["rank"] >= values["world_size"] or values["local_rank"] >= values["local_world_size"]:
-        raise ClusterConfigError(f"torchrun gave RANK={values['rank']} WORLD_SIZE={values['world_size']} "
-                                 f"LOCAL_RANK={values['local_rank']} LOCAL_WORLD_SIZE={values['local_world_size']}: "
-                                 f"a rank is out of range. {fix}")
+        raise ClusterConfigError(
+            f"torchrun gave RANK={values['rank']} WORLD_SIZE={values['world_size']} "
+            f"LOCAL_RANK={values['local_rank']} LOCAL_WORLD_SIZE={values['local_world_size']}: "
+            f"a rank is out of range. {fix}"
+        )
     addr = environ.get("MASTER_ADDR")
     if not addr:
         raise ClusterConfigError(f"MASTER_ADDR is not set. {fix}")
@@ -347,11 +395,22 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
     else:  # torchrun < 2.0 did not export it
         num_nodes = max(1, values["world_size"] // values["local_world_size"])
     if node_rank >= num_nodes:
-        raise ClusterConfigError(f"torchrun gave GROUP_RANK={node_rank} but there are {num_nodes} nodes "
-                                 f"(GROUP_WORLD_SIZE): node rank must be < nodes. {fix}")
-    return DistEnv(rank=values["rank"], local_rank=values["local_rank"], world_size=values["world_size"],
-                   local_world_size=values["local_world_size"], node_rank=node_rank, num_nodes=num_nodes,
-                   master_addr=addr, master_port=port, job_id=environ["TORCHELASTIC_RUN_ID"], launcher="torchrun")
+        raise ClusterConfigError(
+            f"torchrun gave GROUP_RANK={node_rank} but there are {num_nodes} nodes "
+            f"(GROUP_WORLD_SIZE): node rank must be < nodes. {fix}"
+        )
+    return DistEnv(
+        rank=values["rank"],
+        local_rank=values["local_rank"],
+        world_size=values["world_size"],
+        local_world_size=values["local_world_size"],
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=addr,
+        master_port=port,
+        job_id=environ["TORCHELASTIC_RUN_ID"],
+        launcher="torchrun",
+    )
 
 
 def _single(environ: Mapping[str, str]) -> DistEnv:
@@ -359,12 +418,25 @@ def _single(environ: Mapping[str, str]) -> DistEnv:
     if world not in (None, "", "1"):
         raise ClusterConfigError(
             f"WORLD_SIZE={world} is set but no launcher is detected (no torchrun, no srun step), so the other "
-            f"{world} ranks would never arrive. Fix: launch with torchrun or srun, or `unset WORLD_SIZE RANK`")
+            f"{world} ranks would never arrive. Fix: launch with torchrun or srun, or `unset WORLD_SIZE RANK`"
+        )
     for var in ("RANK", "LOCAL_RANK"):
         if environ.get(var) not in (None, "", "0"):
-            raise ClusterConfigError(f"{var}={environ[var]} is set but this is a single process (no torchrun, no "
-                                     f"srun step). Fix: `unset {var}` or launch with torchrun/srun")
+            raise ClusterConfigError(
+                f"{var}={environ[var]} is set but this is a single process (no torchrun, no "
+                f"srun step). Fix: `unset {var}` or launch with torchrun/srun"
+            )
     addr, port, overrides = _rendezvous(environ, [], None, 1)
-    return DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1,
-                   master_addr=addr, master_port=port, job_id=environ.get("SLURM_JOB_ID"), launcher="single",
-                   overrides=overrides)
+    return DistEnv(
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr=addr,
+        master_port=port,
+        job_id=environ.get("SLURM_JOB_ID"),
+        launcher="single",
+        overrides=overrides,
+    )

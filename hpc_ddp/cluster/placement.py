@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import torch
 
 
-def select_device(local_rank: int, local_world_size: int, cuda_count: int) -> "torch.device":
+def select_device(local_rank: int, local_world_size: int, cuda_count: int) -> torch.device:
     """The torch device for this rank, from the number of GPUs it can see (see the module docstring)."""
     import torch
 
@@ -45,7 +45,8 @@ def select_device(local_rank: int, local_world_size: int, cuda_count: int) -> "t
     raise ClusterConfigError(
         f"this task sees {cuda_count} GPUs but its node runs {local_world_size} tasks, so ranks would share "
         f"GPUs (local rank {local_rank} has none of its own). Fix: one task per GPU (--ntasks-per-node equal "
-        "to --gpus-per-node), or --gpus-per-task=1")
+        "to --gpus-per-node), or --gpus-per-task=1"
+    )
 
 
 @dataclass(frozen=True)
@@ -64,16 +65,19 @@ def _slurm_bound(environ: Mapping[str, str]) -> bool:
     return bool(bind) and not bind.startswith("none") and bool(environ.get("SLURM_CPU_BIND_LIST"))
 
 
-def plan_cpus(affinity: Sequence[int], local_rank: int, local_world_size: int,
-              environ: Mapping[str, str]) -> CpuPlan:
+def plan_cpus(
+    affinity: Sequence[int], local_rank: int, local_world_size: int, environ: Mapping[str, str]
+) -> CpuPlan:
     """Pure rule: which CPUs and how many threads for this rank (nothing is applied here)."""
     mask = tuple(sorted(affinity))
     if environ.get("OMP_NUM_THREADS"):
         try:  # OpenMP allows a list per nesting level ("4,2"); the first is the outer team's size
             threads = max(1, int(environ["OMP_NUM_THREADS"].split(",")[0]))
         except ValueError:
-            raise ClusterConfigError(f"OMP_NUM_THREADS={environ['OMP_NUM_THREADS']!r} is not an integer. "
-                                     "Fix: unset it (hpc_ddp sizes threads per rank) or set a number") from None
+            raise ClusterConfigError(
+                f"OMP_NUM_THREADS={environ['OMP_NUM_THREADS']!r} is not an integer. "
+                "Fix: unset it (hpc_ddp sizes threads per rank) or set a number"
+            ) from None
         return CpuPlan(mask, threads, "OMP_NUM_THREADS set by the user", pin=False)
     if _slurm_bound(environ):
         return CpuPlan(mask, len(mask), f"bound by Slurm ({environ['SLURM_CPU_BIND_TYPE']})", pin=False)
@@ -84,7 +88,7 @@ def plan_cpus(affinity: Sequence[int], local_rank: int, local_world_size: int,
         # More ranks than CPUs: disjoint shares are impossible; give each one CPU round-robin, one thread.
         cpu = mask[local_rank % len(mask)]
         return CpuPlan((cpu,), 1, f"{local_world_size} ranks on {len(mask)} CPUs: oversubscribed", pin=True)
-    cpus = mask[local_rank * share:(local_rank + 1) * share]
+    cpus = mask[local_rank * share : (local_rank + 1) * share]
     return CpuPlan(cpus, share, f"{len(mask)} CPUs split among {local_world_size} ranks", pin=True)
 
 
@@ -104,8 +108,13 @@ def apply_cpu_plan(plan: CpuPlan) -> None:
         pass
 
 
-def place(local_rank: int, local_world_size: int, environ: Mapping[str, str], cuda_count: int | None = None,
-          pin: bool = True) -> tuple["torch.device", CpuPlan]:
+def place(
+    local_rank: int,
+    local_world_size: int,
+    environ: Mapping[str, str],
+    cuda_count: int | None = None,
+    pin: bool = True,
+) -> tuple[torch.device, CpuPlan]:
     """Put this process where its rank belongs, in this order: choose its GPU (`select_device`) and make it the
     current CUDA device, so that NCCL and every allocation without an index land on it; then plan its CPUs
     (`plan_cpus`), pin to them and size torch's thread pools. Training, the doctor's all-reduce benchmark and
@@ -117,8 +126,9 @@ def place(local_rank: int, local_world_size: int, environ: Mapping[str, str], cu
     """
     import torch
 
-    device = select_device(local_rank, local_world_size,
-                           torch.cuda.device_count() if cuda_count is None else cuda_count)
+    device = select_device(
+        local_rank, local_world_size, torch.cuda.device_count() if cuda_count is None else cuda_count
+    )
     if device.type == "cuda":
         torch.cuda.set_device(device)
     plan = plan_cpus(current_affinity(), local_rank, local_world_size, environ)
@@ -136,14 +146,17 @@ def current_affinity() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def gpu_uuid(device: "torch.device") -> str:
+def gpu_uuid(device: torch.device) -> str:
     """A physical GPU's identity: two ranks with the same UUID share one GPU, whatever their indices."""
     import torch
 
     if device.type != "cuda":
         return ""
     props = torch.cuda.get_device_properties(device)
-    return str(getattr(props, "uuid", "")) or f"{props.name}@{props.pci_bus_id if hasattr(props, 'pci_bus_id') else device.index}"
+    return (
+        str(getattr(props, "uuid", ""))
+        or f"{props.name}@{props.pci_bus_id if hasattr(props, 'pci_bus_id') else device.index}"
+    )
 
 
 def shared_gpus(holdings: Sequence[tuple[int, int, str]]) -> list[tuple[int, list[int], str]]:

@@ -35,7 +35,7 @@ from hpc_ddp.errors import ClusterConfigError
 if TYPE_CHECKING:
     import torch
 
-    from hpc_ddp.dist.env import DistEnv
+    from hpc_ddp.cluster.env import DistEnv
 
 
 TEARDOWN_S = 60.0  # destroy_process_group() that takes longer than this is a hang: stacks, then exit 1
@@ -67,13 +67,16 @@ def nccl_defaults(environ: Mapping[str, str], folder: str) -> dict[str, str]:
     - TORCH_NCCL_TRACE_BUFFER_SIZE=2000: PyTorch's flight recorder keeps the last 2,000 collectives per rank;
     - TORCH_NCCL_DUMP_ON_TIMEOUT=1 and TORCH_NCCL_DEBUG_INFO_TEMP_FILE=<folder>/nccl-trace/rank: on a timeout
       each rank dumps that record into the run folder (a post-mortem beside the watchdog's hang.json)."""
-    wanted = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-              "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(folder, "nccl-trace", "rank")}
+    wanted = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(folder, "nccl-trace", "rank"),
+    }
     return {k: v for k, v in wanted.items() if k not in environ}
 
 
-def pick_backend(device: "torch.device", requested: str | None = None) -> str:
+def pick_backend(device: torch.device, requested: str | None = None) -> str:
     """nccl for CUDA ranks, gloo for CPU ranks, unless the user asked for one."""
     if requested:
         return requested
@@ -96,29 +99,42 @@ def hang_watch(timeout_s: float) -> Iterator[None]:
         faulthandler.cancel_dump_traceback_later()
 
 
-def _store(env: "DistEnv", timeout: timedelta):  # -> torch.distributed.Store
+def _store(env: DistEnv, timeout: timedelta):  # -> torch.distributed.Store
     """Rank 0 hosts the TCP store on MASTER_ADDR:MASTER_PORT; the others connect to it."""
     import torch.distributed as dist
 
     try:
-        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=env.is_main,
-                             timeout=timeout, wait_for_workers=False)
+        return dist.TCPStore(
+            env.master_addr,
+            env.master_port,
+            env.world_size,
+            is_master=env.is_main,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
     except (RuntimeError, OSError) as e:
         text = str(e)
         if env.is_main and ("in use" in text or "EADDRINUSE" in text or "bind" in text.lower()):
             raise ClusterConfigError(
                 f"rank 0 cannot listen on {env.master_addr}:{env.master_port} ({text.splitlines()[0]}). Another job "
-                "on this node may hold the port. Fix: export MASTER_PORT=<a free port below 32768> for this run") from e
+                "on this node may hold the port. Fix: export MASTER_PORT=<a free port below 32768> for this run"
+            ) from e
         raise ClusterConfigError(
             f"rank {env.rank} could not reach the rendezvous at {env.master_addr}:{env.master_port} within "
             f"{timeout.total_seconds():.0f} s ({text.splitlines()[0] if text else type(e).__name__}). Rank 0 may have "
             "failed to start, or the address resolves differently on this node. Check rank 0's log, and "
-            "`python -m hpc_ddp.doctor` under the same launcher") from e
+            "`python -m hpc_ddp.doctor` under the same launcher"
+        ) from e
 
 
 @contextmanager
-def process_group(env: "DistEnv", device: "torch.device", backend: str | None = None,
-                  timeout_s: float = 600.0, store: Any = None) -> Iterator[str]:
+def process_group(
+    env: DistEnv,
+    device: torch.device,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+    store: Any = None,
+) -> Iterator[str]:
     """Join the job's process group for the duration of the block; yields the backend name.
 
     `store`: an existing torch.distributed Store to rendezvous through (the doctor's, which already holds
@@ -154,9 +170,11 @@ def _teardown() -> None:
         names = ", ".join(sorted({type(obj).__name__ for obj in alive}))
         # Destroying now would leave the holder to run the group's destructor later, where it can deadlock;
         # keeping the group is harmless in a task, which ends with os._exit.
-        raise GroupLifetimeError(f"internal error: {names} still alive when the process group is torn down; "
-                                 "the group is left in place to avoid a deadlock in its destructor. Close the "
-                                 "Trainer (or drop the DDP module) before leaving process_group()")
+        raise GroupLifetimeError(
+            f"internal error: {names} still alive when the process group is torn down; "
+            "the group is left in place to avoid a deadlock in its destructor. Close the "
+            "Trainer (or drop the DDP module) before leaving process_group()"
+        )
     if dist.is_initialized():
         with hang_watch(TEARDOWN_S):
             dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""Tests for hpc_ddp.dist.hostlist: Slurm hostlist expansion and tasks-per-node parsing."""
+"""Tests for hpc_ddp.cluster.hostlist: Slurm hostlist expansion and tasks-per-node parsing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hpc_ddp.dist.hostlist import HostlistError, MAX_HOSTS, expand, first, iter_hosts, parse_tasks_per_node
+from hpc_ddp.cluster.hostlist import MAX_HOSTS, HostlistError, expand, first, iter_hosts, parse_tasks_per_node
 
 # (hostlist, expected expansion). The first six rows are the "Hostlist parser check" table
 # of notes/anchors.md; Lightning's regex returns only "node1" / "rack1" for rows 5 and 6.
@@ -167,8 +167,7 @@ SCONTROL_LISTS = [
 
 def _scontrol_hostnames(nodelist: str) -> list[str]:
     out = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist],
-        capture_output=True, text=True, timeout=30, check=True,
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
     )
     return out.stdout.split()
 
@@ -236,3 +235,15 @@ else:
     @given(_groups)
     def test_compress_then_expand_roundtrip(groups: list[tuple[str, list[int], int]]) -> None:
         _check_roundtrip(groups)
+
+
+def test_the_old_public_name_still_works_for_one_release() -> None:
+    """hpc_ddp.dist.hostlist was public in 0.1; after the rename to hpc_ddp.cluster it keeps working, warning."""
+    import importlib
+    import sys
+
+    sys.modules.pop("hpc_ddp.dist.hostlist", None)
+    with pytest.warns(DeprecationWarning, match="hpc_ddp.cluster.hostlist"):
+        old = importlib.import_module("hpc_ddp.dist.hostlist")
+    assert old.expand("gpu[01-02]") == ["gpu01", "gpu02"]
+    assert old.HostlistError is HostlistError
