@@ -16,7 +16,7 @@ from test_launch_local import finish, start
 from test_run_folder_rules import snapshot, train
 
 from hpc_ddp import exitcodes
-from hpc_ddp.run import checkpoint
+from hpc_ddp.run.checkpoint import store
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def test_a_nan_on_one_rank_stops_every_rank_at_that_step_and_replaces_nothing(tm
     after = snapshot(tmp_path)
     for name in ("model.pth", "checkpoints/ckpt-00000008.pt", "checkpoints/latest"):
         assert after[name] == good[name], name
-    assert checkpoint.list_checkpoints(tmp_path) == [tmp_path / "checkpoints" / "ckpt-00000008.pt"]
+    assert store.list_checkpoints(tmp_path) == [tmp_path / "checkpoints" / "ckpt-00000008.pt"]
     records = [strict_json(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["event"] == "nonfinite" and records[-1]["step"] == 13 and records[-1]["loss"] is None
 
@@ -55,7 +55,7 @@ def test_an_exploding_learning_rate_stops_with_exit_65_and_writes_no_weights(tmp
     assert code == exitcodes.NONFINITE, out
     assert "error: step 2 (epoch 0): the loss averaged over all 1 ranks is" in out
     assert "exits with code 65 (non-finite loss)" in out and "Traceback" not in out
-    assert not (tmp_path / "model.pth").exists() and checkpoint.list_checkpoints(tmp_path) == []
+    assert not (tmp_path / "model.pth").exists() and store.list_checkpoints(tmp_path) == []
 
 
 @pytest.mark.deadline(30)  # ~3-4 s

@@ -12,7 +12,7 @@ from test_launch_local import finish, start
 from test_run_folder_rules import train
 
 from hpc_ddp import exitcodes
-from hpc_ddp.run import checkpoint
+from hpc_ddp.run.checkpoint import store
 
 pytestmark = pytest.mark.slow
 
@@ -43,9 +43,7 @@ def test_a_save_that_failed_while_the_disk_was_full_is_retried_and_the_run_compl
         < next(i for i, line in enumerate(lines) if line.startswith("Epoch 1, "))
     )
     assert any("written after 2 failed attempt(s)" in line for line in lines), out
-    assert (
-        checkpoint.read_latest(tmp_path) == checkpoint.ckpt_dir(tmp_path) / "ckpt-00000048.pt"
-    )  # 16 steps an epoch
+    assert store.read_latest(tmp_path) == store.ckpt_dir(tmp_path) / "ckpt-00000048.pt"  # 16 steps an epoch
     assert (tmp_path / "model.pth").is_file()
 
 
@@ -80,4 +78,4 @@ def test_saving_that_keeps_failing_stops_every_rank_at_the_same_step_with_one_li
         in rank1
     )
     assert "Fix: free space (or quota) there, then run the same command to resume" in rank0
-    assert checkpoint.list_checkpoints(tmp_path) == []
+    assert store.list_checkpoints(tmp_path) == []
