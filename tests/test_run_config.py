@@ -52,11 +52,18 @@ def test_defaults_are_the_articles() -> None:
         ({"backend": "mpich"}, r"--backend mpich: choose gloo or nccl"),
         (
             {"task": "resnet"},
-            r"--task 'resnet': unknown task. Use one of linear, mlp, or module.path:function",
+            r"--task 'resnet': unknown task. Use one of linear, mlp, gpt, cnn, or module.path:function",
         ),
         ({"task": "mytasks:"}, r"--task 'mytasks:': unknown task"),
         ({"task": ":build"}, r"--task ':build': unknown task"),
         ({"overwrite": True}, r"--overwrite only applies with --resume never"),
+        ({"lr_schedule": "step"}, r"--lr-schedule step: choose one of constant, linear, cosine"),
+        ({"warmup_steps": -1}, r"--warmup-steps -1: must be 0 or more"),
+        ({"eval_every_steps": -3}, r"--eval-every-steps -3: must be 0 or more"),
+        ({"keep_best": "accuracy"}, r"--keep-best 'accuracy': expected NAME:min or NAME:max"),
+        ({"keep_best": "accuracy:up"}, r"--keep-best 'accuracy:up': expected NAME:min or NAME:max"),
+        ({"pin_memory": "yes"}, r"--pin-memory yes: choose one of auto, on, off"),
+        ({"prefetch_factor": 4, "num_workers": 0}, r"--prefetch-factor 4 needs DataLoader workers"),
     ],
 )
 def test_validation(changes: dict[str, object], match: str) -> None:

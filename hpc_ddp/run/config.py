@@ -16,7 +16,9 @@ from typing import Any
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import tblog
 
-BUILTIN_TASKS = ("linear", "mlp")
+BUILTIN_TASKS = ("linear", "mlp", "gpt", "cnn")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+PIN_MEMORY = ("auto", "on", "off")
 AMP_CHOICES = ("none", "bf16", "fp16")
 REQUEUE_BY = ("auto", "scontrol", "launcher")
 NONFINITE_CHOICES = ("stop", "skip")
@@ -128,8 +130,45 @@ class TrainConfig:
             )
         },
     )
+    lr_schedule: str = field(
+        default="constant",
+        metadata={
+            "help": "learning-rate schedule when the task brings none: constant, linear (to 0 at the last step) or "
+            "cosine (to 0 at the last step); the last step comes from --epochs or --max-steps",
+            "choices": LR_SCHEDULES,
+        },
+    )
+    warmup_steps: int = field(
+        default=0, metadata={"help": "optimizer steps of linear warm-up before the schedule (0: none)"}
+    )
+    eval_every_epochs: int = field(
+        default=1,
+        metadata={
+            "help": "with a task that has an eval_dataset: evaluate every N epochs, and at the end (0: off)"
+        },
+    )
+    eval_every_steps: int = field(
+        default=0, metadata={"help": "evaluate every N optimizer steps instead (0: off)"}
+    )
+    keep_best: str = field(
+        default="",
+        metadata={
+            "help": "NAME:min or NAME:max: also keep the checkpoint with the best evaluation value of NAME "
+            "(e.g. accuracy:max), never rotated away; `checkpoints/best` names it"
+        },
+    )
     num_workers: int = field(
         default=-1, metadata={"help": "DataLoader workers per rank (-1: 0 on CPU, 2 per GPU rank)"}
+    )
+    pin_memory: str = field(
+        default="auto",
+        metadata={"help": "pin the loaders' host memory: auto (on GPU), on, off", "choices": PIN_MEMORY},
+    )
+    prefetch_factor: int = field(
+        default=0,
+        metadata={
+            "help": "batches each DataLoader worker loads ahead (0: torch's default, 2); needs --num-workers"
+        },
     )
     log_every_s: float = field(
         default=30.0,
@@ -194,6 +233,19 @@ class TrainConfig:
                 "days), e.g. --timeout-s 600"
             )
         self.hang_setting()  # validates --hang-timeout-s
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise UsageError(f"--lr-schedule {self.lr_schedule}: choose one of {', '.join(LR_SCHEDULES)}")
+        for name in ("warmup_steps", "eval_every_epochs", "eval_every_steps", "prefetch_factor"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{_flag(name)} {getattr(self, name)}: must be 0 or more")
+        self.best_rule()  # validates --keep-best
+        if self.pin_memory not in PIN_MEMORY:
+            raise UsageError(f"--pin-memory {self.pin_memory}: choose one of {', '.join(PIN_MEMORY)}")
+        if self.prefetch_factor and self.num_workers == 0:
+            raise UsageError(
+                f"--prefetch-factor {self.prefetch_factor} needs DataLoader workers: add --num-workers N (N > 0), "
+                "or drop --prefetch-factor"
+            )
         if self.num_workers < -1:
             raise UsageError(f"--num-workers {self.num_workers}: use -1 (auto) or a count >= 0")
         if self.amp not in AMP_CHOICES:
@@ -246,6 +298,18 @@ class TrainConfig:
                 "a smaller --hang-timeout-s, or auto"
             )
         return seconds
+
+    def best_rule(self) -> tuple[str, str] | None:
+        """--keep-best as (metric name, "min" or "max"), or None when off (raises UsageError when malformed)."""
+        if not self.keep_best:
+            return None
+        name, _, direction = self.keep_best.rpartition(":")
+        if not name or direction not in ("min", "max"):
+            raise UsageError(
+                f"--keep-best {self.keep_best!r}: expected NAME:min or NAME:max, e.g. --keep-best accuracy:max "
+                "or --keep-best loss:min (NAME: a value the task's evaluation reports)"
+            )
+        return name, direction
 
     def to_argv(self) -> list[str]:
         """The flags that reproduce this config (defaults left out), for a task's command line.

@@ -23,12 +23,12 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run.config import TrainConfig
@@ -36,12 +36,43 @@ from hpc_ddp.run.config import TrainConfig
 
 @dataclass
 class Task:
-    """A model, a map-style dataset of (input, target) pairs, a loss, and optionally an optimizer factory."""
+    """What to train. `model` and `dataset` always; then exactly one of `loss_fn` and `step`.
+
+    model         an nn.Module, built the same on every rank (same seed). Inside `step` and `eval_step` you get
+                  the *wrapped* model (DDP or FSDP): call it, its forward is the synchronised one.
+    dataset       a map-style Dataset (split across ranks by a DistributedSampler, reshuffled each epoch) or an
+                  IterableDataset (each rank and DataLoader worker reads its own part: hpc_ddp.run.streams).
+    loss_fn       loss_fn(output, target) for `(input, target)` batches: output = model(input).
+    step          step(model, batch) -> loss, or (loss, {"name": value, ...}): one micro-batch, your own forward.
+                  The loss must be a scalar tensor; the extra values are averaged over ranks at each record and
+                  shown in the progress line, metrics.jsonl, TensorBoard (train/<name>) and the report.
+    optimizer     optimizer(params) -> Optimizer; default SGD(lr=--lr).
+    scheduler     scheduler(optimizer, total_steps) -> LRScheduler, stepped once per optimizer step that was
+                  applied; default --lr-schedule. Its state is in every checkpoint.
+    collate_fn    for the training and the evaluation loaders (e.g. padding, dict batches).
+    eval_dataset  map-style or iterable; evaluated every --eval-every-epochs/--eval-every-steps and at the end,
+                  each sample exactly once over all ranks, in model.eval() under torch.no_grad().
+    eval_step     eval_step(model, batch) -> {"name": value}: means over the batch, weighted by its samples
+                  across ranks. Without it the evaluation reports the loss (`loss_fn` or `step`'s).
+    shard         --strategy fsdp: shard(model) -> the modules to shard one by one (default: the modules of
+                  the model's nn.ModuleLists).
+
+    A batch may be any structure of tensors (tuples, lists, dicts, namedtuples, dataclasses, objects with
+    .to() such as a BatchEncoding): it goes to the rank's device as a whole. Saved in every checkpoint: the
+    model, the optimizer, the scheduler, the data position (and an iterable dataset's state_dict(), if it has
+    one), every rank's RNG.
+    """
 
     model: nn.Module
-    dataset: Dataset
-    loss_fn: Callable[[Any, Any], torch.Tensor]
+    dataset: Dataset[Any] | IterableDataset[Any]
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
+    step: Callable[[nn.Module, Any], Any] | None = field(default=None, kw_only=True)
+    scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = field(default=None, kw_only=True)
+    collate_fn: Callable[[list[Any]], Any] | None = field(default=None, kw_only=True)
+    eval_dataset: Dataset[Any] | IterableDataset[Any] | None = field(default=None, kw_only=True)
+    eval_step: Callable[[nn.Module, Any], Any] | None = field(default=None, kw_only=True)
+    shard: Callable[[nn.Module], Iterable[nn.Module]] | None = field(default=None, kw_only=True)
 
 
 def _synthetic_regression(samples: int, features: int, outputs: int, seed: int) -> TensorDataset:
@@ -136,9 +167,32 @@ def build(config: TrainConfig) -> Task:
         raise UsageError(
             f"--task {config.task}: Task.model is {type(task.model).__name__}, expected an nn.Module"
         )
-    if not hasattr(task.dataset, "__len__") or not hasattr(task.dataset, "__getitem__"):
-        raise UsageError(
-            f"--task {config.task}: Task.dataset must be a map-style Dataset (with __len__ and "
-            "__getitem__), so the DistributedSampler can split it across ranks"
-        )
+    check(task, f"--task {config.task}")
     return task
+
+
+def check(task: Task, where: str) -> None:
+    """The Task's fields are of the kinds its docstring says (UsageError naming the field, before training)."""
+    for name, dataset in (("dataset", task.dataset), ("eval_dataset", task.eval_dataset)):
+        if dataset is None and name == "eval_dataset":
+            continue
+        iterable = isinstance(dataset, IterableDataset)
+        if not iterable and not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise UsageError(
+                f"{where}: Task.{name} is {type(dataset).__name__}, expected a map-style Dataset (with __len__ "
+                "and __getitem__) or a torch.utils.data.IterableDataset"
+            )
+    if (task.loss_fn is None) == (task.step is None):
+        given = "both" if task.step is not None else "neither"
+        raise UsageError(
+            f"{where}: Task has {given} of loss_fn and step; give exactly one: loss_fn(output, target) for "
+            "(input, target) batches, or step(model, batch) -> loss for anything else"
+        )
+    if task.eval_step is not None and task.eval_dataset is None:
+        raise UsageError(
+            f"{where}: Task.eval_step is given but Task.eval_dataset is not: give both, or neither"
+        )
+    for name in ("loss_fn", "step", "optimizer", "scheduler", "collate_fn", "eval_step", "shard"):
+        value = getattr(task, name)
+        if value is not None and not callable(value):
+            raise UsageError(f"{where}: Task.{name} is {type(value).__name__}, expected a function")
