@@ -89,7 +89,7 @@ def test_train_step_is_one_step_of_the_loop(single: dist_env.DistEnv, tmp_path: 
             stepped.sampler.set_epoch(0)
             stepped.loader_gen.manual_seed(cfg.seed * 1_000_003)
             inputs, target = next(iter(stepped.loader))
-            agreed = stepped.train_step(inputs, target)
+            agreed = stepped.train_step((inputs, target))
     assert all(
         torch.equal(a, b) for a, b in zip(looped.model.parameters(), stepped.model.parameters(), strict=True)
     )

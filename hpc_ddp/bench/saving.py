@@ -68,7 +68,7 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
                 Before it, `os.sync()`: nothing left pending from the previous trial (saves are minutes apart
                 in training)."""
                 os.sync()
-                trainer.train_step(inputs, target)
+                trainer.train_step((inputs, target))
 
             for trial in range(-1, s.ckpt_trials):  # trial -1: warm-up, not counted
                 trainer.pos.step = trial + 2  # a new file each time, as in training

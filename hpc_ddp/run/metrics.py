@@ -8,6 +8,9 @@ the epoch). Steps count optimizer steps from 1 over the whole run; `epoch` count
   `data_s` (mean seconds per step that rank 0 waited for its data since the last "step" record),
   `total_steps` (of the whole run: epochs x steps per epoch, or --max-steps), `eta_s` (at the mean time of
   the recent steps, this process's first step left out; null until there is one).
+  With a Task.step that returns extra values: `metrics`, {name: value averaged over all ranks}.
+- "eval" (each evaluation): `epoch`, `step`, `samples` (evaluated, all ranks), `metrics` ({name: mean over
+  every evaluated sample}).
 - "start" (each start of a process that trains, right before its first step): `job`, `restart` (Slurm's
   restart count, 0 at first), `epoch`, `step` (where it starts), `resumed`, `world_size`, `startup_s`
   (seconds from rank 0's process creation to now: interpreter, imports, rendezvous, resume).
@@ -111,7 +114,15 @@ class Recorder:
         sys.stdout.write(out)
         sys.stdout.flush()
 
-    def step(self, pos: Position, loss: float, samples: int, lr: float = 0.0, data_s: float = 0.0) -> None:
+    def step(
+        self,
+        pos: Position,
+        loss: float,
+        samples: int,
+        lr: float = 0.0,
+        data_s: float = 0.0,
+        extras: Mapping[str, float] | None = None,
+    ) -> None:
         now = time.monotonic()
         step_time = now - self.last_step_end
         self.last_step_end = now
@@ -134,6 +145,7 @@ class Recorder:
                     "time/step_s": step_time,
                     "time/data_s": data_s,
                     "train/samples_per_s": samples / step_time if step_time > 0 else None,
+                    **{f"train/{name}": value for name, value in (extras or {}).items()},
                 },
             )
         due = now - self.last_print >= self.interval
@@ -153,6 +165,8 @@ class Recorder:
             "total_steps": self.total_steps,
             "eta_s": progress.eta_s(pos.step, self.total_steps, recent),
         }
+        if extras:  # Task.step's own values, averaged over ranks (and the step's micro-batches)
+            record["metrics"] = {name: _finite_or_none(value) for name, value in extras.items()}
         if live:
             self.last_live = now
             self._show(progress.line(record), live=True)

@@ -63,6 +63,8 @@ def line(record: Mapping[str, Any]) -> str:
     parts = [f"epoch {record.get('epoch', 0)} step {step}" + (f"/{total}" if total else "")]
     loss = record.get("loss")
     parts[0] += " loss " + ("nan" if loss is None else f"{loss:.4f}")
+    for name, value in (record.get("metrics") or {}).items():
+        parts[0] += f" {name} " + ("nan" if value is None else f"{value:.4g}")
     rate = record.get("samples_per_s")
     if rate:  # 0 until a process's second step: its first, the warm-up, is not measured
         parts.append(f"{rate:,.0f} samples/s")

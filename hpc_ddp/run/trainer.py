@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import NonFinite, UsageError
 from hpc_ddp.log import RankLog
+from hpc_ddp.run import batches as batching
 from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import metrics, preemption, progress, stragglers
 from hpc_ddp.run import strategy as strategies
@@ -65,6 +66,9 @@ class Agreed(NamedTuple):
     requeue: float  # ranks that saw SIGUSR1/SIGUSR2 (their votes to stop and requeue)
     stop: float  # ranks that saw SIGTERM (their votes to stop)
     saving: float = SAVING_OK  # some rank's writer gave up (checkpointer.SAVING_*)
+    extras: tuple[
+        float, ...
+    ] = ()  # the step's extra metrics (Task.step), summed over micro-batches and ranks
 
 
 class _SkipSampler(Sampler[int]):
@@ -120,6 +124,10 @@ class Trainer:
         self.peers: list[tuple[str, int]] = [("", 0)] * env.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
         self.loss_fn = task.loss_fn
+        self.step_fn = task.step
+        self.metric_names: list[str] | None = None  # the extra metrics of Task.step, agreed at the first step
+        self._checked = False  # the first batch is checked before it is used
+        self._step_extras: dict[str, torch.Tensor] = {}
         self.sampler: DistributedSampler[Any] = DistributedSampler(
             task.dataset,
             num_replicas=env.world_size,
@@ -170,9 +178,8 @@ class Trainer:
             batch_size=cfg.batch_size,
             sampler=self.skip,
             drop_last=True,
-            num_workers=workers,
-            pin_memory=device.type == "cuda",
-            worker_init_fn=preemption.ignore if workers else None,
+            collate_fn=task.collate_fn,
+            **loader_options(cfg, device, workers),
             generator=self.loader_gen,
         )
         self._step_loss = torch.zeros((), device=device)  # this step's micro-batch losses, on the device
@@ -276,14 +283,14 @@ class Trainer:
         )
 
     # ----- one optimizer step -------------------------------------------------------------------------
-    def train_step(self, inputs: Any, target: Any) -> Agreed:
+    def train_step(self, batch: Any) -> Agreed:
         """One optimizer step on one batch, as the loop takes it: forward and backward through DDP (whose
         backward all-reduces the gradients), the per-step all-reduce of the loss and of every rank's signal
         votes, then the optimizer (skipped when the agreed loss is not finite or rank 0 cannot save). A
         collective: every rank calls it with its own batch."""
-        return self.accumulated_step([(inputs, target)], 1)
+        return self.accumulated_step([batch], 1)
 
-    def accumulated_step(self, micro_batches: Iterable[tuple[Any, Any]], count: int) -> Agreed:
+    def accumulated_step(self, micro_batches: Iterable[Any], count: int) -> Agreed:
         """One optimizer step over `count` micro-batches (--grad-accum): the gradients of all but the last
         accumulate locally (`no_sync`) and the last one's backward all-reduces them, once per step. The beacon
         follows each phase and the straggler window gets its time split; `micro_batches` is read lazily, so
@@ -291,11 +298,12 @@ class Trainer:
         self._step_loss.zero_()
         done = 0
         window, beacon = self.window, self.beacon
-        for inputs, target in micro_batches:
+        self._step_extras = {}
+        for batch in micro_batches:
             done += 1
             start = beacon.set(phase.COMPUTE)
             self._grads_ready = 0.0
-            self._step_loss += self._micro_step(inputs, target, 1.0 / count, sync=done == count)
+            self._step_loss += self._micro_step(batch, 1.0 / count, sync=done == count)
             if done == count:
                 # The step's all-reduce comes before the update: every rank learns at this step that some
                 # rank's loss is not finite (or that rank 0 cannot save), and nobody applies that update.
@@ -316,19 +324,52 @@ class Trainer:
             window.compute_s += time.monotonic() - start
         raise RuntimeError(f"internal error: {done} micro-batch(es) came for an optimizer step of {count}")
 
-    def _micro_step(self, inputs: Any, target: Any, scale: float, sync: bool) -> torch.Tensor:
-        inputs = inputs.to(self.device, non_blocking=True)
-        target = target.to(self.device, non_blocking=True)
+    def _micro_step(self, batch: Any, scale: float, sync: bool) -> torch.Tensor:
+        if not self._checked:  # before anything else uses it: a usage error names the element (exit 2)
+            batching.check(batch)
+            self._checked = True
+        batch = batching.to_device(batch, self.device)
         strategy = self.strategy
         # no_sync on all but the last micro-batch: gradients accumulate locally, one synchronisation per step.
         with contextlib.nullcontext() if sync else strategy.no_sync():
             with strategy.autocast():
-                loss = self.loss_fn(strategy.wrapped(inputs), target)  # type: ignore[misc]
+                loss, extras = self._forward(strategy.wrapped, batch)
             scaled = loss * scale
             if sync and self.mark_grads:
                 strategy.on_backward_end(scaled, self._mark_grads_ready)
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        if self.metric_names is None:
+            self._agree_names(sorted(extras))
+        for name in self.metric_names or ():
+            value = extras[name]
+            value = value.detach().float() if isinstance(value, torch.Tensor) else float(value)
+            self._step_extras[name] = self._step_extras.get(name, 0.0) + value  # type: ignore[assignment]
         return loss.detach()
+
+    def _forward(self, model: Any, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """One micro-batch's loss and extra metrics: Task.step(model, batch), or loss_fn(model(input), target)."""
+        if self.step_fn is not None:
+            return _loss_and_extras(self.step_fn(model, batch), self.metric_names)
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise UsageError(
+                f"Task.loss_fn needs (input, target) batches, but a batch is {_kind(batch)}. Fix: give "
+                "Task.step(model, batch) -> loss instead of loss_fn, which takes a batch of any structure"
+            )
+        inputs, target = batch
+        return _loss_and_extras(self.loss_fn(model(inputs), target), [])  # type: ignore[misc]
+
+    def _agree_names(self, names: list[str]) -> None:
+        """Once, at the first micro-batch: every rank's step must return the same extra metrics (they ride in
+        the per-step all-reduce by position)."""
+        everyone: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(everyone, names)
+        for rank, theirs in enumerate(everyone):
+            if theirs != names:
+                raise UsageError(
+                    f"Task.step returned the metrics {names} on rank {self.env.rank} but {theirs} on rank "
+                    f"{rank}. Fix: return the same names on every rank and every step"
+                )
+        self.metric_names = names
 
     def _optimizer_step(self) -> None:
         if self.scaler:
@@ -357,11 +398,15 @@ class Trainer:
                 torch.tensor(float(requeue), device=self.device),
                 torch.tensor(float(stop), device=self.device),
                 torch.tensor(saving, device=self.device),
+                *(
+                    torch.as_tensor(self._step_extras[name], dtype=torch.float32, device=self.device)
+                    for name in self.metric_names or ()
+                ),
             ]
         )
         dist.all_reduce(packet)
         values = packet.tolist()
-        return Agreed(values[0], values[1], values[2], values[3], values[4])
+        return Agreed(values[0], values[1], values[2], values[3], values[4], tuple(values[5:]))
 
     def _nonfinite(self, loss: float, step: int) -> None:
         """The loss of `step`, averaged over all ranks, is NaN or infinite (every rank sees the same value):
@@ -426,6 +471,10 @@ class Trainer:
                 cfg.batch_size * size * self.env.world_size,
                 float(self.optimizer.param_groups[0]["lr"]),
                 self.step_data_s,
+                {
+                    n: v / max(agreed.count, 1.0)
+                    for n, v in zip(self.metric_names or (), agreed.extras, strict=True)
+                },
             )
             self.step_data_s = 0.0
             self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
@@ -484,3 +533,48 @@ class Trainer:
             if self.cfg.save_every_epochs and self.pos.epoch % self.cfg.save_every_epochs == 0:
                 self.save()
         return Outcome(True)
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__ + (f" of {len(value)}" if isinstance(value, (tuple, list)) else "")
+
+
+def _loss_and_extras(out: Any, names: list[str] | None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """What a step returned: a scalar loss tensor, or (loss, {"name": value}); a usage error otherwise."""
+    extras: Any = {}
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+        out, extras = out
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        found = f"a tensor of shape {list(out.shape)}" if isinstance(out, torch.Tensor) else _kind(out)
+        raise UsageError(
+            f"the training step returned {found} as its loss; expected a scalar tensor. Fix: reduce it "
+            '(e.g. loss.mean()), and return loss or (loss, {"name": value, ...})'
+        )
+    for name, value in extras.items():
+        if not isinstance(name, str) or not (
+            isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+        ):
+            raise UsageError(
+                f"Task.step returned the metric {name!r}: {_kind(value)}; expected a number or a scalar tensor "
+                "named by a string"
+            )
+    if names is not None and sorted(extras) != names:
+        raise UsageError(
+            f"Task.step returned the metrics {sorted(extras)} after {names} at the first step. Fix: return "
+            "the same names at every step"
+        )
+    return out.reshape(()), extras
+
+
+def loader_options(cfg: TrainConfig, device: torch.device, workers: int) -> dict[str, Any]:
+    """The DataLoader settings a user tunes, for the training and the evaluation loaders: --num-workers,
+    --pin-memory (auto: on a GPU), --prefetch-factor (with workers only: torch refuses it without)."""
+    pin = cfg.pin_memory == "on" or (cfg.pin_memory == "auto" and device.type == "cuda")
+    options: dict[str, Any] = {
+        "num_workers": workers,
+        "pin_memory": pin,
+        "worker_init_fn": preemption.ignore if workers else None,
+    }
+    if workers and cfg.prefetch_factor:
+        options["prefetch_factor"] = cfg.prefetch_factor
+    return options

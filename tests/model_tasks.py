@@ -1,0 +1,116 @@
+"""User tasks for the Task API tests (`--task model_tasks:NAME`, tests/ on PYTHONPATH): dict batches through a
+collate_fn, a step of one's own with extra metrics, schedules, evaluation, and the bad inputs of issue 19."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from hpc_ddp import Task
+
+
+class Pairs(Dataset):
+    """Sample i: {"x": 10 features, "y": their sum (noisy), "id": i}, the same on every rank (seeded)."""
+
+    def __init__(self, seed: int, samples: int = 256) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(samples, 10, generator=gen)
+        self.y = self.x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(samples, 1, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "y": self.y[i], "id": i}
+
+
+def collate(items: list[dict]) -> dict:
+    return {
+        "x": torch.stack([it["x"] for it in items]),
+        "y": torch.stack([it["y"] for it in items]),
+        "id": torch.tensor([it["id"] for it in items]),
+    }
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(10, 32), nn.Dropout(0.1), nn.ReLU(), nn.Linear(32, 1))
+
+
+def step(model: nn.Module, batch: dict):  # type: ignore[no-untyped-def]
+    out = model(batch["x"])
+    loss = nn.functional.mse_loss(out, batch["y"])
+    return loss, {"mae": (out - batch["y"]).abs().mean(), "half": 0.5}
+
+
+def eval_step(model: nn.Module, batch: dict) -> dict:
+    out = model(batch["x"])
+    # `id_mean`: the mean of the evaluated sample ids; over a dataset of n samples, each once, it is (n - 1) / 2
+    return {"mse": nn.functional.mse_loss(out, batch["y"]), "id_mean": batch["id"].float().mean()}
+
+
+def dicts(config):  # type: ignore[no-untyped-def]
+    """Dict batches, a step of its own with two extra metrics, momentum, an evaluation set of 37 samples."""
+    return Task(
+        model=_model(),
+        dataset=Pairs(config.seed),
+        step=step,
+        optimizer=lambda params: torch.optim.SGD(params, lr=config.lr, momentum=0.9),
+        collate_fn=collate,
+        eval_dataset=Pairs(config.seed + 1, int(os.environ.get("EVAL_SAMPLES", "37"))),
+        eval_step=eval_step,
+    )
+
+
+def scheduled(config):  # type: ignore[no-untyped-def]
+    """The task's own scheduler (warm-up then step decay), dict batches."""
+
+    def scheduler(optimizer, total):  # type: ignore[no-untyped-def]
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4) * 0.9 ** (s // 8))
+
+    task = dicts(config)
+    task.scheduler = scheduler
+    return task
+
+
+def bad_batch(config):  # type: ignore[no-untyped-def]
+    def with_tags(items: list[dict]) -> dict:
+        batch = collate(items)
+        batch["tags"] = {"a", "b"}
+        return batch
+
+    return Task(model=_model(), dataset=Pairs(config.seed), step=step, collate_fn=with_tags)
+
+
+def dict_to_loss_fn(config):  # type: ignore[no-untyped-def]
+    return Task(
+        model=_model(), dataset=Pairs(config.seed), loss_fn=nn.functional.mse_loss, collate_fn=collate
+    )
+
+
+def nonscalar(config):  # type: ignore[no-untyped-def]
+    def per_sample(model: nn.Module, batch: dict) -> torch.Tensor:
+        return (model(batch["x"]) - batch["y"]) ** 2
+
+    return Task(model=_model(), dataset=Pairs(config.seed), step=per_sample, collate_fn=collate)
+
+
+def both(config):  # type: ignore[no-untyped-def]
+    return Task(
+        model=_model(),
+        dataset=Pairs(config.seed),
+        step=step,
+        loss_fn=nn.functional.mse_loss,
+        collate_fn=collate,
+    )
+
+
+def scheduler_raises(config):  # type: ignore[no-untyped-def]
+    def scheduler(optimizer, total):  # type: ignore[no-untyped-def]
+        raise ValueError("warm-up longer than the run")
+
+    task = dicts(config)
+    task.scheduler = scheduler
+    return task
