@@ -4,6 +4,7 @@ collate_fn, a step of one's own with extra metrics, schedules, evaluation, and t
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from torch import nn
@@ -40,6 +41,7 @@ def _model() -> nn.Module:
 
 
 def step(model: nn.Module, batch: dict):  # type: ignore[no-untyped-def]
+    time.sleep(float(os.environ.get("STEP_SLEEP_S", "0")))  # lets a test's signal land mid-run
     out = model(batch["x"])
     loss = nn.functional.mse_loss(out, batch["y"])
     return loss, {"mae": (out - batch["y"]).abs().mean(), "half": 0.5}

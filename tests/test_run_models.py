@@ -4,12 +4,16 @@ with extra metrics, schedules, evaluation; and the bad inputs, each one line, ex
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
-from test_launch_local import finish, start
+import torch
+from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
+from hpc_ddp.run import schedules
+from hpc_ddp.run.checkpoint import full, store
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(120)]
 
@@ -28,7 +32,7 @@ def records(folder: Path, event: str) -> list[dict]:
         ("dict_to_loss_fn", "error: Task.loss_fn needs (input, target) batches, but a batch is dict."),
         ("nonscalar", "error: the training step returned a tensor of shape [32, 1] as its loss; expected a "),
         ("both", "Task has both of loss_fn and step; give exactly one"),
-        ("scheduler_raises", "error: Task.scheduler(optimizer, 16) raised ValueError: warm-up longer than"),
+        ("scheduler_raises", "error: Task.scheduler(optimizer, 8) raised ValueError: warm-up longer than"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_never_retried(tmp_path: Path, task: str, message: str) -> None:
@@ -52,3 +56,77 @@ def test_dict_batches_and_a_step_with_metrics_record_them_averaged(tmp_path: Pat
     )  # a constant: averaged over ranks and micro-batches
     assert all(r["metrics"]["mae"] > 0 for r in steps)
     assert " half 0.5 mae " in out  # the progress line shows them
+
+
+def lrs(folder: Path) -> list[float]:
+    return [r["lr"] for r in records(folder, "step")]
+
+
+def test_lr_schedule_steps_per_optimizer_step_and_a_new_lr_on_resume_scales_it(tmp_path: Path) -> None:
+    args = ("--task", "model_tasks:dicts", *TWO, "--log-every-s", "0", "--lr-schedule", "cosine")
+    code, out = finish(start(tmp_path, *args, "--warmup-steps", "2", "--epochs", "2"), timeout=100)
+    assert code == 0, out
+    expected = [0.01 * schedules.factor("cosine", s, 2, 8) for s in range(8)]  # 256 / 2 ranks / 32: 4 a epoch
+    assert lrs(tmp_path) == pytest.approx(expected)
+    code, out = finish(start(tmp_path, *args, "--warmup-steps", "3", "--epochs", "3"), timeout=100)
+    assert code != 0 and "--warmup-steps 2 (now 3)" in out  # must match on resume
+    code, out = finish(start(tmp_path, *args, "--warmup-steps", "2", "--epochs", "3", "--lr", "0.005"))
+    assert code == 0, out
+    assert "the LR schedule goes on from step 8 at the new --lr 0.005 (every rate scaled by 0.5)" in out
+    # The longer run's schedule spans its 12 steps, at the new base rate.
+    assert lrs(tmp_path)[8:] == pytest.approx(
+        [0.005 * schedules.factor("cosine", s, 2, 12) for s in range(8, 12)]
+    )
+
+
+def final(folder: Path) -> tuple[dict, dict]:
+    return torch.load(folder / "model.pth", weights_only=True), full.load(store.list_checkpoints(folder)[0])
+
+
+def assert_bitwise_equal(a: Path, b: Path) -> None:
+    (model_a, ckpt_a), (model_b, ckpt_b) = final(a), final(b)
+    assert model_a.keys() == model_b.keys() and all(torch.equal(model_a[k], model_b[k]) for k in model_a)
+    state_a, state_b = ckpt_a["optimizer"]["state"], ckpt_b["optimizer"]["state"]
+    assert state_a.keys() == state_b.keys() and state_a
+    assert all(torch.equal(state_a[k]["momentum_buffer"], state_b[k]["momentum_buffer"]) for k in state_a)
+    assert ckpt_a["optimizer"]["param_groups"] == ckpt_b["optimizer"]["param_groups"]
+    assert ckpt_a["scheduler"] == ckpt_b["scheduler"]
+    assert ckpt_a["position"] == ckpt_b["position"]
+
+
+def preempted_twice(folder: Path, *args: str, **env: str) -> str:
+    """A run that gets SIGUSR2 (to the launcher) in epoch 0 and again after its first resume; its output."""
+    proc = start(folder, *args, **env)
+    lines = read_until(proc, "Epoch 0,")
+    proc.send_signal(signal.SIGUSR2)
+    lines += read_until(proc, "Resuming from ")
+    lines += read_until(proc, "Epoch 1,")
+    proc.send_signal(signal.SIGUSR2)
+    code, out = finish(proc)
+    out = "\n".join(lines) + "\n" + out
+    assert code == 0, out
+    assert out.count("Resuming from ") == 2, out
+    return out
+
+
+SLOW = {"STEP_SLEEP_S": "0.03"}
+
+
+@pytest.mark.deadline(240)
+def test_a_task_scheduler_preempted_twice_ends_bitwise_equal(tmp_path: Path) -> None:
+    args = (
+        "--task",
+        "model_tasks:scheduled",
+        *TWO,
+        "--epochs",
+        "3",
+        "--batch-size",
+        "8",
+        "--eval-every-epochs",
+        "0",
+    )
+    code, out = finish(start(tmp_path / "straight", *args, **SLOW))
+    assert code == 0, out
+    preempted_twice(tmp_path / "twice", *args, **SLOW)
+    assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
+    assert final(tmp_path / "twice")[1]["scheduler"]["last_epoch"] == 3 * 16

@@ -3,6 +3,7 @@
     model      the strategy's model state (REPLICATED under DDP); weights that are not finite are never written
     optimizer  the strategy's optimizer state; a changed --lr is applied on resume, and said
     scaler     the fp16 GradScaler's state (None without one)
+    scheduler  the LR scheduler's state (None without one); a changed --lr scales its rates on resume
     position   where the run is: epoch, batch, step, the epoch's loss so far
     rng        every rank's own RNG (PER_RANK): torch's CPU (and CUDA) generator and Python's `random`
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hpc_ddp.run import resume
+from hpc_ddp.run import resume, schedules
 from hpc_ddp.run.checkpoint import content
 from hpc_ddp.run.checkpoint.part import PER_RANK, REPLICATED, SHARDED, Loading, Part
 from hpc_ddp.run.position import Position
@@ -75,6 +76,59 @@ class ScalerPart(Part):
     def load_state_dict(self, state: Any, ctx: Loading) -> None:
         if self.scaler and state:
             self.scaler.load_state_dict(state)
+
+
+class SchedulerPart(Part):
+    """The LR scheduler (Task.scheduler or --lr-schedule). Loaded after the optimizer, whose state holds the
+    groups' current rates. --lr changed on resume: every rate (the scheduler's base rates, each group's current
+    rate) is scaled by new/old --lr, so the schedule goes on from the step it reached at the new base."""
+
+    key, kind, what = "scheduler", REPLICATED, "the LR scheduler's state_dict()"
+
+    def __init__(self, get: Callable[[], Any]) -> None:
+        self.get = get
+
+    def state_dict(self) -> Any:
+        scheduler = self.get()
+        return scheduler.state_dict() if scheduler is not None else None
+
+    def load_state_dict(self, state: Any, ctx: Loading) -> None:
+        scheduler = self.get()
+        if scheduler is None or state is None:
+            return  # none now or none then: the optimizer's rates, as loaded, stand
+        # --lr-schedule's factors span the run's total steps as the options give them now (--epochs or
+        # --max-steps may change on resume): loading would put back the old total, which is kept out.
+        totals = [
+            (f, f.total) for f in getattr(scheduler, "lr_lambdas", ()) if isinstance(f, schedules.Factor)
+        ]
+        scheduler.load_state_dict(state)
+        for f, total in totals:
+            f.total = total
+        saved = ctx.meta.get("config", {}).get("lr")
+        changed = saved is not None and saved != ctx.cfg.lr
+        ratio = ctx.cfg.lr / saved if changed else 1.0
+        groups = scheduler.optimizer.param_groups
+        if changed and hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs = [rate * ratio for rate in scheduler.base_lrs]
+            for group in groups:
+                if "initial_lr" in group:
+                    group["initial_lr"] *= ratio
+        if totals:  # a LambdaLR of --lr-schedule: the rate of its step, as LambdaLR computes it
+            rates = [
+                b * f(scheduler.last_epoch)
+                for b, f in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+            ]
+        else:  # a task's own: the rates it reached, scaled
+            rates = [rate * ratio for rate in state.get("_last_lr") or [g["lr"] for g in groups]]
+        for group, rate in zip(groups, rates, strict=True):
+            group["lr"] = rate
+        scheduler._last_lr = [g["lr"] for g in groups]
+        if not changed:
+            return
+        ctx.notes.append(
+            f"the LR schedule goes on from step {state.get('last_epoch')} at the new --lr {ctx.cfg.lr} (every "
+            f"rate scaled by {ratio:g})"
+        )
 
 
 class PositionPart(Part):

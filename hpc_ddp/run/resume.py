@@ -34,7 +34,7 @@ from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.folder import MODEL, TENSORBOARD, atomic_write_bytes, fsync_dir
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
-MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp")
+MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp", "lr_schedule", "warmup_steps")
 
 
 def is_restart(environ: Mapping[str, str]) -> bool:

@@ -42,14 +42,14 @@ from hpc_ddp.errors import NonFinite, UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import batches as batching
 from hpc_ddp.run import beacon as phase
-from hpc_ddp.run import metrics, preemption, progress, stragglers
+from hpc_ddp.run import metrics, preemption, progress, schedules, stragglers
 from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.checkpoint import content, full, store
 from hpc_ddp.run.checkpointer import SAVING_OK, Checkpointer
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.folder import MODEL
-from hpc_ddp.run.parts import ModelPart, OptimizerPart, PositionPart, RngPart, ScalerPart
+from hpc_ddp.run.parts import ModelPart, OptimizerPart, PositionPart, RngPart, ScalerPart, SchedulerPart
 from hpc_ddp.run.position import Outcome, Position
 from hpc_ddp.run.strategy.base import Strategy
 from hpc_ddp.run.strategy.ddp import CommHook
@@ -125,7 +125,8 @@ class Trainer:
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
         self.loss_fn = task.loss_fn
         self.step_fn = task.step
-        self.metric_names: list[str] | None = None  # the extra metrics of Task.step, agreed at the first step
+        # The extra metrics of Task.step, agreed at the first step (a loss_fn has none).
+        self.metric_names: list[str] | None = None if task.step is not None else []
         self._checked = False  # the first batch is checked before it is used
         self._step_extras: dict[str, torch.Tensor] = {}
         self.sampler: DistributedSampler[Any] = DistributedSampler(
@@ -187,18 +188,19 @@ class Trainer:
         self.skipped = 0  # non-finite steps in a row (--nonfinite-loss skip)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.step_data_s = 0.0  # this step's wait for data (rank 0 records it)
+        self.step_lr = 0.0  # the rate this step was taken with (recorded: the scheduler moved on since)
         steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
-        self.metrics = metrics.Recorder(
-            self.folder if env.is_main else None,
-            cfg,
-            env,
-            progress.total_steps(cfg.epochs, steps_per_epoch, cfg.max_steps),
-        )
+        total = progress.total_steps(cfg.epochs, steps_per_epoch, cfg.max_steps)
+        self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env, total)
+        # Built before any state is loaded: a scheduler sets the groups' rates when it is made, and a resume's
+        # optimizer and scheduler states then overwrite them (hpc_ddp.run.schedules).
+        self.scheduler = _scheduler(task, cfg, self.optimizer, total)
         # The checkpoint's named parts, in the order a resume loads them (RNG last).
         parts = [
             ModelPart(self.strategy),
             OptimizerPart(self.strategy),
             ScalerPart(self.scaler),
+            SchedulerPart(lambda: self.scheduler),
             PositionPart(lambda: self.pos, self._set_pos),
             RngPart(device),
         ]
@@ -226,7 +228,7 @@ class Trainer:
         finally:
             if "strategy" in self.__dict__:
                 self.strategy.close()
-            for name in ("optimizer", "scaler", "loader", "skip"):
+            for name in ("optimizer", "scaler", "scheduler", "loader", "skip"):
                 self.__dict__.pop(name, None)
             if "metrics" in self.__dict__:
                 try:
@@ -314,6 +316,9 @@ class Trainer:
                 agreed = self._agree(self._step_loss, count)
                 start = beacon.set(phase.OPTIMIZER)
                 window.comm_s += start - now
+                self.step_lr = float(
+                    self.optimizer.param_groups[0]["lr"]
+                )  # this step's (the scheduler's next)
                 if math.isfinite(agreed.loss_sum) and not agreed.saving:
                     self._optimizer_step()
                 else:
@@ -381,6 +386,8 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
+        if self.scheduler is not None:  # once per applied optimizer step, never per micro-batch
+            self.scheduler.step()
         # set_to_none even with DDP's bucket views (hpc_ddp.bench: mlp, 2 CPU ranks, ~1350 -> ~1460 samples/s):
         # backward then hands DDP a fresh gradient that it copies into the bucket once and re-views, instead
         # of a memset of every bucket here plus an in-place add during backward.
@@ -469,7 +476,7 @@ class Trainer:
                 pos,
                 agreed.loss_sum / max(agreed.count, 1.0),
                 cfg.batch_size * size * self.env.world_size,
-                float(self.optimizer.param_groups[0]["lr"]),
+                self.step_lr,
                 self.step_data_s,
                 {
                     n: v / max(agreed.count, 1.0)
@@ -578,3 +585,19 @@ def loader_options(cfg: TrainConfig, device: torch.device, workers: int) -> dict
     if workers and cfg.prefetch_factor:
         options["prefetch_factor"] = cfg.prefetch_factor
     return options
+
+
+def _scheduler(task: Task, cfg: TrainConfig, optimizer: Any, total: int) -> Any | None:
+    """Task.scheduler(optimizer, total_steps), or --lr-schedule/--warmup-steps; a usage error for a factory
+    that raises or returns something that cannot step and save (the same on every rank: never retried)."""
+    if task.scheduler is None:
+        return schedules.build(cfg.lr_schedule, cfg.warmup_steps, optimizer, total)
+    if cfg.lr_schedule != "constant" or cfg.warmup_steps:
+        raise UsageError(
+            f"--lr-schedule {cfg.lr_schedule} --warmup-steps {cfg.warmup_steps}: this task brings its own "
+            "Task.scheduler, which would be replaced. Fix: drop those flags, or Task.scheduler"
+        )
+    try:
+        return schedules.from_task(task.scheduler, optimizer, total)
+    except Exception as e:
+        raise UsageError(f"Task.scheduler(optimizer, {total}) raised {type(e).__name__}: {e}") from e
