@@ -48,9 +48,14 @@ def step(model: nn.Module, batch: dict):  # type: ignore[no-untyped-def]
 
 
 def eval_step(model: nn.Module, batch: dict) -> dict:
+    mark = os.environ.get("EVAL_MARK")  # a test's signal lands during this evaluation: it waits for the file
+    if mark and os.environ.get("RANK") == "0" and not os.path.exists(mark):
+        open(mark, "w").close()
+    time.sleep(float(os.environ.get("EVAL_SLEEP_S", "0")))
     out = model(batch["x"])
     # `id_mean`: the mean of the evaluated sample ids; over a dataset of n samples, each once, it is (n - 1) / 2
-    return {"mse": nn.functional.mse_loss(out, batch["y"]), "id_mean": batch["id"].float().mean()}
+    ids = batch["id"].double()
+    return {"mse": nn.functional.mse_loss(out, batch["y"]), "id_mean": ids.mean(), "id_sq": (ids**2).mean()}
 
 
 def dicts(config):  # type: ignore[no-untyped-def]

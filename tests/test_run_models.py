@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,78 @@ def test_a_task_scheduler_preempted_twice_ends_bitwise_equal(tmp_path: Path) -> 
     preempted_twice(tmp_path / "twice", *args, **SLOW)
     assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
     assert final(tmp_path / "twice")[1]["scheduler"]["last_epoch"] == 3 * 16
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_evaluation_counts_each_sample_exactly_once(tmp_path: Path, ranks: int) -> None:
+    args = ("--task", "model_tasks:dicts", "--nodes", "1", "--gpus-per-node", str(ranks), "--batch-size", "8")
+    code, out = finish(start(tmp_path, *args, "--epochs", "2", "--eval-every-steps", "5", EVAL_SAMPLES="37"))
+    assert code == 0, out
+    evals = records(tmp_path, "eval")
+    steps_per_epoch = 256 // ranks // 8
+    expected = sorted({*range(5, 2 * steps_per_epoch + 1, 5), steps_per_epoch, 2 * steps_per_epoch})
+    assert [r["step"] for r in evals] == expected  # every 5 steps, each epoch's end, once each
+    for r in evals:  # 37 samples over 1, 2 or 3 ranks: each id once (its mean and mean square prove it)
+        assert r["samples"] == 37
+        assert r["metrics"]["id_mean"] == pytest.approx(18.0)
+        assert r["metrics"]["id_sq"] == pytest.approx(sum(i * i for i in range(37)) / 37)
+    assert evals[-1]["metrics"]["mse"] < evals[0]["metrics"]["mse"]
+    assert f"Eval at step {expected[-1]} (epoch 1, 37 samples): id_mean 18.0000" in out
+
+
+@pytest.mark.deadline(240)
+def test_evaluation_preempted_twice_ends_bitwise_equal_with_equal_eval_records(tmp_path: Path) -> None:
+    args = (
+        "--task",
+        "model_tasks:dicts",
+        *TWO,
+        "--epochs",
+        "3",
+        "--batch-size",
+        "8",
+        "--eval-every-steps",
+        "5",
+    )
+    slow = {**SLOW, "EVAL_SLEEP_S": "0.05"}
+    code, out = finish(start(tmp_path / "straight", *args, **slow))
+    assert code == 0, out
+    preempted_twice(tmp_path / "twice", *args, **slow)
+    assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
+
+    def evals(folder: Path) -> list[tuple]:
+        return [(r["step"], r["epoch"], r["samples"], r["metrics"]) for r in records(folder, "eval")]
+
+    assert evals(tmp_path / "twice") == evals(tmp_path / "straight")
+
+
+@pytest.mark.deadline(240)
+def test_a_signal_during_an_evaluation_stops_there_and_the_resume_evaluates_again(tmp_path: Path) -> None:
+    args = (
+        "--task",
+        "model_tasks:dicts",
+        *TWO,
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--eval-every-steps",
+        "5",
+    )
+    code, out = finish(start(tmp_path / "straight", *args))
+    assert code == 0, out
+    mark = tmp_path / "evaluating"
+    proc = start(tmp_path / "signalled", *args, EVAL_SLEEP_S="0.3", EVAL_MARK=str(mark))
+    deadline = time.monotonic() + 100
+    while not mark.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGUSR2)  # rank 0 is inside the evaluation at step 5 (3 batches of 0.3 s)
+    code, out = finish(proc)
+    assert code == 0, out
+    assert "at epoch 0, step 5" in out
+    assert "the evaluation at step 5 was stopped by the signal: it runs again first" in out
+    assert_bitwise_equal(tmp_path / "straight", tmp_path / "signalled")
+
+    def evals(folder: Path) -> list[tuple]:
+        return [(r["step"], r["epoch"], r["samples"], r["metrics"]) for r in records(folder, "eval")]
+
+    assert evals(tmp_path / "signalled") == evals(tmp_path / "straight")  # step 5's once, not repeated

@@ -23,12 +23,15 @@ OPTIMIZER = "the optimizer step"
 STEP_ALLREDUCE = "the step's all-reduce"  # loss and signal votes, once per optimizer step
 STRAGGLER_GATHER = "the straggler check"  # one all-gather every few steps
 CHECKPOINT = "a checkpoint save"
+EVALUATION = "evaluation"  # forwards over this rank's evaluation shard (run/evaluator.py)
+EVAL_ALLREDUCE = "the evaluation's all-reduce"  # its means and the signal votes
 FINISHING = "finishing"  # final save, sync check, model.pth, barriers
 
 # Phases in which a rank only waits for the others: a rank stalled here is a victim, not a culprit.
-COLLECTIVE = frozenset({GRAD_ALLREDUCE, STEP_ALLREDUCE, STRAGGLER_GATHER})
+COLLECTIVE = frozenset({GRAD_ALLREDUCE, STEP_ALLREDUCE, STRAGGLER_GATHER, EVAL_ALLREDUCE})
 # Phases that may legitimately last long (first step's warm-up, saves): `auto` gives them the long threshold.
-SLOW = frozenset({STARTUP, USER_CODE, CHECKPOINT, FINISHING})
+# An evaluation batch is one: its first pays the loader's start, and no step time measures its forwards.
+SLOW = frozenset({STARTUP, USER_CODE, CHECKPOINT, FINISHING, EVALUATION})
 
 
 class Beacon:

@@ -236,6 +236,23 @@ class Recorder:
                 pos.step, {f"rank_step_time/{r}": v for r, v in enumerate(record["step_time_s"])}
             )
 
+    def eval(self, pos: Position, samples: int, means: Mapping[str, float]) -> None:
+        """An evaluation's means over all evaluated samples (every rank's), rank 0 records them."""
+        if self.path is None:
+            return
+        self.clear_live()  # the console's "Eval" line takes its place
+        self._write(
+            {
+                "event": "eval",
+                "epoch": pos.epoch,
+                "step": pos.step,
+                "samples": samples,
+                "metrics": {n: _finite_or_none(v) for n, v in means.items()},
+            }
+        )
+        if self.board is not None:
+            self.board.scalars(pos.step, {f"eval/{name}": value for name, value in means.items()})
+
     def save(self, epoch: int, step: int, stall_s: float, write_s: float | None, final: bool) -> None:
         """A checkpoint rank 0 saved (see the module docstring)."""
         self._write(

@@ -15,6 +15,7 @@ class Position:
     step: int = 0  # optimizer steps done since the start of the run
     loss_sum: float = 0.0  # this epoch's reduced loss so far, so a resumed epoch reports the same mean
     loss_count: float = 0.0
+    eval_pending: bool = False  # an evaluation at `step` was stopped by a signal: the resume runs it first
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,22 @@ def mlp(config: TrainConfig) -> Task:
     )
 
 
-BUILTINS: dict[str, Callable[[TrainConfig], Task]] = {"linear": linear, "mlp": mlp}
+def _example(path: str) -> Callable[[TrainConfig], Task]:
+    """A built-in task that lives in hpc_ddp.examples (a layer above this one): imported when it is used."""
+
+    def build(config: TrainConfig) -> Task:
+        return importlib.import_module(path).build(config)  # type: ignore[no-any-return]
+
+    build.__doc__ = f"the task of {path} (see that module)"
+    return build
+
+
+BUILTINS: dict[str, Callable[[TrainConfig], Task]] = {
+    "linear": linear,
+    "mlp": mlp,
+    "gpt": _example("hpc_ddp.examples.gpt"),
+    "cnn": _example("hpc_ddp.examples.cnn"),
+}
 
 
 def resolve(spec: str) -> Callable[[TrainConfig], Task]:

@@ -48,6 +48,7 @@ from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.checkpoint import content, full, store
 from hpc_ddp.run.checkpointer import SAVING_OK, Checkpointer
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.evaluator import Evaluator
 from hpc_ddp.run.folder import MODEL
 from hpc_ddp.run.parts import ModelPart, OptimizerPart, PositionPart, RngPart, ScalerPart, SchedulerPart
 from hpc_ddp.run.position import Outcome, Position
@@ -123,6 +124,8 @@ class Trainer:
         # Every rank's host and pid, once, at start: the straggler report and the hang verdict name hosts.
         self.peers: list[tuple[str, int]] = [("", 0)] * env.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
+        if cfg.keep_best:
+            raise UsageError(f"--keep-best {cfg.keep_best}: not supported yet. Fix: drop --keep-best")
         self.loss_fn = task.loss_fn
         self.step_fn = task.step
         # The extra metrics of Task.step, agreed at the first step (a loss_fn has none).
@@ -174,13 +177,14 @@ class Trainer:
         # An explicit generator: otherwise each DataLoader iterator draws its seed from the global RNG, and a
         # resumed run's dropout would see a different random stream than the uninterrupted run.
         self.loader_gen = torch.Generator()
+        options = loader_options(cfg, device, workers)
         self.loader = DataLoader(
             task.dataset,
             batch_size=cfg.batch_size,
             sampler=self.skip,
             drop_last=True,
             collate_fn=task.collate_fn,
-            **loader_options(cfg, device, workers),
+            **options,
             generator=self.loader_gen,
         )
         self._step_loss = torch.zeros((), device=device)  # this step's micro-batch losses, on the device
@@ -195,6 +199,12 @@ class Trainer:
         # Built before any state is loaded: a scheduler sets the groups' rates when it is made, and a resume's
         # optimizer and scheduler states then overwrite them (hpc_ddp.run.schedules).
         self.scheduler = _scheduler(task, cfg, self.optimizer, total)
+        self.evaluator = (
+            Evaluator(task, cfg, env, device, self.strategy, self._eval_loss, self.beacon, options)
+            if task.eval_dataset is not None
+            else None
+        )
+        self._evaluated = -1  # the step this process last evaluated at
         # The checkpoint's named parts, in the order a resume loads them (RNG last).
         parts = [
             ModelPart(self.strategy),
@@ -489,11 +499,50 @@ class Trainer:
                 return Outcome(False, agreed.requeue, agreed.stop)
             if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1:
                 self.check_stragglers()
+            if cfg.max_steps and pos.step >= cfg.max_steps:
+                return Outcome(True)  # evaluated at the end, by run()
+            if (
+                cfg.eval_every_steps
+                and pos.step % cfg.eval_every_steps == 0
+                and pos.batch < self.batches_per_epoch
+            ):
+                stopped = self.evaluate()
+                if stopped is not None:
+                    return stopped
             if cfg.save_every_steps and pos.step % cfg.save_every_steps == 0:
                 self.save()
-            if cfg.max_steps and pos.step >= cfg.max_steps:
-                return Outcome(True)
         return None
+
+    # ----- evaluation ----------------------------------------------------------------------------------------
+    def _eval_due(self, last: bool) -> bool:
+        """At the end of an epoch: evaluate at the end of training, every --eval-every-epochs, and at a step
+        of --eval-every-steps (the epoch's last step is evaluated here, after the epoch's end)."""
+        cfg, pos = self.cfg, self.pos
+        if self.evaluator is None or self._evaluated == pos.step:
+            return False
+        every_epoch = cfg.eval_every_epochs and (pos.epoch + 1) % cfg.eval_every_epochs == 0
+        every_step = cfg.eval_every_steps and pos.step % cfg.eval_every_steps == 0
+        return bool(last or every_epoch or every_step)
+
+    def evaluate(self) -> Outcome | None:
+        """Evaluate at the current position (a collective); an Outcome if a signal came during it: every rank
+        then stops right after it, and the position says it is pending (the resume evaluates first)."""
+        assert self.evaluator is not None
+        pos = self.pos
+        pos.eval_pending = True
+        result = self.evaluator.run(pos.step)
+        if result.requeue or result.stop:
+            return Outcome(False, result.requeue, result.stop)
+        pos.eval_pending = False
+        self._evaluated = pos.step
+        self.metrics.eval(pos, result.samples, result.means)
+        shown = " | ".join(f"{name} {value:.4f}" for name, value in result.means.items())
+        self.log.main(f"Eval at step {pos.step} (epoch {pos.epoch}, {result.samples} samples): {shown}")
+        return None
+
+    def _eval_loss(self, model: Any, batch: Any) -> torch.Tensor:
+        """The evaluation's value without Task.eval_step: the training loss of the batch."""
+        return self._forward(model, batch)[0]
 
     def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The loader's batches, each fetched in the beacon's "data loading" phase and timed."""
@@ -525,12 +574,23 @@ class Trainer:
 
     def run(self) -> Outcome:
         """Train from `self.pos` to the end, or until every rank agreed to stop."""
+        if self.pos.eval_pending:  # stopped during the evaluation at this step: it comes first
+            self.log.main(
+                f"the evaluation at step {self.pos.step} was stopped by the signal: it runs again first"
+            )
+            stopped = self.evaluate()
+            if stopped is not None:
+                return stopped
         if self.finished():  # never one more step than --max-steps, also after a resume
             return Outcome(True)
         while self.pos.epoch < self.cfg.epochs:
             outcome = self._epoch(self.pos.epoch)
             if outcome is not None and not outcome.finished:
                 return outcome
+            if self._eval_due(last=outcome is not None or self.pos.epoch + 1 >= self.cfg.epochs):
+                stopped = self.evaluate()
+                if stopped is not None:
+                    return stopped
             mean = self.pos.loss_sum / max(self.pos.loss_count, 1.0)
             self.metrics.epoch(self.pos, mean)  # first: it erases the live progress line
             self.log.main(f"Epoch {self.pos.epoch}, Loss: {mean:.4f}")
