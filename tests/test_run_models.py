@@ -206,3 +206,23 @@ def test_a_signal_during_an_evaluation_stops_there_and_the_resume_evaluates_agai
         return [(r["step"], r["epoch"], r["samples"], r["metrics"]) for r in records(folder, "eval")]
 
     assert evals(tmp_path / "signalled") == evals(tmp_path / "straight")  # step 5's once, not repeated
+
+
+@pytest.mark.deadline(150)
+def test_builtin_cnn_trains_to_eval_accuracy_well_above_chance(tmp_path: Path) -> None:
+    code, out = finish(start(tmp_path, "--task", "cnn", *TWO, "--epochs", "1"))
+    assert code == 0, out
+    (last,) = records(tmp_path, "eval")
+    assert last["samples"] == 512
+    assert last["metrics"]["accuracy"] > 0.5  # 4 shapes: chance is 0.25
+
+
+@pytest.mark.deadline(150)
+def test_builtin_gpt_loss_goes_down_and_accuracy_beats_chance(tmp_path: Path) -> None:
+    args = ("--task", "gpt", *TWO, "--epochs", "1", "--clip-grad", "1.0", "--eval-every-steps", "8")
+    code, out = finish(start(tmp_path, *args, "--log-every-s", "0"))
+    assert code == 0, out
+    evals = records(tmp_path, "eval")
+    assert evals[-1]["metrics"]["loss"] < evals[0]["metrics"]["loss"]
+    assert evals[-1]["metrics"]["accuracy"] > 3 / 24  # next-token accuracy over a 24-word vocabulary
+    assert all("accuracy" in r["metrics"] for r in records(tmp_path, "step"))
