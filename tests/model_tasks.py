@@ -20,9 +20,15 @@ class Pairs(Dataset):
         gen = torch.Generator().manual_seed(seed)
         self.x = torch.randn(samples, 10, generator=gen)
         self.y = self.x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(samples, 1, generator=gen)
+        self.epochs: list[int] = []  # set_epoch calls (the loop makes them)
 
     def __len__(self) -> int:
         return len(self.x)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+        if os.environ.get("RANK") == "0" and epoch == 1:
+            print(f"set_epoch calls: {self.epochs}", flush=True)
 
     def __getitem__(self, i: int) -> dict:
         return {"x": self.x[i], "y": self.y[i], "id": i}
@@ -121,3 +127,12 @@ def scheduler_raises(config):  # type: ignore[no-untyped-def]
     task = dicts(config)
     task.scheduler = scheduler
     return task
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield from ()
+
+
+def iterable(config):  # type: ignore[no-untyped-def]
+    return Task(model=_model(), dataset=Stream(), step=step)

@@ -32,6 +32,7 @@ def records(folder: Path, event: str) -> list[dict]:
         ("bad_batch", "error: batch['tags']: set cannot be part of a batch"),
         ("dict_to_loss_fn", "error: Task.loss_fn needs (input, target) batches, but a batch is dict."),
         ("nonscalar", "error: the training step returned a tensor of shape [32, 1] as its loss; expected a "),
+        ("iterable", "error: Task.dataset is an IterableDataset: training on one is not supported yet."),
         ("both", "Task has both of loss_fn and step; give exactly one"),
         ("scheduler_raises", "error: Task.scheduler(optimizer, 8) raised ValueError: warm-up longer than"),
     ],
@@ -57,6 +58,7 @@ def test_dict_batches_and_a_step_with_metrics_record_them_averaged(tmp_path: Pat
     )  # a constant: averaged over ranks and micro-batches
     assert all(r["metrics"]["mae"] > 0 for r in steps)
     assert " half 0.5 mae " in out  # the progress line shows them
+    assert "set_epoch calls: [0, 1]" in out  # the dataset's set_epoch, once an epoch
 
 
 def lrs(folder: Path) -> list[float]:

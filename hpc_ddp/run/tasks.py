@@ -40,8 +40,8 @@ class Task:
 
     model         an nn.Module, built the same on every rank (same seed). Inside `step` and `eval_step` you get
                   the *wrapped* model (DDP or FSDP): call it, its forward is the synchronised one.
-    dataset       a map-style Dataset (split across ranks by a DistributedSampler, reshuffled each epoch) or an
-                  IterableDataset (each rank and DataLoader worker reads its own part: hpc_ddp.run.streams).
+    dataset       a map-style Dataset (split across ranks by a DistributedSampler, reshuffled each epoch; its
+                  set_epoch(epoch), if any, is called each epoch). An IterableDataset is refused: not supported yet.
     loss_fn       loss_fn(output, target) for `(input, target)` batches: output = model(input).
     step          step(model, batch) -> loss, or (loss, {"name": value, ...}): one micro-batch, your own forward.
                   The loss must be a scalar tensor; the extra values are averaged over ranks at each record and
@@ -50,7 +50,7 @@ class Task:
     scheduler     scheduler(optimizer, total_steps) -> LRScheduler, stepped once per optimizer step that was
                   applied; default --lr-schedule. Its state is in every checkpoint.
     collate_fn    for the training and the evaluation loaders (e.g. padding, dict batches).
-    eval_dataset  map-style or iterable; evaluated every --eval-every-epochs/--eval-every-steps and at the end,
+    eval_dataset  map-style (iterable: not supported yet); evaluated every --eval-every-epochs/--eval-every-steps and at the end,
                   each sample exactly once over all ranks, in model.eval() under torch.no_grad().
     eval_step     eval_step(model, batch) -> {"name": value}: means over the batch, weighted by its samples
                   across ranks. Without it the evaluation reports the loss (`loss_fn` or `step`'s).
@@ -59,8 +59,8 @@ class Task:
 
     A batch may be any structure of tensors (tuples, lists, dicts, namedtuples, dataclasses, objects with
     .to() such as a BatchEncoding): it goes to the rank's device as a whole. Saved in every checkpoint: the
-    model, the optimizer, the scheduler, the data position (and an iterable dataset's state_dict(), if it has
-    one), every rank's RNG.
+    model, the optimizer, the scheduler, the data position (and whether an evaluation was cut short by a signal),
+    every rank's RNG.
     """
 
     model: nn.Module

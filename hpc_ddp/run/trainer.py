@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import NonFinite, UsageError
@@ -126,6 +126,12 @@ class Trainer:
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
         if cfg.keep_best:
             raise UsageError(f"--keep-best {cfg.keep_best}: not supported yet. Fix: drop --keep-best")
+        if isinstance(task.dataset, IterableDataset):
+            raise UsageError(
+                "Task.dataset is an IterableDataset: training on one is not supported yet. Fix: a map-style "
+                "Dataset (with __len__ and __getitem__)"
+            )
+        self.dataset = task.dataset
         self.loss_fn = task.loss_fn
         self.step_fn = task.step
         # The extra metrics of Task.step, agreed at the first step (a loss_fn has none).
@@ -464,6 +470,8 @@ class Trainer:
         """Train the rest of one epoch; an Outcome if the loop must end inside it."""
         cfg, pos = self.cfg, self.pos
         self.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one after a restart
+        if callable(getattr(self.dataset, "set_epoch", None)):
+            self.dataset.set_epoch(epoch)  # a dataset that draws per epoch (augmentations, its own order)
         self.skip.skip = pos.batch * cfg.batch_size
         # Modulo 2**64: the same seed torch derives from a negative or small value, and no overflow for a large
         # --seed (any 64-bit seed is valid).
