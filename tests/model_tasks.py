@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hpc_ddp import Task
+from hpc_ddp.run import streams
 
 
 class Pairs(Dataset):
@@ -130,9 +131,17 @@ def scheduler_raises(config):  # type: ignore[no-untyped-def]
 
 
 class Stream(torch.utils.data.IterableDataset):
+    """Reader r of the stream (streams.reader) yields 40 + 8 r samples: ranks' streams end at different steps."""
+
+    def __init__(self, seed: int) -> None:
+        self.pairs = Pairs(seed)
+
     def __iter__(self):  # type: ignore[no-untyped-def]
-        yield from ()
+        index, count = streams.reader()
+        mine = list(streams.take(range(len(self.pairs)), index, count))[: 40 + 8 * index]
+        for i in mine:
+            yield self.pairs[i]
 
 
 def iterable(config):  # type: ignore[no-untyped-def]
-    return Task(model=_model(), dataset=Stream(), step=step)
+    return Task(model=_model(), dataset=Stream(config.seed), step=step, collate_fn=collate)

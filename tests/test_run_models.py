@@ -32,7 +32,6 @@ def records(folder: Path, event: str) -> list[dict]:
         ("bad_batch", "error: batch['tags']: set cannot be part of a batch"),
         ("dict_to_loss_fn", "error: Task.loss_fn needs (input, target) batches, but a batch is dict."),
         ("nonscalar", "error: the training step returned a tensor of shape [32, 1] as its loss; expected a "),
-        ("iterable", "error: Task.dataset is an IterableDataset: training on one is not supported yet."),
         ("both", "Task has both of loss_fn and step; give exactly one"),
         ("scheduler_raises", "error: Task.scheduler(optimizer, 8) raised ValueError: warm-up longer than"),
     ],
@@ -228,3 +227,29 @@ def test_builtin_gpt_loss_goes_down_and_accuracy_beats_chance(tmp_path: Path) ->
     assert evals[-1]["metrics"]["loss"] < evals[0]["metrics"]["loss"]
     assert evals[-1]["metrics"]["accuracy"] > 3 / 24  # next-token accuracy over a 24-word vocabulary
     assert all("accuracy" in r["metrics"] for r in records(tmp_path, "step"))
+
+
+def test_uneven_streams_end_the_epoch_together_and_a_resume_restarts_the_epoch(tmp_path: Path) -> None:
+    # 2 ranks, batch 8: rank 0's stream has 5 batches, rank 1's 6; every epoch ends after 5 steps on both.
+    args = (
+        "--task",
+        "model_tasks:iterable",
+        *TWO,
+        "--batch-size",
+        "8",
+        "--log-every-s",
+        "0",
+        "--epochs",
+        "3",
+    )
+    code, out = finish(start(tmp_path, *args, "--max-steps", "8"))  # stops at step 8: 3 steps into epoch 1
+    assert code == 0, out
+    assert [r["step"] for r in records(tmp_path, "epoch")] == [5, 8]
+    assert "Parameters identical on all 2 ranks" in out
+    code, out = finish(start(tmp_path, *args))
+    assert code == 0, out
+    message = (
+        "the IterableDataset cannot be resumed mid-epoch: epoch 1 restarts from its beginning (at step 8"
+    )
+    assert out.count(message) == 1
+    assert [r["step"] for r in records(tmp_path, "epoch")] == [5, 8, 13, 18]  # epoch 1 whole again, then 2

@@ -40,8 +40,10 @@ class Task:
 
     model         an nn.Module, built the same on every rank (same seed). Inside `step` and `eval_step` you get
                   the *wrapped* model (DDP or FSDP): call it, its forward is the synchronised one.
-    dataset       a map-style Dataset (split across ranks by a DistributedSampler, reshuffled each epoch; its
-                  set_epoch(epoch), if any, is called each epoch). An IterableDataset is refused: not supported yet.
+    dataset       a map-style Dataset (split across ranks by a DistributedSampler, reshuffled each epoch), or an
+                  IterableDataset (each rank and worker reads its own part: hpc_ddp.run.streams.reader; the epoch
+                  ends on every rank after the same step, when some rank's stream ends; a resume restarts a
+                  stream's epoch, and says so). Its set_epoch(epoch), if any, is called each epoch.
     loss_fn       loss_fn(output, target) for `(input, target)` batches: output = model(input).
     step          step(model, batch) -> loss, or (loss, {"name": value, ...}): one micro-batch, your own forward.
                   The loss must be a scalar tensor; the extra values are averaged over ranks at each record and

@@ -26,6 +26,7 @@ import itertools
 import math
 import os
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Iterable, Iterator
@@ -67,6 +68,7 @@ class Agreed(NamedTuple):
     requeue: float  # ranks that saw SIGUSR1/SIGUSR2 (their votes to stop and requeue)
     stop: float  # ranks that saw SIGTERM (their votes to stop)
     saving: float = SAVING_OK  # some rank's writer gave up (checkpointer.SAVING_*)
+    exhausted: float = 0.0  # ranks whose stream has no next step (an IterableDataset): the epoch ends here
     extras: tuple[
         float, ...
     ] = ()  # the step's extra metrics (Task.step), summed over micro-batches and ranks
@@ -126,12 +128,19 @@ class Trainer:
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
         if cfg.keep_best:
             raise UsageError(f"--keep-best {cfg.keep_best}: not supported yet. Fix: drop --keep-best")
-        if isinstance(task.dataset, IterableDataset):
-            raise UsageError(
-                "Task.dataset is an IterableDataset: training on one is not supported yet. Fix: a map-style "
-                "Dataset (with __len__ and __getitem__)"
-            )
         self.dataset = task.dataset
+        # A stream (hpc_ddp.run.streams): no sampler, no length; its epoch ends when some rank's stream does.
+        self.iterable = isinstance(task.dataset, IterableDataset)
+        if self.iterable:
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = (
+                str(env.rank),
+                str(env.world_size),
+            )  # streams.reader
+            if cfg.lr_schedule != "constant" and not cfg.max_steps:
+                raise UsageError(
+                    f"--lr-schedule {cfg.lr_schedule} over an IterableDataset needs --max-steps: a stream has "
+                    "no length to end the schedule at. Fix: add --max-steps N"
+                )
         self.loss_fn = task.loss_fn
         self.step_fn = task.step
         # The extra metrics of Task.step, agreed at the first step (a loss_fn has none).
@@ -139,14 +148,14 @@ class Trainer:
         self._checked = False  # the first batch is checked before it is used
         self._step_extras: dict[str, torch.Tensor] = {}
         self.sampler: DistributedSampler[Any] = DistributedSampler(
-            task.dataset,
+            task.dataset if not self.iterable else range(env.world_size),  # type: ignore[arg-type]
             num_replicas=env.world_size,
             rank=env.rank,
             shuffle=True,
             seed=cfg.seed,
             drop_last=True,
         )
-        self.batches_per_epoch = len(self.sampler) // cfg.batch_size
+        self.batches_per_epoch = len(self.sampler) // cfg.batch_size if not self.iterable else sys.maxsize
         if (
             self.batches_per_epoch == 0
         ):  # checked before the model is wrapped: nothing to release on this error
@@ -187,7 +196,7 @@ class Trainer:
         self.loader = DataLoader(
             task.dataset,
             batch_size=cfg.batch_size,
-            sampler=self.skip,
+            sampler=self.skip if not self.iterable else None,
             drop_last=True,
             collate_fn=task.collate_fn,
             **options,
@@ -198,9 +207,14 @@ class Trainer:
         self.skipped = 0  # non-finite steps in a row (--nonfinite-loss skip)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.step_data_s = 0.0  # this step's wait for data (rank 0 records it)
+        self._prefetch: Any = None  # a stream's fetch of its next step's batches (see _stream_epoch)
         self.step_lr = 0.0  # the rate this step was taken with (recorded: the scheduler moved on since)
         steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
-        total = progress.total_steps(cfg.epochs, steps_per_epoch, cfg.max_steps)
+        total = (
+            progress.total_steps(cfg.epochs, steps_per_epoch, cfg.max_steps)
+            if not self.iterable
+            else cfg.max_steps
+        )
         self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env, total)
         # Built before any state is loaded: a scheduler sets the groups' rates when it is made, and a resume's
         # optimizer and scheduler states then overwrite them (hpc_ddp.run.schedules).
@@ -325,11 +339,13 @@ class Trainer:
             if done == count:
                 # The step's all-reduce comes before the update: every rank learns at this step that some
                 # rank's loss is not finite (or that rank 0 cannot save), and nobody applies that update.
+                ready = self._grads_ready or time.monotonic()
+                # A stream's next step is fetched now, so that its end rides in this all-reduce (fetch ahead).
+                exhausted = 0.0 if self._prefetch is None else float(not self._prefetch())
                 now = beacon.set(phase.STEP_ALLREDUCE)
-                ready = self._grads_ready or now  # no end-of-backward mark (mark_grads=False)
                 window.compute_s += ready - start
                 window.comm_s += now - ready  # what remained of the gradient all-reduce after backward
-                agreed = self._agree(self._step_loss, count)
+                agreed = self._agree(self._step_loss, count, exhausted)
                 start = beacon.set(phase.OPTIMIZER)
                 window.comm_s += start - now
                 self.step_lr = float(
@@ -409,7 +425,7 @@ class Trainer:
         # of a memset of every bucket here plus an in-place add during backward.
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _agree(self, loss_sum: torch.Tensor, count: int) -> Agreed:
+    def _agree(self, loss_sum: torch.Tensor, count: int, exhausted: float = 0.0) -> Agreed:
         """The one per-step all-reduce: loss and micro-batch counts, every rank's signal votes, and whether a
         background writer gave up (checked without waiting; it also starts a retry that is due)."""
         requeue, stop = preemption.pending()
@@ -421,6 +437,7 @@ class Trainer:
                 torch.tensor(float(requeue), device=self.device),
                 torch.tensor(float(stop), device=self.device),
                 torch.tensor(saving, device=self.device),
+                torch.tensor(exhausted, device=self.device),
                 *(
                     torch.as_tensor(self._step_extras[name], dtype=torch.float32, device=self.device)
                     for name in self.metric_names or ()
@@ -429,7 +446,7 @@ class Trainer:
         )
         dist.all_reduce(packet)
         values = packet.tolist()
-        return Agreed(values[0], values[1], values[2], values[3], values[4], tuple(values[5:]))
+        return Agreed(values[0], values[1], values[2], values[3], values[4], values[5], tuple(values[6:]))
 
     def _nonfinite(self, loss: float, step: int) -> None:
         """The loss of `step`, averaged over all ranks, is NaN or infinite (every rank sees the same value):
@@ -472,6 +489,8 @@ class Trainer:
         self.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one after a restart
         if callable(getattr(self.dataset, "set_epoch", None)):
             self.dataset.set_epoch(epoch)  # a dataset that draws per epoch (augmentations, its own order)
+        if self.iterable:
+            return self._stream_epoch(epoch)
         self.skip.skip = pos.batch * cfg.batch_size
         # Modulo 2**64: the same seed torch derives from a negative or small value, and no overflow for a large
         # --seed (any 64-bit seed is valid).
@@ -481,44 +500,91 @@ class Trainer:
             # A resumed epoch starts at a step boundary; the epoch's last step may have fewer micro-batches.
             size = min(cfg.grad_accum, self.batches_per_epoch - pos.batch)
             agreed = self.accumulated_step(itertools.islice(batches, size), size)
-            finite = math.isfinite(agreed.loss_sum)
-            if not finite:
-                self._nonfinite(agreed.loss_sum, pos.step + 1)  # raises, unless --nonfinite-loss skip
-            if agreed.saving:
-                raise self.checkpointer.stop(agreed.saving, pos.step)
-            if finite:
-                self.skipped = 0
-                pos.loss_sum, pos.loss_count = pos.loss_sum + agreed.loss_sum, pos.loss_count + agreed.count
-            pos.batch, pos.step = pos.batch + size, pos.step + 1
-            self.metrics.step(
-                pos,
-                agreed.loss_sum / max(agreed.count, 1.0),
-                cfg.batch_size * size * self.env.world_size,
-                self.step_lr,
-                self.step_data_s,
-                {
-                    n: v / max(agreed.count, 1.0)
-                    for n, v in zip(self.metric_names or (), agreed.extras, strict=True)
-                },
+            ended = self._after_step(agreed, size)
+            if ended is not None:
+                return ended
+        return None
+
+    def _stream_epoch(self, epoch: int) -> Outcome | None:
+        """One epoch of an IterableDataset: until some rank's stream has no next step. Each step's batches are
+        fetched during the step before (fetch ahead), and whether every rank has them rides in the per-step
+        all-reduce: every rank ends the epoch after the same step, and none waits for a peer that left."""
+        cfg, pos = self.cfg, self.pos
+        if pos.batch:  # resumed mid-epoch: a stream cannot be positioned (no state is saved for it)
+            self.log.main(
+                f"the IterableDataset cannot be resumed mid-epoch: epoch {epoch} restarts from its beginning "
+                f"(at step {pos.step}; its first {pos.batch} batches per rank are trained on again)"
             )
-            self.step_data_s = 0.0
-            self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
-            if agreed.requeue or agreed.stop:
-                return Outcome(False, agreed.requeue, agreed.stop)
-            if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1:
-                self.check_stragglers()
-            if cfg.max_steps and pos.step >= cfg.max_steps:
-                return Outcome(True)  # evaluated at the end, by run()
-            if (
-                cfg.eval_every_steps
-                and pos.step % cfg.eval_every_steps == 0
-                and pos.batch < self.batches_per_epoch
-            ):
-                stopped = self.evaluate()
-                if stopped is not None:
-                    return stopped
-            if cfg.save_every_steps and pos.step % cfg.save_every_steps == 0:
-                self.save()
+            pos.batch, pos.loss_sum, pos.loss_count = 0, 0.0, 0.0
+        self.loader_gen.manual_seed((cfg.seed * 1_000_003 + epoch) % 2**64)
+        batches = self._timed(iter(self.loader))
+        size = cfg.grad_accum
+        ahead = list(itertools.islice(batches, size))
+        flag = torch.tensor(float(len(ahead) < size), device=self.device)
+        dist.all_reduce(flag)  # once an epoch: does every rank have a first step?
+        more = flag.item() == 0
+
+        def fetch() -> bool:
+            nonlocal ahead
+            ahead = list(itertools.islice(batches, size))
+            return len(ahead) == size
+
+        while more:
+            current = ahead
+            self._prefetch = fetch
+            try:
+                agreed = self.accumulated_step(iter(current), size)
+            finally:
+                self._prefetch = None
+            more = not agreed.exhausted
+            ended = self._after_step(agreed, size, last=not more)
+            if ended is not None:
+                return ended
+        return None
+
+    def _after_step(self, agreed: Agreed, size: int, last: bool = False) -> Outcome | None:
+        """What every rank does after an optimizer step of `size` micro-batches, the same way; an Outcome if
+        the loop must end here. `last`: the epoch's last step of a stream."""
+        cfg, pos = self.cfg, self.pos
+        finite = math.isfinite(agreed.loss_sum)
+        if not finite:
+            self._nonfinite(agreed.loss_sum, pos.step + 1)  # raises, unless --nonfinite-loss skip
+        if agreed.saving:
+            raise self.checkpointer.stop(agreed.saving, pos.step)
+        if finite:
+            self.skipped = 0
+            pos.loss_sum, pos.loss_count = pos.loss_sum + agreed.loss_sum, pos.loss_count + agreed.count
+        pos.batch, pos.step = pos.batch + size, pos.step + 1
+        self.metrics.step(
+            pos,
+            agreed.loss_sum / max(agreed.count, 1.0),
+            cfg.batch_size * size * self.env.world_size,
+            self.step_lr,
+            self.step_data_s,
+            {
+                n: v / max(agreed.count, 1.0)
+                for n, v in zip(self.metric_names or (), agreed.extras, strict=True)
+            },
+        )
+        self.step_data_s = 0.0
+        self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
+        if agreed.requeue or agreed.stop:
+            return Outcome(False, agreed.requeue, agreed.stop)
+        if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1:
+            self.check_stragglers()
+        if cfg.max_steps and pos.step >= cfg.max_steps:
+            return Outcome(True)  # evaluated at the end, by run()
+        if (
+            cfg.eval_every_steps
+            and pos.step % cfg.eval_every_steps == 0
+            and pos.batch < self.batches_per_epoch
+            and not last
+        ):
+            stopped = self.evaluate()
+            if stopped is not None:
+                return stopped
+        if cfg.save_every_steps and pos.step % cfg.save_every_steps == 0:
+            self.save()
         return None
 
     # ----- evaluation ----------------------------------------------------------------------------------------
