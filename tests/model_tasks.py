@@ -145,3 +145,36 @@ class Stream(torch.utils.data.IterableDataset):
 
 def iterable(config):  # type: ignore[no-untyped-def]
     return Task(model=_model(), dataset=Stream(config.seed), step=step, collate_fn=collate)
+
+
+class CountingStream(Stream):
+    """A stream that knows where it is: state_dict() is the index of its next sample in this epoch."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.next, self.resume_at = 0, 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        index, count = streams.reader()
+        mine = list(streams.take(range(len(self.pairs)), index, count))[: 40 + 8 * index]
+        start, self.resume_at = self.resume_at, 0  # a new iterator starts the epoch over, unless loaded
+        self.next = start
+        for k in range(start, len(mine)):
+            self.next = k + 1
+            yield self.pairs[mine[k]]
+
+    def state_dict(self) -> dict:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resume_at = state["next"]  # called before the epoch's iterator is made
+
+
+def stateful_stream(config):  # type: ignore[no-untyped-def]
+    return Task(
+        model=_model(),
+        dataset=CountingStream(config.seed),
+        step=step,
+        collate_fn=collate,
+        optimizer=lambda params: torch.optim.SGD(params, lr=config.lr, momentum=0.9),
+    )

@@ -253,3 +253,17 @@ def test_uneven_streams_end_the_epoch_together_and_a_resume_restarts_the_epoch(t
     )
     assert out.count(message) == 1
     assert [r["step"] for r in records(tmp_path, "epoch")] == [5, 8, 13, 18]  # epoch 1 whole again, then 2
+
+
+@pytest.mark.deadline(240)
+def test_a_stream_with_state_preempted_twice_ends_bitwise_equal(tmp_path: Path) -> None:
+    args = ("--task", "model_tasks:stateful_stream", *TWO, "--epochs", "3", "--batch-size", "8")
+    slow = {"STEP_SLEEP_S": "0.4"}
+    code, out = finish(start(tmp_path / "straight", *args, **slow))
+    assert code == 0, out
+    out = preempted_twice(tmp_path / "twice", *args, **slow)
+    assert "cannot be resumed mid-epoch" not in out
+    first = int(out.split("Resuming from ")[1].split(", step ")[1].split()[0])
+    assert first % 5 != 0, "the first signal should land mid-epoch"  # the stream's state is what resumes
+    assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
+    assert [r["step"] for r in records(tmp_path / "twice", "epoch")] == [5, 10, 15]

@@ -6,6 +6,8 @@
     scheduler  the LR scheduler's state (None without one); a changed --lr scales its rates on resume
     position   where the run is: epoch, batch, step, the epoch's loss so far
     rng        every rank's own RNG (PER_RANK): torch's CPU (and CUDA) generator and Python's `random`
+    stream     every rank's IterableDataset state_dict() (PER_RANK) at the start of its next step, when it
+               has one (and no DataLoader workers); None otherwise
 
 Their keys are the entries of every checkpoint written since 0.1.0: never rename one.
 """
@@ -142,6 +144,19 @@ class PositionPart(Part):
 
     def load_state_dict(self, state: Any, ctx: Loading) -> None:
         self.set(Position(**state))
+
+
+class StreamPart(Part):
+    key, kind, what = "stream", PER_RANK, "the IterableDataset's state_dict()"
+
+    def __init__(self, get: Callable[[], Any], set_: Callable[[Any], None]) -> None:
+        self.get, self.set = get, set_
+
+    def state_dict(self) -> Any:
+        return self.get()
+
+    def load_state_dict(self, state: Any, ctx: Loading) -> None:
+        self.set(state)  # used when the stream's epoch goes on (trainer._stream_epoch)
 
 
 class RngPart(Part):

@@ -22,6 +22,7 @@ Every few steps the ranks compare those splits with one small all-gather (run/st
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import math
 import os
@@ -51,7 +52,15 @@ from hpc_ddp.run.checkpointer import SAVING_OK, Checkpointer
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.evaluator import Evaluator
 from hpc_ddp.run.folder import MODEL
-from hpc_ddp.run.parts import ModelPart, OptimizerPart, PositionPart, RngPart, ScalerPart, SchedulerPart
+from hpc_ddp.run.parts import (
+    ModelPart,
+    OptimizerPart,
+    PositionPart,
+    RngPart,
+    ScalerPart,
+    SchedulerPart,
+    StreamPart,
+)
 from hpc_ddp.run.position import Outcome, Position
 from hpc_ddp.run.strategy.base import Strategy
 from hpc_ddp.run.strategy.ddp import CommHook
@@ -208,6 +217,15 @@ class Trainer:
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.step_data_s = 0.0  # this step's wait for data (rank 0 records it)
         self._prefetch: Any = None  # a stream's fetch of its next step's batches (see _stream_epoch)
+        # A stream with state_dict()/load_state_dict(), read in this process (no workers: their copies of the
+        # dataset are out of reach): its state before each step's fetch is saved, and a resume goes on from it.
+        self.stateful = (
+            self.iterable
+            and workers == 0
+            and all(callable(getattr(task.dataset, m, None)) for m in ("state_dict", "load_state_dict"))
+        )
+        self._stream_state: Any = None
+        self._stream_loaded: Any = None
         self.step_lr = 0.0  # the rate this step was taken with (recorded: the scheduler moved on since)
         steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
         total = (
@@ -232,6 +250,7 @@ class Trainer:
             ScalerPart(self.scaler),
             SchedulerPart(lambda: self.scheduler),
             PositionPart(lambda: self.pos, self._set_pos),
+            StreamPart(lambda: self._stream_state, self._set_stream),
             RngPart(device),
         ]
         fmt = full.Full(self.folder, env, cfg.keep, commit=commit)
@@ -242,6 +261,9 @@ class Trainer:
 
     def _set_pos(self, pos: Position) -> None:
         self.pos = pos
+
+    def _set_stream(self, state: Any) -> None:
+        self._stream_loaded = state
 
     def _mark_grads_ready(self) -> None:
         self._grads_ready = self.beacon.set(phase.GRAD_ALLREDUCE)
@@ -510,15 +532,20 @@ class Trainer:
         fetched during the step before (fetch ahead), and whether every rank has them rides in the per-step
         all-reduce: every rank ends the epoch after the same step, and none waits for a peer that left."""
         cfg, pos = self.cfg, self.pos
-        if pos.batch:  # resumed mid-epoch: a stream cannot be positioned (no state is saved for it)
+        loaded, self._stream_loaded = self._stream_loaded, None
+        if pos.batch and self.stateful and loaded is not None:
+            self.dataset.load_state_dict(loaded)  # type: ignore[union-attr]  # where its next step begins
+        elif pos.batch:  # resumed mid-epoch: a stream without a state cannot be positioned
             self.log.main(
                 f"the IterableDataset cannot be resumed mid-epoch: epoch {epoch} restarts from its beginning "
-                f"(at step {pos.step}; its first {pos.batch} batches per rank are trained on again)"
+                f"(at step {pos.step}; its first {pos.batch} batches per rank are trained on again): it has no "
+                "state_dict()/load_state_dict(), or it is read by DataLoader workers"
             )
             pos.batch, pos.loss_sum, pos.loss_count = 0, 0.0, 0.0
         self.loader_gen.manual_seed((cfg.seed * 1_000_003 + epoch) % 2**64)
         batches = self._timed(iter(self.loader))
         size = cfg.grad_accum
+        self._snapshot()
         ahead = list(itertools.islice(batches, size))
         flag = torch.tensor(float(len(ahead) < size), device=self.device)
         dist.all_reduce(flag)  # once an epoch: does every rank have a first step?
@@ -526,6 +553,7 @@ class Trainer:
 
         def fetch() -> bool:
             nonlocal ahead
+            self._snapshot()
             ahead = list(itertools.islice(batches, size))
             return len(ahead) == size
 
@@ -541,6 +569,12 @@ class Trainer:
             if ended is not None:
                 return ended
         return None
+
+    def _snapshot(self) -> None:
+        """A stateful stream's state before the next step's batches are fetched: what a save at the end of
+        the current step holds (the batches fetched ahead are not trained on yet)."""
+        if self.stateful:
+            self._stream_state = copy.deepcopy(self.dataset.state_dict())  # type: ignore[union-attr]
 
     def _after_step(self, agreed: Agreed, size: int, last: bool = False) -> Outcome | None:
         """What every rank does after an optimizer step of `size` micro-batches, the same way; an Outcome if
