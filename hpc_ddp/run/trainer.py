@@ -48,6 +48,7 @@ from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.folder import MODEL
 from hpc_ddp.run.position import Outcome, Position
 from hpc_ddp.run.tasks import Task
+from hpc_ddp.run.workers import init as worker_start
 
 MAX_SKIPPED = 10  # --nonfinite-loss skip: this many non-finite steps in a row stop the run anyway
 
@@ -209,11 +210,16 @@ class Trainer:
             drop_last=True,
             num_workers=workers,
             pin_memory=device.type == "cuda",
-            worker_init_fn=preemption.ignore if workers else None,
+            worker_init_fn=worker_start if workers else None,
+            # Workers start once, not at every epoch: a start that opens shards or sockets is paid once.
+            persistent_workers=workers > 0,
             generator=self.loader_gen,
         )
         self._step_loss = torch.zeros((), device=device)  # this step's micro-batch losses, on the device
         self.pos = Position()
+        # This process's first optimizer step (after a start or a resume) pays for warm-up, lazy init and a
+        # resumed checkpoint's first use: every phase of it is long for the hang watchdog (run/beacon.py).
+        self.first_step = True
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
         self.skipped = 0  # non-finite steps in a row (--nonfinite-loss skip)
         self.save_error: BaseException | None = None  # the writer's error that stopped the run, once raised
@@ -236,7 +242,7 @@ class Trainer:
         Variable._execution_engine.queue_callback(self._mark_grads_ready)
 
     def _mark_grads_ready(self) -> None:
-        self._grads_ready = self.beacon.set(phase.GRAD_ALLREDUCE)
+        self._grads_ready = self.beacon.set(phase.GRAD_ALLREDUCE, long=self.first_step)
 
     # ----- end of life ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -303,6 +309,7 @@ class Trainer:
         ]
         if not self.env.is_main:
             return None
+        self.beacon.set(phase.CHECKPOINT)
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -323,7 +330,9 @@ class Trainer:
         loop (for the final one, the wait until durable included) and how long the write took."""
         began = time.monotonic()
         if self.saved_step != self.pos.step:
-            self.beacon.set(phase.CHECKPOINT)
+            # The gather is a collective (a peer frozen here is found at the steady limit); the writer's own work
+            # after it is a long phase (state()), which it answers for if peers diagnose meanwhile.
+            self.beacon.set(phase.CHECKPOINT_GATHER)
             state = self.state()  # collective: every rank takes part, so every rank decides the same way
             self.saved_step = self.pos.step
             if self.env.is_main:
@@ -434,18 +443,18 @@ class Trainer:
         window, beacon = self.window, self.beacon
         for inputs, target in micro_batches:
             done += 1
-            start = beacon.set(phase.COMPUTE)
+            start = beacon.set(phase.COMPUTE, long=self.first_step)
             self._grads_ready = 0.0
             self._step_loss += self._micro_step(inputs, target, 1.0 / count, sync=done == count)
             if done == count:
                 # The step's all-reduce comes before the update: every rank learns at this step that some
                 # rank's loss is not finite (or that rank 0 cannot save), and nobody applies that update.
-                now = beacon.set(phase.STEP_ALLREDUCE)
+                now = beacon.set(phase.STEP_ALLREDUCE, long=self.first_step)
                 ready = self._grads_ready or now  # no end-of-backward mark (mark_grads=False)
                 window.compute_s += ready - start
                 window.comm_s += now - ready  # what remained of the gradient all-reduce after backward
                 agreed = self._agree(self._step_loss, count)
-                start = beacon.set(phase.OPTIMIZER)
+                start = beacon.set(phase.OPTIMIZER, long=self.first_step)
                 window.comm_s += start - now
                 if math.isfinite(agreed.loss_sum) and not agreed.saving:
                     self._optimizer_step()
@@ -453,6 +462,7 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)  # never applied: a poisoned or a last update
                 window.compute_s += time.monotonic() - start
                 window.steps += 1
+                self.first_step = False
                 return agreed
             window.compute_s += time.monotonic() - start
         raise RuntimeError(f"internal error: {done} micro-batch(es) came for an optimizer step of {count}")
@@ -591,9 +601,13 @@ class Trainer:
         return None
 
     def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """The loader's batches, each fetched in the beacon's "data loading" phase and timed."""
+        """The loader's batches, each fetched in the beacon's "data loading" phase and timed. The first batch of
+        an epoch is a long phase for the hang watchdog: the loader's workers start (and open their data)."""
+        first = True
         while True:
-            start = self.beacon.set(phase.DATA, self.pos.step + 1)  # the step in the making, counted from 1
+            # the step in the making, counted from 1
+            start = self.beacon.set(phase.DATA, self.pos.step + 1, long=first or self.first_step)
+            first = False
             try:
                 batch = next(batches)
             except StopIteration:
