@@ -8,10 +8,10 @@ Every test carries exactly one cost marker, so a lane is a marker expression and
   slurm      the real local Slurm cluster (env/slurm/cluster.sh)
   scenario   a long multi-attempt story (restarts, requeues, crash loops; tens of seconds)
 
-The cost comes from, first to last: a cost marker on the test (or its file's `pytestmark`; `slurm` is one), an
-entry for the test in TESTS, its file's entry in FILES. A FILES entry is one cost, or a pair: the cost of the
-file's tests without the `slow` marker, then of those with it (the files mix quick checks and real runs). A
-test with no cost fails collection with a line that says where to add one.
+The cost comes from, first to last: a cost marker on the test, or else on its file (`pytestmark`; `slurm` is
+one), an entry for the test in TESTS, its file's entry in FILES. A FILES entry is one cost, or a pair: the
+cost of the file's tests without the `slow` marker, then of those with it (the files mix quick checks and real
+runs). A test with no cost fails collection with a line that says where to add one.
 
 `slow` means "not in the quick lane" (`-m "not slurm and not slow"`): added here to every ranks, slurm and
 scenario test and to the files in NOT_QUICK; a test may also carry it itself (a long one-process run).
@@ -119,11 +119,12 @@ def _where(item: pytest.Item) -> tuple[str, str]:
 
 def cost_of(item: pytest.Item) -> str | None:
     """The test's cost marker, from the test itself, TESTS or FILES; None when it has none."""
-    own = [m.name for m in item.iter_markers() if m.name in COSTS]
-    if len(set(own)) > 1:
-        raise pytest.UsageError(f"{item.nodeid}: two cost markers ({', '.join(sorted(set(own)))}); keep one")
-    if own:
-        return own[0]
+    own = sorted({m.name for m in item.own_markers if m.name in COSTS})
+    if len(own) > 1:
+        raise pytest.UsageError(f"{item.nodeid}: two cost markers ({', '.join(own)}); keep one")
+    marked = next((m.name for m in item.iter_markers() if m.name in COSTS), None)  # the closest: the test's
+    if marked is not None:
+        return marked
     file, function = _where(item)
     if f"{file}::{function}" in TESTS:
         return TESTS[f"{file}::{function}"]

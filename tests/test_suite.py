@@ -124,13 +124,14 @@ def test_two():
 COSTED = """
 import pytest
 
+pytestmark = pytest.mark.ranks
 
-@pytest.mark.unit
+
+@pytest.mark.unit  # the test's own cost wins over its file's
 def test_quick():
     pass
 
 
-@pytest.mark.ranks
 def test_many_ranks():
     pass
 """
