@@ -488,8 +488,8 @@ def fake_batch(
     hold: bool = False,
     tell: bool = True,
 ) -> subprocess.Popen[str]:
-    """Run slurm/ddp.sbatch as Slurm would run the batch shell, with a fake srun and scontrol on PATH. The
-    fake tasks write `record` to `folder`/preempted.json and, if `tell`, tell the script that folder."""
+    """Run slurm/ddp.sbatch as Slurm would run the batch shell, with a fake srun, scontrol and sinfo on PATH.
+    The fake tasks write `record` to `folder`/preempted.json and, if `tell`, tell the script that folder."""
     (tmp_path / "tmp").mkdir(exist_ok=True)  # the script's TMPDIR
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -498,6 +498,8 @@ def fake_batch(
     (bin_dir / "scontrol").write_text(
         '#!/bin/bash\n[[ $1 == show ]] && exit 0\nprintf "%s\\n" "$*" >> "$FAKE_DIR/scontrol_calls"\n'
     )
+    # The batch step asks which of the job's nodes are down before a requeue: none.
+    (bin_dir / "sinfo").write_text('#!/bin/bash\nprintf "node1 idle\\nnode2 idle\\n"\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     env = clean_environ(
