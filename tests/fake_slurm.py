@@ -135,7 +135,9 @@ class FakeSlurm:
     def _scancel(self, args: Sequence[str]) -> proc.Output:
         job = self.jobs[args[-1]]
         if not any(a.startswith("--signal") for a in args):
-            self.end(job.id, "CANCELLED", "0:15")
+            running = job.state == "RUNNING"
+            self.end(job.id, "CANCELLED")  # measured: sacct says 0:0, the controller 0:15 if it ran
+            job.exit_code = "0:15" if running else "0:0"
         return proc.Output("")
 
     def _scontrol(self, args: Sequence[str]) -> proc.Output:
