@@ -407,6 +407,7 @@ def test_the_batch_shells_sigterm_line_comes_once_the_tasks_have_ended(tmp_path:
     out, _ = proc.communicate(timeout=60)
     assert out.splitlines() == [
         "tasks exited",
-        "[hpc_ddp] SIGTERM came while the tasks ran (scancel, a requeue or the time limit); they have ended",
+        "[hpc_ddp] the batch shell got SIGTERM (scancel, a requeue or the time limit); it ends once the attempt "
+        "is recorded",
         "status=0",  # srun's, for the `end` step
     ]

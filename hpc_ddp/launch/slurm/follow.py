@@ -155,8 +155,6 @@ class _Local:
 
     def poll(self, running: bool) -> bool:
         """Show what is new; True when it signals a change of the job's state."""
-        grew = self.log.poll() > 0
-        events = [r for r in self.metrics.poll() if r.get("event") in ("start", "end")]
         try:
             st = os.stat(attempts.path(self.folder))
             stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
@@ -164,8 +162,10 @@ class _Local:
             stamp = None
         changed = stamp != self.stamp
         self.stamp = stamp
-        if changed:
+        if changed:  # first: an attempt's start comes before the lines of the run it starts
             self._show_attempts()
+        grew = self.log.poll() > 0
+        events = [r for r in self.metrics.poll() if r.get("event") in ("start", "end")]
         return changed or bool(events) or (grew and not running)
 
     def _show_attempts(self) -> None:

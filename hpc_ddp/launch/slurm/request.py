@@ -171,11 +171,11 @@ class SlurmRequest:
         return params
 
 
-# bash runs a trap only once the foreground command (srun) has returned: by then the tasks have ended, so the
-# line says what happened, not what is still to come.
+# bash runs a trap only once the foreground command has returned: srun (the tasks have ended by then) or the
+# `end` step (whose own requeue signals this shell). So the line says what happened, not what is to come.
 TRAP = (
-    "trap 'echo \"[hpc_ddp] SIGTERM came while the tasks ran (scancel, a requeue or the time limit); they have "
-    "ended\" >&2' TERM"
+    "trap 'echo \"[hpc_ddp] the batch shell got SIGTERM (scancel, a requeue or the time limit); it ends once "
+    "the attempt is recorded\" >&2' TERM"
 )
 
 
