@@ -217,6 +217,20 @@ def test_a_job_is_over_only_once_its_processes_are_gone(tmp_path: Path) -> None:
     assert run.fake.count("squeue") == 0
 
 
+def test_a_job_completing_for_5_minutes_is_reported_as_accounting_has_it(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    run.fake.start("7")
+
+    def cancelled_but_a_node_never_lets_go() -> None:
+        run.fake.end("7", "CANCELLED")
+        run.job.state = "COMPLETING"
+
+    run.at(10, cancelled_but_a_node_never_lets_go)
+    code, out = run.follow()
+    assert out.splitlines()[-1] == "[submit] job 7 was cancelled (exit code 0)"
+    assert follow.COMPLETING_S < run.clock.t - 1000 - 10 <= follow.COMPLETING_S + follow.POLL_MAX_S + 2
+
+
 def test_only_this_jobs_records_are_shown(tmp_path: Path) -> None:
     """Issue 23: a resubmitted finished folder (job 5's records first), or a job refused by the folder lock
     while job 5 writes there, showed job 5's start and end as its own."""

@@ -108,12 +108,11 @@ def look(
     if ending or history is None or history.current.done:
         info = client.job(job_id)
         if info is None and history is not None:
+            # The controller does not answer. After NODE_FAIL or PREEMPTED Slurm may be requeuing the job and
+            # only the controller knows: no word yet. Otherwise accounting's word stands.
             if meaning(history.current.state).requeues:
-                return (
-                    None,
-                    history,
-                )  # NODE_FAIL, PREEMPTED: Slurm may be requeuing it; only the controller knows
-            info = JobInfo(gone=True)  # the controller does not answer: accounting's word stands
+                return None, history
+            info = JobInfo(gone=True)
     return verdict(history, info), history
 
 
@@ -230,12 +229,14 @@ def follow(
                     steady_since = now
                 ending = seen.state.done or seen.state.kind is Kind.COMPLETING
                 ending_since = (ending_since or now) if ending else None
-                if seen.over or (ending_since is not None and now - ending_since > COMPLETING_S):
+                stuck = ending_since is not None and now - ending_since > COMPLETING_S
+                if seen.over or stuck:
+                    final = history.current if stuck and history is not None else seen.state
                     clock.sleep(SETTLE_S)
                     local.poll(running=True)
                     local.metrics.stream.keep()
                     local.out.flush()
-                    return report(job_id, folder, world_size, seen.state, submitted_at, local.out)
+                    return report(job_id, folder, world_size, final, submitted_at, local.out)
                 last = seen
             next_poll = now + poll_delay(now - steady_since)
         clock.sleep(TICK_S)
