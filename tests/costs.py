@@ -45,6 +45,8 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_gpu.py": "process",
     "test_gpu_check.py": "process",
     "test_launch_local.py": "ranks",
+    "test_launch_slurm_client.py": "unit",
+    "test_launch_slurm_follow.py": "unit",
     "test_launch_local_faults.py": "ranks",
     "test_launch_local_retry.py": "scenario",
     "test_launch_restart_signals.py": "scenario",
