@@ -147,7 +147,13 @@ class Where(Part):
         self.pos = Position()
 
     def state_dict(self) -> Any:
-        return {"epoch": self.pos.epoch, "batch": 0, "step": self.pos.step, "loss_sum": 0.0, "loss_count": 0.0}
+        return {
+            "epoch": self.pos.epoch,
+            "batch": 0,
+            "step": self.pos.step,
+            "loss_sum": 0.0,
+            "loss_count": 0.0,
+        }
 
     def load_state_dict(self, state: Any, ctx: Loading) -> None:
         self.pos = Position(**state)
