@@ -146,15 +146,23 @@ class Checkpointer:
             return stop
         if error is not None:  # non-finite weights (one line), or a bug (its traceback)
             return error
+        # Only a consequence of rank 0's error (its own one line says why): worded so that the supervisor reads
+        # it as one (hpc_ddp.run.retry.SECONDARY) and names rank 0, whichever rank's note came first.
         message = (
-            f"rank 0 could not write checkpoints (see its log); every rank stopped with it at step {step}"
+            f"rank 0 failed (it could not write checkpoints, see its log); every rank stopped with it at "
+            f"step {step}"
         )
         return NonFinite(message) if code == SAVING_NONFINITE else SavingFailed(message)
 
     def failed_message(self, error: BaseException, step: int) -> str:
         last = store.read_latest(self.folder)
         kept = f"the last checkpoint written, {last}, is kept" if last else "no checkpoint was written"
-        tries = f" after {self.writer.failures} attempts" if self.writer.failures > 1 else ""
+        writer = self.writer
+        tries = (
+            f" after {writer.failures} attempts in {writer.failing_for():.3g} s"
+            if writer.failures > 1
+            else ""
+        )
         return (
             f"checkpoints cannot be written to {store.ckpt_dir(self.folder)}{tries}: "
             f"{describe(error)}. Every rank stops at step {step} so that no more work depends "
