@@ -108,3 +108,17 @@ def torch_full_disk(config):  # type: ignore[no-untyped-def]
 
     torchfile._save_stream = save_stream
     return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse)
+
+
+def nan_after_slow_save(config):  # type: ignore[no-untyped-def]
+    """nan_loss, with every checkpoint write taking $SLOW_SAVE_S longer (a slow file system)."""
+    from hpc_ddp.run.checkpoint import torchfile
+
+    real = torchfile._save_stream
+
+    def save_stream(obj, out):  # type: ignore[no-untyped-def]
+        time.sleep(float(os.environ.get("SLOW_SAVE_S", "0")))
+        return real(obj, out)
+
+    torchfile._save_stream = save_stream
+    return nan_loss(config)

@@ -170,6 +170,13 @@ class Checkpointer:
             "command to resume"
         )
 
+    def last_durable(self) -> Path | None:
+        """The newest checkpoint, once the write in flight has ended (its failure, if any, is reported by
+        `check`, `save` or `close`)."""
+        with contextlib.suppress(Exception):
+            self.writer.wait()
+        return store.read_latest(self.folder)
+
     # ----- loading --------------------------------------------------------------------------------------------
     def load(self, path: Path, verify: bool = True) -> list[str]:
         """Every rank: load checkpoint `path` (by its own format) into the parts; returns what it changed

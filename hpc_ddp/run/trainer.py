@@ -44,7 +44,7 @@ from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import metrics, preemption, progress, stragglers
 from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.beacon import Beacon
-from hpc_ddp.run.checkpoint import content, full, store
+from hpc_ddp.run.checkpoint import content, full
 from hpc_ddp.run.checkpointer import SAVING_OK, Checkpointer
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.folder import MODEL
@@ -178,6 +178,7 @@ class Trainer:
         self._step_loss = torch.zeros((), device=device)  # this step's micro-batch losses, on the device
         self.pos = Position()
         self.skipped = 0  # non-finite steps in a row (--nonfinite-loss skip)
+        self.save_due = False  # a periodic save waits for a finite step (see _periodic_save)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.step_data_s = 0.0  # this step's wait for data (rank 0 records it)
         steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
@@ -253,6 +254,7 @@ class Trainer:
     def save(self, final: bool = False) -> None:
         """Checkpoint at the current position (a collective; see Checkpointer.save). `final` also waits until
         it is durable."""
+        self.save_due = False
         self.checkpointer.save(self.pos, final)
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
@@ -377,15 +379,20 @@ class Trainer:
                     f"{MAX_SKIPPED + 1})"
                 )
             return
-        self.metrics.nonfinite(self.pos, step, self.cfg.nonfinite_loss)
-        last = store.read_latest(self.folder)
-        kept = f"the last checkpoint, {last.name}, is kept" if last else "no checkpoint was written"
-        if (self.folder / MODEL).is_file():
-            kept += ", model.pth is untouched"
+        self.metrics.nonfinite(self.pos, step, "stop")  # the run stops here, whatever --nonfinite-loss says
+        kept = self._kept()
         if self.skipped:
+            broken = self.strategy.nonfinite_parameters()  # every rank is here, at this step
+            names = ", ".join(broken[:3]) + (", ..." if len(broken) > 3 else "")
+            weights = (
+                f"the weights themselves are not finite ({names})"
+                if broken
+                else "the weights are finite (none of those updates was applied): the data or the loss "
+                "function gives it"
+            )
             cause = (
                 f"{where}: the loss averaged over all ranks was not finite in {self.skipped + 1} steps in a "
-                f"row ({value} now), so the weights themselves are probably not finite"
+                f"row ({value} now); {weights}"
             )
         else:
             cause = (
@@ -397,6 +404,29 @@ class Trainer:
             f"finite step ({kept}). Fix: check the data, a smaller --lr or --clip-grad; "
             "--nonfinite-loss skip drops such steps instead"
         )
+
+    def _kept(self) -> str:
+        """What the stop leaves, in the same words on every rank (a collective): rank 0 first waits for the
+        write in flight, so that the checkpoint it names is durable (and one that just became so is named)."""
+        self.beacon.set(phase.CHECKPOINT)  # the others wait for rank 0's write: no hang
+        words: list[Any] = [None]
+        if self.env.is_main:
+            last = self.checkpointer.last_durable()
+            text = f"the last checkpoint, {last.name}, is kept" if last else "no checkpoint was written"
+            if (self.folder / MODEL).is_file():
+                text += ", model.pth is untouched"
+            words[0] = text
+        if self.env.world_size > 1:
+            dist.broadcast_object_list(words, src=0)
+        return str(words[0])
+
+    def _periodic_save(self, due: bool) -> None:
+        """A save the schedule asks for now (`due`), or one it asked for during a run of skipped steps: not
+        while the newest step's update was skipped (--nonfinite-loss skip), so that a stop after such a run
+        has saved nothing after the last finite step; it comes at the next finite step."""
+        self.save_due = self.save_due or due
+        if self.save_due and not self.skipped:
+            self.save()
 
     def _epoch(self, epoch: int) -> Outcome | None:
         """Train the rest of one epoch; an Outcome if the loop must end inside it."""
@@ -433,8 +463,7 @@ class Trainer:
                 return Outcome(False, agreed.requeue, agreed.stop)
             if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1:
                 self.check_stragglers()
-            if cfg.save_every_steps and pos.step % cfg.save_every_steps == 0:
-                self.save()
+            self._periodic_save(bool(cfg.save_every_steps and pos.step % cfg.save_every_steps == 0))
             if cfg.max_steps and pos.step >= cfg.max_steps:
                 return Outcome(True)
         return None
@@ -481,6 +510,7 @@ class Trainer:
             if outcome is not None:  # --max-steps reached inside the epoch
                 return outcome
             self.pos = Position(epoch=self.pos.epoch + 1, step=self.pos.step)
-            if self.cfg.save_every_epochs and self.pos.epoch % self.cfg.save_every_epochs == 0:
-                self.save()
+            self._periodic_save(
+                bool(self.cfg.save_every_epochs and self.pos.epoch % self.cfg.save_every_epochs == 0)
+            )
         return Outcome(True)
