@@ -45,6 +45,8 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_gpu.py": "process",
     "test_gpu_check.py": "process",
     "test_launch_local.py": "ranks",
+    "test_run_checkpoint_seams.py": "unit",
+    "test_run_save_failures.py": "unit",
     "test_launch_slurm_client.py": "unit",
     "test_launch_slurm_follow.py": "unit",
     "test_launch_local_faults.py": "ranks",

@@ -194,6 +194,40 @@ def test_the_check_sees_the_imports_that_are_there() -> None:
     assert "hpc_ddp.run.trainer" in graph["hpc_ddp.run.session"]  # inside a function
     assert "hpc_ddp.run.position" in graph["hpc_ddp.run.metrics"]  # under TYPE_CHECKING
     assert "hpc_ddp.launch.slurm.submitter" in graph["hpc_ddp.slurm_job"]
+    assert "hpc_ddp.run.strategy.ddp" in graph["hpc_ddp.run.strategy"]
+    assert "hpc_ddp.run.checkpoint.durable" in graph["hpc_ddp.run.checkpoint.store"]
+
+
+# What the supervisors (the local launcher, the Slurm batch step) import to read a run folder: no torch, not even
+# lazily, anywhere in what they pull in (torch costs seconds, and a supervisor's environment need not have it).
+TORCH_FREE = ("hpc_ddp.run.checkpoint", "hpc_ddp.run.checkpoint.store")
+
+
+def imports_torch(source: str) -> bool:
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch" for a in node.names):
+            return True
+        if (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and (node.module or "").split(".")[0] == "torch"
+        ):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_the_checkpoint_store_pulls_in_no_torch(module: str) -> None:
+    graph, modules = import_graph(), all_modules()
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += sorted(graph.get(name, ()))
+    assert [name for name in sorted(seen) if imports_torch(modules[name].read_text())] == []
+    assert imports_torch("def f():\n    import torch.distributed as dist\n")  # the check is not vacuous
 
 
 # ----- the rule itself, on synthetic modules ------------------------------------------------------------------

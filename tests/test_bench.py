@@ -91,7 +91,7 @@ def test_watchdog_baseline_has_no_comm_hook_and_trains_the_same_steps(tmp_path):
             with Trainer(
                 cfg, single, torch.device("cpu"), tasks.build(cfg), tmp_path, RankLog(0), **kwargs
             ) as trainer:
-                hooks = len(trainer.ddp._comm_hooks)
+                hooks = len(trainer.strategy.wrapped._comm_hooks)
                 trainer.run()
                 marked = trainer._grads_ready > 0
             assert hooks == 0 and marked == (not kwargs)

@@ -15,8 +15,11 @@ from conftest import clean_environ, die_with_test
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from hpc_ddp.errors import CheckpointError, UsageError
-from hpc_ddp.run import checkpoint, resume
+from hpc_ddp.run import resume
+from hpc_ddp.run.checkpoint import formats, full, store
+from hpc_ddp.run.checkpoint.writer import AsyncWriter
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.strategy.base import load_model_state
 from hpc_ddp.run.trainer import _SkipSampler
 
 
@@ -39,10 +42,10 @@ def sample_state(step: int) -> dict:
 
 def test_round_trip_keeps_model_optimizer_rng_and_position(tmp_path: Path) -> None:
     state = sample_state(7)
-    path, nbytes = checkpoint.commit(tmp_path, state, step=7, keep=3)
+    path, nbytes = full.commit(tmp_path, state, step=7, keep=3)
     assert nbytes == path.stat().st_size
-    assert checkpoint.read_latest(tmp_path) == path
-    loaded = checkpoint.load(path)  # weights_only=True
+    assert store.read_latest(tmp_path) == path
+    loaded = full.load(path)  # weights_only=True
     assert loaded["position"] == state["position"]
     assert torch.equal(loaded["rng"][0]["cpu"], state["rng"][0]["cpu"])
     assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
@@ -52,18 +55,18 @@ def test_round_trip_keeps_model_optimizer_rng_and_position(tmp_path: Path) -> No
 
 def test_keep_rotates_and_latest_points_at_the_newest(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
-        checkpoint.commit(tmp_path, sample_state(step), step=step, keep=2)
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-00000004.pt", "ckpt-00000003.pt"]
-    assert checkpoint.read_latest(tmp_path).name == "ckpt-00000004.pt"
+        full.commit(tmp_path, sample_state(step), step=step, keep=2)
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["ckpt-00000004.pt", "ckpt-00000003.pt"]
+    assert store.read_latest(tmp_path).name == "ckpt-00000004.pt"
 
 
 def test_corrupt_latest_falls_back_to_the_previous_one(tmp_path: Path) -> None:
-    checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
-    newest, _ = checkpoint.commit(tmp_path, sample_state(2), step=2, keep=3)
+    full.commit(tmp_path, sample_state(1), step=1, keep=3)
+    newest, _ = full.commit(tmp_path, sample_state(2), step=2, keep=3)
     newest.write_bytes(newest.read_bytes()[:100])  # torn by something outside our control
     warnings: list[str] = []
-    found = checkpoint.find_resumable(tmp_path, warnings.append)
-    assert found is not None and found[0].name == "ckpt-00000001.pt"
+    found = formats.find_resumable(tmp_path, warnings.append)
+    assert found is not None and found.name == "ckpt-00000001.pt"
     assert "ckpt-00000002.pt cannot be loaded safely" in warnings[0]
 
 
@@ -76,19 +79,19 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
     evil = tmp_path / "evil.pt"
     torch.save({"model": {}, "payload": _RunsCode()}, evil)
     with pytest.raises(CheckpointError, match="cannot be loaded safely"):
-        checkpoint.load(evil)
+        full.load(evil)
     assert not (Path.cwd() / "pwned").exists() and not (tmp_path / "pwned").exists()
 
 
 _WRITER = """
 import sys, torch
-from hpc_ddp.run import checkpoint
+from hpc_ddp.run.checkpoint import full
 folder = sys.argv[1]
-checkpoint.commit(folder, {"model": {"w": torch.ones(3)}}, step=1, keep=5)
+full.commit(folder, {"model": {"w": torch.ones(3)}}, step=1, keep=5)
 print("first", flush=True)
 big = {"model": {"w": torch.randn(64 * 1024 * 1024)}}  # 256 MB: the kill lands mid-write
 for step in range(2, 100):
-    checkpoint.commit(folder, big, step=step, keep=5)
+    full.commit(folder, big, step=step, keep=5)
 """
 
 
@@ -102,7 +105,7 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path
         preexec_fn=die_with_test,
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "first"
-    directory = checkpoint.ckpt_dir(tmp_path)
+    directory = store.ckpt_dir(tmp_path)
     deadline = time.monotonic() + 60
     while not any(p.name.startswith(".ckpt-") for p in directory.iterdir()):  # a write is in progress
         assert time.monotonic() < deadline, "the writer never started a big save"
@@ -110,20 +113,20 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert any(".tmp-" in p.name for p in directory.iterdir()), "the kill should land mid-write"
-    listed = checkpoint.list_checkpoints(tmp_path)
+    listed = store.list_checkpoints(tmp_path)
     assert listed, "the first checkpoint must survive"
     for path in listed:  # every promoted file is complete: temporary files are never listed or pointed at
-        checkpoint.load(path)
-    latest = checkpoint.read_latest(tmp_path)
+        full.load(path)
+    latest = store.read_latest(tmp_path)
     assert latest is not None and latest in listed
-    found = checkpoint.find_resumable(tmp_path, pytest.fail)
+    found = formats.find_resumable(tmp_path, pytest.fail)
     assert found is not None
-    assert checkpoint.remove_stale_temporaries(tmp_path) >= 1
+    assert store.remove_stale_temporaries(tmp_path) >= 1
     assert not any(".tmp-" in p.name for p in directory.iterdir())
 
 
 def test_async_writer_reports_errors_on_the_training_thread(tmp_path: Path) -> None:
-    writer = checkpoint.AsyncWriter()
+    writer = AsyncWriter()
 
     def failing() -> tuple[Path, int]:
         raise OSError("disk full")
@@ -149,15 +152,15 @@ def test_set_epoch_changes_the_order_and_a_restart_reproduces_it() -> None:
 
 
 def test_resume_never_refuses_existing_checkpoints_unless_overwrite(tmp_path: Path) -> None:
-    checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
+    full.commit(tmp_path, sample_state(1), step=1, keep=3)
     with pytest.raises(UsageError, match="--resume never, but .* already holds 1 checkpoint"):
         resume.choose(TrainConfig(resume="never"), tmp_path, {}, print)
     assert resume.choose(TrainConfig(resume="never", overwrite=True), tmp_path, {}, print) is None
-    assert checkpoint.list_checkpoints(tmp_path) == []
+    assert store.list_checkpoints(tmp_path) == []
 
 
 def test_a_restart_always_resumes_its_own_latest(tmp_path: Path) -> None:
-    path, _ = checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
+    path, _ = full.commit(tmp_path, sample_state(1), step=1, keep=3)
     restarted = {"SLURM_RESTART_COUNT": "1"}
     assert resume.choose(TrainConfig(resume="never"), tmp_path, restarted, print) == path
     assert resume.choose(TrainConfig(resume="/elsewhere.pt"), tmp_path, restarted, print) == path
@@ -168,4 +171,4 @@ def test_incompatible_checkpoint_names_the_difference(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"--batch-size 32 \(now 64\).*world size 1 \(now 4\)"):
         resume.check_compatible(state, tmp_path / "x.pt", TrainConfig(batch_size=64), world_size=4)
     with pytest.raises(CheckpointError, match="is for a different model"):
-        resume.load_model_state(torch.nn.Linear(5, 2), state, tmp_path / "x.pt")
+        load_model_state(torch.nn.Linear(5, 2), state["model"], tmp_path / "x.pt")

@@ -15,7 +15,9 @@ import torch
 from test_run_checkpoint import sample_state
 
 from hpc_ddp.errors import CheckpointError
-from hpc_ddp.run import checkpoint, resume
+from hpc_ddp.run import resume
+from hpc_ddp.run.checkpoint import content, formats, full, store
+from hpc_ddp.run.checkpoint.writer import AsyncWriter
 from hpc_ddp.run.config import TrainConfig
 
 
@@ -30,9 +32,9 @@ def wait_for(predicate, seconds: float = 10.0) -> None:  # type: ignore[no-untyp
 
 
 def test_a_flipped_bit_is_corrupt_and_the_previous_checkpoint_is_used(tmp_path: Path) -> None:
-    first, _ = checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
+    first, _ = full.commit(tmp_path, sample_state(1), step=1, keep=3)
     state = sample_state(2)
-    newest, _ = checkpoint.commit(tmp_path, state, step=2, keep=3)
+    newest, _ = full.commit(tmp_path, state, step=2, keep=3)
     # Kept next to the file in sha256sum's format, so `sha256sum -c` checks it by hand too.
     sums = (newest.parent / (newest.name + ".sha256")).read_text()
     assert re.fullmatch(r"[0-9a-f]{64}  ckpt-00000002\.pt\n", sums)
@@ -47,8 +49,8 @@ def test_a_flipped_bit_is_corrupt_and_the_previous_checkpoint_is_used(tmp_path: 
     assert not torch.equal(damaged["model"]["weight"], state["model"]["weight"])
 
     warnings: list[str] = []
-    found = checkpoint.find_resumable(tmp_path, warnings.append)
-    assert found is not None and found[0] == first
+    found = formats.find_resumable(tmp_path, warnings.append)
+    assert found is not None and found == first
     assert "ckpt-00000002.pt cannot be loaded safely: it is corrupt (its SHA-256 is" in warnings[0], warnings
 
 
@@ -59,9 +61,9 @@ def test_a_flipped_bit_is_corrupt_and_the_previous_checkpoint_is_used(tmp_path: 
 def test_an_unreadable_latest_falls_back_to_the_newest_checkpoint_and_is_repaired(
     tmp_path: Path, breakage: str
 ) -> None:
-    checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
-    checkpoint.commit(tmp_path, sample_state(2), step=2, keep=3)
-    pointer = checkpoint.ckpt_dir(tmp_path) / "latest"
+    full.commit(tmp_path, sample_state(1), step=1, keep=3)
+    full.commit(tmp_path, sample_state(2), step=2, keep=3)
+    pointer = store.ckpt_dir(tmp_path) / "latest"
     pointer.unlink()
     if breakage == "not UTF-8":
         pointer.write_bytes(b"ckpt-\xff\xfe\x80.pt\n")
@@ -69,16 +71,16 @@ def test_an_unreadable_latest_falls_back_to_the_newest_checkpoint_and_is_repaire
         pointer.mkdir()
         (pointer / "junk").write_text("x")
     warnings: list[str] = []
-    found = checkpoint.find_resumable(tmp_path, warnings.append)
-    assert found is not None and found[0].name == "ckpt-00000002.pt"
+    found = formats.find_resumable(tmp_path, warnings.append)
+    assert found is not None and found.name == "ckpt-00000002.pt"
     assert (
         f"{pointer} is unreadable" in warnings[0] and "using the newest checkpoint that loads" in warnings[0]
     )
     # A start from it points `latest` at it again (a directory is moved aside, not deleted), and saves work.
-    assert resume.choose(TrainConfig(), tmp_path, {}, warnings.append) == found[0]
-    assert checkpoint.read_latest(tmp_path) == found[0]
-    checkpoint.commit(tmp_path, sample_state(3), step=3, keep=3)
-    assert checkpoint.read_latest(tmp_path).name == "ckpt-00000003.pt"  # type: ignore[union-attr]
+    assert resume.choose(TrainConfig(), tmp_path, {}, warnings.append) == found
+    assert store.read_latest(tmp_path) == found
+    full.commit(tmp_path, sample_state(3), step=3, keep=3)
+    assert store.read_latest(tmp_path).name == "ckpt-00000003.pt"  # type: ignore[union-attr]
 
 
 # --- 4. What the kit saves, it can load; "corrupt" means corrupt -------------------------------------------
@@ -94,37 +96,37 @@ def test_numpy_scalars_are_saved_as_python_numbers_and_other_types_fail_before_w
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=np.float64(0.01), momentum=np.float32(0.9))
     state = {**sample_state(1), "optimizer": opt.state_dict()}
-    snapshot = checkpoint.to_cpu(state)
+    snapshot = content.to_cpu(state)
     group = snapshot["optimizer"]["param_groups"][0]
     assert type(group["lr"]) is float and type(group["momentum"]) is float and group["lr"] == 0.01
-    path, _ = checkpoint.commit(tmp_path, snapshot, step=1, keep=3)
-    assert checkpoint.load(path)["optimizer"]["param_groups"][0]["lr"] == 0.01
+    path, _ = full.commit(tmp_path, snapshot, step=1, keep=3)
+    assert full.load(path)["optimizer"]["param_groups"][0]["lr"] == 0.01
 
     odd = {"param_groups": [{"lr": 0.1, "tracker": _NotData()}]}
     pattern = r"the optimizer's state_dict\(\)\['param_groups'\]\[0\]\['tracker'\] is a .*_NotData"
     with pytest.raises(CheckpointError, match=pattern):
-        checkpoint.check_savable(odd, "the optimizer's state_dict()")
+        content.check_savable(odd, "the optimizer's state_dict()")
     with pytest.raises(CheckpointError, match=r"\['tracker'\] is a .*_NotData.*weights_only"):
-        checkpoint.to_cpu({"optimizer": odd})
+        content.to_cpu({"optimizer": odd})
     with pytest.raises(CheckpointError, match=r"\['w'\] is a numpy.ndarray"):
-        checkpoint.to_cpu({"w": np.zeros(3)})
+        content.to_cpu({"w": np.zeros(3)})
 
 
 def test_a_checkpoint_with_numpy_scalars_from_before_the_fix_still_loads(tmp_path: Path) -> None:
     state = sample_state(1)
     state["optimizer"]["param_groups"][0]["lr"] = np.float64(0.01)
-    path = checkpoint.ckpt_dir(tmp_path) / checkpoint.ckpt_name(1)
+    path = store.ckpt_dir(tmp_path) / store.ckpt_name(1)
     path.parent.mkdir(parents=True)
     torch.save(state, path)  # as the kit used to write them: no checksum, numpy inside
-    assert checkpoint.load(path)["optimizer"]["param_groups"][0]["lr"] == 0.01
+    assert full.load(path)["optimizer"]["param_groups"][0]["lr"] == 0.01
 
 
 def test_an_intact_checkpoint_a_safe_load_refuses_is_never_called_corrupt(tmp_path: Path) -> None:
-    path = checkpoint.ckpt_dir(tmp_path) / checkpoint.ckpt_name(1)
+    path = store.ckpt_dir(tmp_path) / store.ckpt_name(1)
     path.parent.mkdir(parents=True)
     torch.save({**sample_state(1), "extra": _NotData()}, path)
     warnings: list[str] = []
-    assert checkpoint.find_resumable(tmp_path, warnings.append) is None
+    assert formats.find_resumable(tmp_path, warnings.append) is None
     assert "it is intact, but holds test_run_checkpoint_integrity._NotData" in warnings[0], warnings
     assert "corrupt" not in warnings[0]
     with pytest.raises(CheckpointError) as refused:
@@ -139,15 +141,15 @@ def test_an_intact_checkpoint_a_safe_load_refuses_is_never_called_corrupt(tmp_pa
 
 def test_rotation_keeps_the_file_it_just_wrote_and_never_deletes_a_later_step(tmp_path: Path) -> None:
     for step in (15, 30, 45):
-        checkpoint.commit(tmp_path, sample_state(step), step=step, keep=3)
-    path, _ = checkpoint.commit(tmp_path, sample_state(25), step=25, keep=1)
-    assert path.is_file() and checkpoint.read_latest(tmp_path) == path
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        full.commit(tmp_path, sample_state(step), step=step, keep=3)
+    path, _ = full.commit(tmp_path, sample_state(25), step=25, keep=1)
+    assert path.is_file() and store.read_latest(tmp_path) == path
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == [
         "ckpt-00000045.pt",
         "ckpt-00000030.pt",
         "ckpt-00000025.pt",
     ]  # 15 is older than 25: rotated
-    assert not (checkpoint.ckpt_dir(tmp_path) / "ckpt-00000015.pt.sha256").exists()
+    assert not (store.ckpt_dir(tmp_path) / "ckpt-00000015.pt.sha256").exists()
 
 
 # --- 11. A failed background save is reported at once and retried ------------------------------------------
@@ -155,14 +157,14 @@ def test_rotation_keeps_the_file_it_just_wrote_and_never_deletes_a_later_step(tm
 
 def test_a_failed_background_save_is_retried_with_backoff_until_it_is_written(tmp_path: Path) -> None:
     warnings: list[str] = []
-    writer = checkpoint.AsyncWriter(warn=warnings.append, retries=3, backoff_s=0.05)
+    writer = AsyncWriter(warn=warnings.append, retries=3, backoff_s=0.05)
     attempts = [0]
 
     def job() -> tuple[Path, int]:
         attempts[0] += 1
         if attempts[0] <= 2:
             raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path))
-        return checkpoint.commit(tmp_path, sample_state(1), step=1, keep=3)
+        return full.commit(tmp_path, sample_state(1), step=1, keep=3)
 
     writer.submit(job)
     wait_for(lambda: writer.check() is None and attempts[0] >= 1 and not writer._thread)
@@ -170,11 +172,11 @@ def test_a_failed_background_save_is_retried_with_backoff_until_it_is_written(tm
     wait_for(lambda: writer.check() is None and writer.last is not None)
     assert attempts[0] == 3 and "retry 2 of 3 in 0.1 s" in warnings[1]
     assert "written after 2 failed attempt(s)" in warnings[2]
-    assert checkpoint.read_latest(tmp_path) == writer.wait()[0]  # type: ignore[index]
+    assert store.read_latest(tmp_path) == writer.wait()[0]  # type: ignore[index]
 
 
 def test_saving_that_keeps_failing_is_reported_when_the_retries_are_spent(tmp_path: Path) -> None:
-    writer = checkpoint.AsyncWriter(warn=lambda _: None, retries=2, backoff_s=0.01)
+    writer = AsyncWriter(warn=lambda _: None, retries=2, backoff_s=0.01)
     attempts = [0]
 
     def full() -> tuple[Path, int]:
@@ -187,10 +189,10 @@ def test_saving_that_keeps_failing_is_reported_when_the_retries_are_spent(tmp_pa
     with pytest.raises(OSError, match="No space"):
         writer.wait(retry=True)
     # A folder that is a file is no passing trouble: no retry.
-    once = checkpoint.AsyncWriter(warn=lambda _: None, retries=5, backoff_s=0.01)
+    once = AsyncWriter(warn=lambda _: None, retries=5, backoff_s=0.01)
     once.submit(
         lambda: (
-            checkpoint.commit(tmp_path / "x" / "y", sample_state(1), 1, 1)
+            full.commit(tmp_path / "x" / "y", sample_state(1), 1, 1)
             if (tmp_path / "x").write_text("a file")
             else None
         )

@@ -17,7 +17,7 @@ import torch
 from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
-from hpc_ddp.run import checkpoint
+from hpc_ddp.run.checkpoint import full, store
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,7 +31,7 @@ STEPS_PER_EPOCH = 512 // 4 // 8  # slow_tasks' 512 samples over 4 ranks, batch 8
 
 def final_state(folder: Path) -> tuple[dict, dict]:
     model = torch.load(folder / "model.pth", weights_only=True)
-    last = checkpoint.load(checkpoint.list_checkpoints(folder)[0])
+    last = full.load(store.list_checkpoints(folder)[0])
     return model, last
 
 
@@ -124,5 +124,5 @@ def test_max_requeue_0_ends_cleanly_with_the_checkpoint(tmp_path: Path) -> None:
     code, out = finish(proc)
     assert code == exitcodes.PREEMPTED, out
     assert "requeue budget spent (0 of --max-requeue 0), not requeued" in out
-    latest = checkpoint.read_latest(tmp_path)
-    assert latest is not None and checkpoint.load(latest)["position"]["epoch"] >= 1
+    latest = store.read_latest(tmp_path)
+    assert latest is not None and full.load(latest)["position"]["epoch"] >= 1

@@ -61,7 +61,7 @@ def _exercise(fail: str, folder: Path) -> None:
     """One path through a Trainer's life inside a real one-rank gloo group; raises where `fail` says."""
     cfg = TrainConfig(epochs=1, max_steps=3, save_every_epochs=0)
     with Trainer(cfg, dist_env.detect({}), CPU, _task(fail), folder, RankLog(0)) as trainer:
-        assert any(h is trainer.ddp for h in group.live_holders())  # the teardown check sees it
+        assert any(h is trainer.strategy.wrapped for h in group.live_holders())  # the teardown check sees it
         if fail == "restore":
             trainer.restore({"world_size": 7, "config": {}}, folder / "ckpt.pt")
         if fail == "writer":

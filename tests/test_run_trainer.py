@@ -99,13 +99,13 @@ def test_train_step_is_one_step_of_the_loop(single: dist_env.DistEnv, tmp_path: 
 
 def test_the_checkpoint_commit_is_the_callers_to_swap(single: dist_env.DistEnv, tmp_path: Path) -> None:
     """Trainer(commit=...) makes every checkpoint durable through the function it is given."""
-    from hpc_ddp.run import checkpoint
+    from hpc_ddp.run.checkpoint import full, store
 
     calls: list[int] = []
 
     def counted(folder: Path, state: dict, step: int, keep: int) -> tuple[Path, int]:
         calls.append(step)
-        return checkpoint.commit(folder, state, step, keep)
+        return full.commit(folder, state, step, keep)
 
     cfg = TrainConfig(epochs=2, save_every_epochs=1)
     with process_group(single, torch.device("cpu")):
@@ -115,7 +115,4 @@ def test_the_checkpoint_commit_is_the_callers_to_swap(single: dist_env.DistEnv, 
         ) as trainer:
             trainer.run()
             trainer.save(final=True)
-    assert (
-        calls == [31, 62]
-        and checkpoint.read_latest(tmp_path) == tmp_path / "checkpoints" / "ckpt-00000062.pt"
-    )
+    assert calls == [31, 62] and store.read_latest(tmp_path) == tmp_path / "checkpoints" / "ckpt-00000062.pt"

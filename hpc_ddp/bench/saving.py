@@ -32,7 +32,7 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     from hpc_ddp.cluster.env import detect
     from hpc_ddp.cluster.group import process_group
     from hpc_ddp.log import RankLog
-    from hpc_ddp.run import checkpoint
+    from hpc_ddp.run.checkpoint import full, torchfile
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.run.tasks import build
     from hpc_ddp.run.trainer import Trainer
@@ -48,12 +48,12 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     durable_at: list[float] = []
 
     def timed_save(obj: Any, path: Path) -> int:  # returns once the file is renamed and its folder fsynced
-        nbytes = checkpoint.atomic_save(obj, path)
+        nbytes = torchfile.atomic_save(obj, path)
         durable_at.append(time.perf_counter())
         return nbytes
 
     # The kit's own commit, with its save step timed: the Trainer's checkpoint seam, no patching.
-    timed_commit = functools.partial(checkpoint.commit, save=timed_save)
+    timed_commit = functools.partial(full.commit, save=timed_save)
     t: dict[str, list[float]] = {"kit_s": [], "raw_s": [], "stall_s": [], "latest_s": []}
     nbytes = 0
     with process_group(env, device, "gloo", 60.0):
@@ -76,7 +76,7 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
                 start = time.perf_counter()
                 trainer.save()
                 stall = time.perf_counter() - start
-                path, nbytes = trainer.writer.wait()  # type: ignore[misc]
+                path, nbytes = trainer.checkpointer.writer.wait()  # type: ignore[misc]
                 latest = time.perf_counter() - start
                 data = path.read_bytes()
                 train_step()

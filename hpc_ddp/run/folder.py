@@ -80,6 +80,10 @@ def write_test(folder: Path, name: str) -> str:
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as e:
+        try:  # created, then its write failed (a full disk): not left behind
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
         return e.strerror or str(e)
     return ""
 

@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, UsageError
-from hpc_ddp.run import checkpoint
+from hpc_ddp.run.checkpoint import durable, formats, store
+from hpc_ddp.run.checkpoint.format import Format
+from hpc_ddp.run.checkpoint.full import Full
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.folder import MODEL, TENSORBOARD, fsync_dir
+from hpc_ddp.run.folder import MODEL, TENSORBOARD, atomic_write_bytes, fsync_dir
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
 MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp")
@@ -63,14 +65,14 @@ def plan(cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Calla
     restart = is_restart(environ)
     mode = "auto" if restart else cfg.resume
     if mode == "auto":
-        found = checkpoint.find_resumable(folder, warn)
-        if found is None and checkpoint.list_checkpoints(folder):
+        found = formats.find_resumable(folder, warn)
+        if found is None and store.list_checkpoints(folder):
             raise _nothing_loads(folder)
         if found is None and restart and cfg.resume not in ("auto", "never"):
             return _from_path(cfg.resume, folder)  # restarted before it wrote a checkpoint of its own
-        return _continue(found[0], folder) if found else Plan(None)
+        return _continue(found, folder) if found else Plan(None)
     if mode == "never":
-        existing = checkpoint.list_checkpoints(folder)
+        existing = store.list_checkpoints(folder)
         if existing and not cfg.overwrite:
             raise UsageError(
                 f"--resume never, but {folder} already holds {len(existing)} checkpoint(s). Fix: add "
@@ -83,14 +85,14 @@ def plan(cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Calla
 def _nothing_loads(folder: Path) -> CheckpointError:
     """Every checkpoint failed to load (each was reported): say whether they are corrupt or only refused."""
     corrupt, intact = [], []
-    for path in checkpoint.list_checkpoints(folder):
+    for path in store.list_checkpoints(folder):
         try:
-            checkpoint.load(path)
+            formats.verify(path)
         except CheckpointCorrupt:
             corrupt.append(path.name)
         except CheckpointError:
             intact.append(path.name)
-    where = checkpoint.ckpt_dir(folder)
+    where = store.ckpt_dir(folder)
     if not intact:
         return CheckpointError(
             f"no checkpoint in {where} can be loaded: all {len(corrupt)} are corrupt (see above). "
@@ -106,47 +108,42 @@ def _nothing_loads(folder: Path) -> CheckpointError:
 
 def _continue(start: Path, folder: Path) -> Plan:
     """Start from `start`, a checkpoint of this folder: the folder's later checkpoints are another line's."""
-    step = checkpoint.ckpt_step(start)
-    later = tuple(p for p in checkpoint.list_checkpoints(folder) if checkpoint.ckpt_step(p) > step)
-    return Plan(start, set_aside=later, repoint=checkpoint.read_latest(folder) != start)
+    step = store.ckpt_step(start)
+    later = tuple(p for p in store.list_checkpoints(folder) if store.ckpt_step(p) > step)
+    return Plan(start, set_aside=later, repoint=store.read_latest(folder) != start)
 
 
 def _from_path(mode: str, folder: Path) -> Plan:
     path = Path(mode)
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"--resume {mode}: no such file. Use auto, never, or the path of a checkpoint")
-    checkpoint.load(path)  # refuses an unreadable or code-running file now, with its name in the message
-    directory = checkpoint.ckpt_dir(folder)
-    if path.parent.resolve() == directory.resolve() and checkpoint.ckpt_step(path) >= 0:
+    formats.verify(path)  # refuses an unreadable or code-running file now, with its name in the message
+    directory = store.ckpt_dir(folder)
+    if path.parent.resolve() == directory.resolve() and store.ckpt_step(path) >= 0:
         return _continue(directory / path.name, folder)
     # A checkpoint from elsewhere: every checkpoint of this folder belongs to another line.
-    return Plan(path, set_aside=tuple(checkpoint.list_checkpoints(folder)))
+    return Plan(path, set_aside=tuple(store.list_checkpoints(folder)))
 
 
 def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
     """Rank 0, once the start is fully checked: make the folder match the plan, saying what changed."""
-    directory = checkpoint.ckpt_dir(folder)
+    directory = store.ckpt_dir(folder)
     model = folder / MODEL
     if chosen.overwrite:
-        count = len(checkpoint.list_checkpoints(folder))
+        count = len(store.list_checkpoints(folder))
         shutil.rmtree(directory)
         model.unlink(missing_ok=True)
-        checkpoint.checksum_path(model).unlink(missing_ok=True)
+        durable.checksum_path(model).unlink(missing_ok=True)
         say(f"--resume never --overwrite: deleted the {count} checkpoint(s) and model.pth of {folder}")
     if chosen.set_aside:
         aside = _new_folder(directory, "abandoned")
-        moved = sorted((p for p in chosen.set_aside if p.is_file()), key=checkpoint.ckpt_step)
+        moved = sorted((p for p in chosen.set_aside if p.exists()), key=store.ckpt_step)
         for path in moved + ([model] if model.is_file() else []):
-            os.replace(path, aside / path.name)
-            sums = checkpoint.checksum_path(path)
-            if sums.is_file():
-                os.replace(sums, aside / sums.name)
+            store.move(path, aside)
         has_model = (aside / MODEL).is_file()
         fsync_dir(aside)
         fsync_dir(directory)
-        start = (
-            f"{chosen.start.name} (step {checkpoint.ckpt_step(chosen.start)})" if chosen.start else "nothing"
-        )
+        start = f"{chosen.start.name} (step {store.ckpt_step(chosen.start)})" if chosen.start else "nothing"
         if chosen.start is not None and chosen.start.parent.resolve() != directory.resolve():
             start = str(chosen.start)
         say(
@@ -163,14 +160,14 @@ def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
         )
         os.replace(board, into)
         say(f"TensorBoard's curves of the earlier line moved to {into}")
-    pointer = directory / checkpoint.LATEST
+    pointer = directory / store.LATEST
     if chosen.repoint and chosen.start is not None:
         if pointer.is_dir() or (pointer.exists() and not pointer.is_file()):
             broken = _new_folder(directory, "latest.unreadable", create=False)
             os.replace(pointer, broken)
             say(f"{pointer} was not a file; moved to {broken}")
-        checkpoint.atomic_write_bytes(pointer, (chosen.start.name + "\n").encode())
-    elif chosen.set_aside and pointer.is_file() and checkpoint.read_latest(folder) is None:
+        atomic_write_bytes(pointer, (chosen.start.name + "\n").encode())
+    elif chosen.set_aside and pointer.is_file() and store.read_latest(folder) is None:
         pointer.unlink()  # it named a file that was set aside; the first save writes it again
 
 
@@ -185,16 +182,21 @@ def _new_folder(directory: Path, prefix: str, create: bool = True) -> Path:
     raise UsageError(f"{directory}: too many {prefix}-{stamp}* entries; remove some")
 
 
-def check_compatible(state: dict[str, Any], path: Path, cfg: TrainConfig, world_size: int) -> None:
-    """A checkpoint from another model or an incompatible config fails here with both values shown."""
-    saved = state.get("config", {})
+def check_compatible(
+    meta: Mapping[str, Any], path: Path, cfg: TrainConfig, world_size: int, fmt: type[Format] = Full
+) -> None:
+    """A checkpoint from another model or an incompatible config fails here with both values shown. `meta` is
+    what the checkpoint was written with (its world_size and config); whether another world size can load it
+    is its format's to say (`fmt`: the full format refuses, naming both sizes)."""
+    saved = meta.get("config", {})
     diffs = [
         f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
         for k in MUST_MATCH
         if k in saved and saved[k] != getattr(cfg, k)
     ]
-    if state.get("world_size") != world_size:
-        diffs.append(f"world size {state.get('world_size')} (now {world_size})")
+    resized = fmt.world_size_change(meta.get("world_size"), world_size)
+    if resized:
+        diffs.append(resized)
     if diffs:
         raise CheckpointError(
             f"checkpoint {path} was written with {', '.join(diffs)}; an exact resume needs the "
@@ -203,24 +205,8 @@ def check_compatible(state: dict[str, Any], path: Path, cfg: TrainConfig, world_
         )
 
 
-def load_model_state(model: Any, state: dict[str, Any], path: Path) -> None:
-    """load_state_dict, with a mismatch reported as a CheckpointError naming the keys."""
-    try:
-        result = model.load_state_dict(state["model"], strict=False)
-    except RuntimeError as e:  # same names, other shapes
-        raise CheckpointError(
-            f"checkpoint {path} is for a different model: {str(e).splitlines()[-1].strip()[:300]}. "
-            "Fix: the same --task, or another --folder"
-        ) from e
-    if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(
-            f"checkpoint {path} is for a different model: missing {list(result.missing_keys)[:5]}, "
-            f"unexpected {list(result.unexpected_keys)[:5]}. Fix: the same --task, or another --folder"
-        )
-
-
 def reapply_lr(
-    optimizer: Any, fresh: list[Any], state: dict[str, Any], cfg: TrainConfig, path: Path
+    optimizer: Any, fresh: list[Any], state: Mapping[str, Any], cfg: TrainConfig, path: Path
 ) -> str | None:
     """A resume restores the optimizer's state, learning rates included. When --lr differs from the value the
     checkpoint was trained with, the learning rates the current options build (`fresh`, read before the state

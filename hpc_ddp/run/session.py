@@ -14,7 +14,6 @@ it until everything has been checked: the task, the checkpoint it resumes, every
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -158,33 +157,6 @@ def _check_gpus(env: DistEnv, device: torch.device) -> None:
         )
 
 
-def _check_in_sync(model: torch.nn.Module, env: DistEnv, log: RankLog) -> None:
-    """DDP keeps replicas equal only if every rank applies the same update; prove it once at the end.
-    Bitwise-equal parameters give bitwise-equal float64 sums, so two numbers per rank are enough."""
-    import torch
-    import torch.distributed as dist
-
-    from hpc_ddp.errors import NonFinite
-
-    with torch.no_grad():
-        flat = [p.detach().double() for p in model.parameters()]
-        mine = (sum(float(t.sum()) for t in flat), sum(float((t * t).sum()) for t in flat))
-    everyone: list[Any] = [None] * env.world_size
-    dist.all_gather_object(everyone, mine)
-    # NaN equals nothing, itself included: non-finite weights are their own finding, not a difference.
-    broken = [r for r, fp in enumerate(everyone) if not all(math.isfinite(x) for x in fp)]
-    if broken:
-        raise NonFinite(
-            f"the weights are not finite at the end of training (ranks {broken}): model.pth was not "
-            "written. Fix: a smaller --lr or --clip-grad, then resume from the last good checkpoint"
-        )
-    differing = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
-    if differing and env.is_main:
-        log.warn(f"parameters differ between rank 0 and ranks {differing} at the end of training")
-    elif not differing:
-        log.main(f"Parameters identical on all {env.world_size} ranks")
-
-
 def _train(
     cfg: TrainConfig,
     env: DistEnv,
@@ -196,7 +168,7 @@ def _train(
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp.run import checkpoint, resume, tasks
+    from hpc_ddp.run import resume, tasks
     from hpc_ddp.run.trainer import Trainer
 
     if device.type == "cuda":
@@ -219,10 +191,11 @@ def _train(
     ):
         beacon.set(STARTUP)  # the user's setup is done; the kit resumes and prepares the folder (rank 0)
         if start is not None:
-            trainer.restore(checkpoint.load(start, verify=False), start)  # rank 0 verified it in plan()
+            trainer.resume_from(start)  # rank 0 verified it in plan()
             if trainer.finished():
                 beacon.set(FINISHING)
-                _rank0(env, lambda: _finished_already(trainer, folder, log))
+                weights = trainer.strategy.full_model_state()  # a collective: every rank, rank 0 gets them
+                _rank0(env, lambda: _finished_already(trainer, folder, log, weights))
                 return exitcodes.OK
         # Everything is checked: only now does this start change the folder, and record itself.
         _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log))
@@ -254,10 +227,11 @@ def _train(
         trainer.metrics.end(trainer.pos)
         if not outcome.finished:
             return _preempted(cfg, env, folder, log, environ, outcome)
-        _check_in_sync(trainer.model, env, log)
-        if env.is_main:
+        trainer.strategy.check_in_sync(log)
+        weights = trainer.strategy.full_model_state()  # a collective: every rank, rank 0 gets them
+        if weights is not None:
             model_path = folder / run_folder.MODEL
-            checkpoint.atomic_save(checkpoint.to_cpu(trainer.model.state_dict()), model_path)
+            _save_weights(weights, model_path)
             log.info(f"Model saved by rank 0 to {model_path}")
         dist.barrier()
         return exitcodes.OK
@@ -280,9 +254,10 @@ def _since_process_start() -> float:
 
 def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: RankLog) -> None:
     """Rank 0, once the start is fully checked: tidy, apply the resume plan, write run.json."""
-    from hpc_ddp.run import checkpoint, record, resume
+    from hpc_ddp.run import record, resume
+    from hpc_ddp.run.checkpoint import store
 
-    checkpoint.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
+    store.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
     resume.apply(plan, folder, log.info)
     record.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
 
@@ -307,15 +282,21 @@ def _record_start(env: DistEnv, folder: Path, environ: Mapping[str, str], resume
         )
 
 
-def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
-    """Rank 0: a rerun of a finished run trains nothing and writes nothing (but a missing model.pth)."""
-    from hpc_ddp.run import checkpoint
+def _save_weights(weights: dict[str, Any], path: Path) -> None:
+    """Rank 0: `model.pth`, the plain state dict of the bare model (loadable with weights_only), and its
+    checksum."""
+    from hpc_ddp.run.checkpoint import content, torchfile
 
+    torchfile.atomic_save(content.to_cpu(weights), path)
+
+
+def _finished_already(trainer: Any, folder: Path, log: RankLog, weights: dict[str, Any] | None) -> None:
+    """Rank 0: a rerun of a finished run trains nothing and writes nothing (but a missing model.pth)."""
     cfg, pos = trainer.cfg, trainer.pos
     limits = f"--epochs {cfg.epochs}" + (f" --max-steps {cfg.max_steps}" if cfg.max_steps else "")
     model_path = folder / run_folder.MODEL
-    if not model_path.is_file():
-        checkpoint.atomic_save(checkpoint.to_cpu(trainer.model.state_dict()), model_path)
+    if not model_path.is_file() and weights is not None:
+        _save_weights(weights, model_path)
         log.info(f"model.pth was missing: written from the final checkpoint to {model_path}")
     log.info(
         f"The run in {folder} already finished at epoch {pos.epoch}, step {pos.step} ({limits}): nothing to "

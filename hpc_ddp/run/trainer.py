@@ -1,13 +1,18 @@
-"""The DDP training loop: sampler epochs, gradient accumulation, AMP, agreed stops, and checkpoints.
+"""The training loop: sampler epochs, gradient accumulation, AMP, agreed stops, and when to checkpoint.
+
+The loop talks to two seams and never names DDP or a file format: its `Strategy` (hpc_ddp.run.strategy:
+wrapping, the accumulation context, the comm hook, clipping, the model's and optimizer's state) and its
+`Checkpointer` (hpc_ddp.run.checkpointer: named stateful parts saved through a checkpoint format).
 
 One all-reduce of five numbers per optimizer step carries [loss sum, micro-batches, requeue votes, stop
-votes, rank 0's saving trouble]: the loss is averaged over all ranks for reporting, and a signal seen by any
-rank stops every rank at the same step, at no extra collective. It comes before the optimizer step, so a loss
-that is NaN or infinite on any rank is non-finite in the sum on every rank at the same step, and its update
-is never applied (`--nonfinite-loss`: stop, the default, or skip that step).
+votes, saving trouble]: the loss is averaged over all ranks for reporting, and a signal seen by any rank stops
+every rank at the same step, at no extra collective. It comes before the optimizer step, so a loss that is NaN
+or infinite on any rank is non-finite in the sum on every rank at the same step, and its update is never
+applied (`--nonfinite-loss`: stop, the default, or skip that step).
 
 Two seams serve whoever drives a Trainer other than `run()` (the bench): `train_step` is one optimizer step
-exactly as the loop takes it, and `commit` (a constructor argument) is how a checkpoint is made durable.
+exactly as the loop takes it, and `commit` (a constructor argument) is how the full format makes a checkpoint
+durable.
 
 Hangs and stragglers: the loop keeps the rank's progress beacon (run/beacon.py) on the phase it is in, for
 the hang watchdog (run/watchdog.py), and splits each step's time into data, compute and communication wait.
@@ -20,40 +25,37 @@ import contextlib
 import itertools
 import math
 import os
-import random
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.autograd import Variable
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from hpc_ddp._version import __version__
-from hpc_ddp.cluster import group
 from hpc_ddp.cluster.env import DistEnv
-from hpc_ddp.errors import NonFinite, SavingFailed, UsageError
+from hpc_ddp.errors import NonFinite, UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import beacon as phase
-from hpc_ddp.run import checkpoint, metrics, preemption, progress, resume, stragglers
+from hpc_ddp.run import metrics, preemption, progress, stragglers
+from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.beacon import Beacon
+from hpc_ddp.run.checkpoint import content, full
+from hpc_ddp.run.checkpointer import SAVING_OK, Checkpointer
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.folder import MODEL
+from hpc_ddp.run.parts import ModelPart, OptimizerPart, PositionPart, RngPart, ScalerPart
 from hpc_ddp.run.position import Outcome, Position
+from hpc_ddp.run.strategy.base import Strategy
+from hpc_ddp.run.strategy.ddp import CommHook
 from hpc_ddp.run.tasks import Task
 from hpc_ddp.run.workers import init as worker_start
 
 MAX_SKIPPED = 10  # --nonfinite-loss skip: this many non-finite steps in a row stop the run anyway
-
-# The 5th number of the per-step all-reduce: what rank 0's background writer reports.
-_SAVING_OK, _SAVING_FAILED, _SAVING_NONFINITE = 0.0, 1.0, 2.0
 
 
 class Agreed(NamedTuple):
@@ -63,7 +65,7 @@ class Agreed(NamedTuple):
     count: float  # the micro-batches
     requeue: float  # ranks that saw SIGUSR1/SIGUSR2 (their votes to stop and requeue)
     stop: float  # ranks that saw SIGTERM (their votes to stop)
-    saving: float = _SAVING_OK  # rank 0's writer gave up: _SAVING_FAILED, or _SAVING_NONFINITE weights
+    saving: float = SAVING_OK  # some rank's writer gave up (checkpointer.SAVING_*)
 
 
 class _SkipSampler(Sampler[int]):
@@ -80,49 +82,17 @@ class _SkipSampler(Sampler[int]):
         return len(self.base) - self.skip
 
 
-def _ordered_mean_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
-    """--deterministic: all-gather each bucket and sum in rank order, so the result doesn't depend on how
-    DDP laid out its buckets. DDP rebuilds buckets after a process's first backward; a resumed process would
-    otherwise sum its first step in a different grouping than the uninterrupted run did."""
-    buffer = bucket.buffer()
-    world = dist.get_world_size()
-    parts = [torch.empty_like(buffer) for _ in range(world)]
-    future = dist.all_gather(parts, buffer, async_op=True).get_future()
-
-    def ordered_sum(_: Any) -> torch.Tensor:
-        total = parts[0].clone()
-        for part in parts[1:]:
-            total.add_(part)
-        return total.div_(world)
-
-    return future.then(ordered_sum)
-
-
-CommHook = Callable[[Any, Any], "torch.futures.Future[torch.Tensor]"]
-
-
-@dataclass
-class _PendingSave:
-    """A checkpoint of rank 0's whose "save" record waits for its background write to end."""
-
-    epoch: int
-    step: int
-    stall_s: float  # the training loop was blocked this long by the save
-    timing: dict[str, float] = field(default_factory=dict)  # set by the writer thread: began, write_s
-    final: bool = False
-
-
 class Trainer:
     """Owns the model, optimizer and data of one rank; `run()` trains until done or an agreed stop.
 
     Use it as a context manager inside `process_group()`: leaving the block closes it (see `close`), on
-    errors too, so its DDP module never outlives the group.
+    errors too, so its strategy's wrapped module (DDP) never outlives the group.
 
-    `commit(folder, state, step, keep)` makes a checkpoint durable on the writer thread (rank 0):
-    `checkpoint.commit` unless the caller passes its own, e.g. one that times it.
-
-    `comm_hook`, if given, is DDP's comm hook (none by default: DDP's own C++ all-reduce). `mark_grads=False`
-    (the baseline of `python -m hpc_ddp.bench watchdog`) skips the end-of-backward mark of the beacon."""
+    `strategy`: how the model is spread over the ranks (default: DDP, with `comm_hook` as its comm hook if
+    given). `commit(folder, state, step, keep)` makes a checkpoint of the full format durable on the writer
+    thread (rank 0): `full.commit` unless the caller passes its own, e.g. one that times it.
+    `mark_grads=False` (the baseline of `python -m hpc_ddp.bench watchdog`) skips the end-of-backward mark of
+    the beacon."""
 
     def __init__(
         self,
@@ -132,13 +102,13 @@ class Trainer:
         task: Task,
         folder: Path,
         log: RankLog,
-        commit: checkpoint.Commit = checkpoint.commit,
+        commit: full.Commit = full.commit,
         beacon: Beacon | None = None,
         comm_hook: CommHook | None = None,
         mark_grads: bool = True,
+        strategy: Strategy | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.folder, self.log = cfg, env, device, folder, log
-        self.commit = commit
         self.beacon = beacon or Beacon()  # what this rank does, for the hang watchdog (run/watchdog.py)
         self.window = stragglers.Window()  # this rank's time split since the last straggler check
         self.judge = stragglers.Judge()
@@ -146,7 +116,7 @@ class Trainer:
         # What a checkpoint must hold, checked on every rank before the first step: a state that a weights_only
         # load would refuse is a usage error now, not a checkpoint that never loads. The model's before the first
         # collective: a slow state_dict() (a user hook) is then waited for before any rank's watchdog starts.
-        checkpoint.check_savable(task.model.state_dict(), "the model's state_dict()")
+        content.check_savable(task.model.state_dict(), "the model's state_dict()")
         # Every rank's host and pid, once, at start: the straggler report and the hang verdict name hosts.
         self.peers: list[tuple[str, int]] = [("", 0)] * env.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
@@ -160,21 +130,20 @@ class Trainer:
             drop_last=True,
         )
         self.batches_per_epoch = len(self.sampler) // cfg.batch_size
-        if self.batches_per_epoch == 0:  # checked before DDP exists: nothing to release on this error
+        if (
+            self.batches_per_epoch == 0
+        ):  # checked before the model is wrapped: nothing to release on this error
             raise UsageError(
                 f"each rank gets {len(self.sampler)} samples of the dataset ({env.world_size} ranks), "
                 f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks"
             )
-        self.pending_save: _PendingSave | None = None  # before the writer: close() records what it wrote
-        self.writer = checkpoint.AsyncWriter(warn=log.warn)
-        self.model = task.model.to(device)
-        # gradient_as_bucket_view: gradients live inside DDP's all-reduce buckets, saving a copy per step.
-        self.ddp = DDP(
-            self.model, device_ids=[device] if device.type == "cuda" else None, gradient_as_bucket_view=True
-        )
-        group.hold(self.ddp)  # its Reducer holds the group: it must be gone before the group is
+        self.strategy = strategy or strategies.create("ddp", cfg, env, device, comm_hook=comm_hook)
         try:
-            self._finish_init(cfg, env, device, task, comm_hook, mark_grads)
+            # Wrap first, then the optimizer over what the strategy says it steps (FSDP needs this order).
+            self.strategy.setup(
+                task.model, task.optimizer or (lambda params: torch.optim.SGD(params, lr=cfg.lr))
+            )
+            self._finish_init(cfg, env, device, task, commit, mark_grads)
         except BaseException:
             self.close()  # a user optimizer or the DataLoader raised: release DDP before the group goes
             raise
@@ -185,19 +154,13 @@ class Trainer:
         env: DistEnv,
         device: torch.device,
         task: Task,
-        comm_hook: CommHook | None,
+        commit: full.Commit,
         mark_grads: bool,
     ) -> None:
-        # No comm hook unless one is needed: any hook, even a Python copy of DDP's own all-reduce, costs an
-        # extra pass over every gradient (DDP divides while copying into its buckets only without a hook).
-        hook = comm_hook or (_ordered_mean_hook if cfg.deterministic and env.world_size > 1 else None)
-        if hook is not None:
-            self.ddp.register_comm_hook(None, hook)
+        self.model = self.strategy.model  # the user's model, on this rank's device
         self.mark_grads = mark_grads
-        params = self.model.parameters()  # the same tensors as DDP's, without a reference to the DDP module
-        self.optimizer = task.optimizer(params) if task.optimizer else torch.optim.SGD(params, lr=cfg.lr)
-        self.scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+        self.optimizer = self.strategy.optimizer
+        self.scaler = self.strategy.scaler
         self.skip = _SkipSampler(self.sampler)
         workers = cfg.num_workers if cfg.num_workers >= 0 else (2 if device.type == "cuda" else 0)
         # An explicit generator: otherwise each DataLoader iterator draws its seed from the global RNG, and a
@@ -220,11 +183,9 @@ class Trainer:
         # This process's first optimizer step (after a start or a resume) pays for warm-up, lazy init and a
         # resumed checkpoint's first use: every phase of it is long for the hang watchdog (run/beacon.py).
         self.first_step = True
-        self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
         self.skipped = 0  # non-finite steps in a row (--nonfinite-loss skip)
-        self.save_error: BaseException | None = None  # the writer's error that stopped the run, once raised
+        self.save_due = False  # a periodic save waits for a finite step (see _periodic_save)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
-        self.param_names = [name for name, _ in self.model.named_parameters()]
         self.step_data_s = 0.0  # this step's wait for data (rank 0 records it)
         steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
         self.metrics = metrics.Recorder(
@@ -233,13 +194,22 @@ class Trainer:
             env,
             progress.total_steps(cfg.epochs, steps_per_epoch, cfg.max_steps),
         )
-        checkpoint.check_savable(self.optimizer.state_dict(), "the optimizer's state_dict()")
+        # The checkpoint's named parts, in the order a resume loads them (RNG last).
+        parts = [
+            ModelPart(self.strategy),
+            OptimizerPart(self.strategy),
+            ScalerPart(self.scaler),
+            PositionPart(lambda: self.pos, self._set_pos),
+            RngPart(device),
+        ]
+        fmt = full.Full(self.folder, env, cfg.keep, commit=commit)
+        self.checkpointer = Checkpointer(
+            cfg, env, self.folder, parts, fmt, self.log, self.metrics.save, self.beacon
+        )
+        self.checkpointer.check_savable()
 
-    def _queue_mark(self, grad: torch.Tensor) -> None:
-        # Runs as backward starts (the loss's gradient): queue a callback for the end of the backward graph.
-        # It was queued before DDP's own (which DDP queues once its last bucket is ready), so it runs first:
-        # all gradients are computed, and from here on this rank only waits for the all-reduce to finish.
-        Variable._execution_engine.queue_callback(self._mark_grads_ready)
+    def _set_pos(self, pos: Position) -> None:
+        self.pos = pos
 
     def _mark_grads_ready(self) -> None:
         self._grads_ready = self.beacon.set(phase.GRAD_ALLREDUCE, long=self.first_step)
@@ -247,20 +217,16 @@ class Trainer:
     # ----- end of life ----------------------------------------------------------------------------------
     def close(self) -> None:
         """End of life, on every path, before the process group is destroyed: wait until the checkpoint in
-        flight is durable, then drop what holds the group (DDP and its Reducer) and the optimizer and data.
-        `model` and `pos` stay readable. Idempotent; the writer's error, if any, is raised after the release."""
+        flight is durable, then release what holds the group (the strategy's wrapped module: DDP and its
+        Reducer) and drop the optimizer and data. `model` and `pos` stay readable. Idempotent; the writer's
+        error, if any, is raised after the release."""
         try:
-            if "writer" in self.__dict__:
-                try:
-                    self.writer.wait()
-                except BaseException as e:
-                    if e is not self.__dict__.get("save_error"):  # it stopped the run: reported already
-                        raise
-                finally:
-                    with contextlib.suppress(OSError):  # a record lost to a full disk must not hide the error
-                        self._record_save()  # its write ended, durable or not
+            if "checkpointer" in self.__dict__:
+                self.checkpointer.close()
         finally:
-            for name in ("ddp", "optimizer", "scaler", "loader", "skip"):
+            if "strategy" in self.__dict__:
+                self.strategy.close()
+            for name in ("optimizer", "scaler", "loader", "skip"):
                 self.__dict__.pop(name, None)
             if "metrics" in self.__dict__:
                 try:
@@ -284,146 +250,38 @@ class Trainer:
         except Exception as e:  # the error already propagating is the one to report
             self.log.warn(f"while stopping after an error: the checkpoint in flight failed too: {e}")
 
-    # ----- checkpoint state -------------------------------------------------------------------------
-    def _rank_rng(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"cpu": torch.get_rng_state(), "python": _to_lists(random.getstate())}
-        if self.device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.device)
-        return state
-
+    # ----- checkpoints ------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any] | None:
-        """Collective: gather every rank's RNG; returns the full checkpoint state on rank 0, None elsewhere."""
-        rngs: list[Any] = [None] * self.env.world_size
-        # RNG tensors travel as bytes: a pickled tensor goes through torch.save/torch.load inside
-        # all_gather_object, which doubled the gather, a third of a save's stall (hpc_ddp.bench).
-        mine = {
-            k: v.numpy().tobytes() if isinstance(v, torch.Tensor) else v for k, v in self._rank_rng().items()
-        }
-        dist.all_gather_object(rngs, mine)
-        rngs = [
-            {
-                k: torch.frombuffer(bytearray(v), dtype=torch.uint8) if isinstance(v, bytes) else v
-                for k, v in rng.items()
-            }
-            for rng in rngs
-        ]
-        if not self.env.is_main:
-            return None
-        self.beacon.set(phase.CHECKPOINT)
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler else None,
-            "position": asdict(self.pos),
-            "rng": rngs,
-            "world_size": self.env.world_size,
-            "config": self.cfg.as_dict(),
-            "version": __version__,
-        }
+        """Collective: the full format's checkpoint state (every part, every rank's RNG) on rank 0, None
+        elsewhere."""
+        fmt = full.Full(self.folder, self.env, self.cfg.keep)
+        return fmt.gather(self.checkpointer.parts, self.checkpointer.meta())
 
     def save(self, final: bool = False) -> None:
-        """Checkpoint at the current position: rank 0 copies state to CPU now and writes it in the background.
-        `final` also waits until the file is durable (retrying a failed write, see checkpoint.AsyncWriter). A
-        position already saved is not written twice.
+        """Checkpoint at the current position (a collective; see Checkpointer.save). `final` also waits until
+        it is durable."""
+        self.save_due = False
+        self.checkpointer.save(self.pos, final)
 
-        Rank 0 records each save ("save" in metrics.jsonl) once its write has ended: how long it blocked the
-        loop (for the final one, the wait until durable included) and how long the write took."""
-        began = time.monotonic()
-        if self.saved_step != self.pos.step:
-            # The gather is a collective (a peer frozen here is found at the steady limit); the writer's own work
-            # after it is a long phase (state()), which it answers for if peers diagnose meanwhile.
-            self.beacon.set(phase.CHECKPOINT_GATHER)
-            state = self.state()  # collective: every rank takes part, so every rank decides the same way
-            self.saved_step = self.pos.step
-            if self.env.is_main:
-                snapshot = checkpoint.to_cpu(state, "the checkpoint state")
-                step, keep, names, commit = self.pos.step, self.cfg.keep, self.param_names, self.commit
+    def restore(self, state: dict[str, Any], path: Path) -> None:
+        """Load a full checkpoint's state (model, optimizer, scaler, position, this rank's RNG). A --lr that
+        differs from the checkpoint's is applied, and said (`notes`), or refused if the optimizer does not take
+        it."""
+        self._resumed(self.checkpointer.restore(full.Loaded(state), path))
 
-                timing: dict[str, float] = {}
+    def resume_from(self, path: Path, verify: bool = False) -> None:
+        """Every rank: load checkpoint `path` (rank 0 verified it already unless `verify`)."""
+        self._resumed(self.checkpointer.load(path, verify=verify))
 
-                def write() -> tuple[Path, int]:  # on the writer thread: the check costs the training nothing
-                    timing.setdefault("began", time.monotonic())  # a retry counts from the first attempt
-                    checkpoint.require_finite(snapshot["model"], names, step)
-                    done = commit(self.folder, snapshot, step, keep)
-                    timing["write_s"] = time.monotonic() - timing["began"]
-                    return done
-
-                self.writer.submit(write)  # waits for the previous write first
-                self._record_save()  # the previous save: its write has ended
-                self.pending_save = _PendingSave(
-                    self.pos.epoch, self.pos.step, time.monotonic() - began, timing
-                )
-        if final and self.env.is_main:
-            waited = time.monotonic()
-            try:
-                self.writer.wait(retry=True)
-            except BaseException as e:
-                self.save_error = e
-                if isinstance(e, OSError):  # the disk: one line; anything else as it is
-                    raise SavingFailed(self._saving_failed_message(e)) from e
-                raise
-            pending = self.pending_save
-            if pending is not None and pending.step == self.pos.step:  # this position's save is the last one
-                pending.stall_s += time.monotonic() - waited
-                pending.final = True
-            self._record_save()
-
-    def _record_save(self) -> None:
-        """Rank 0: write the "save" record of the pending save (its write has ended, or never will)."""
-        pending, self.pending_save = self.pending_save, None
-        if pending is not None:
-            self.metrics.save(
-                pending.epoch, pending.step, pending.stall_s, pending.timing.get("write_s"), pending.final
-            )
-
-    def _saving_failed_message(self, error: BaseException) -> str:
-        last = checkpoint.read_latest(self.folder)
-        kept = f"the last checkpoint written, {last}, is kept" if last else "no checkpoint was written"
-        tries = f" after {self.writer.failures} attempts" if self.writer.failures > 1 else ""
-        return (
-            f"checkpoints cannot be written to {checkpoint.ckpt_dir(self.folder)}{tries}: "
-            f"{checkpoint.describe(error)}. Every rank stops at step {self.pos.step} so that no more work depends "
-            f"on a save that does not happen; {kept}. Fix: free space (or quota) there, then run the same "
-            "command to resume"
-        )
-
-    def _stop_for_saving(self, code: float) -> None:
-        """Every rank, at the same step: rank 0's writer gave up (see `_agree`)."""
-        error = self.save_error = self.writer.fatal
-        if isinstance(error, OSError):  # the disk: one line
-            raise SavingFailed(self._saving_failed_message(error)) from error
-        if error is not None:  # non-finite weights (one line), or a bug (its traceback)
-            raise error
-        message = (
-            f"rank 0 could not write checkpoints (see its log); every rank stopped with it at step "
-            f"{self.pos.step}"
-        )
-        raise NonFinite(message) if code == _SAVING_NONFINITE else SavingFailed(message)
+    def _resumed(self, notes: list[str]) -> None:
+        self.notes = notes
+        self.checkpointer.saved_step = self.pos.step
 
     def finished(self) -> bool:
         """Nothing left to train at this position under the current --epochs and --max-steps."""
         return self.pos.epoch >= self.cfg.epochs or bool(
             self.cfg.max_steps and self.pos.step >= self.cfg.max_steps
         )
-
-    def restore(self, state: dict[str, Any], path: Path) -> None:
-        """Load a checkpoint's model, optimizer, scaler, position and this rank's RNG. A --lr that differs from
-        the checkpoint's is applied, and said (`notes`), or refused if the optimizer does not take it."""
-        resume.check_compatible(state, path, self.cfg, self.env.world_size)
-        resume.load_model_state(self.model, state, path)
-        fresh = [g.get("lr") for g in self.optimizer.param_groups]  # as the current options build it
-        self.optimizer.load_state_dict(state["optimizer"])
-        note = resume.reapply_lr(self.optimizer, fresh, state, self.cfg, path)
-        self.notes = [note] if note else []
-        if self.scaler and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.pos = Position(**state["position"])
-        self.saved_step = self.pos.step
-        rng = state["rng"][self.env.rank]
-        torch.set_rng_state(rng["cpu"])
-        random.setstate(_to_tuples(rng["python"]))
-        if self.device.type == "cuda" and rng.get("cuda") is not None:
-            torch.cuda.set_rng_state(rng["cuda"], self.device)
 
     # ----- one optimizer step -------------------------------------------------------------------------
     def train_step(self, inputs: Any, target: Any) -> Agreed:
@@ -470,17 +328,14 @@ class Trainer:
     def _micro_step(self, inputs: Any, target: Any, scale: float, sync: bool) -> torch.Tensor:
         inputs = inputs.to(self.device, non_blocking=True)
         target = target.to(self.device, non_blocking=True)
-        # no_sync on all but the last micro-batch: gradients accumulate locally, one all-reduce per step.
-        with contextlib.nullcontext() if sync else self.ddp.no_sync():
-            with torch.autocast(
-                self.device.type,
-                dtype=self.autocast_dtype or torch.float32,
-                enabled=self.autocast_dtype is not None,
-            ):
-                loss = self.loss_fn(self.ddp(inputs), target)
+        strategy = self.strategy
+        # no_sync on all but the last micro-batch: gradients accumulate locally, one synchronisation per step.
+        with contextlib.nullcontext() if sync else strategy.no_sync():
+            with strategy.autocast():
+                loss = self.loss_fn(strategy.wrapped(inputs), target)  # type: ignore[misc]
             scaled = loss * scale
             if sync and self.mark_grads:
-                scaled.register_hook(self._queue_mark)
+                strategy.on_backward_end(scaled, self._mark_grads_ready)
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         return loss.detach()
 
@@ -488,27 +343,22 @@ class Trainer:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.cfg.clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad)
+            self.strategy.clip_grad_norm(self.cfg.clip_grad)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
-        # set_to_none even with bucket views (hpc_ddp.bench: mlp, 2 CPU ranks, ~1350 -> ~1460 samples/s):
+        # set_to_none even with DDP's bucket views (hpc_ddp.bench: mlp, 2 CPU ranks, ~1350 -> ~1460 samples/s):
         # backward then hands DDP a fresh gradient that it copies into the bucket once and re-views, instead
         # of a memset of every bucket here plus an in-place add during backward.
         self.optimizer.zero_grad(set_to_none=True)
 
     def _agree(self, loss_sum: torch.Tensor, count: int) -> Agreed:
-        """The one per-step all-reduce: loss and micro-batch counts, every rank's signal votes, and whether rank
-        0's background writer gave up (checked without waiting; it also starts a retry that is due)."""
+        """The one per-step all-reduce: loss and micro-batch counts, every rank's signal votes, and whether a
+        background writer gave up (checked without waiting; it also starts a retry that is due)."""
         requeue, stop = preemption.pending()
-        fatal = self.writer.check()  # idle on every rank but 0
-        saving = (
-            _SAVING_OK
-            if fatal is None
-            else (_SAVING_NONFINITE if isinstance(fatal, NonFinite) else _SAVING_FAILED)
-        )
+        saving = self.checkpointer.check()  # idle on the ranks that write nothing
         packet = torch.stack(
             [
                 loss_sum.float(),
@@ -536,15 +386,20 @@ class Trainer:
                     f"{MAX_SKIPPED + 1})"
                 )
             return
-        self.metrics.nonfinite(self.pos, step, self.cfg.nonfinite_loss)
-        last = checkpoint.read_latest(self.folder)
-        kept = f"the last checkpoint, {last.name}, is kept" if last else "no checkpoint was written"
-        if (self.folder / MODEL).is_file():
-            kept += ", model.pth is untouched"
+        self.metrics.nonfinite(self.pos, step, "stop")  # the run stops here, whatever --nonfinite-loss says
+        kept = self._kept()
         if self.skipped:
+            broken = self.strategy.nonfinite_parameters()  # every rank is here, at this step
+            names = ", ".join(broken[:3]) + (", ..." if len(broken) > 3 else "")
+            weights = (
+                f"the weights themselves are not finite ({names})"
+                if broken
+                else "the weights are finite (none of those updates was applied): the data or the loss "
+                "function gives it"
+            )
             cause = (
                 f"{where}: the loss averaged over all ranks was not finite in {self.skipped + 1} steps in a "
-                f"row ({value} now), so the weights themselves are probably not finite"
+                f"row ({value} now); {weights}"
             )
         else:
             cause = (
@@ -557,7 +412,29 @@ class Trainer:
             "--nonfinite-loss skip drops such steps instead"
         )
 
-    # ----- the loop -----------------------------------------------------------------------------------
+    def _kept(self) -> str:
+        """What the stop leaves, in the same words on every rank (a collective): rank 0 first waits for the
+        write in flight, so that the checkpoint it names is durable (and one that just became so is named)."""
+        self.beacon.set(phase.CHECKPOINT)  # the others wait for rank 0's write: no hang
+        words: list[Any] = [None]
+        if self.env.is_main:
+            last = self.checkpointer.last_durable()
+            text = f"the last checkpoint, {last.name}, is kept" if last else "no checkpoint was written"
+            if (self.folder / MODEL).is_file():
+                text += ", model.pth is untouched"
+            words[0] = text
+        if self.env.world_size > 1:
+            dist.broadcast_object_list(words, src=0)
+        return str(words[0])
+
+    def _periodic_save(self, due: bool) -> None:
+        """A save the schedule asks for now (`due`), or one it asked for during a run of skipped steps: not
+        while the newest step's update was skipped (--nonfinite-loss skip), so that a stop after such a run
+        has saved nothing after the last finite step; it comes at the next finite step."""
+        self.save_due = self.save_due or due
+        if self.save_due and not self.skipped:
+            self.save()
+
     def _epoch(self, epoch: int) -> Outcome | None:
         """Train the rest of one epoch; an Outcome if the loop must end inside it."""
         cfg, pos = self.cfg, self.pos
@@ -575,7 +452,7 @@ class Trainer:
             if not finite:
                 self._nonfinite(agreed.loss_sum, pos.step + 1)  # raises, unless --nonfinite-loss skip
             if agreed.saving:
-                self._stop_for_saving(agreed.saving)
+                raise self.checkpointer.stop(agreed.saving, pos.step)
             if finite:
                 self.skipped = 0
                 pos.loss_sum, pos.loss_count = pos.loss_sum + agreed.loss_sum, pos.loss_count + agreed.count
@@ -588,14 +465,12 @@ class Trainer:
                 self.step_data_s,
             )
             self.step_data_s = 0.0
-            if self.pending_save is not None and "write_s" in self.pending_save.timing:
-                self._record_save()  # the background write is durable: rank 0 records the save
+            self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
             if agreed.requeue or agreed.stop:
                 return Outcome(False, agreed.requeue, agreed.stop)
             if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1:
                 self.check_stragglers()
-            if cfg.save_every_steps and pos.step % cfg.save_every_steps == 0:
-                self.save()
+            self._periodic_save(bool(cfg.save_every_steps and pos.step % cfg.save_every_steps == 0))
             if cfg.max_steps and pos.step >= cfg.max_steps:
                 return Outcome(True)
         return None
@@ -646,15 +521,7 @@ class Trainer:
             if outcome is not None:  # --max-steps reached inside the epoch
                 return outcome
             self.pos = Position(epoch=self.pos.epoch + 1, step=self.pos.step)
-            if self.cfg.save_every_epochs and self.pos.epoch % self.cfg.save_every_epochs == 0:
-                self.save()
+            self._periodic_save(
+                bool(self.cfg.save_every_epochs and self.pos.epoch % self.cfg.save_every_epochs == 0)
+            )
         return Outcome(True)
-
-
-def _to_lists(obj: Any) -> Any:
-    """random.getstate() as nested lists: plain data that loads under weights_only=True."""
-    return [_to_lists(x) for x in obj] if isinstance(obj, (tuple, list)) else obj
-
-
-def _to_tuples(obj: Any) -> Any:
-    return tuple(_to_tuples(x) for x in obj) if isinstance(obj, list) else obj

@@ -1,0 +1,21 @@
+"""Checkpoints on shared storage: the store, durable bytes, what a checkpoint may hold, formats, safe loading.
+
+Layout of `<folder>/checkpoints/` (the rest of the run folder: hpc_ddp.run.folder):
+
+    ckpt-00000120.pt   a checkpoint of the "full" format: one file, named by optimizer step
+    ckpt-00000120/     a checkpoint that is a directory (a sharded format's: every rank writes its shards)
+    latest             the name of the newest complete checkpoint, updated last
+
+The modules, each one decision:
+
+    store      names, `latest`, listing, rotation, stale temporaries, `latest_step`  (no torch)
+    durable    a file written atomically with its SHA-256, checksum files, why a write failed  (no torch)
+    content    what a checkpoint may hold: `to_cpu`, `check_savable`, `require_finite`
+    torchfile  one torch file: streamed into `durable`, loaded back with weights_only (corrupt vs refused)
+    writer     `AsyncWriter`: the background write, its retries (by time) and when to give up
+    format     the `Format` interface, the formats known, `format_of(path)`, `find_resumable`
+    full       the "full" format: rank 0 writes one file holding every part
+
+This package's `__init__` imports nothing: supervisors (the local launcher, the Slurm batch step) import
+`hpc_ddp.run.checkpoint.store` for the step of the latest checkpoint without paying for torch.
+"""

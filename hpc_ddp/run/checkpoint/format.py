@@ -1,0 +1,75 @@
+"""The checkpoint format interface: how a checkpoint's parts become bytes on disk and come back.
+
+A format decides the bytes; everything around them is shared: the names and `latest` (store), the background
+write and its retries (writer), which parts there are (part), when to save and what a resume must match
+(hpc_ddp.run.checkpointer, hpc_ddp.run.resume). Today there is one format, "full" (one file rank 0 writes,
+hpc_ddp.run.checkpoint.full); a sharded one (every rank writes its shards into `ckpt-<step>/`) is one more
+class beside it, listed in hpc_ddp.run.checkpoint.formats.
+
+Every format follows the store's rule: it writes under a temporary name, renames into the final one once the
+checkpoint is whole and durable, and only then promotes it (`store.promote`: `latest`, rotation).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from hpc_ddp.cluster.env import DistEnv
+from hpc_ddp.run.checkpoint.part import Part
+from hpc_ddp.run.checkpoint.writer import Job
+
+
+class Opened(Protocol):
+    """A checkpoint read back: what it was written with, and each part's state."""
+
+    meta: Mapping[str, Any]  # world_size, config (TrainConfig.as_dict()), version
+
+    def state_of(self, part: Part, rank: int) -> Any:
+        """The state `part` loads on `rank` (its own copy for a PER_RANK part), None if the checkpoint has none."""
+        ...
+
+
+class Format(ABC):
+    """How the checkpoints of one run are written (an instance: `folder`, `env`, `keep`) and read (class
+    methods: resuming looks at a checkpoint before any run is set up)."""
+
+    name: ClassVar[str]  # what --checkpoint-format calls it
+
+    def __init__(self, folder: Path, env: DistEnv, keep: int) -> None:
+        self.folder, self.env, self.keep = Path(folder), env, keep
+        # `stage` calls this on a rank once the collective part of a save is over and the rank's own work (a
+        # state_dict, the copy to CPU, the wait for the previous write) begins: the hang watchdog gives that
+        # work the long limit, and the collective part the steady one (run/beacon.py).
+        self.on_own_work: Callable[[], None] = lambda: None
+
+    @classmethod
+    @abstractmethod
+    def owns(cls, path: Path) -> bool:
+        """`path` (a complete checkpoint by the store's naming rule) is one of this format's."""
+
+    @abstractmethod
+    def stage(self, parts: Sequence[Part], meta: Mapping[str, Any], step: int) -> Job | None:
+        """A collective, on the training thread (what a save stalls the loop for): take a snapshot of `parts`
+        and return the job that makes checkpoint `step` durable and promotes it, run on this rank's background
+        writer; None on a rank that writes nothing."""
+
+    @classmethod
+    @abstractmethod
+    def open(cls, path: Path, verify: bool = True) -> Opened:
+        """Read checkpoint `path` on this rank (`verify`: check its checksums first). CheckpointCorrupt for
+        damaged bytes, CheckpointRefused for an intact file a weights_only load refuses, CheckpointError for
+        anything else that is no usable checkpoint."""
+
+    @classmethod
+    def verify(cls, path: Path) -> None:
+        """Raise what `open` would (rank 0 checks a checkpoint before every rank loads it)."""
+        cls.open(path, verify=True)
+
+    @classmethod
+    @abstractmethod
+    def world_size_change(cls, saved: int | None, now: int) -> str | None:
+        """Why a checkpoint written by `saved` ranks cannot be loaded by `now` ranks (shown in the refusal,
+        with both sizes), or None when it can."""

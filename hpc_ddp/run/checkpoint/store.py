@@ -1,0 +1,163 @@
+"""The checkpoint store: names, `latest`, listing, rotation and leftovers, whatever the format. No torch.
+
+The naming rule, the one place it is written: checkpoint `step` of a run is `checkpoints/ckpt-<step:08d>.pt`
+when it is one file (the "full" format) or `checkpoints/ckpt-<step:08d>/` when it is a directory (a format
+whose ranks each write their own shards). A name is only ever given to a complete checkpoint: a format writes
+under a temporary name (`.<name>.tmp-...`, never listed) and renames it into place when it is whole, then
+`promote` points `latest` at it and rotates. So "listed" means "complete", for files and directories alike.
+
+Supervisors (the local launcher, the Slurm batch step) import this module for `latest_step`, so it and its
+package's `__init__` import no torch (tests/test_run_checkpoint_store.py checks it in a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from hpc_ddp.run.checkpoint.durable import checksum_path
+from hpc_ddp.run.folder import CHECKPOINTS, atomic_write_bytes
+
+LATEST = "latest"
+FILE_SUFFIX = ".pt"
+_NAME = re.compile(r"^ckpt-(\d{8,})(\.pt)?$")
+
+
+def ckpt_dir(folder: str | os.PathLike[str]) -> Path:
+    return Path(folder) / CHECKPOINTS
+
+
+def ckpt_name(step: int, suffix: str = FILE_SUFFIX) -> str:
+    """The name of checkpoint `step`: a file `ckpt-<step>.pt`, or with `suffix=""` a directory `ckpt-<step>`."""
+    return f"ckpt-{step:08d}{suffix}"
+
+
+def ckpt_step(path: Path) -> int:
+    """The optimizer step in a checkpoint's name (-1 for a name that is no checkpoint's)."""
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else -1
+
+
+def is_checkpoint(path: Path) -> bool:
+    """`path` is a checkpoint by the naming rule: `ckpt-<step>.pt` a file, `ckpt-<step>` a directory."""
+    match = _NAME.match(path.name)
+    if match is None:
+        return False
+    return path.is_file() if match.group(2) else path.is_dir()
+
+
+def list_checkpoints(folder: str | os.PathLike[str]) -> list[Path]:
+    """Complete checkpoints of a run (files and directories), newest (highest step) first. Temporary names
+    are never listed."""
+    directory = ckpt_dir(folder)
+    if not directory.is_dir():
+        return []
+    found = [(ckpt_step(p), p) for p in directory.iterdir() if is_checkpoint(p)]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def read_latest(folder: str | os.PathLike[str], warn: Callable[[str], None] | None = None) -> Path | None:
+    """The checkpoint `latest` points to, if the pointer exists and names an existing checkpoint. A pointer that
+    cannot be read (not UTF-8, a directory, an I/O error) counts as none; `warn` hears about it."""
+    pointer = ckpt_dir(folder) / LATEST
+    try:
+        text = pointer.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:  # IsADirectoryError, UnicodeDecodeError, EIO...
+        if warn is not None:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+            warn(f"{pointer} is unreadable ({reason}); using the newest checkpoint that loads instead")
+        return None
+    name = text.strip()
+    path = ckpt_dir(folder) / name
+    if name and "/" not in name and is_checkpoint(path):
+        return path
+    if warn is not None and name:
+        warn(
+            f"{pointer} names {name[:80]!r}, which is not a checkpoint of this folder; using the newest "
+            "checkpoint that loads instead"
+        )
+    return None
+
+
+def latest_step(folder: str | os.PathLike[str]) -> int | None:
+    """The step of the run's latest checkpoint: the one `latest` names, else the newest listed; None if there
+    is none. The rule supervisors use (no torch)."""
+    try:
+        path = read_latest(folder)
+        if path is None:
+            listed = list_checkpoints(folder)
+            path = listed[0] if listed else None
+    except OSError:
+        return None
+    return ckpt_step(path) if path is not None else None
+
+
+def point_latest(folder: str | os.PathLike[str], path: Path) -> None:
+    """Make `latest` name `path` (atomically: readers see the old name or the new one)."""
+    atomic_write_bytes(ckpt_dir(folder) / LATEST, (path.name + "\n").encode())
+
+
+def promote(folder: str | os.PathLike[str], path: Path, keep: int) -> None:
+    """`path` is complete and durable under its final name: point `latest` at it, then drop all but the newest
+    `keep` of its line.
+
+    Rotation keeps this checkpoint and the `keep - 1` newest before it. It never deletes one with a higher step:
+    such a checkpoint is no part of the line this run continues (a start from an earlier checkpoint sets those
+    aside first, `resume.apply`), and deleting by step number alone once deleted the file just written."""
+    point_latest(folder, path)
+    step = ckpt_step(path)
+    for old in [p for p in list_checkpoints(folder) if ckpt_step(p) < step][keep - 1 :]:
+        remove(old)
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint: a file and its checksum, or a directory and everything in it."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+    checksum_path(path).unlink(missing_ok=True)
+
+
+def move(path: Path, into: Path) -> None:
+    """Move a checkpoint (and its checksum, if it has one) into the folder `into`, keeping its name."""
+    os.replace(path, into / path.name)
+    sums = checksum_path(path)
+    if sums.is_file():
+        os.replace(sums, into / sums.name)
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> int:
+    """Delete temporary files and directories a killed writer left behind (rank 0 at start, before any new
+    save). They were never promoted: nothing points at them."""
+    directory = ckpt_dir(folder)
+    stale = (
+        [p for p in directory.iterdir() if p.name.startswith(".") and ".tmp-" in p.name]
+        if directory.is_dir()
+        else []
+    )
+    for path in stale:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return len(stale)
+
+
+def newest_size(folder: str | os.PathLike[str]) -> int:
+    """Bytes of the newest complete checkpoint (0 if none): about what the next one needs on disk."""
+    listed = list_checkpoints(folder)
+    if not listed:
+        return 0
+    newest = listed[0]
+    try:
+        if newest.is_dir():
+            return sum(p.stat().st_size for p in newest.rglob("*") if p.is_file())
+        return newest.stat().st_size
+    except OSError:
+        return 0

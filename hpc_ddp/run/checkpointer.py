@@ -1,0 +1,208 @@
+"""The checkpointer: saves and loads a run's named stateful parts through one checkpoint format.
+
+The loop says when (`save`, at an agreed step on every rank) and learns every step whether saving still works
+(`check`, one number of its per-step all-reduce); the format decides the bytes (hpc_ddp.run.checkpoint.format);
+the parts say what is saved (hpc_ddp.run.checkpoint.part, hpc_ddp.run.parts); the background writer makes it
+durable and retries it (hpc_ddp.run.checkpoint.writer). Every checkpoint also holds what it was written with
+(world_size, config, version), which a resume checks (hpc_ddp.run.resume.check_compatible).
+
+Rank 0 records each save ("save" in metrics.jsonl) once its write has ended: how long it blocked the loop
+(for the final one, the wait until durable included) and how long the write took.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp._version import __version__
+from hpc_ddp.cluster.env import DistEnv
+from hpc_ddp.errors import NonFinite, SavingFailed
+from hpc_ddp.log import RankLog
+from hpc_ddp.run import beacon as phase
+from hpc_ddp.run import resume
+from hpc_ddp.run.beacon import Beacon
+from hpc_ddp.run.checkpoint import content, formats, store
+from hpc_ddp.run.checkpoint.format import Format, Opened
+from hpc_ddp.run.checkpoint.part import Loading, Part
+from hpc_ddp.run.checkpoint.writer import AsyncWriter, describe
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.position import Position
+
+# What `check()` gives the per-step all-reduce: this rank's writer gave up, or the weights were not finite.
+SAVING_OK, SAVING_FAILED, SAVING_NONFINITE = 0.0, 1.0, 2.0
+
+# The "save" record of a checkpoint: record(epoch, step, stall_s, write_s, final), rank 0's metrics.
+Record = Callable[[int, int, float, "float | None", bool], None]
+
+
+@dataclass
+class _PendingSave:
+    """A checkpoint whose "save" record waits for its background write to end."""
+
+    epoch: int
+    step: int
+    stall_s: float  # the training loop was blocked this long by the save
+    timing: dict[str, float] = field(default_factory=dict)  # set by the writer thread: began, write_s
+    final: bool = False
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        env: DistEnv,
+        folder: Path,
+        parts: Sequence[Part],
+        fmt: Format,
+        log: RankLog,
+        record: Record,
+        beacon: Beacon,
+    ) -> None:
+        self.cfg, self.env, self.folder, self.parts, self.format = cfg, env, folder, list(parts), fmt
+        self.log, self.record, self.beacon = log, record, beacon
+        fmt.on_own_work = lambda: beacon.set(phase.CHECKPOINT)
+        self.pending: _PendingSave | None = None  # before the writer: close() records what it wrote
+        self.writer = AsyncWriter(warn=log.warn)
+        self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
+        self.error: BaseException | None = None  # the writer's error that stopped the run, once raised
+
+    def meta(self) -> dict[str, Any]:
+        """What every checkpoint holds beside its parts: what a resume checks."""
+        return {"world_size": self.env.world_size, "config": self.cfg.as_dict(), "version": __version__}
+
+    def check_savable(self) -> None:
+        """Every part's state, checked on every rank before the first step: a state that a weights_only load
+        would refuse is a usage error now, not a checkpoint that never loads."""
+        for part in self.parts:
+            content.check_savable(part.state_dict(), part.describe())
+
+    # ----- saving ---------------------------------------------------------------------------------------------
+    def save(self, pos: Position, final: bool = False) -> None:
+        """Checkpoint at `pos` (a collective): the format snapshots the parts now, the writer makes it durable
+        in the background. `final` also waits until it is durable (retrying a failed write). A position already
+        saved is not written twice."""
+        began = time.monotonic()
+        if self.saved_step != pos.step:
+            # The gather of every rank's share is a collective (a peer frozen there is found at the steady
+            # limit); the format marks this rank's own work after it a long phase (Format.on_own_work).
+            self.beacon.set(phase.CHECKPOINT_GATHER)
+            job = self.format.stage(self.parts, self.meta(), pos.step)  # every rank decides the same way
+            self.saved_step = pos.step
+            if job is not None:
+                timing: dict[str, float] = {}
+
+                def write() -> tuple[Path, int]:  # on the writer thread
+                    timing.setdefault("began", time.monotonic())  # a retry counts from the first attempt
+                    done = job()
+                    timing["write_s"] = time.monotonic() - timing["began"]
+                    return done
+
+                self.writer.submit(write)  # waits for the previous write first
+                self.record_ended()  # the previous save: its write has ended
+                self.pending = _PendingSave(pos.epoch, pos.step, time.monotonic() - began, timing)
+        if final:
+            waited = time.monotonic()
+            try:
+                self.writer.wait(retry=True)  # nothing in flight on a rank that writes nothing
+            except BaseException as e:
+                self.error = e
+                if isinstance(e, OSError):  # the disk: one line; anything else as it is
+                    raise SavingFailed(self.failed_message(e, pos.step)) from e
+                raise
+            pending = self.pending
+            if pending is not None and pending.step == pos.step:  # this position's save is the last one
+                pending.stall_s += time.monotonic() - waited
+                pending.final = True
+            self.record_ended()
+
+    def record_ended(self, only_if_written: bool = False) -> None:
+        """Record the pending save (its write has ended, or never will). `only_if_written`: only once its
+        background write is done (the loop asks every step)."""
+        pending = self.pending
+        if pending is None or (only_if_written and "write_s" not in pending.timing):
+            return
+        self.pending = None
+        self.record(
+            pending.epoch, pending.step, pending.stall_s, pending.timing.get("write_s"), pending.final
+        )
+
+    def check(self) -> float:
+        """Every step, without waiting: book a write that ended, start a retry that is due. What this rank's
+        writer says for the per-step all-reduce (SAVING_*)."""
+        fatal = self.writer.check()
+        if fatal is None:
+            return SAVING_OK
+        return SAVING_NONFINITE if isinstance(fatal, NonFinite) else SAVING_FAILED
+
+    def stop(self, code: float, step: int) -> BaseException:
+        """The error every rank raises at `step` once some rank's writer gave up (`code`: the all-reduced
+        SAVING_* number)."""
+        error = self.error = self.writer.fatal
+        if isinstance(error, OSError):  # the disk: one line
+            stop = SavingFailed(self.failed_message(error, step))
+            stop.__cause__ = error
+            return stop
+        if error is not None:  # non-finite weights (one line), or a bug (its traceback)
+            return error
+        # Only a consequence of rank 0's error (its own one line says why): worded so that the supervisor reads
+        # it as one (hpc_ddp.run.retry.SECONDARY) and names rank 0, whichever rank's note came first.
+        message = (
+            f"rank 0 failed (it could not write checkpoints, see its log); every rank stopped with it at "
+            f"step {step}"
+        )
+        return NonFinite(message) if code == SAVING_NONFINITE else SavingFailed(message)
+
+    def failed_message(self, error: BaseException, step: int) -> str:
+        last = store.read_latest(self.folder)
+        kept = f"the last checkpoint written, {last}, is kept" if last else "no checkpoint was written"
+        writer = self.writer
+        tries = (
+            f" after {writer.failures} attempts in {writer.failing_for():.3g} s"
+            if writer.failures > 1
+            else ""
+        )
+        return (
+            f"checkpoints cannot be written to {store.ckpt_dir(self.folder)}{tries}: "
+            f"{describe(error)}. Every rank stops at step {step} so that no more work depends "
+            f"on a save that does not happen; {kept}. Fix: free space (or quota) there, then run the same "
+            "command to resume"
+        )
+
+    def last_durable(self) -> Path | None:
+        """The newest checkpoint, once the write in flight has ended (its failure, if any, is reported by
+        `check`, `save` or `close`)."""
+        with contextlib.suppress(Exception):
+            self.writer.wait()
+        return store.read_latest(self.folder)
+
+    # ----- loading --------------------------------------------------------------------------------------------
+    def load(self, path: Path, verify: bool = True) -> list[str]:
+        """Every rank: load checkpoint `path` (by its own format) into the parts; returns what it changed
+        (notes to say once training starts)."""
+        return self.restore(formats.open_checkpoint(path, verify=verify), path)
+
+    def restore(self, opened: Opened, path: Path) -> list[str]:
+        """Give each part its state from `opened`, after checking it fits this run (CheckpointError)."""
+        resume.check_compatible(opened.meta, path, self.cfg, self.env.world_size, formats.format_of(path))
+        ctx = Loading(path, opened.meta, self.cfg)
+        for part in self.parts:
+            part.load_state_dict(opened.state_of(part, self.env.rank), ctx)
+        return ctx.notes
+
+    # ----- end of life ----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait until the checkpoint in flight is durable and record it; the writer's error, if any, is raised
+        (unless it is the one that already stopped the run)."""
+        try:
+            self.writer.wait()
+        except BaseException as e:
+            if e is not self.error:  # it stopped the run: reported already
+                raise
+        finally:
+            with contextlib.suppress(OSError):  # a record lost to a full disk must not hide the error
+                self.record_ended()  # its write ended, durable or not

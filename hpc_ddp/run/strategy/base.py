@@ -1,0 +1,137 @@
+"""The strategy interface: how the model is spread over the ranks and kept in step.
+
+The training loop (hpc_ddp.run.trainer) never names DDP: it asks its strategy to wrap the model and build the
+optimizer (in that order, `setup`), for the context of a micro-batch whose gradients must not be synchronised
+yet (`no_sync`), the forward's autocast, a mark when backward's gradients are all computed, clipping, each
+state to save and load, the full weights for `model.pth`, the end-of-training check that the ranks agree, and
+the release of everything that holds the process group (`close`). Today's strategy is DDP (ddp.py); FSDP is
+one more file beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from hpc_ddp.cluster.env import DistEnv
+from hpc_ddp.errors import CheckpointError
+from hpc_ddp.log import RankLog
+from hpc_ddp.run.config import TrainConfig
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+class Strategy(ABC):
+    """One rank's share of the model and its optimizer. Build it, then `setup`; `close` on every path before
+    the process group is destroyed (idempotent)."""
+
+    name: ClassVar[str]  # what --strategy calls it
+    shards_state: ClassVar[bool] = (
+        False  # model and optimizer state: a shard per rank (else the same everywhere)
+    )
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device) -> None:
+        self.cfg, self.env, self.device = cfg, env, device
+        self.model: nn.Module  # the user's model (after setup, on this rank's device)
+        self.wrapped: nn.Module | None = None  # what the loop calls forward on: the synchronised module
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+        # fp16 needs loss scaling; bf16 has float32's range and does not.
+        self.scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
+
+    # ----- building ---------------------------------------------------------------------------------------
+    def setup(self, model: nn.Module, optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Wrap `model`, then build the optimizer over the parameters it must step: always in this order (FSDP's
+        parameters only become the sharded ones once wrapped). Returns the wrapped module and the optimizer."""
+        self.model = model
+        self.wrapped = self.wrap(model)
+        self.optimizer = optimizer(self.parameters())
+        return self.wrapped, self.optimizer
+
+    @abstractmethod
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Put `model` on this rank's device and wrap it; keep the wrapper in `self.wrapped` as soon as it
+        exists (a later error must find it to release it)."""
+
+    def parameters(self) -> Iterable[nn.Parameter]:
+        """What the optimizer steps (and clipping clips)."""
+        return self.model.parameters()
+
+    # ----- each step ----------------------------------------------------------------------------------------
+    @abstractmethod
+    def no_sync(self) -> contextlib.AbstractContextManager[Any]:
+        """Around a micro-batch that is not the step's last (--grad-accum): its gradients accumulate locally."""
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Around the forward and the loss (--amp)."""
+        return torch.autocast(
+            self.device.type,
+            dtype=self.autocast_dtype or torch.float32,
+            enabled=self.autocast_dtype is not None,
+        )
+
+    @abstractmethod
+    def on_backward_end(self, loss: torch.Tensor, callback: Callable[[], None]) -> None:
+        """Have `callback()` run once backward from `loss` has computed every gradient, before this rank waits
+        for their synchronisation to end (the hang beacon's "gradient all-reduce" starts there)."""
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clip the gradients to a total norm of `max_norm`; returns the norm before clipping (not synced)."""
+        return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
+
+    # ----- state --------------------------------------------------------------------------------------------
+    def model_state(self) -> dict[str, Any]:
+        """The model's state as the checkpoint holds it (this rank's shard when `shards_state`)."""
+        return self.model.state_dict()
+
+    def load_model_state(self, state: dict[str, Any], path: Path) -> None:
+        load_model_state(self.model, state, path)
+
+    def optimizer_state(self) -> dict[str, Any]:
+        assert self.optimizer is not None, "the strategy was closed"
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        assert self.optimizer is not None, "the strategy was closed"
+        self.optimizer.load_state_dict(state)
+
+    @abstractmethod
+    def full_model_state(self) -> dict[str, Any] | None:
+        """A collective: the plain state dict of the whole bare model (what `model.pth` holds, loadable into the
+        user's model) on rank 0, None elsewhere."""
+
+    @abstractmethod
+    def nonfinite_parameters(self) -> list[str]:
+        """A collective: the names of the parameters holding NaN or infinity anywhere (the same on every rank)."""
+
+    @abstractmethod
+    def check_in_sync(self, log: RankLog) -> None:
+        """A collective at the end of training: prove the ranks hold the model they should (NonFinite if the
+        weights are not finite; a warning if replicas differ)."""
+
+    def close(self) -> None:
+        """Drop what holds the process group (the wrapper) and the optimizer. `model` stays readable."""
+        self.wrapped = None
+        self.optimizer = None
+
+
+def load_model_state(model: nn.Module, state: dict[str, Any], path: Path) -> None:
+    """load_state_dict, with a mismatch reported as a CheckpointError naming the keys."""
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # same names, other shapes
+        raise CheckpointError(
+            f"checkpoint {path} is for a different model: {str(e).splitlines()[-1].strip()[:300]}. "
+            "Fix: the same --task, or another --folder"
+        ) from e
+    if result.missing_keys or result.unexpected_keys:
+        raise CheckpointError(
+            f"checkpoint {path} is for a different model: missing {list(result.missing_keys)[:5]}, "
+            f"unexpected {list(result.unexpected_keys)[:5]}. Fix: the same --task, or another --folder"
+        )
