@@ -55,9 +55,12 @@ from hpc_ddp.launch.slurm.request import (
     submit_environ,
     with_batch_steps,
 )
+from hpc_ddp.ledger import attempts, outcomes
+from hpc_ddp.ledger import preemption as preemption_record
+from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.log import TracebackFold
-from hpc_ddp.run import attempts, preemption, progress, watchdog
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run import preemption, progress
 
 if TYPE_CHECKING:
     from hpc_ddp.launch.shape import JobShape
@@ -376,8 +379,7 @@ def _show_attempts(folder: Path, job_id: str, seen: int, out: TextIO) -> int:
     how it ended comes through the batch log (hpc_ddp.launch.slurm.batch). Returns the starts seen so far."""
     started = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.started is not None]
     for a in started[seen:]:
-        resumed = f"resumed from step {a.resumed_from}" if a.resumed_from is not None else "from the start"
-        out.write(f"[submit] attempt {a.number} on {','.join(a.nodes) or '?'}: {resumed}\n")
+        out.write(f"[submit] {attempts.start_line(a)}\n")
         out.flush()
     return max(seen, len(started))
 
@@ -401,7 +403,7 @@ def _over(job_id: str, folder: Path, state: JobState, done_since: float) -> bool
     ):
         return False
     ends = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.ended is not None]
-    requeued = bool(ends) and ends[-1].decision == attempts.REQUEUE or state.state == "NODE_FAIL"
+    requeued = bool(ends) and ends[-1].decision == outcomes.REQUEUE or state.state == "NODE_FAIL"
     return not requeued or time.monotonic() - done_since > REQUEUE_GRACE_S
 
 
@@ -413,15 +415,15 @@ def report(
     def say(text: str) -> None:
         print(f"[submit] {text}", file=out, flush=True)
 
-    saved = run_folder.preempted_since(folder, submitted_at)
+    saved = preemption_record.since(folder, submitted_at)
     resume = f"; the ranks saved a checkpoint first: run the same command to resume from {folder}"
     if state.state == "COMPLETED":
         say(f"job {job_id} completed; run folder {folder}")
         return exitcodes.OK
     # A hang verdict decides, not the exit code alone: srun reports the highest task code or 128+signal.
-    verdict = watchdog.read_verdict(folder, since=submitted_at)
+    verdict = hang_verdict.read(folder, since=submitted_at)
     if verdict is not None and state.state != "CANCELLED":
-        say(f"job {job_id}: {verdict.get('line', 'hang')}; every rank's report: {folder / watchdog.VERDICT}")
+        say(f"job {job_id}: {verdict.get('line', 'hang')}; every rank's report: {hang_verdict.path(folder)}")
         return exitcodes.HANG
     if state.state == "FAILED" and state.exit_code == exitcodes.NONFINITE:
         say(
@@ -446,7 +448,7 @@ def report(
     signal = f", signal {state.signal}" if state.signal else ""
     say(f"job {job_id} {how} (exit code {state.exit_code}{signal})")
     ends = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.ended is not None]
-    if ends and ends[-1].decision == attempts.STOP:
+    if ends and ends[-1].decision == outcomes.STOP:
         # The batch shell's `end` step showed the first error's traceback and every attempt (above): once.
         last = ends[-1]
         who = (
@@ -458,7 +460,8 @@ def report(
             f"{who}{last.reason}; after {len(ends)} attempt(s) the job stopped: its traceback and every attempt "
             "are shown above"
         )
-    elif state.state != "CANCELLED":
+        return outcomes.exit_code(last.outcome)  # as the batch shell's `end` step exited
+    if state.state != "CANCELLED":
         _show_failure(job_id, folder, world_size, say)
     return exitcodes.USAGE if state.exit_code == exitcodes.USAGE else exitcodes.FAILED
 
