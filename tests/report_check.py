@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from conftest import die_with_test, run_module
 
+from hpc_ddp.ledger import attempts as attempts_record
 from hpc_ddp.report import timeline
 from hpc_ddp.report.sources import read_run
-from hpc_ddp.run import attempts as attempts_record
 from hpc_ddp.run.metrics import read_records
 
 CHROMIUM_TIMEOUT_S = 90
@@ -166,7 +166,7 @@ class RecordFacts:
     lost_steps: int | None  # attempts.jsonl: sum of step - checkpoint over attempts that did not complete
     recorded: tuple[
         attempts_record.Attempt, ...
-    ] = ()  # attempts.jsonl as the kit reads it (run.attempts.read)
+    ] = ()  # attempts.jsonl as the kit reads it (ledger.attempts.read)
 
 
 def record_facts(folder: Path) -> RecordFacts:
@@ -194,7 +194,7 @@ def record_facts(folder: Path) -> RecordFacts:
 
 def assert_report_matches_records(checked: Checked, folder: Path) -> RecordFacts:
     """The report's steps, losses, attempts and lost steps are the ones the run's files hold; with an
-    attempts.jsonl, the page's attempts table says, row by row, what hpc_ddp.run.attempts reads from it."""
+    attempts.jsonl, the page's attempts table says, row by row, what hpc_ddp.ledger.attempts reads from it."""
     facts = record_facts(folder)
     s = checked.summary
     assert (s.steps, s.final_loss, s.best_loss) == (facts.steps, facts.final_loss, facts.best_loss)

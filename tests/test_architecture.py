@@ -16,7 +16,7 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "hpc_ddp"
 # Lowest first. A module may import its own layer and the ones before it.
-LAYERS = ("base", "cluster", "run", "launch", "tools", "entry")
+LAYERS = ("base", "cluster", "ledger", "run", "launch", "tools", "entry")
 BASE = {
     "hpc_ddp._version",
     "hpc_ddp.cli",
@@ -24,11 +24,13 @@ BASE = {
     "hpc_ddp.exitcodes",
     "hpc_ddp.log",
     "hpc_ddp.proc",
+    "hpc_ddp.variables",
 }
 ENTRY = {"hpc_ddp", "hpc_ddp.__main__", "hpc_ddp.train", "hpc_ddp.submit"}
 PACKAGES = {
     "hpc_ddp.cluster": "cluster",
     "hpc_ddp.dist": "cluster",
+    "hpc_ddp.ledger": "ledger",
     "hpc_ddp.run": "run",
     "hpc_ddp.launch": "launch",
     "hpc_ddp.doctor": "tools",

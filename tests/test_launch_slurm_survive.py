@@ -21,7 +21,7 @@ from conftest import clean_environ
 from test_launch_slurm_submit import HANG_GUARD_S, run_submit, sacct_records, start_submit
 
 from hpc_ddp.launch.slurm import submitter
-from hpc_ddp.run import attempts
+from hpc_ddp.ledger import attempts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(240)]
 

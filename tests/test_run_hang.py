@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from conftest import clean_environ, die_with_test
 from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
@@ -71,6 +74,8 @@ def test_a_rank_stuck_in_its_loss_function_is_named_with_its_line(tmp_path: Path
     assert {r["rank"] for r in verdict["reports"]} == {0, 1}
     assert "in loss_fn" in (tmp_path / "logs" / "rank1.log").read_text()  # its full stack, in its log
     assert took < THRESHOLD_S + 10, f"detected after {took:.1f} s"
+    # Once on the console: the launcher's line (before, rank 0's own copy came first).
+    assert sum("hang at step 3: rank 1 (" in line for line in out.splitlines()) == 1, out
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
@@ -215,3 +220,34 @@ def test_dataloader_workers_that_start_slowly_each_epoch_raise_no_alarm(tmp_path
     )
     assert code == 0, out
     assert "hang" not in out.lower() and not (tmp_path / "hang.json").exists(), out
+
+
+def test_a_hang_without_a_launcher_releases_the_run_folder(tmp_path: Path) -> None:
+    """A single task (as under srun or torchrun: no local launcher holds the folder for it) that hangs leaves
+    with the watchdog's os._exit, which runs no `finally`: before, its run.lock stayed behind, and from another
+    host a new run was refused (and the report said "running") for 60 s."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpc_ddp.train",
+            "--folder",
+            str(tmp_path),
+            "--task",
+            "hang_tasks:in_loss",
+            "--epochs",
+            "3",
+            "--hang-timeout-s",
+            str(THRESHOLD_S),
+        ],
+        env=clean_environ(HANG_RANK="0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=die_with_test,
+    )
+    code, out = finish(proc, timeout=90)
+    assert code == exitcodes.HANG, out
+    assert (tmp_path / "hang.json").is_file()
+    assert not (tmp_path / "run.lock").exists(), out
+    assert out.count("hang at step 3: rank 0 (") == 1, out  # no supervisor of the kit: the rank says it

@@ -1,5 +1,5 @@
 """The retry rules without a run: judging an attempt's end, deciding what comes next, the attempts record, and
-the batch step's readings of Slurm's output (hpc_ddp.run.retry, hpc_ddp.run.attempts,
+the batch step's readings of Slurm's output (hpc_ddp.launch.retry, hpc_ddp.ledger.attempts,
 hpc_ddp.launch.slurm.batch)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.launch import retry
 from hpc_ddp.launch.slurm import batch
-from hpc_ddp.run import attempts, retry
-from hpc_ddp.run.attempts import Attempt
+from hpc_ddp.ledger import attempts
+from hpc_ddp.ledger.attempts import Attempt
 
 
 def note(rank: int, kind: str, message: str, t: float, node: str = "n1", again: bool = True) -> dict:

@@ -14,10 +14,10 @@ from typing import Any
 
 from hpc_ddp import proc
 from hpc_ddp.errors import UsageError
+from hpc_ddp.ledger import attempts
+from hpc_ddp.ledger.attempts import ATTEMPTS  # written by rank 0 (start) and the supervisor (end)
 from hpc_ddp.report.records import AttemptLine, merge_attempt_lines
 from hpc_ddp.report.timeline import Window
-from hpc_ddp.run import attempts
-from hpc_ddp.run.attempts import ATTEMPTS  # written by rank 0 (start) and the supervisor (end)
 from hpc_ddp.run.folder import CHECKPOINTS, METRICS, RUN_RECORD, is_held
 from hpc_ddp.run.metrics import read_records
 

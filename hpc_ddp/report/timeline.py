@@ -45,7 +45,7 @@ from hpc_ddp.report.records import (
 # Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
 # count as failures for the MTBF. A preemption saves at an agreed step and loses nothing (unless it lost
 # steps: then it counts too).
-FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost"})  # hpc_ddp.run.attempts.FAILURES
+FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost"})  # hpc_ddp.ledger.outcomes.FAILURES
 
 
 @dataclass(frozen=True)

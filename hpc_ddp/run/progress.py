@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpc_ddp.variables import LIVE_PROGRESS
+
 # A live line travels from rank 0 to the local launcher as one whole line that starts with this, the
 # terminal's "carriage return, erase to end of line": the launcher shows it in place (and keeps it out of the
 # per-rank log, which gets rank 0's plain periodic lines instead). No program prints it at the start of a line
@@ -25,7 +27,7 @@ from typing import Any, TextIO
 LIVE = "\r\x1b[K"
 # Set by the local launcher in its ranks' environment when its console is a terminal: rank 0's stdout is a
 # pipe to the launcher, so rank 0 cannot see the terminal itself.
-LIVE_VAR = "HPC_DDP_LIVE_PROGRESS"
+LIVE_VAR = LIVE_PROGRESS
 RECENT_STEPS = 20  # the ETA comes from the mean step time of this many recent steps
 
 

@@ -4,9 +4,9 @@ Ranks reading a shared filesystem on their own can disagree (a file visible on o
 another, KempnerForge #49), and then load different states or deadlock. So rank 0 alone looks, and the
 others receive its answer: a path, None (start fresh), or an error message that every rank raises.
 
-`--resume never` and `--resume PATH` apply to a run's first start only. A restarted run (SLURM_RESTART_COUNT
-> 0: a requeue, or the local launcher's restart) always continues from its own latest checkpoint (or, before
-it wrote one, from where its first start began); anything else would start over, or go back to a stale file,
+`--resume never` and `--resume PATH` apply to a run's first start only. A restarted run (DistEnv.restart > 0:
+a requeue, the local launcher's restart, a torchrun round after the first) always continues from its own
+latest checkpoint (or, before it wrote one, from where its first start began); anything else would start over, or go back to a stale file,
 after every preemption.
 
 Deciding and changing are two steps: `plan` only looks (rank 0, before anything else is checked), `apply`
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, UsageError
 from hpc_ddp.run.checkpoint import durable, formats, store
 from hpc_ddp.run.checkpoint.format import Format
@@ -35,10 +36,6 @@ from hpc_ddp.run.folder import MODEL, TENSORBOARD, atomic_write_bytes, fsync_dir
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
 MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp")
-
-
-def is_restart(environ: Mapping[str, str]) -> bool:
-    return int(environ.get("SLURM_RESTART_COUNT") or 0) > 0
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,7 @@ def choose(
 
 def plan(cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Callable[[str], None]) -> Plan:
     """Rank 0: where to start, changing nothing. Raises UsageError/CheckpointError for the user."""
-    restart = is_restart(environ)
+    restart = restart_count(environ) > 0  # DistEnv.restart: the one reader of the restart variables
     mode = "auto" if restart else cfg.resume
     if mode == "auto":
         found = formats.find_resumable(folder, warn)

@@ -10,9 +10,13 @@ been in the same phase at the same step for longer than the hang threshold, it d
    the rest in the next collective), so every watchdog fires at about the same time.
 2. It waits up to `WINDOW_S` for the other ranks' reports. The lowest rank that reported claims the verdict
    (an O_EXCL file, so exactly one writes it), decides it (`run/verdict.py`), and writes `<folder>/hang.json`
-   atomically; the others wait for that file. Every rank prints the verdict line and its own stack to its log.
+   atomically, through the ledger (hpc_ddp.ledger.verdict); the others wait for that file. Every rank prints
+   its own stack to its log; the verdict's line is printed once: by the rank that decided it, or, under a
+   supervisor of the kit (the local launcher, a kit batch script), by that supervisor.
 3. Every rank that can still run exits with `exitcodes.HANG` (os._exit, from this thread: the main thread is
-   the one that is stuck). srun, torchrun and the local launcher then end the step; they read hang.json.
+   the one that is stuck), after releasing the run folder's lock if it holds it (rank 0 under srun or
+   torchrun: os._exit runs no `finally`). srun, torchrun and the local launcher then end the step; they read
+   hang.json.
 
 What can run when: a main thread blocked in a gloo or NCCL wait, in `time.sleep` or in I/O releases the GIL,
 so this thread runs. One stuck in native code that holds the GIL stops every Python thread, this one too.
@@ -41,7 +45,9 @@ from types import FrameType
 from typing import Any
 
 from hpc_ddp import exitcodes
+from hpc_ddp.ledger import verdict as ledger_verdict
 from hpc_ddp.run import beacon as phases
+from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import workers
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.verdict import decide
@@ -55,7 +61,7 @@ BACKSTOP_MARGIN_S = 10.0  # faulthandler fires this long after threshold + windo
 HANG_DIR = "hang"
 DEFERRED = "deferred.json"  # in a diagnosis round: a peer was busy within its own limit, not hung
 ANSWER_EVERY_S = 2.0  # a rank in a long phase past the steady limit looks for a diagnosis this often
-VERDICT = "hang.json"
+VERDICT = ledger_verdict.VERDICT
 
 
 def threshold_s(
@@ -131,16 +137,6 @@ class Identity:
     run_id: str  # job id and restart: reports of a requeued run never mix with the last one's
 
 
-def _write_json(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class Watchdog:
     """Start it once training is about to begin, stop it before teardown (see the module docstring)."""
 
@@ -152,9 +148,10 @@ class Watchdog:
         setting: float | None,
         timeout_s: float,
         step_times: Callable[[], Sequence[float]],
-        say: Callable[[str], None],
+        say: Callable[[str], None] | None,
         leave: Callable[[int], Any] = exitcodes.leave,
     ) -> None:
+        """`say` prints the verdict's line on the job's console (None: a supervisor of the kit prints it)."""
         self.beacon, self.who, self.folder, self.setting, self.timeout_s = (
             beacon,
             who,
@@ -256,7 +253,7 @@ class Watchdog:
         mine = self.report(phase, step, stalled)
         mine.update(busy=True, limit_s=round(self.limit(), 1))
         with contextlib.suppress(OSError):  # the folder is gone: the peers judge without this report
-            _write_json(where / f"rank-{self.who.rank}.json", mine)
+            ledger_verdict.write_json(where / f"rank-{self.who.rank}.json", mine)
 
     # ----- diagnosis ------------------------------------------------------------------------------------
     def report(self, phase: str, step: int, stalled: float) -> dict[str, Any]:
@@ -283,7 +280,7 @@ class Watchdog:
             where = self._round()
             mine = self.report(phase, step, stalled)
             _add_worker_stacks(mine)
-            _write_json(where / f"rank-{who.rank}.json", mine)
+            ledger_verdict.write_json(where / f"rank-{who.rank}.json", mine)
             reports = self._collect(where)
             verdict, decided = self._verdict(where, reports)
             if verdict.get("reason") == "busy":
@@ -295,12 +292,13 @@ class Watchdog:
                     self.say(verdict["line"])
                 return False
             line = verdict.get("line", "hang: no verdict was written in time; see every rank's log")
-            # The verdict once on the job's console (by the rank that decided it); every rank's own report in
-            # its log only: unprefixed lines of ranks other than 0 stay out of the local launcher's console.
-            if decided:
+            # The verdict once on the job's console (by the rank that decided it, unless a supervisor of the
+            # kit prints it); every rank's own report in its log only: unprefixed lines of ranks other than 0
+            # stay out of the local launcher's console.
+            if decided and self.say is not None:
                 self.say(line)
             _raw(
-                ("" if decided else f"{line}\n")
+                ("" if decided or self.say is None else f"{line}\n")
                 + f"hpc_ddp: rank {who.rank} was in {phase} at step {step} for "
                 f"{stalled:.0f} s; its stacks:\n{mine['stack']}"
                 + "".join(
@@ -309,11 +307,12 @@ class Watchdog:
                 )
             )
         except Exception as e:  # the run folder is gone or read-only: still end, never hang here
-            self.say(
+            (self.say or _raw)(
                 f"hang: rank {who.rank} stalled in {phase} at step {step} for {stalled:.0f} s, and its "
                 f"report could not be written ({e})"
             )
         _end_children()
+        run_folder.release_held()  # os._exit runs no `finally`: the lock rank 0 holds goes first
         self.leave(exitcodes.HANG)
         return True
 
@@ -333,7 +332,7 @@ class Watchdog:
     def _verdict(self, where: Path, reports: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
         """The round's decision, and whether this rank made it: a hang verdict (hang.json) or a deferral
         (`<round>/deferred.json`). The lowest rank that diagnosed decides (a busy rank only answered)."""
-        verdict_path = self.folder / VERDICT
+        verdict_path = ledger_verdict.path(self.folder)
         deferred_path = where / DEFERRED
         lowest = min((int(r["rank"]) for r in reports if not r.get("busy")), default=self.who.rank)
         if lowest == self.who.rank:
@@ -346,7 +345,10 @@ class Watchdog:
                 record.update(
                     run_id=self.who.run_id, round=where.name, decided_by=self.who.rank, reports=reports
                 )
-                _write_json(deferred_path if record.get("reason") == "busy" else verdict_path, record)
+                if record.get("reason") == "busy":
+                    ledger_verdict.write_json(deferred_path, record)
+                else:
+                    ledger_verdict.write(self.folder, record)
                 return record, True
         deadline = time.monotonic() + 2 * WINDOW_S
         while time.monotonic() < deadline:
@@ -407,15 +409,3 @@ def _raw(text: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-
-
-def read_verdict(folder: Path, since: float = 0.0) -> dict[str, Any] | None:
-    """The hang verdict of a run folder, if one was written after `since` (epoch seconds); for launchers."""
-    path = folder / VERDICT
-    try:
-        if path.stat().st_mtime < since:
-            return None
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None

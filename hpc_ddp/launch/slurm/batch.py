@@ -8,7 +8,7 @@
 Why the batch shell: it is the one process of the job that outlives every task, so the decision about an
 attempt runs even when every task died (a node lost, a rank SIGKILLed, a hang verdict). `end` reads what the
 attempt left (the ranks' exit notes, hang.json, preempted.json, srun's "task N: Killed" lines, Slurm's view of
-the job and its nodes), judges the first cause (hpc_ddp.run.retry), appends the attempt's end to
+the job and its nodes), judges the first cause (hpc_ddp.launch.retry, through hpc_ddp.launch.supervisor), appends the attempt's end to
 attempts.jsonl, and acts:
 
 - finished: exit 0. A preemption the ranks agreed to requeue: `scontrol requeue` (the tasks run with
@@ -41,12 +41,16 @@ from typing import Any, NoReturn
 
 from hpc_ddp import exitcodes, proc
 from hpc_ddp.cli import build_parser
+from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.cluster.hostlist import expand
 from hpc_ddp.errors import UsageError, run_main
-from hpc_ddp.run import attempts as record
-from hpc_ddp.run import exits, retry, watchdog
+from hpc_ddp.launch import retry, supervisor
+from hpc_ddp.ledger import attempts as record
+from hpc_ddp.ledger import exits, outcomes, preemption
+from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
+from hpc_ddp.variables import FOLDER_FILE
 
 PROG = "python -m hpc_ddp.launch.slurm.batch"
 STATE = "batch.json"  # in exits/<job>-<restart>/: when this attempt began, where its srun lines start
@@ -146,8 +150,9 @@ def _identity(environ: Mapping[str, str]) -> tuple[str, int]:
     job = environ.get("SLURM_JOB_ID") or ""
     if not job:
         raise UsageError("SLURM_JOB_ID is not set: this runs in a Slurm batch script (slurm/ddp.sbatch)")
-    text = environ.get("SLURM_RESTART_COUNT") or "0"
-    return job, int(text) if text.isdigit() else 0
+    return job, restart_count(
+        environ
+    )  # the batch shell is no srun step: the job's count, as its tasks read it
 
 
 def _state_path(folder: Path, job: str, restart: int) -> Path:
@@ -165,7 +170,8 @@ def _read_state(folder: Path, job: str, restart: int) -> dict[str, Any]:
 def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
     cfg, folder = _resolve(argv, environ)
     job, restart = _identity(environ)
-    history = record.of_job(record.read(folder), job)
+    journal = supervisor.Journal(folder)
+    history = journal.history(job)
     for open_attempt in [a for a in history if a.restart < restart and a.ended is None]:
         # Its batch shell died before its `end` (its node went down with it, most likely): close it now.
         nodes = list(open_attempt.nodes)
@@ -176,23 +182,22 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
         if not down:
             ending = replace(
                 ending,
-                outcome=record.LOST,
+                outcome=outcomes.LOST,
                 reason="its batch shell ended without a word (the node it ran on failed, or it was killed)",
                 signature="lost",
             )
-        before = [a for a in history if a.number < open_attempt.number]
-        closed = retry.close(
-            open_attempt,
+        closed = supervisor.end_attempt(
+            journal,
+            job,
+            open_attempt.restart,
             ending,
-            record.step_reached(folder, open_attempt.started or 0),
-            record.checkpoint_step(folder),
-            time.time(),
+            _budgets(cfg),
+            began=open_attempt.started or 0,
+            checkpoint=supervisor.latest_step(folder),
         )
-        decision = retry.decide(before, closed, cfg.max_restarts)
-        record.record_end(folder, replace(closed, decision=decision.action, exclude=decision.exclude))
-        say(f"attempt {closed.number} {closed.outcome}: {closed.reason}; {decision.message}")
-        if decision.action == record.STOP:
-            say(f"job {job} stops here: {decision.message}")
+        say(closed.line)
+        if closed.decision.action == outcomes.STOP:
+            say(f"job {job} stops here: {closed.decision.message}")
             return exitcodes.FAILED
     offset = 0
     if log:
@@ -206,7 +211,7 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
         run_folder.atomic_write_bytes(
             where / STATE, json.dumps({"began": time.time(), "log": log, "offset": offset}).encode()
         )
-    number = len(history) + 1
+    number = len(journal.history(job)) + 1
     say(
         f"attempt {number} of job {job} (restart {restart}) on {environ.get('SLURM_JOB_NODELIST', '?')}; run "
         f"folder {folder.absolute()}"
@@ -230,7 +235,7 @@ def _told_folder(environ: Mapping[str, str]) -> Path | None:
     """The run folder global rank 0 resolved and wrote to HPC_DDP_FOLDER_FILE (slurm/ddp.sbatch), if any: the
     tasks may resolve it otherwise than these options say (an edited srun line, srun's --chdir)."""
     try:
-        text = Path(environ.get(run_folder.FOLDER_FILE_VAR) or "").read_text().strip()
+        text = Path(environ.get(FOLDER_FILE) or "").read_text().strip()
     except OSError:
         return None
     return Path(text) if text else None
@@ -246,70 +251,81 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str]) 
         return status
     job, restart = _identity(environ)
     state = _read_state(folder, job, restart)
-    history = record.of_job(record.read(folder), job)
-    this = record.find(history, job, restart) or record.Attempt(job, restart, number=len(history) + 1)
-    began = float(state.get("began") or this.started or 0)
-    history = [a for a in history if a.key != this.key]
+    journal = supervisor.Journal(folder)
+    this = record.find(journal.history(job), job, restart)
+    began = float(state.get("began") or (this.started if this else 0) or 0)
     fields = _job(job)
     slurm_requeued = fields.get("JobState", "") in HELD_STATES or int(fields.get("Restarts") or 0) > restart
-    nodes = list(this.nodes) or _hosts(environ.get("SLURM_JOB_NODELIST", ""))
+    nodes = (list(this.nodes) if this else []) or _hosts(environ.get("SLURM_JOB_NODELIST", ""))
     # This attempt's own preemption record only: an older one (kept for the user) is no decision about it.
-    fresh = status == exitcodes.PREEMPTED and run_folder.preempted_since(folder, began)
-    preempted = run_folder.read_preempted(folder) if fresh else None
+    preempted = preemption.read_since(folder, began) if status == exitcodes.PREEMPTED else None
+    by_rank0 = preempted is not None and preempted.mode == "scontrol"  # rank 0 decided and requeued itself
     evidence = retry.Evidence(
         code=status,
-        rank_nodes=this.ranks,
+        rank_nodes=this.ranks if this else (),
         notes=tuple(exits.read(folder, job, restart)),
-        verdict=watchdog.read_verdict(folder, since=began) if began else None,
+        verdict=hang_verdict.read(folder, since=began) if began else None,
         killed=srun_deaths(_srun_lines(state, log)),
         requeue=preempted.requeue if preempted else None,
+        rank0_requeued=(bool(preempted.requeued) if by_rank0 and preempted else None),
         down=_down(nodes) if status != exitcodes.OK else (),
         node_fail=slurm_requeued and status != exitcodes.OK,
     )
-    ending = retry.judge(evidence)
-    this = retry.close(
-        this, ending, record.step_reached(folder, began), record.checkpoint_step(folder), time.time()
+    closed = supervisor.end_attempt(
+        journal,
+        job,
+        restart,
+        evidence,
+        _budgets(cfg),
+        began=began,
+        checkpoint=supervisor.latest_step(folder),
+        adjust=lambda _this, decision: _fits(decision, fields),
+        exclude=lambda decision: _excluded(decision, fields),
     )
-    decision = retry.decide(history, this, cfg.max_restarts, retryable=ending.retryable)
-    exclude = decision.exclude
-    if decision.action == record.REQUEUE and exclude:
-        needed = int(fields.get("NumNodes", "1").split("-")[0] or 1)
-        exclude = tuple(dict.fromkeys([*_hosts(fields.get("ExcNodeList", "")), *exclude]))
-        usable = retry.usable(_states(partition=fields.get("Partition", "")), exclude)
-        if len(usable) < needed:
-            decision = retry.Decision(
-                record.STOP,
-                f"cannot requeue: the job needs {needed} node(s) and only "
-                f"{len(usable)} usable one(s) remain in partition "
-                f"{fields.get('Partition', '?')} once {','.join(exclude)} are "
-                "excluded (the others are down, drained or excluded)",
-                exclude,
-            )
-    if record.worth_recording(this):
-        record.record_end(folder, replace(this, decision=decision.action, exclude=exclude))
-    if this.outcome == record.HANG:
-        say(f"{this.reason}; every rank's report: {folder / watchdog.VERDICT}")
-    _tell(this, decision, slurm_requeued)
-    if decision.action == record.DONE:
+    this, decision, ending = closed.attempt, closed.decision, closed.ending
+    if this.outcome == outcomes.HANG:
+        say(f"{this.reason}; every rank's report: {hang_verdict.path(folder)}")
+    say(closed.line + (" (Slurm requeued the job itself)" if slurm_requeued else ""))
+    if not journal.flush():
+        say(journal.lost())
+    if decision.action == outcomes.DONE:
         return exitcodes.OK
-    if decision.action == record.REQUEUE:
+    if decision.action == outcomes.REQUEUE:
         # Rank 0 requeued the job itself after an agreed save (--requeue-by scontrol): nothing left to do here.
-        by_rank0 = preempted is not None and preempted.mode == "scontrol"
-        code = _requeue(job, exclude, fields, already=slurm_requeued) if not by_rank0 else exitcodes.OK
+        code = _requeue(job, this.exclude, fields, already=slurm_requeued) if not by_rank0 else exitcodes.OK
         return status if code == exitcodes.OK else code  # a requeued job's shell ends as its tasks did
-    _stop(job, this, ending, decision, record.of_job(record.read(folder), job))
-    return _stop_code(ending.outcome, status)
+    _stop(job, ending, decision, journal.history(job))
+    return outcomes.exit_code(this.outcome)
 
 
-def _tell(this: record.Attempt, decision: retry.Decision, slurm_requeued: bool) -> None:
-    if this.outcome == record.COMPLETED:
-        say(f"attempt {this.number} completed")
-        return
-    where = f" on {this.node}" if this.node else ""
-    who = f" (rank {this.rank})" if this.rank is not None else ""
-    blame = "; the node is blamed" if this.blamed else ""
-    by = " (Slurm requeued the job itself)" if slurm_requeued else ""
-    say(f"attempt {this.number} {this.outcome}{where}{who}: {this.reason}{blame}{by}; {decision.message}")
+def _budgets(cfg: TrainConfig) -> supervisor.Budgets:
+    return supervisor.Budgets(cfg.max_restarts, cfg.max_requeue, outcomes.REQUEUE)
+
+
+def _excluded(decision: retry.Decision, fields: Mapping[str, str]) -> tuple[str, ...]:
+    """The nodes the requeued job must avoid: those it already avoids, and every node blamed so far."""
+    if decision.action != outcomes.REQUEUE or not decision.exclude:
+        return decision.exclude
+    return tuple(dict.fromkeys([*_hosts(fields.get("ExcNodeList", "")), *decision.exclude]))
+
+
+def _fits(decision: retry.Decision, fields: Mapping[str, str]) -> retry.Decision:
+    """A requeue that excludes nodes must leave the job enough usable ones, or it would pend forever: stop."""
+    exclude = _excluded(decision, fields)
+    if decision.action != outcomes.REQUEUE or not exclude:
+        return decision
+    needed = int(fields.get("NumNodes", "1").split("-")[0] or 1)
+    usable = retry.usable(_states(partition=fields.get("Partition", "")), exclude)
+    if len(usable) >= needed:
+        return decision
+    return retry.Decision(
+        outcomes.STOP,
+        f"cannot requeue: the job needs {needed} node(s) and only "
+        f"{len(usable)} usable one(s) remain in partition "
+        f"{fields.get('Partition', '?')} once {','.join(exclude)} are "
+        "excluded (the others are down, drained or excluded)",
+        exclude,
+    )
 
 
 def _requeue(job: str, exclude: Sequence[str], fields: Mapping[str, str], already: bool) -> int:
@@ -346,11 +362,7 @@ def _requeue(job: str, exclude: Sequence[str], fields: Mapping[str, str], alread
 
 
 def _stop(
-    job: str,
-    this: record.Attempt,
-    ending: retry.Ending,
-    decision: retry.Decision,
-    history: Sequence[record.Attempt],
+    job: str, ending: retry.Ending, decision: retry.Decision, history: Sequence[record.Attempt]
 ) -> None:
     """The job ends here: the first error's traceback first, once, then the attempts in one table."""
     if ending.traceback:
@@ -359,28 +371,8 @@ def _stop(
             print(f"    {line}", file=sys.stderr)
     say(f"job {job} stops: {decision.message}. Attempts:")
     for a in history:
-        print(f"    {summary(a)}", file=sys.stderr)
+        print(f"    {record.summary(a)}", file=sys.stderr)
     sys.stderr.flush()
-
-
-def summary(a: record.Attempt) -> str:
-    """One attempt as one line (also what `submit --wait` prints)."""
-    nodes = ",".join(a.nodes) or "?"
-    resumed = f"resumed from step {a.resumed_from}" if a.resumed_from is not None else "from the start"
-    if a.ended is None:
-        return f"attempt {a.number} on {nodes}: {resumed}"
-    step = f" at step {a.step}" if a.step is not None else ""
-    return f"attempt {a.number} on {nodes}: {resumed}; {a.outcome}{step}: {a.reason} -> {a.decision}"
-
-
-def _stop_code(outcome: str, status: int) -> int:
-    return {
-        record.HANG: exitcodes.HANG,
-        record.NONFINITE: exitcodes.NONFINITE,
-        record.USAGE: exitcodes.USAGE,
-        record.STOPPED: exitcodes.PREEMPTED,
-        record.PREEMPTED: exitcodes.PREEMPTED,
-    }.get(outcome, exitcodes.FAILED)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:

@@ -29,9 +29,10 @@ from hpc_ddp.launch.slurm.outcome import chatter, log_path, report
 from hpc_ddp.launch.slurm.parse import JobHistory, JobInfo
 from hpc_ddp.launch.slurm.request import pending_hint
 from hpc_ddp.launch.slurm.states import JobState, Kind, meaning
+from hpc_ddp.ledger import attempts
 from hpc_ddp.log import TracebackFold
-from hpc_ddp.run import attempts, progress
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run import progress
 
 POLL_MIN_S = 2.0  # never two looks at Slurm closer than this
 POLL_MAX_S = 30.0  # a steady job is looked at this often
@@ -174,10 +175,7 @@ class _Local:
             a for a in attempts.of_job(attempts.read(self.folder), self.job_id) if a.started is not None
         ]
         for a in started[self.attempts_shown :]:
-            resumed = (
-                f"resumed from step {a.resumed_from}" if a.resumed_from is not None else "from the start"
-            )
-            self.out.write(f"[submit] attempt {a.number} on {','.join(a.nodes) or '?'}: {resumed}\n")
+            self.out.write(f"[submit] {attempts.start_line(a)}\n")
             self.out.flush()
         self.attempts_shown = max(self.attempts_shown, len(started))
 

@@ -15,7 +15,10 @@ from typing import Any, TextIO
 
 from hpc_ddp import exitcodes
 from hpc_ddp.launch.slurm.states import JobState
-from hpc_ddp.run import attempts, watchdog
+from hpc_ddp.launch.supervisor import latest_step
+from hpc_ddp.ledger import attempts, outcomes
+from hpc_ddp.ledger import preemption as preemption_record
+from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
 
 TAIL_LINES = 20  # lines of the failing rank's log shown when the job failed
@@ -67,15 +70,15 @@ def report(
     def say(text: str) -> None:
         print(f"[submit] {text}", file=out, flush=True)
 
-    saved = run_folder.preempted_since(folder, submitted_at)
+    saved = preemption_record.since(folder, submitted_at)
     resume = f"; the ranks saved a checkpoint first: run the same command to resume from {folder}"
     if state.state == "COMPLETED":
         say(f"job {job_id} completed; run folder {folder}")
         return exitcodes.OK
     # A hang verdict decides, not the exit code alone: srun reports the highest task code or 128+signal.
-    verdict = watchdog.read_verdict(folder, since=submitted_at)
+    verdict = hang_verdict.read(folder, since=submitted_at)
     if verdict is not None and state.state != "CANCELLED":
-        say(f"job {job_id}: {verdict.get('line', 'hang')}; every rank's report: {folder / watchdog.VERDICT}")
+        say(f"job {job_id}: {verdict.get('line', 'hang')}; every rank's report: {hang_verdict.path(folder)}")
         return exitcodes.HANG
     if state.state == "FAILED" and state.exit_code == exitcodes.NONFINITE:
         say(
@@ -103,7 +106,7 @@ def report(
         return exitcodes.FAILED
     say(f"job {job_id} {how} (exit code {state.exit_code}{signal})")
     ends = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.ended is not None]
-    if ends and ends[-1].decision == attempts.STOP:
+    if ends and ends[-1].decision == outcomes.STOP:
         # The batch shell's `end` step showed the first error's traceback and every attempt (above): once.
         last = ends[-1]
         who = (
@@ -115,13 +118,14 @@ def report(
             f"{who}{last.reason}; after {len(ends)} attempt(s) the job stopped: its traceback and every attempt "
             "are shown above"
         )
-    elif not state.by_slurm:  # Slurm ended it (cancel, node, preemption): no rank's error is the cause
+        return outcomes.exit_code(last.outcome)  # as the batch shell's `end` step exited
+    if not state.by_slurm:  # Slurm ended it (cancel, node, preemption): no rank's error is the cause
         _show_failure(job_id, folder, world_size, say)
     return exitcodes.USAGE if state.exit_code == exitcodes.USAGE else exitcodes.FAILED
 
 
 def _timeout_advice(folder: Path) -> str:
-    step = attempts.checkpoint_step(folder)
+    step = latest_step(folder)
     if step is not None:
         return (
             f"before the ranks saved at the signal: run the same command to resume from the latest checkpoint "
