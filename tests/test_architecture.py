@@ -314,3 +314,20 @@ def test_cycles_are_found_and_named() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
     assert cycles(graph) == [["a", "b", "c"], ["e"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_ledger_and_the_supervisors_rules_need_no_torch() -> None:
+    """Both sides import the ledger, supervisors before anything else: it must stay light (no torch)."""
+    torch_users = []
+    for name, path in all_modules().items():
+        if name.startswith(("hpc_ddp.ledger", "hpc_ddp.variables", "hpc_ddp.launch.retry")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                torch_users += [f"{name}: {n}" for n in names if n == "torch" or n.startswith("torch.")]
+    assert torch_users == []

@@ -316,11 +316,14 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(
     assert text.count("[hpc_ddp] attempt 1 preempted: preempted: saved a checkpoint, to be resumed") == 1
     assert text.count(f"[hpc_ddp] requeued job {job_id}") == 1
     folder = workdir / "runs" / job_id
-    assert json.loads((folder / "preempted.json").read_text()) == {
+    record = json.loads((folder / "preempted.json").read_text())
+    assert {k: record[k] for k in ("requeue", "signal", "mode")} == {
         "requeue": True,
         "signal": "SIGUSR2",
         "mode": "exit",
     }
+    # The facts rank 0 leaves for the batch shell, which decides (issue 18).
+    assert record["stop_votes"] == 0 and record["requeue_votes"] >= 1 and isinstance(record["step"], int)
     assert "Resuming from" in text and (folder / "model.pth").is_file()
     assert not (tmp_path / "runs").exists()
 
@@ -384,7 +387,10 @@ def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any],
     logs = rank_logs(folder, job_id)
     # hpc_ddp's handler ran, not submitit's (which would checkpoint and requeue from rank 0 alone).
     assert not any("Caught signal" in text for text in logs)
-    assert logs[0].count("SIGUSR2: preempted: checkpoint saved, requeue 1 of 3") == 1
+    # Rank 0 says what happened, the batch shell's `end` decides within --max-requeue (issue 18: before, rank 0
+    # decided: "SIGUSR2: preempted: checkpoint saved, requeue 1 of 3").
+    assert logs[0].count("SIGUSR2: preempted: checkpoint saved at step ") == 1
+    assert logs[0].count("preempted: requeue 1 of --max-requeue 3") == 1
     assert logs[0].count(f"requeued job {job_id}") == 1
     # Exactly one checkpoint from the preempted run, at the agreed step it resumed from; then the final one.
     resumed = re.findall(r"Resuming from (\S+) at epoch \d+, step (\d+)", logs[0])
@@ -528,7 +534,8 @@ def test_time_limit_signal_checkpoints_requeues_and_finishes(time_limit_job: dic
     records = sacct_records(job_id)
     assert records[-1] == "COMPLETED" and records.count("REQUEUED") >= 1, records
     text = submitter._read(log)
-    assert "SIGUSR2: preempted: checkpoint saved, requeue 1 of 5" in text
+    assert "SIGUSR2: preempted: checkpoint saved at step " in text
+    assert "preempted: requeue 1 of --max-requeue 5" in text  # the batch shell's decision (issue 18)
     assert "Resuming from" in text and "Model saved by rank 0" in text
     assert "TIMEOUT" not in records
 

@@ -16,9 +16,9 @@ import torch
 
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.errors import SavingFailed
+from hpc_ddp.launch import retry
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import retry
 from hpc_ddp.run.beacon import NullBeacon
 from hpc_ddp.run.checkpoint import durable, full, store, torchfile
 from hpc_ddp.run.checkpoint.part import REPLICATED, Loading, Part

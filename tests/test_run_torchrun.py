@@ -70,6 +70,16 @@ def test_torchrun_max_restarts_resumes_the_runs_own_checkpoint(tmp_path: Path) -
     assert (folder / "model.pth").is_file()
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (/proc/<pid>/status, SigCgt)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (sig - 1) & 1)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,8 +114,12 @@ def test_a_sigterm_before_training_ends_a_torchrun_rank_at_once(tmp_path: Path) 
         preexec_fn=die_with_test,
     )
     try:
-        time.sleep(8)  # imports torch, then waits for the store
-        assert proc.poll() is None, proc.communicate()[0]
+        # Once its handlers are installed (the kernel shows SIGUSR1 caught), wherever it is: importing torch,
+        # or waiting in C++ for the store.
+        deadline = time.monotonic() + 60
+        while not _catches(proc.pid, signal.SIGUSR1):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=15)
     finally:

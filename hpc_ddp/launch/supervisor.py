@@ -32,7 +32,6 @@ Who requeues, and who applies --max-requeue: exactly one place per situation.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -167,20 +166,9 @@ def step_reached(folder: Path, since: float) -> int | None:
     return max(steps, default=None)
 
 
-# TODO(merge): run.checkpoint.store.latest_step: the checkpoint layout's own torch-free reader, from the branch
-# that splits run/checkpoint.py. Until it is merged, this private copy of its naming rule (ckpt-<step>.pt and
-# the `latest` pointer) stays here, in the supervisors' layer, and nowhere else.
-_CKPT = re.compile(r"^ckpt-(\d+)\.pt$")
-
-
 def latest_step(folder: Path) -> int | None:
-    """The step of the folder's latest checkpoint (its `latest` pointer, else the newest file), without torch."""
-    directory = Path(folder) / "checkpoints"
-    try:
-        match = _CKPT.match((directory / "latest").read_text().strip())
-        if match:
-            return int(match.group(1))
-        steps = [int(m.group(1)) for p in directory.iterdir() if (m := _CKPT.match(p.name))]
-    except OSError:
-        return None
-    return max(steps, default=None)
+    """The step of the folder's latest checkpoint, without torch: the checkpoint store's own rule (a file or a
+    `ckpt-<step>/` directory, its `latest` pointer, else the newest complete one)."""
+    from hpc_ddp.run.checkpoint import store
+
+    return store.latest_step(folder)

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.ledger.files import atomic_write, atomic_write_bytes, fsync_dir
-from hpc_ddp.ledger.preemption import PREEMPTED
-from hpc_ddp.variables import FOLDER_FILE, FOLDER_LOCK
 
 # The atomic writes live in the ledger (below this layer, which also writes with them); the run folder's own
 # files are written with them too: hpc_ddp.run.folder.atomic_write is the same function.
-__all__ = ["PREEMPTED", "atomic_write", "atomic_write_bytes", "fsync_dir"]
+from hpc_ddp.ledger.files import atomic_write as atomic_write
+from hpc_ddp.ledger.files import atomic_write_bytes as atomic_write_bytes
+from hpc_ddp.ledger.files import fsync_dir as fsync_dir
+from hpc_ddp.variables import FOLDER_FILE, FOLDER_LOCK
 
 CHECKPOINTS = "checkpoints"
 MODEL = "model.pth"

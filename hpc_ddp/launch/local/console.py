@@ -22,10 +22,10 @@ from typing import TextIO
 from hpc_ddp.log import TracebackFold
 from hpc_ddp.run import progress
 
-CONSOLE_BACKLOG = (
-    16 << 20
-)  # characters queued for the console at most; beyond, lines are dropped (not from logs)
-CONSOLE_STALL_S = 30.0  # at exit, give up on a console that took nothing for this long (ranks are all gone)
+# Characters queued for the console at most; beyond, lines are dropped (not from the logs).
+CONSOLE_BACKLOG = 16 << 20
+# At exit, give up on a console that took nothing for this long (the ranks are all gone by then).
+CONSOLE_STALL_S = 30.0
 TAIL_LINES = 15
 
 

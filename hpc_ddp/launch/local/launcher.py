@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from typing import TextIO
@@ -35,12 +36,10 @@ from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.watchdog import WINDOW_S
 
-READER_JOIN_S = (
-    5.0  # after the ranks are gone, all their readers together get this long to copy the last lines
-)
-_OUT_OF_TIME = (
-    -1
-)  # _supervise: a stop ran out of time (second Ctrl-C, or stop_grace_s after the first signal)
+# After the ranks are gone, all their readers together get this long to copy the last lines.
+READER_JOIN_S = 5.0
+# What _supervise returns when a stop ran out of time (a second Ctrl-C, or stop_grace_s after the first signal).
+_OUT_OF_TIME = -1
 
 
 class Launcher:
@@ -119,14 +118,17 @@ class Launcher:
     def _alive(self) -> list[RankOutput]:
         return [r for r in self.ranks if r.proc.poll() is None]
 
-    def _of(self, procs: list[object]) -> list[RankOutput]:
+    def _of(self, procs: list[subprocess.Popen[bytes]]) -> list[RankOutput]:
         return [r for r in self.ranks if r.proc in procs]
 
     def _kill(self, ranks: list[RankOutput]) -> list[RankOutput]:
-        return self._of(processes.kill([r.proc for r in ranks]))  # type: ignore[arg-type]
+        """SIGKILL `ranks` with their process groups; those still there after processes.KILL_WAIT_S."""
+        return self._of(processes.kill([r.proc for r in ranks]))
 
     def _stop_all(self) -> list[RankOutput]:
-        return self._of(processes.stop([r.proc for r in self.ranks], lambda: self.kill_now))  # type: ignore[arg-type]
+        """SIGTERM, then SIGKILL, every rank still running (a second Ctrl-C cuts the wait short); those that
+        outlived even SIGKILL."""
+        return self._of(processes.stop([r.proc for r in self.ranks], lambda: self.kill_now))
 
     def _join_readers(self) -> None:
         # A reader ends at the end of its pipe: when the rank and everything that inherited its stdout are gone.

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from hpc_ddp.cluster.env import SLURM_RESTART_VAR, port_for_job, without_launcher
 
-STOP_GRACE_S = (
-    30.0  # after Ctrl-C/SIGTERM to the launcher: time to save and exit before SIGKILL (Slurm's KillWait)
-)
+# After Ctrl-C/SIGTERM to the launcher: how long the ranks get to save and exit before SIGKILL (Slurm's
+# KillWait).
+STOP_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
