@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import os
 import re
 import shutil
@@ -72,8 +73,8 @@ def chromium() -> str:
     return path
 
 
-def screenshot(page: Path, shot: Path, width: int = 1280, height: int = 1800) -> None:
-    """A headless Chromium screenshot of `page` (a local file), with no network; killed on every path."""
+def run_chromium(page: Path, *args: str) -> str:
+    """Headless Chromium on `page` (a local file) with `args`, no network; its stdout. Killed on every path."""
     profile = Path(tempfile.mkdtemp(prefix="hpc_ddp-chromium-"))
     argv = [
         chromium(),
@@ -90,14 +91,13 @@ def screenshot(page: Path, shot: Path, width: int = 1280, height: int = 1800) ->
         "--no-default-browser-check",
         "--host-resolver-rules=MAP * ~NOTFOUND",
         f"--user-data-dir={profile}",
-        f"--window-size={width},{height}",
-        f"--screenshot={shot}",
+        *args,
         page.resolve().as_uri(),
     ]
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
         preexec_fn=die_with_test,
@@ -113,7 +113,55 @@ def screenshot(page: Path, shot: Path, width: int = 1280, height: int = 1800) ->
             pass
         proc.wait()
         shutil.rmtree(profile, ignore_errors=True)
+    return out
+
+
+def screenshot(page: Path, shot: Path, width: int = 1280, height: int = 1800) -> None:
+    """A headless Chromium screenshot of `page` (a local file), with no network; killed on every path."""
+    out = run_chromium(page, f"--window-size={width},{height}", f"--screenshot={shot}")
     assert shot.is_file(), f"no screenshot: {out[-2000:]}"
+
+
+# Injected into a copy of the page (the report itself has no script): every word of every table cell whose
+# pieces lie on more than one line is broken inside; the list of them is written into the DOM for --dump-dom.
+BROKEN_WORDS_JS = """
+<script>
+const broken = [];
+for (const cell of document.querySelectorAll("td, th")) {
+  const texts = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  for (let node = texts.nextNode(); node; node = texts.nextNode()) {
+    let at = 0;
+    for (const word of node.textContent.split(" ")) {
+      if (word) {
+        const range = document.createRange();
+        range.setStart(node, at);
+        range.setEnd(node, at + word.length);
+        const lines = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+        if (lines.size > 1) broken.push(word);
+      }
+      at += word.length + 1;
+    }
+  }
+}
+const out = document.createElement("pre");
+out.id = "broken-words";
+out.textContent = JSON.stringify(broken);
+document.body.appendChild(out);
+</script>
+"""
+
+
+def broken_words(page: Path, width: int = 1600, height: int = 1200) -> list[str]:
+    """The words of the page's table cells that Chromium, at this window size, breaks over two lines."""
+    probe = page.with_name("broken-words-probe.html")
+    probe.write_text(page.read_text().replace("</body>", BROKEN_WORDS_JS + "</body>"))
+    try:
+        dom = run_chromium(probe, "--dump-dom", f"--window-size={width},{height}")
+    finally:
+        probe.unlink()
+    found = re.search(r'<pre id="broken-words">(.*?)</pre>', dom, re.S)
+    assert found, f"no result from the page's script: {dom[-2000:]}"
+    return json.loads(html.unescape(found.group(1)))
 
 
 def check_report(folder: Path, shot: Path, *args: str, expect_heatmap: bool | None = None) -> Checked:
@@ -148,7 +196,10 @@ def page_attempts(page: str) -> list[dict[str, str]]:
     """The page's attempts table as a person reads it: one {column heading: cell text} per row."""
     (table,) = re.findall(r"<table class=attempts>(.*?)</table>", page, re.S)
     rows = [
-        [html.unescape(c) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", row, re.S)]
+        [
+            html.unescape(re.sub(r"<[^>]+>", "", c))
+            for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, re.S)
+        ]
         for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)
     ]
     return [dict(zip(rows[0], row, strict=False)) for row in rows[1:]]

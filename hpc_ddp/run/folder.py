@@ -43,6 +43,7 @@ TENSORBOARD = "tb"  # --tensorboard: rank 0's event files (hpc_ddp.run.tblog)
 RUN_RECORD = "run.json"
 LOGS = "logs"
 PREEMPTED = "preempted.json"
+ATTEMPTS = "attempts.jsonl"  # hpc_ddp.run.attempts writes and reads it
 SUBMITIT = "submitit"
 LOCK_NAME = "run.lock"
 LOCK_VAR = FOLDER_LOCK_VAR  # the local launcher holds the folder for its ranks; their rank 0 inherits it

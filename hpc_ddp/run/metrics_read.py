@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 
-def iter_records(path: Path, chunk_bytes: int = 1 << 20) -> Iterator[dict[str, Any]]:
+def iter_records(path: Path, chunk_bytes: int = 1 << 18) -> Iterator[dict[str, Any]]:
     """The records of a metrics.jsonl, in order, read in chunks (a million records take seconds and little
     memory); a line that is not a whole JSON object (cut by a crash, or bytes that are no text) is skipped."""
     try:
