@@ -62,7 +62,7 @@ def test_a_12_second_runs_throughput_axis_is_in_seconds() -> None:
 
 def test_a_restarts_first_window_is_marked_as_a_restart_not_a_straggler() -> None:
     """Two starts; the first "ranks" window after each pays for warm-up on every rank (1 s a step), a real
-    straggler (rank 2, 0.4 s) is elsewhere: the restart columns are hatched and labelled "restart" and left
+    straggler (rank 2, 0.4 s) is elsewhere: those columns are hatched, labelled "start" and "restart" and left
     out of the color scale, whose top is the straggler's (it was the warm-up's, and the straggler was dim)."""
     plt = plots.pyplot()
     warm = {"event": "ranks", "time": 0, "epoch": 0, "step": 0, "step_time_s": [1.0] * 4, "data_s": [0.0] * 4}
@@ -71,13 +71,13 @@ def test_a_restarts_first_window_is_marked_as_a_restart_not_a_straggler() -> Non
     records += [start(200, 1, 30, 2), dict(warm, time=201, step=35)]
     records += [ranks(201 + k, 35 + 5 * k) for k in range(1, 4)]
     run = compile_records(records)
-    assert plots.restart_columns(run) == [0, 6]
+    assert plots.restart_columns(run) == [(0, "start"), (6, "restart")]
     fig, ax = plt.subplots()
     try:
         assert plots.heatmap_axes(fig, ax, run)
         assert ax.get_images()[0].get_clim() == (0, pytest.approx(400.0))  # ms: the straggler's
         labels = [(round(t.get_position()[0]), t.get_text()) for t in ax.texts]
-        assert labels == [(0, "restart"), (6, "restart")]
+        assert labels == [(0, "start"), (6, "restart")]
     finally:
         plt.close(fig)
 

@@ -14,7 +14,8 @@ CAPTIONS = {
     "throughput.png": "Samples per second over all ranks, measured from each process's second step.",
     "step-time-heatmap.png": 'Each rank\'s own work per step (data + compute) from the "ranks" records, '
     "every 5 steps (in a long run, the slowest of each window): a rank slower than "
-    "the others shows as a bright row.",
+    "the others shows as a bright row. The window of each start's first step (warm-up, on every rank) is "
+    'hatched, marked "start" or "restart" and left out of the color scale.',
     "time-breakdown.png": "Where each attempt's time went, from the time before it (a queue wait, or the time "
     'between attempts; not allocated) to its end; "all" sums the attempts.',
 }

@@ -133,23 +133,26 @@ def throughput_png(run: Recorded) -> bytes | None:
     return _png(fig)
 
 
-def restart_columns(run: Recorded, max_columns: int = MAX_COLUMNS) -> list[int]:
-    """The heat map's columns that hold a process's first "ranks" record: its window has the first step after
-    a (re)start, which pays for warm-up (DDP's buckets, the allocator, a resume's load): slow on every rank."""
-    found = [
-        run.heat.column(seg.first_ranks, max_columns) for seg in run.segments if seg.first_ranks is not None
-    ]
-    return sorted(set(found))
+def restart_columns(run: Recorded, max_columns: int = MAX_COLUMNS) -> list[tuple[int, str]]:
+    """(column, "start" or "restart") of the heat map's columns that hold a process's first "ranks" record:
+    its window has the process's first step, which pays for warm-up (DDP's buckets, the allocator, a resume's
+    load) on every rank: slow, and no straggler."""
+    found: dict[int, str] = {}
+    for k, seg in enumerate(run.segments):
+        if seg.first_ranks is not None:
+            found.setdefault(run.heat.column(seg.first_ranks, max_columns), "restart" if k else "start")
+    return sorted(found.items())
 
 
 def heatmap_axes(fig: Any, ax: Any, run: Recorded) -> bool:
-    """Draw the per-rank step times on `ax`; the restart columns are hatched and labelled, and left out of the
-    color scale (so that a real straggler, not a warm-up, sets it). False without "ranks" records."""
+    """Draw the per-rank step times on `ax`; the columns of a (re)start's warm-up are hatched, labelled and
+    left out of the color scale (so that a real straggler, not a warm-up, sets it). False without "ranks"
+    records."""
     steps, rows = run.heat.grid(MAX_COLUMNS)
     if not steps:
         return False
     restarts = restart_columns(run)
-    skip = set(restarts)
+    skip = {i for i, _ in restarts}
     others = [v for row in rows for i, v in enumerate(row) if i not in skip and not math.isnan(v)]
     vmax = max(others, default=None)
     # From 0 ms: ranks within a few percent of each other look alike; one at 1.5x the others stands out.
@@ -162,16 +165,16 @@ def heatmap_axes(fig: Any, ax: Any, run: Recorded) -> bool:
         vmax=None if vmax is None else vmax * 1000,
         extent=(-0.5, len(steps) - 0.5, len(rows) - 0.5, -0.5),
     )
-    for i in restarts:
+    for i, label in restarts:
         ax.axvspan(i - 0.5, i + 0.5, facecolor="white", alpha=0.55, hatch="//", edgecolor="#555", linewidth=0)
-        ax.text(i, -0.5, "restart", rotation=90, fontsize=7, ha="center", va="bottom", color="#333")
+        ax.text(i, -0.5, label, rotation=90, fontsize=7, ha="center", va="bottom", color="#333")
     ticks = sorted({round(i) for i in [k * (len(steps) - 1) / 5 for k in range(6)]})
     ax.set_xticks(ticks, [str(steps[i]) for i in ticks])
     if len(rows) <= 16:
         ax.set_yticks(range(len(rows)))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("rank")
-    ax.set_title("Step time per rank (ms): a straggler is a bright row", pad=18 if restarts else 6)
+    ax.set_title("Step time per rank (ms): a straggler is a bright row", pad=30 if restarts else 6)
     fig.colorbar(image, ax=ax, label="ms")
     return True
 
