@@ -14,9 +14,10 @@ import math
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from math import isfinite
 from typing import Any
 
-from hpc_ddp.report.records import StepClock, duration_or_none, int_or_none, num, stamp
+from hpc_ddp.report.records import MAX_STEP, TIME_MAX, StepClock, duration_or_none, int_or_none, num, stamp
 
 
 class Series:
@@ -144,9 +145,11 @@ def compile_records(records: Iterable[Mapping[str, Any]]) -> Recorded:
     run = Recorded()
     seg: Segment | None = None
     for r in records:
-        t = stamp(r.get("time"))
-        if t is None:
-            continue
+        t = r.get("time")
+        if t.__class__ is not float or not 0.0 <= t < TIME_MAX:  # the common case first: a float in range
+            t = stamp(t)
+            if t is None:
+                continue
         event = r.get("event")
         if event == "start" or seg is None or seg.last_event == "end":
             resumed = seg.last_step if seg is not None and event != "start" else None
@@ -154,17 +157,33 @@ def compile_records(records: Iterable[Mapping[str, Any]]) -> Recorded:
             run.segments.append(seg)
             if event == "start":
                 continue
-        _add(run, seg, r, event, t)
+        step = r.get("step")
+        if step.__class__ is not int or not -MAX_STEP < step < MAX_STEP:
+            step = int_or_none(step)
+        if seg.first_time is None:
+            seg.first_time = seg.last_time = t
+        elif t > seg.last_time:  # type: ignore[operator]
+            seg.last_time = t
+        seg.last_event, seg.last_step = event if event.__class__ is str else str(event), step
+        if event == "step" and step is not None:  # most records: inline
+            seg.point_times.append(t)
+            seg.point_steps.append(step)
+            loss, rate, step_time = r.get("loss"), r.get("samples_per_s"), r.get("step_time_s")
+            if loss.__class__ is float and isfinite(loss) or (loss := num(loss)) is not None:
+                seg.losses.add(step, t, loss)
+            if rate.__class__ is float and isfinite(rate) and rate > 0 or ((rate := num(rate)) or 0) > 0:
+                seg.rates.add(step, t, rate)
+            if step_time.__class__ is float and 0 <= step_time < math.inf:
+                run.step_times.append(step_time)
+            elif (step_time := duration_or_none(step_time)) is not None:
+                run.step_times.append(step_time)
+        else:
+            _add(run, seg, r, event, t, step)
     return run
 
 
-def _add(run: Recorded, seg: Segment, r: Mapping[str, Any], event: Any, t: float) -> None:
-    """Record `r` (time `t`) of process start `seg`."""
-    step = int_or_none(r.get("step"))
-    if seg.first_time is None:
-        seg.first_time = t
-    seg.last_time = t if seg.last_time is None else max(seg.last_time, t)
-    seg.last_event, seg.last_step = str(event), step
+def _add(run: Recorded, seg: Segment, r: Mapping[str, Any], event: Any, t: float, step: int | None) -> None:
+    """Record `r` (time `t`, at `step`) of process start `seg`, other than a "step" record."""
     if event == "save":
         seg.saves.append(Save(step, duration_or_none(r.get("stall_s")), bool(r.get("final"))))
         return
@@ -172,14 +191,7 @@ def _add(run: Recorded, seg: Segment, r: Mapping[str, Any], event: Any, t: float
         return
     seg.point_times.append(t)
     seg.point_steps.append(step)
-    if event == "step":
-        if (loss := num(r.get("loss"))) is not None:
-            seg.losses.add(step, t, loss)
-        if (rate := num(r.get("samples_per_s"))) is not None and rate > 0:
-            seg.rates.add(step, t, rate)
-        if (step_time := duration_or_none(r.get("step_time_s"))) is not None:
-            run.step_times.append(step_time)
-    elif event == "ranks" and isinstance(r.get("step_time_s"), list):
+    if event == "ranks" and isinstance(r.get("step_time_s"), list):
         if seg.first_ranks is None:
             seg.first_ranks = len(run.heat.steps)
         run.heat.add(step, r["step_time_s"])
