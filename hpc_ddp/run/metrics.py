@@ -137,7 +137,12 @@ class Recorder:
             self.file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
             if self.file.tell() > 0 and not _ends_with_newline(self.path):
                 line = b"\n" + line  # a line cut by a crash stays as it is, on its own
-        self.file.write(line)
+        view = memoryview(line)
+        while view:  # write(2) may write part of it (a signal); the rest follows at once
+            written = self.file.write(view)
+            if not written:
+                raise OSError(f"{self.path}: nothing written of a record")
+            view = view[written:]
 
     def _show(self, text: str, live: bool) -> None:
         """A progress line: live (rewritten in place) or plain (kept: the log's periodic line)."""
