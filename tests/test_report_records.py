@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, run_module
+from conftest import ROOT, clean_environ, run_module
 from test_report import JOB, METRICS, attempt_lines, step, summary, write_fixture
 from test_report_run import local_run
 
@@ -67,6 +69,38 @@ def test_the_report_with_out_elsewhere_writes_nothing_into_the_run_folder(tmp_pa
     assert proc.returncode == 0, proc.stderr
     assert listing(folder) == before
     assert (tmp_path / "web" / "r.html").is_file()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to become nobody"
+)
+def test_a_user_who_may_not_write_the_folder_reads_it_with_out_elsewhere() -> None:
+    """The report as user nobody on a folder only root may write (root's chmod would not stop root): it
+    crashed with PermissionError on the lock check's probe file."""
+    pytest.importorskip("matplotlib")
+    base = Path(tempfile.mkdtemp(prefix="hpc_ddp-readonly-"))  # not pytest's tmp: it is root's alone (0700)
+    try:
+        base.chmod(0o755)
+        folder = write_fixture(base / "run")  # 0755 and 0644: nobody reads, only root writes
+        out = base / "out"
+        out.mkdir(mode=0o777)
+        out.chmod(0o777)
+        env = clean_environ(HOME=str(out), MPLCONFIGDIR=str(out / "matplotlib"))
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m"]
+        proc = subprocess.run(
+            [*argv, "hpc_ddp.report", str(folder), "--no-sacct", "--out", str(out / "r.html")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if "No module named" in proc.stderr or "Permission denied: '" + str(ROOT) in proc.stderr:
+            pytest.skip(f"user nobody cannot read this checkout: {proc.stderr[-300:]}")
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stdout.startswith(f"report: {out / 'r.html'} (finished; 3 attempts")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # ----- 22.9: a new line's report shows the new line only ------------------------------------------------------
