@@ -297,7 +297,10 @@ def test_a_running_attempts_allocation_runs_until_now(tmp_path: Path) -> None:
     assert (s.state, s.allocated_s) == ("failed", 9)
 
 
-def test_a_negative_startup_is_garbage(tmp_path: Path) -> None:
-    metrics = [dict(METRICS[0], startup_s=-500.0)] + METRICS[1:]
+@pytest.mark.parametrize("startup", [-500.0, 1e308])
+def test_a_startup_no_process_can_have_taken_is_garbage(startup: float, tmp_path: Path) -> None:
+    """Negative, or from before 1970: no startup (the attempt starts at its first step), not negative time or
+    a 1e308-second allocation."""
+    metrics = [dict(METRICS[0], startup_s=startup)] + METRICS[1:]
     a = summary(write_fixture(tmp_path / "run", metrics=metrics)).attempts[0]
-    assert a.startup_s >= 0 and a.process_start <= a.first_step  # type: ignore[operator]
+    assert (a.startup_s, a.process_start, a.allocated_s) == (0, 1010, 50)

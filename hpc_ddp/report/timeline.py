@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hpc_ddp.report.recorded import Recorded, Save, Segment, compile_records
-from hpc_ddp.report.records import AttemptLine, StepClock, int_or_none, num, ordered
+from hpc_ddp.report.records import AttemptLine, StepClock, duration_or_none, int_or_none, num, ordered, stamp
 
 # Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
 # count as failures for the MTBF. A preemption saves at an agreed step and loses nothing (unless it lost
@@ -168,12 +168,14 @@ def _first_time(seg: Segment | None, line: AttemptLine | None) -> float:
 
 
 def _process_start(seg: Segment | None) -> float | None:
-    """Its processes' start: the start record's time minus its startup_s (a negative one is garbage: 0)."""
+    """Its processes' start: the start record's time minus its startup_s (garbage, negative or before 1970:
+    none)."""
     if seg is None:
         return None
     if seg.start is not None:
         t = num(seg.start.get("time"))
-        return None if t is None else t - max(0.0, num(seg.start.get("startup_s")) or 0.0)
+        startup = duration_or_none(seg.start.get("startup_s")) or 0.0
+        return None if t is None else t - startup if stamp(t - startup) is not None else t
     return seg.first_time
 
 
