@@ -203,7 +203,8 @@ def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float, 
 body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}
 table {{ border-collapse: collapse; margin: 0.5em 0 1em; }}
 th, td {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; font-size: 14px; white-space: nowrap; }}
-td.text {{ white-space: normal; min-width: 12em; }}
+td.text, table.attempts th {{ white-space: normal; }}
+td.text {{ min-width: 8em; }}
 td.text .w {{ white-space: nowrap; }}
 th {{ background: #f3f3f3; }}
 .grid, .summary {{ display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }}
