@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from test_launch_local import finish, start
+from test_report import summary
 
 from hpc_ddp.cluster.env import detect
 from hpc_ddp.run import attempts, metrics, reached
@@ -149,3 +150,5 @@ def test_an_attempt_killed_between_two_records_ends_at_the_step_it_reached(tmp_p
         out
     )
     assert max(r.get("step", 0) for r in read_records(folder / "metrics.jsonl")) == 32
+    s = summary(folder)  # the report: the attempt's last step and the steps it lost
+    assert (s.steps, s.lost_steps, s.attempts[0].last_step) == (37, 5, 37)
