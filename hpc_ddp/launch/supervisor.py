@@ -154,16 +154,11 @@ def end_attempt(
 
 
 def step_reached(folder: Path, since: float) -> int | None:
-    """The last step recorded in metrics.jsonl since `since` (epoch seconds): where an attempt got to, as far
-    as its periodic progress records tell."""
-    from hpc_ddp.run.metrics import read_records
+    """The last step rank 0 finished since `since` (epoch seconds): where an attempt got to, also when it died
+    between two progress records (hpc_ddp.run.reached owns the answer; no torch)."""
+    from hpc_ddp.run.reached import step_reached as reached
 
-    steps = [
-        int(r["step"])
-        for r in read_records(Path(folder) / "metrics.jsonl")
-        if isinstance(r.get("step"), int) and float(r.get("time") or 0) >= since
-    ]
-    return max(steps, default=None)
+    return reached(folder, since)
 
 
 def latest_step(folder: Path) -> int | None:

@@ -5,6 +5,7 @@ the lock that keeps it to one run at a time. What ranks and supervisors leave fo
     <folder>/checkpoints/     ckpt-<step>.pt and `latest` (hpc_ddp.run.checkpoint)
     <folder>/model.pth        the final weights
     <folder>/metrics.jsonl    rank 0's progress records (hpc_ddp.run.metrics)
+    <folder>/step.json        the last step rank 0 finished, rewritten every step (hpc_ddp.run.metrics)
     <folder>/tb/              --tensorboard: rank 0's event files and logged.json (hpc_ddp.run.tblog)
     <folder>/run.json         what ran, with which settings and versions (hpc_ddp.run.record)
     <folder>/logs/            per-rank output of a local run (hpc_ddp.launch.local)
@@ -45,6 +46,7 @@ from hpc_ddp.variables import FOLDER_FILE, FOLDER_LOCK
 CHECKPOINTS = "checkpoints"
 MODEL = "model.pth"
 METRICS = "metrics.jsonl"
+REACHED = "step.json"
 TENSORBOARD = "tb"  # --tensorboard: rank 0's event files (hpc_ddp.run.tblog)
 RUN_RECORD = "run.json"
 LOGS = "logs"
@@ -228,7 +230,9 @@ def is_held(folder: Path) -> bool:
     a killed run on this machine, or one not refreshed for LOCK_STALE_S, is not a run). Takes nothing over."""
     path = folder / LOCK_NAME  # no lock at all: _holder_gone says "released"
     onlooker = {"job_id": None, "restarts": 0, "boot_id": _boot_id(), "pid_ns": _pid_ns()}
-    return _holder_gone(path, _read_lock(path), onlooker) is None
+    # Looking writes nothing (the folder may be read-only to the onlooker): the lock's age by this machine's
+    # clock, not the file system's.
+    return _holder_gone(path, _read_lock(path), onlooker, look_only=True) is None
 
 
 def _read_lock(path: Path) -> dict[str, Any] | None:
@@ -263,8 +267,11 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def _lock_age(path: Path) -> float:
-    """Seconds since the lock was last refreshed, by the file system's clock (which sets both mtimes)."""
+def _lock_age(path: Path, look_only: bool = False) -> float:
+    """Seconds since the lock was last refreshed, by the file system's clock (which sets both mtimes); with
+    `look_only`, by this machine's clock, writing nothing."""
+    if look_only:
+        return time.time() - path.stat().st_mtime
     probe = path.with_name(f".{LOCK_NAME}.clock-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         probe.write_bytes(b"")
@@ -274,10 +281,12 @@ def _lock_age(path: Path) -> float:
     return now - path.stat().st_mtime
 
 
-def _holder_gone(path: Path, holder: dict[str, Any] | None, me: dict[str, Any]) -> str | None:
+def _holder_gone(
+    path: Path, holder: dict[str, Any] | None, me: dict[str, Any], look_only: bool = False
+) -> str | None:
     """Why the lock's holder is known to be gone, or None while it may be alive."""
     try:
-        age = _lock_age(path)
+        age = _lock_age(path, look_only)
     except FileNotFoundError:
         return "it was released meanwhile"
     if holder is None:

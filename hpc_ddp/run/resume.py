@@ -28,11 +28,12 @@ from typing import Any
 
 from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, UsageError
+from hpc_ddp.ledger.attempts import ATTEMPTS
 from hpc_ddp.run.checkpoint import durable, formats, store
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.full import Full
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.folder import MODEL, TENSORBOARD, atomic_write_bytes, fsync_dir
+from hpc_ddp.run.folder import METRICS, MODEL, TENSORBOARD, atomic_write_bytes, fsync_dir
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
 MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp")
@@ -132,6 +133,7 @@ def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
         model.unlink(missing_ok=True)
         durable.checksum_path(model).unlink(missing_ok=True)
         say(f"--resume never --overwrite: deleted the {count} checkpoint(s) and model.pth of {folder}")
+        _records_aside(folder, say)
     if chosen.set_aside:
         aside = _new_folder(directory, "abandoned")
         moved = sorted((p for p in chosen.set_aside if p.exists()), key=store.ckpt_step)
@@ -166,6 +168,19 @@ def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
         atomic_write_bytes(pointer, (chosen.start.name + "\n").encode())
     elif chosen.set_aside and pointer.is_file() and store.read_latest(folder) is None:
         pointer.unlink()  # it named a file that was set aside; the first save writes it again
+
+
+def _records_aside(folder: Path, say: Callable[[str], None]) -> None:
+    """--overwrite starts a new line of training: the records of the line it deleted (metrics.jsonl,
+    attempts.jsonl) move to records-overwritten-<time>/, so that the report and the retry budgets see the new
+    line only. Kept, not deleted: they are the only account of what ran before."""
+    found = [folder / name for name in (METRICS, ATTEMPTS) if (folder / name).is_file()]
+    if found:
+        into = _new_folder(folder, "records-overwritten")
+        for path in found:
+            os.replace(path, into / path.name)
+        fsync_dir(folder)
+        say(f"the records of the earlier line ({', '.join(p.name for p in found)}) moved to {into}")
 
 
 def _new_folder(directory: Path, prefix: str, create: bool = True) -> Path:
