@@ -1,0 +1,96 @@
+"""The batch shell's steps (hpc_ddp.launch.slurm.batch) over a fake cluster (tests/fake_slurm.py): what `end`
+decides and which Slurm commands it runs, for the endings a review found on a real cluster (issue 23). The
+same paths run for real on the local cluster in tests/test_launch_slurm_survive.py."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fake_slurm import FakeSlurm
+
+from hpc_ddp import exitcodes
+from hpc_ddp.launch.slurm import batch
+from hpc_ddp.launch.slurm.client import SlurmClient
+from hpc_ddp.launch.slurm.parse import JobInfo
+from hpc_ddp.ledger import attempts
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def keep_signal_mask() -> Iterator[None]:
+    """`end` blocks SIGTERM before it requeues or cancels (that ends the real batch shell): undo it here."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def environ(restart: int = 0, **extra: str) -> dict[str, str]:
+    return {
+        "SLURM_JOB_ID": "27",
+        "SLURM_RESTART_COUNT": str(restart),
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        **extra,
+    }
+
+
+def run_end(folder: Path, fake: FakeSlurm, status: int, restart: int = 0, **extra: str) -> int:
+    args = ["--folder", str(folder), "--max-restarts", "1", "--max-requeue", "1"]
+    return batch.end(args, status, "", environ(restart, **extra), SlurmClient(fake))
+
+
+@pytest.mark.parametrize(
+    "variables, num_nodes, expected",
+    [
+        ({"SLURM_JOB_NUM_NODES": "2"}, "1", 2),  # COMPLETING after Slurm's requeue: NumNodes=1, asked 2
+        ({"SLURM_NNODES": "3"}, "1", 3),
+        ({"SLURM_JOB_NUM_NODES": "", "SLURM_NNODES": "2"}, "1", 2),
+        ({}, "2-2", 2),  # no batch environment: the controller's NumNodes
+        ({}, "", 1),
+    ],
+)
+def test_the_job_size_is_what_was_asked(variables: dict[str, str], num_nodes: str, expected: int) -> None:
+    assert batch.job_size(variables, JobInfo({"NumNodes": num_nodes})) == expected
+
+
+def test_a_lost_node_that_leaves_too_few_stops_and_cancels_the_job_slurm_requeued(tmp_path: Path) -> None:
+    """node3 drained, node2 lost under a 2-node job: Slurm requeued the job itself and, COMPLETING, counts one
+    node. The job no longer fits: it stops, and the stop ends the job (else it pends forever)."""
+    fake = FakeSlurm({"node1": "idle", "node2": "drain", "node3": "drain"})
+    fake.submit("27", state="COMPLETING", restarts=1, num_nodes="1", node_list="node1")
+    code = run_end(tmp_path, fake, status=1)
+    assert code == exitcodes.FAILED
+    (lost,) = attempts.read(tmp_path)
+    assert (lost.outcome, lost.node, lost.decision) == ("node_fail", "node2", "stop")
+    assert lost.exclude == ("node2",)
+    assert fake.count("scancel", "27") == 1
+    assert not [c for c in fake.calls if c[:2] in (("scontrol", "requeue"), ("scontrol", "release"))]
+
+
+def test_a_lost_node_with_room_left_is_requeued_excluding_it(tmp_path: Path) -> None:
+    fake = FakeSlurm({"node1": "idle", "node2": "drain", "node3": "idle"})
+    fake.submit("27", state="PENDING", restarts=1, num_nodes="1")
+    assert run_end(tmp_path, fake, status=1) == 1  # a requeued job's shell ends as its tasks did
+    (lost,) = attempts.read(tmp_path)
+    assert (lost.outcome, lost.decision, lost.exclude) == ("node_fail", "requeue", ("node2",))
+    assert fake.count("scancel") == 0
+    assert fake.jobs["27"].excluded == "node2"
+
+
+def test_a_requeue_slurm_performs_with_every_node_healthy_is_a_preemption(tmp_path: Path) -> None:
+    """`scontrol requeue` (what PreemptMode=REQUEUE does): a preemption, counted against --max-requeue (1);
+    the second one spends it, and the stop really stops the job that Slurm requeued again."""
+    fake = FakeSlurm()
+    fake.submit("27", state="PENDING", restarts=1)
+    assert run_end(tmp_path, fake, status=exitcodes.PREEMPTED) == exitcodes.PREEMPTED
+    fake.jobs["27"].restarts = 2
+    code = run_end(tmp_path, fake, status=143, restart=1)
+    first, second = attempts.read(tmp_path)
+    assert (first.outcome, first.decision, first.node, first.blamed) == ("preempted", "requeue", None, False)
+    assert (second.outcome, second.decision) == ("preempted", "stop")
+    assert code == exitcodes.PREEMPTED
+    assert fake.count("scancel", "27") == 1  # once, after the second: the record's "stop" is what happens
