@@ -16,6 +16,7 @@ from hpc_ddp.launch.slurm import batch
 from hpc_ddp.launch.slurm.client import SlurmClient
 from hpc_ddp.launch.slurm.parse import JobInfo
 from hpc_ddp.ledger import attempts
+from hpc_ddp.run import folder as run_folder
 
 pytestmark = pytest.mark.unit
 
@@ -38,9 +39,9 @@ def environ(restart: int = 0, **extra: str) -> dict[str, str]:
     }
 
 
-def run_end(folder: Path, fake: FakeSlurm, status: int, restart: int = 0, **extra: str) -> int:
+def run_end(folder: Path, fake: FakeSlurm, status: int, restart: int = 0, log: str = "", **extra: str) -> int:
     args = ["--folder", str(folder), "--max-restarts", "1", "--max-requeue", "1"]
-    return batch.end(args, status, "", environ(restart, **extra), SlurmClient(fake))
+    return batch.end(args, status, log, environ(restart, **extra), SlurmClient(fake))
 
 
 @pytest.mark.parametrize(
@@ -94,3 +95,48 @@ def test_a_requeue_slurm_performs_with_every_node_healthy_is_a_preemption(tmp_pa
     assert (second.outcome, second.decision) == ("preempted", "stop")
     assert code == exitcodes.PREEMPTED
     assert fake.count("scancel", "27") == 1  # once, after the second: the record's "stop" is what happens
+
+
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        (["srun: error: node1: task 0: Exited with exit code 2", "srun: error: node2: tasks 2-3: Killed"], 2),
+        (["srun: error: node2: task 3: Killed", "srun: error: node1: task 0: Exited with exit code 2"], None),
+        (["srun: error: node1: task 1: Exited with exit code 1"], 1),
+        (["some other line"], None),
+    ],
+)
+def test_the_first_task_exit_srun_reports(lines: list[str], expected: int | None) -> None:
+    assert batch.first_exit(lines) == expected
+
+
+def test_a_task_that_exits_2_is_a_usage_error_never_retried(tmp_path: Path) -> None:
+    """srun says 1 when rank 0 exits 2 and --kill-on-bad-exit kills the others: its own line tells."""
+    log = tmp_path / "srun.log"
+    log.write_text(
+        "srun: error: node1: task 0: Exited with exit code 2\nsrun: error: node2: tasks 2-3: Killed\n"
+    )
+    fake = FakeSlurm()
+    fake.submit("27", state="RUNNING", node_list="node[1-2]")
+    folder = tmp_path / "run"
+    code = run_end(folder, fake, status=1, log=str(log))
+    assert code == exitcodes.USAGE
+    assert not [c for c in fake.calls if c[0] == "scancel" or c[1:2] in (("requeue",), ("requeuehold",))]
+    assert [(a.outcome, a.decision) for a in attempts.read(folder)] in ([], [("usage", "stop")])
+
+
+def test_a_job_refused_another_jobs_folder_stops_and_writes_nothing_there(tmp_path: Path) -> None:
+    """Another job (99) holds the folder: this job's rank 0 was refused it. Its `end` neither records nor
+    requeues (the requeued attempt would resume from the other job's checkpoint)."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    lock = run_folder.hold_folder(folder, "rank0", "99", 0)
+    try:
+        before = sorted(p.name for p in folder.rglob("*"))
+        fake = FakeSlurm()
+        fake.submit("27", state="RUNNING", node_list="node[1-2]")
+        assert run_end(folder, fake, status=1) == exitcodes.USAGE
+        assert sorted(p.name for p in folder.rglob("*")) == before
+        assert not [c for c in fake.calls if c[0] in ("scancel",) or c[1:2] in (("requeue",), ("hold",))]
+    finally:
+        lock.release()

@@ -8,7 +8,9 @@ test_launch_slurm_submit.py, whose background time-limit job must not be on a no
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import clean_environ
-from test_launch_slurm_submit import HANG_GUARD_S, run_submit, sacct_records, start_submit
+from test_launch_slurm_submit import CLIENT, HANG_GUARD_S, run_submit, sacct_records, start_submit
 
 from hpc_ddp.launch.slurm import submitter
 from hpc_ddp.ledger import attempts
@@ -181,3 +183,99 @@ def test_a_job_that_no_longer_fits_once_bad_nodes_are_excluded_stops_instead_of_
         "node2,node3 are excluded" in proc.stdout
     )
     assert f"[submit] job {job_id} ended FAILED" in proc.stdout
+
+
+def freeze_tasks(job_id: str, node: str) -> list[int]:
+    """SIGSTOP the job's processes on `node` (an emulated node's processes all run here: their environment
+    names the node), as a node that stops answering would leave them; returns their pids."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = dict(
+                item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item
+            )
+        except OSError:
+            continue
+        if (
+            env.get("SLURM_JOB_ID") == job_id
+            and env.get("SLURMD_NODENAME") == node
+            and "SLURM_STEP_ID" in env
+        ):
+            pids.append(int(entry.name))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def take_away(node: str, taken_away: list[str]) -> None:
+    """DOWN, then DRAIN (a bare DOWN returns within milliseconds here: ReturnToService=2)."""
+    taken_away.append(node)
+    for state in ("DOWN", "DRAIN"):
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", f"State={state}", "Reason=hpc_ddp test"], check=True
+        )
+
+
+def test_a_lost_node_that_leaves_too_few_stops_the_job_instead_of_pending_forever(
+    slurm_cluster: str, tmp_path: Path, taken_away: list[str]
+) -> None:
+    """Issue 23 item 1: node3 drained, node2 lost under a 2-node job on node1,node2. Slurm requeues the job
+    itself (COMPLETING, it counts one node); the job no longer fits, and the stop ends it: `--wait` returns."""
+    wait_all_idle()
+    take_away("node3", taken_away)
+    folder = tmp_path / "run"
+    proc, job_id = start_submit(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.1")
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not (folder / "checkpoints" / "latest").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    assert job_nodes(job_id) == ["node1", "node2"]
+    frozen = freeze_tasks(job_id, "node2")
+    assert frozen, "no task of the job found on node2"
+    take_away("node2", taken_away)
+    for pid in frozen:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 1, out
+    (lost,) = attempts.read(folder)
+    assert (lost.outcome, lost.node, lost.decision) == ("node_fail", "node2", "stop"), out
+    assert "cannot requeue: the job needs 2 node(s) and only 1 usable one(s) remain" in out, out
+    assert f"cancelled job {job_id}" in out, out
+    assert "pending" not in out.split("cannot requeue")[-1], out
+    state = CLIENT.job(job_id)
+    assert state is None or state.gone or state.state.done, state
+
+
+def test_a_requeue_by_slurm_with_every_node_up_is_a_preemption_and_a_stop_stops(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 23 item 2: `scontrol requeue` twice (what PreemptMode=REQUEUE does) with --max-requeue 1: the
+    first is a preemption, requeued; the second spends the budget, and the job really stops there."""
+    wait_all_idle()
+    folder = tmp_path / "run"
+    proc, job_id = start_submit(folder, *DETERMINISTIC, "--max-requeue", "1", SLOW_TASK_SLEEP_S="0.1")
+    log = submitter.log_path(folder, job_id)
+    for needle in ("Epoch 0,", "Resuming from"):  # training, then training again after the first requeue
+        deadline = time.monotonic() + HANG_GUARD_S
+        while needle not in submitter._read(log):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.1)
+        subprocess.run(["scontrol", "requeue", job_id], check=True)
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    records = attempts.read(folder)
+    assert [(a.outcome, a.decision, a.blamed) for a in records] == [
+        ("preempted", "requeue", False),
+        ("preempted", "stop", False),
+    ], out
+    assert "node_fail" not in out and "--max-restarts" not in out, out
+    assert "requeue budget spent (1 of --max-requeue 1)" in out, out
+    assert proc.returncode != 0, out
+    assert sacct_records(job_id)[-1] != "COMPLETED", out  # no third attempt

@@ -94,6 +94,29 @@ def _down(client: SlurmClient, nodes: Sequence[str]) -> tuple[str, ...]:
     return tuple(n for n in nodes if retry.usable({n: states.get(n, "idle")}, ()) == [])
 
 
+def first_exit(lines: Sequence[str]) -> int | None:
+    """The exit code of the first task that exited on its own ("task 0: Exited with exit code 2"), unless a
+    task died by a signal first; None when srun said neither (pure). A task that exits 2 made a usage error
+    (a bad option, a run folder another job holds): srun's own status is then 1 or a signal's, not 2."""
+    for line in lines:
+        match = _SRUN_LINE.search(line)
+        if not match:
+            continue
+        what = match.group(3).strip()
+        if not what.startswith("Exited with exit code"):
+            return None
+        code = what.rsplit(" ", 1)[-1]
+        return int(code) if code.isdigit() else None
+    return None
+
+
+def other_job(folder: Path, job: str) -> str | None:
+    """The job that holds `folder` now when it is not this one ("" for a run without a job id); else None.
+    A job never writes into, nor resumes from, another job's run folder."""
+    holder = run_folder.holder_job(folder)
+    return holder if holder is not None and holder != job else None
+
+
 def _resolve(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[TrainConfig, Path]:
     parser = build_parser(PROG, "training options, as the tasks get them")
     add_train_arguments(parser)
@@ -162,7 +185,9 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
             offset = os.path.getsize(log)
         except OSError:
             offset = 0
-    if folder.is_dir():  # else the tasks create it (a first start); `end` then goes by rank 0's start record
+    if (
+        folder.is_dir() and other_job(folder, job) is None
+    ):  # else the tasks create it (a first start); `end` then goes by rank 0's start record
         where = exits.attempt_folder(folder, job, restart)
         where.mkdir(parents=True, exist_ok=True)
         run_folder.atomic_write_bytes(
@@ -239,6 +264,15 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
         say(f"cannot record this attempt in {folder} ({e.strerror or e}); exiting as srun did ({status})")
         return status
     job, restart = _identity(environ)
+    holder = other_job(folder, job) if status != exitcodes.OK else None
+    if holder is not None:
+        # Rank 0 was refused the folder (it exited 2): not this job's record to write, nor its checkpoint.
+        owner = f"job {holder}" if holder else "another run"
+        say(
+            f"run folder {folder} is held by {owner}: this job recorded nothing there and stops (a usage "
+            "error, not retried). Fix: give this job its own --folder"
+        )
+        return exitcodes.USAGE
     state = _read_state(folder, job, restart)
     journal = supervisor.Journal(folder)
     this = record.find(journal.history(job), job, restart)
@@ -250,12 +284,14 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
     # This attempt's own preemption record only: an older one (kept for the user) is no decision about it.
     preempted = preemption.read_since(folder, began) if status == exitcodes.PREEMPTED else None
     by_rank0 = preempted is not None and preempted.mode == "scontrol"  # rank 0 decided and requeued itself
+    lines = _srun_lines(state, log)
+    usage = status != exitcodes.OK and first_exit(lines) == exitcodes.USAGE
     evidence = retry.Evidence(
-        code=status,
+        code=exitcodes.USAGE if usage else status,
         rank_nodes=this.ranks if this else (),
         notes=tuple(exits.read(folder, job, restart)),
         verdict=hang_verdict.read(folder, since=began) if began else None,
-        killed=srun_deaths(_srun_lines(state, log)),
+        killed=srun_deaths(lines),
         requeue=preempted.requeue if preempted else None,
         rank0_requeued=(bool(preempted.requeued) if by_rank0 and preempted else None),
         down=down,
