@@ -15,7 +15,7 @@ from hpc_ddp import exitcodes
 from hpc_ddp.launch.slurm import batch
 from hpc_ddp.launch.slurm.client import SlurmClient
 from hpc_ddp.launch.slurm.parse import JobInfo
-from hpc_ddp.ledger import attempts
+from hpc_ddp.ledger import attempts, preemption
 from hpc_ddp.run import folder as run_folder
 
 pytestmark = pytest.mark.unit
@@ -140,3 +140,28 @@ def test_a_job_refused_another_jobs_folder_stops_and_writes_nothing_there(tmp_pa
         assert not [c for c in fake.calls if c[0] in ("scancel",) or c[1:2] in (("requeue",), ("hold",))]
     finally:
         lock.release()
+
+
+@pytest.mark.parametrize(
+    "record, expected",
+    [
+        # the ranks asked for a requeue (USR2) and rank 0, deciding alone, did not: the budget, not a signal
+        ({"requeue": True, "requeued": False}, "rank 0 did not requeue the job (--max-requeue spent"),
+        ({"requeue": False, "requeued": False}, "stopped by a signal after saving a checkpoint"),  # scancel
+    ],
+)
+def test_a_preemption_rank_0_did_not_requeue_names_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], record: dict[str, bool], expected: str
+) -> None:
+    preemption.write(
+        tmp_path,
+        preemption.Preempted(
+            requeue=record["requeue"], signal="SIGUSR2", mode="scontrol", step=4, requeued=record["requeued"]
+        ),
+    )
+    fake = FakeSlurm()
+    fake.submit("27", state="RUNNING", node_list="node[1-2]")
+    assert run_end(tmp_path, fake, status=exitcodes.PREEMPTED) == exitcodes.PREEMPTED
+    (stopped,) = attempts.read(tmp_path)
+    assert (stopped.outcome, stopped.decision) == ("stopped", "stop")
+    assert expected in stopped.reason and expected in capsys.readouterr().err

@@ -143,7 +143,10 @@ def _judge(ev: Evidence) -> Ending:
                 if ev.rank0_requeued
                 else Ending(
                     record.STOPPED,
-                    "stopped by a signal after saving a checkpoint; not requeued",
+                    "stopped by a signal after saving a checkpoint; not requeued"
+                    if not ev.requeue
+                    else "preempted: saved a checkpoint; rank 0 did not requeue the job (--max-requeue spent, "
+                    "or scontrol failed: its log says which)",
                     decided=True,
                 )
             )
