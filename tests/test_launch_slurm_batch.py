@@ -165,3 +165,25 @@ def test_a_preemption_rank_0_did_not_requeue_names_why(
     (stopped,) = attempts.read(tmp_path)
     assert (stopped.outcome, stopped.decision) == ("stopped", "stop")
     assert expected in stopped.reason and expected in capsys.readouterr().err
+
+
+def test_an_attempt_a_time_limit_left_open_is_closed_by_the_next_job_in_the_folder(tmp_path: Path) -> None:
+    """Job 11 hit its time limit before its first checkpoint: Slurm SIGKILLed its batch shell (KillWait after
+    the SIGTERM) before `end`, and its attempt stayed open. The next job's `begin` closes it with Slurm's
+    word; job 12, still running, is left alone."""
+    import json
+
+    lines = [
+        {"event": "start", "job": job, "restart": 0, "nodes": ["node1"], "ranks": ["node1"], "time": 1.0}
+        for job in ("11", "12")
+    ]
+    (tmp_path / "attempts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    fake = FakeSlurm()
+    fake.submit("11", state="TIMEOUT", records=[["TIMEOUT", "0:0", "TimeLimit"]])
+    fake.submit("12", state="RUNNING", records=[["RUNNING", "0:0", "None"]])
+    args = ["--folder", str(tmp_path)]
+    assert batch.begin(args, "", environ(), SlurmClient(fake)) == exitcodes.OK
+    by_job = {a.job: a for a in attempts.read(tmp_path)}
+    assert (by_job["11"].outcome, by_job["11"].decision) == ("stopped", "stop")
+    assert "time limit" in by_job["11"].reason
+    assert by_job["12"].ended is None

@@ -147,10 +147,59 @@ def _read_state(folder: Path, job: str, restart: int) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+# Why a job that is over ended, when its own batch shell could not record it (Slurm SIGKILLs the shell KillWait
+# after the time limit's SIGTERM, while its tasks still save): accounting's state of its last run.
+_OVER = {
+    "TIMEOUT": (outcomes.STOPPED, "its time limit ended it before its batch shell could record the attempt"),
+    "CANCELLED": (outcomes.STOPPED, "cancelled before its batch shell could record the attempt"),
+    "DEADLINE": (outcomes.STOPPED, "its deadline ended it before its batch shell could record the attempt"),
+}
+
+
+def _close_other_jobs(journal: supervisor.Journal, job: str, client: SlurmClient) -> None:
+    """Close the attempts other jobs left open in this folder once Slurm says those jobs are over (a time
+    limit before the first checkpoint: the batch shell was killed before `end`), with what ended them. A job
+    still running, or one Slurm does not answer for, is left alone. Their budgets are theirs: nothing to
+    decide, each is recorded as stopped there."""
+    left = [a for a in attempts_of_others(journal, job) if a.ended is None]
+    if not left:
+        return
+    histories = client.histories(sorted({a.job for a in left})) or {}
+    for attempt in left:
+        history = histories.get(attempt.job)
+        if history is None or not history.current.done:
+            continue
+        outcome, reason = _OVER.get(
+            history.current.state,
+            (outcomes.LOST, f"its job ended {history.current.state} before its batch shell recorded it"),
+        )
+        closed = supervisor.end_attempt(
+            journal,
+            attempt.job,
+            attempt.restart,
+            retry.Ending(outcome, reason, signature=history.current.state.lower()),
+            _no_budgets(),
+            began=attempt.started or 0,
+            checkpoint=supervisor.latest_step(journal.folder),
+            adjust=lambda _this, decision: retry.Decision(outcomes.STOP, "the job is over", decision.exclude),
+        )
+        say(f"job {attempt.job}: {closed.line}")
+
+
+def attempts_of_others(journal: supervisor.Journal, job: str) -> list[record.Attempt]:
+    return [a for a in record.merge(record.read_lines(journal.folder)) if a.job != job]
+
+
+def _no_budgets() -> supervisor.Budgets:
+    return supervisor.Budgets(0, 0, outcomes.REQUEUE)
+
+
 def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: SlurmClient) -> int:
     cfg, folder = _resolve(argv, environ)
     job, restart = _identity(environ)
     journal = supervisor.Journal(folder)
+    if other_job(folder, job) is None:
+        _close_other_jobs(journal, job, client)
     history = journal.history(job)
     for open_attempt in [a for a in history if a.restart < restart and a.ended is None]:
         # Its batch shell died before its `end` (its node went down with it, most likely): close it now.
