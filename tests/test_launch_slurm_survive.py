@@ -20,7 +20,15 @@ from typing import Any
 import pytest
 import torch
 from conftest import clean_environ
-from test_launch_slurm_submit import CLIENT, HANG_GUARD_S, run_submit, sacct_records, start_submit
+from test_launch_slurm_submit import (
+    CLIENT,
+    DDP_SBATCH,
+    HANG_GUARD_S,
+    run_submit,
+    sacct_records,
+    start_submit,
+    wait_job,
+)
 
 from hpc_ddp.launch.slurm import submitter
 from hpc_ddp.ledger import attempts
@@ -105,7 +113,9 @@ def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(
     assert all(torch.equal(uninterrupted[k], got[k]) for k in uninterrupted)
 
 
-def submit_node_fault(folder: Path, bad_nodes: str) -> tuple[subprocess.CompletedProcess[str], str]:
+def submit_node_fault(
+    folder: Path, bad_nodes: str, error: str = ""
+) -> tuple[subprocess.CompletedProcess[str], str]:
     """A 2-node job whose tasks on `bad_nodes` raise a CUDA ECC error, on an idle cluster (so it starts on
     node1,node2), waited for: the finished `submit --wait` and the job id."""
     wait_all_idle()
@@ -116,7 +126,7 @@ def submit_node_fault(folder: Path, bad_nodes: str) -> tuple[subprocess.Complete
         "--epochs",
         "2",
         "--wait",
-        env=clean_environ(RETRY_BAD_NODE=bad_nodes),
+        env=clean_environ(RETRY_BAD_NODE=bad_nodes, RETRY_ERROR=error),
     )
     found = re.match(r"Submitted job (\d+):", proc.stdout)
     assert found, proc.stdout
@@ -279,3 +289,67 @@ def test_a_requeue_by_slurm_with_every_node_up_is_a_preemption_and_a_stop_stops(
     assert "requeue budget spent (1 of --max-requeue 1)" in out, out
     assert proc.returncode != 0, out
     assert sacct_records(job_id)[-1] != "COMPLETED", out  # no third attempt
+
+
+def test_an_illegal_memory_access_blames_the_node_once_then_the_code(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 23 item 4: node2 raises it (a bad GPU, maybe): excluded; node3 raises it too: it follows the job,
+    the code is blamed and the job stops as a crash loop instead of walking through the partition."""
+    folder = tmp_path / "run"
+    error = "CUDA error: an illegal memory access was encountered"
+    proc, job_id = submit_node_fault(folder, "node2,node3", error)
+    assert proc.returncode == 1, proc.stdout
+    first, second = attempts.read(folder)
+    assert (first.node, first.blamed, first.decision, first.exclude) == ("node2", True, "requeue", ("node2",))
+    assert (second.nodes, second.node, second.blamed, second.decision) == (
+        ("node1", "node3"),
+        "node3",
+        False,
+        "stop",
+    )
+    assert "crash loop" in proc.stdout and "cannot requeue" not in proc.stdout, proc.stdout
+    assert f"[submit] job {job_id} ended FAILED" in proc.stdout
+
+
+def test_a_job_refused_another_jobs_folder_stops_and_leaves_it_alone(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 23 item 6: job A trains in the folder; job B (slurm/ddp.sbatch, same --folder) is refused by
+    the folder lock (rank 0 exits 2). B stops at once, not requeued, and writes nothing in A's folder."""
+    wait_all_idle()
+    folder = tmp_path / "run"
+    proc, job_a = start_submit(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.1")
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not (folder / "checkpoints" / "latest").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    before = sorted(str(p.relative_to(folder)) for p in (folder / "exits").rglob("*"))
+    submitted = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=1",
+            "--gpus-per-node=0",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            str(DDP_SBATCH),
+            "--folder",
+            str(folder),
+            *DETERMINISTIC,
+        ],
+        cwd=tmp_path,
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    job_b = submitted.stdout.strip().split(";")[0]
+    assert wait_job(job_b) == "FAILED"
+    log = (tmp_path / f"hpc_ddp-{job_b}.out").read_text()
+    assert f"is held by job {job_a}: this job recorded nothing there and stops" in log, log
+    assert sacct_records(job_b) == ["FAILED"]  # never requeued
+    assert all(a.job == job_a for a in attempts.read(folder))
+    assert not list((folder / "exits").glob(f"{job_b}-*")), before
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, out  # A is unharmed
