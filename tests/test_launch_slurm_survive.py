@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -319,7 +320,9 @@ def test_a_job_refused_another_jobs_folder_stops_and_leaves_it_alone(
     the folder lock (rank 0 exits 2). B stops at once, not requeued, and writes nothing in A's folder."""
     wait_all_idle()
     folder = tmp_path / "run"
-    proc, job_a = start_submit(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.1")
+    proc, job_a = start_submit(
+        folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="1"
+    )  # ~30 s: still running at B's end
     deadline = time.monotonic() + HANG_GUARD_S
     while not (folder / "checkpoints" / "latest").is_file():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
@@ -339,7 +342,7 @@ def test_a_job_refused_another_jobs_folder_stops_and_leaves_it_alone(
             *DETERMINISTIC,
         ],
         cwd=tmp_path,
-        env=clean_environ(),
+        env=clean_environ(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
         capture_output=True,
         text=True,
         check=True,
