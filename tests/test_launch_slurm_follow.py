@@ -198,6 +198,24 @@ def test_a_cancel_while_pending_after_a_requeue_is_reported_at_once(tmp_path: Pa
     assert run.clock.t - 1000 - 50 <= follow.POLL_MIN_S + follow.TICK_S + follow.SETTLE_S
 
 
+def test_a_job_cancelled_before_accounting_records_its_next_run_is_reported(tmp_path: Path) -> None:
+    """The batch step's stop cancels a job Slurm had just requeued: accounting's last record stays REQUEUED
+    (no next run is ever recorded), and only the controller says CANCELLED."""
+    run = Run(tmp_path)
+    run.fake.start("7")
+
+    def requeued_then_cancelled() -> None:
+        run.fake.requeue("7")
+        run.job.records.pop()  # the next run's record is not written yet, and never will be
+        run.job.state = "CANCELLED"
+
+    run.at(10, requeued_then_cancelled)
+    code, out = run.follow()
+    assert code == 1, out
+    assert "was cancelled" in out.splitlines()[-1], out
+    assert run.clock.t - 1000 - 10 <= 60, out  # not after the 5 minutes of silence
+
+
 def test_a_job_is_over_only_once_its_processes_are_gone(tmp_path: Path) -> None:
     """scancel: accounting says CANCELLED at once while the tasks still save (KillWait); the controller
     says COMPLETING until the last process is gone, and only then does --wait report."""

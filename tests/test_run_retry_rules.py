@@ -232,12 +232,16 @@ def test_srun_deaths(lines: list[str], deaths: tuple) -> None:
 
 
 def test_scontrol_and_sinfo_readings() -> None:
-    fields = batch.job_fields(
+    from hpc_ddp.launch.slurm import parse
+
+    info = parse.parse_job(
         "JobId=7 JobName=x JobState=PENDING Reason=BeginTime Restarts=1 NumNodes=2-2 "
         "Partition=debug ExcNodeList=node2"
     )
+    assert info is not None  # the one parser of `scontrol show job` (hpc_ddp.launch.slurm.parse)
+    fields = info.fields
     assert (fields["JobState"], fields["NumNodes"], fields["ExcNodeList"]) == ("PENDING", "2-2", "node2")
-    assert batch.node_states("node1 idle\nnode2 drain\nnode3 down*\n") == {
+    assert parse.parse_sinfo("node1 idle\nnode2 drain\nnode3 down*\n") == {
         "node1": "idle",
         "node2": "drain",
         "node3": "down*",

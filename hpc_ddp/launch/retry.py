@@ -12,7 +12,8 @@ signature, and whether it points at the node. `decide(history, ending, ...)` say
   checkpoint while the failures of this job stay within --max-restarts, except a *crash loop*: an attempt that
   fails with the same signature as the attempt before it, without a newer checkpoint in between, is an error
   in the code or data, not bad luck, and the job stops.
-- blame: a hardware-looking error (CUDA/NCCL/ECC: NODE_FAULTS), a rank dying by a signal, a hang or
+- blame: a hardware-looking error (the node rows of hpc_ddp.launch.faults.TABLE; an illegal memory access
+  only until it follows the job to a second node), a rank dying by a signal, a hang or
   unresponsive rank, or a node Slurm set DOWN points at that node. On Slurm the requeued job then excludes
   every node blamed so far (hpc_ddp.launch.slurm.batch); locally the blame is only recorded.
 
@@ -28,33 +29,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpc_ddp import exitcodes
+from hpc_ddp.launch import faults
 from hpc_ddp.ledger import outcomes as record
 from hpc_ddp.ledger.attempts import Attempt
 from hpc_ddp.ledger.signature import signature
 
 __all__ = ["Decision", "Ending", "Evidence", "decide", "judge", "signature"]
 
-# Errors that point at the machine, not the code: a rank raising one blames its node. Lower-case substrings.
-NODE_FAULTS = (
-    "uncorrectable ecc error",
-    "ecc error",
-    "cuda error: unspecified launch failure",
-    "gpu is lost",
-    "cuda error: an uncorrectable nvlink error",
-    "cudaerrornodevice",
-    "no cuda-capable device is detected",
-    "cuda-capable device(s) is/are busy or unavailable",
-    "cuda error: uncorrectable",
-    "xid ",
-    "nccl error",
-    "ncclsystemerror",
-    "ncclinternalerror",
-    "ncclunhandledcudaerror",
-    "ncclremoteerror",
-    "cuda driver error",
-    "nvml",
-    "input/output error",
-)
 # Errors a rank raises because *another* rank ended (its peers' sockets closed, an aborted communicator,
 # rank 0's forwarded failure): never the first cause when a first cause is known.
 SECONDARY = (
@@ -76,8 +57,17 @@ SECONDARY = (
 
 
 def node_fault(text: str) -> bool:
-    low = text.lower()
-    return any(p in low for p in NODE_FAULTS)
+    """An error that blames the node it was raised on, seen for the first time (hpc_ddp.launch.faults)."""
+    return faults.blame(text, None)
+
+
+def follow(before: Sequence[Attempt], ending: Ending) -> Ending:
+    """A SUSPECT error (hpc_ddp.launch.faults: an illegal memory access) blames the node the first time; when
+    the same error already failed this job on another node, it followed the job: the code is blamed (pure)."""
+    if not ending.blamed or ending.outcome != record.FAILED:
+        return ending
+    seen = [a.node for a in before if a.failed and a.signature == ending.signature]
+    return ending if faults.blame(ending.reason, ending.node, seen) else replace(ending, blamed=False)
 
 
 def secondary(text: str) -> bool:
@@ -153,7 +143,10 @@ def _judge(ev: Evidence) -> Ending:
                 if ev.rank0_requeued
                 else Ending(
                     record.STOPPED,
-                    "stopped by a signal after saving a checkpoint; not requeued",
+                    "stopped by a signal after saving a checkpoint; not requeued"
+                    if not ev.requeue
+                    else "preempted: saved a checkpoint; rank 0 did not requeue the job (--max-requeue spent, "
+                    "or scontrol failed: its log says which)",
                     decided=True,
                 )
             )

@@ -136,6 +136,7 @@ def end_attempt(
     this = attempts.find(history, job, restart) or Attempt(job, restart, number=len(history) + 1)
     before = [a for a in history if a.key != this.key and a.number < this.number]
     ending = retry.judge(found) if isinstance(found, retry.Evidence) else found
+    ending = retry.follow(before, ending)  # an error that follows the job from node to node is the code's
     closed = retry.close(this, ending, step_reached(journal.folder, began), checkpoint, now or time.time())
     decision = retry.decide(
         before,

@@ -235,6 +235,14 @@ def is_held(folder: Path) -> bool:
     return _holder_gone(path, _read_lock(path), onlooker, look_only=True) is None
 
 
+def holder_job(folder: Path) -> str | None:
+    """The job id of the run that holds `folder` now ("" for a run without one, a local run); None when no
+    run holds it. A batch step reads it so that a job never writes into another job's run folder."""
+    if not is_held(folder):
+        return None
+    return str((_read_lock(folder / LOCK_NAME) or {}).get("job_id") or "")
+
+
 def _read_lock(path: Path) -> dict[str, Any] | None:
     """The holder's record; None if there is no readable one (gone, or being written right now)."""
     try:

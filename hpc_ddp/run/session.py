@@ -61,8 +61,10 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
     except (UsageError, KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:
-        # For the supervisor (local launcher, batch shell): which error came first, on which node.
-        if folder.is_dir():
+        # For the supervisor (local launcher, batch shell): which error came first, on which node. Never in a
+        # folder another job holds (this job's rank 0 was refused it, and this rank failed for that reason).
+        holder = run_folder.holder_job(folder) if folder.is_dir() else None
+        if folder.is_dir() and not (holder and env.job_id and holder != env.job_id):
             exits.note(folder, env.job_id or "", env.restart, env.rank, env.node, e)
         raise
     finally:

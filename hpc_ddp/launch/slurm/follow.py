@@ -106,7 +106,9 @@ def look(
     if not ending:
         history = client.history(job_id)
     info = None
-    if ending or history is None or history.current.done:
+    # Accounting's last record REQUEUED: the next run's record may never come (the job was cancelled while
+    # on its way back to pending, as the batch step's stop does): the controller says.
+    if ending or history is None or history.current.done or history.current.kind is Kind.REQUEUED:
         info = client.job(job_id)
         if info is None and history is not None:
             # The controller does not answer. After NODE_FAIL or PREEMPTED Slurm may be requeuing the job and

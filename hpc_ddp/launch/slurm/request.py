@@ -177,6 +177,11 @@ TRAP = (
     "trap 'echo \"[hpc_ddp] the batch shell got SIGTERM (scancel, a requeue or the time limit); it ends once "
     "the attempt is recorded\" >&2' TERM"
 )
+# The preemption signals are the tasks' (hpc_ddp.run.preemption); one that reaches this shell (`scancel -b
+# --signal=USR2`, `--signal=B:USR2`) would end it with the job's record unwritten: noted, never fatal.
+USR_TRAP = (
+    "trap 'echo \"[hpc_ddp] the batch shell got a preemption signal: it is for the tasks\" >&2' USR1 USR2"
+)
 
 
 def with_batch_steps(
@@ -192,6 +197,7 @@ def with_batch_steps(
     options = shlex.join(["--", *argv])
     log = shlex.quote(submitit_dir) + '/"${SLURM_JOB_ID}_0_log.out"'
     setup = [
+        USR_TRAP,
         *params.get("setup", []),
         "export HPC_DDP_BATCH=1  # the tasks leave requeueing to this shell's `end` step",
         f"{module} begin --log {log} {options} || exit $?",

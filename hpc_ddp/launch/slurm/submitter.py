@@ -133,13 +133,18 @@ def sbatch_text(request: SlurmRequest, folder: Path, module: str = "", argv: tup
     """The sbatch script submitit writes for this request (what `--print-sbatch` shows)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    python = shlex.quote(sys.executable)
-    command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder / SUBMITIT_DIR))}"
+    command = f"{task_python()} -u -m submitit.core._submit {shlex.quote(str(folder / SUBMITIT_DIR))}"
     return _ended(
         _make_sbatch_string(
             command=command, folder=folder / SUBMITIT_DIR, **_parameters(request, folder, module, argv)
         )
     )
+
+
+def task_python() -> str:
+    """How each task starts python: through hpc_ddp.launch.slurm.start, which blocks the preemption signals
+    from its first instruction until the task's handler takes them (a USR2 while a task starts kills it)."""
+    return f"{shlex.quote(sys.executable)} -u -m hpc_ddp.launch.slurm.start"
 
 
 def _ended(text: str) -> str:
@@ -250,7 +255,7 @@ def _submit(
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return _ended(super()._make_submission_file_text(command, uid))  # as --print-sbatch shows it
 
-    executor = Executor(folder=folder / SUBMITIT_DIR, max_num_timeout=max_requeue)
+    executor = Executor(folder=folder / SUBMITIT_DIR, max_num_timeout=max_requeue, python=task_python())
     executor.update_parameters(**params)
     # submitit prints sbatch's stderr when sbatch fails; it is in the exception too, and becomes one line.
     with submission_environ(), redirect_stderr(io.StringIO()):
