@@ -251,3 +251,21 @@ def test_a_silent_peer_is_still_unresponsive(tmp_path: Any, monkeypatch: Any) ->
     dogs[1].stop()
     assert left == [exitcodes.HANG], said
     assert "rank 0 (node1, pid 100) is unresponsive" in said[0]
+
+
+def test_a_deferral_under_a_kit_supervisor_is_said_in_the_log(
+    tmp_path: Any, monkeypatch: Any, capsys: Any
+) -> None:
+    """Under a kit supervisor the watchdog has no console to speak to (say=None): the deferral's line goes to
+    the rank's own stderr (its log), and nobody is killed (it raised TypeError and ended the rank before)."""
+    import time
+
+    dogs, said, left = _two_ranks(tmp_path, monkeypatch)
+    dogs[1].say = None
+    for dog in dogs:
+        dog.thread.start()
+    time.sleep(4.0)
+    for dog in dogs:
+        dog.stop()
+    assert left == []
+    assert "no hang at step 7: rank 0 (node1, pid" in capsys.readouterr().err

@@ -288,8 +288,8 @@ class Watchdog:
                     self.beacon.state[2],
                     time.monotonic() + float(verdict["wait_s"]) + WINDOW_S,
                 )
-                if decided:
-                    self.say(verdict["line"])
+                if decided:  # in this rank's log (or the console it has): nobody was judged
+                    (self.say or _raw)(verdict["line"])
                 return False
             line = verdict.get("line", "hang: no verdict was written in time; see every rank's log")
             # The verdict once on the job's console (by the rank that decided it, unless a supervisor of the
