@@ -105,3 +105,10 @@ def test_the_supervisor_rule_excludes_the_node_once_then_stops_as_a_crash_loop()
     decision = retry.decide([one], two, 3)
     assert decision.action == outcomes.STOP and decision.crash_loop
     assert decision.exclude == ("node2",)
+
+
+def test_a_death_by_a_signal_keeps_its_blame_after_the_follow_rule() -> None:
+    """The follow rule reconsiders SUSPECT errors only: a rank killed by SIGKILL still points at its node
+    (the follow rule took that blame away, since the signal's line is in no row of the table)."""
+    ending = retry.Ending("failed", "rank 2 was killed by SIGKILL", "signal SIGKILL", 2, "node2", blamed=True)
+    assert retry.follow([], ending).blamed

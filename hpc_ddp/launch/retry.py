@@ -64,7 +64,14 @@ def node_fault(text: str) -> bool:
 def follow(before: Sequence[Attempt], ending: Ending) -> Ending:
     """A SUSPECT error (hpc_ddp.launch.faults: an illegal memory access) blames the node the first time; when
     the same error already failed this job on another node, it followed the job: the code is blamed (pure)."""
-    if not ending.blamed or ending.outcome != record.FAILED:
+    fault = faults.classify(ending.reason)
+    # Only a SUSPECT error is reconsidered: other blame (a death by a signal, a hardware fault) stands.
+    if (
+        not ending.blamed
+        or ending.outcome != record.FAILED
+        or fault is None
+        or fault.blame is not faults.Blame.SUSPECT
+    ):
         return ending
     seen = [a.node for a in before if a.failed and a.signature == ending.signature]
     return ending if faults.blame(ending.reason, ending.node, seen) else replace(ending, blamed=False)
