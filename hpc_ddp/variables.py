@@ -87,7 +87,7 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("HPC_DDP_REGEN_GOLDEN", "test", "1 rewrites the golden --print-sbatch file of the tests"),
     Variable(
-        "HPC_DDP_CI_DEADLINE_S", "test", ".ci/run: the whole suite's deadline in seconds (default 2400)"
+        "HPC_DDP_CI_DEADLINE_S", "test", ".ci/run: the whole suite's deadline in seconds (default 3600)"
     ),
     Variable("HPC_DDP_SLURM_DIR", "test", "env/slurm/cluster.sh: the local cluster's state directory"),
     Variable(
