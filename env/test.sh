@@ -23,4 +23,5 @@ if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
   bash env/slurm/cluster.sh start
   export HPC_DDP_REQUIRE_SLURM=1  # a Slurm test that cannot reach the cluster fails instead of skipping
 fi
-exec .venv/bin/python -m pytest "$@"
+# Each run ends with the seconds per test file (tests/costs.py); --durations adds the slowest tests.
+exec .venv/bin/python -m pytest --durations=20 "$@"

@@ -17,13 +17,20 @@ nothing in it until everything has been checked: the task, the checkpoint it res
 
 from __future__ import annotations
 
-import os
+import signal
+
+if __name__ == "__main__":
+    # The very first instruction: a preemption signal that arrives while this task imports (before its
+    # handler exists) waits, blocked, instead of killing it; preemption.install() unblocks and handles it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM))
+
+import os  # noqa: E402
 from typing import NoReturn
 
-from hpc_ddp.cli import build_parser
-from hpc_ddp.errors import run_task
-from hpc_ddp.run import preemption, session
-from hpc_ddp.run.config import add_train_arguments, from_namespace
+from hpc_ddp.cli import build_parser  # noqa: E402
+from hpc_ddp.errors import run_task  # noqa: E402
+from hpc_ddp.run import preemption, session  # noqa: E402
+from hpc_ddp.run.config import add_train_arguments, from_namespace  # noqa: E402
 
 PROG = "python -m hpc_ddp.train"
 

@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 CLUSTER = ROOT / "env" / "slurm" / "cluster.sh"
 
-pytest_plugins = [
-    "deadline"
-]  # tests/deadline.py: every test has a deadline (pyproject's deadline_s, the marker)
+# tests/deadline.py: every test has a deadline (pyproject's deadline_s, the marker); tests/standins.py: Slurm's
+# commands fail unless the test is marked slurm or brings its own fakes; tests/costs.py: every test has a cost
+# marker (unit, process, ranks, slurm, scenario), and each run ends with the seconds per test file.
+pytest_plugins = ["deadline", "standins", "costs"]
 
 _PYTEST_PID = os.getpid()
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: no dlopen between fork and exec

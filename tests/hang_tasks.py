@@ -92,3 +92,18 @@ def slow_start_and_save(config):  # type: ignore[no-untyped-def]
     model = nn.Linear(10, 1)
     model.register_state_dict_pre_hook(lambda *_: time.sleep(slow) if os.environ.get("RANK") == "0" else None)
     return Task(model=model, dataset=_data(config.seed), loss_fn=loss_fn)
+
+
+def slow_workers(config):  # type: ignore[no-untyped-def]
+    """Healthy, but each DataLoader worker takes SLOW_S seconds before its first sample (opening its shards):
+    every epoch's first batch is slow when workers start again, as they do without persistent workers."""
+    slow = float(os.environ.get("SLOW_S", "3"))
+
+    class Data(_Slow):
+        def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
+            if not getattr(self, "opened", False):  # per process: a worker's own copy of the dataset
+                time.sleep(slow)
+                self.opened = True
+            return self.data[index]
+
+    return Task(model=nn.Linear(10, 1), dataset=Data(config.seed, 0.0), loss_fn=nn.functional.mse_loss)

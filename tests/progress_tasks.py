@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 
 from slow_tasks import slow
 
@@ -22,6 +23,25 @@ def crash_on_restart(config):  # type: ignore[no-untyped-def]
         calls[0] += 1
         if calls[0] == at:
             raise RuntimeError("crash on restart (tests/progress_tasks.py)")
+        return inner(output, target)
+
+    return dataclasses.replace(task, loss_fn=loss_fn)
+
+
+def killed_at(config):  # type: ignore[no-untyped-def]
+    """slow_tasks.slow, except that rank 0 of the first start kills itself (SIGKILL: no Python exit path runs)
+    in optimizer step KILL_AT_STEP (one loss call a step): the attempt dies between two progress records."""
+    task = slow(config)
+    at = int(os.environ.get("KILL_AT_STEP", "0"))
+    if not at or os.environ.get("RANK") != "0" or int(os.environ.get("SLURM_RESTART_COUNT") or 0):
+        return task
+    calls = [0]
+    inner = task.loss_fn
+
+    def loss_fn(output, target):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == at:
+            os.kill(os.getpid(), signal.SIGKILL)
         return inner(output, target)
 
     return dataclasses.replace(task, loss_fn=loss_fn)

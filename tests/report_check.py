@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import os
 import re
 import shutil
@@ -24,9 +25,9 @@ from pathlib import Path
 import pytest
 from conftest import die_with_test, run_module
 
+from hpc_ddp.ledger import attempts as attempts_record
 from hpc_ddp.report import timeline
 from hpc_ddp.report.sources import read_run
-from hpc_ddp.run import attempts as attempts_record
 from hpc_ddp.run.metrics import read_records
 
 CHROMIUM_TIMEOUT_S = 90
@@ -72,8 +73,8 @@ def chromium() -> str:
     return path
 
 
-def screenshot(page: Path, shot: Path, width: int = 1280, height: int = 1800) -> None:
-    """A headless Chromium screenshot of `page` (a local file), with no network; killed on every path."""
+def run_chromium(page: Path, *args: str) -> str:
+    """Headless Chromium on `page` (a local file) with `args`, no network; its stdout. Killed on every path."""
     profile = Path(tempfile.mkdtemp(prefix="hpc_ddp-chromium-"))
     argv = [
         chromium(),
@@ -90,14 +91,13 @@ def screenshot(page: Path, shot: Path, width: int = 1280, height: int = 1800) ->
         "--no-default-browser-check",
         "--host-resolver-rules=MAP * ~NOTFOUND",
         f"--user-data-dir={profile}",
-        f"--window-size={width},{height}",
-        f"--screenshot={shot}",
+        *args,
         page.resolve().as_uri(),
     ]
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
         preexec_fn=die_with_test,
@@ -113,7 +113,55 @@ def screenshot(page: Path, shot: Path, width: int = 1280, height: int = 1800) ->
             pass
         proc.wait()
         shutil.rmtree(profile, ignore_errors=True)
+    return out
+
+
+def screenshot(page: Path, shot: Path, width: int = 1280, height: int = 1800) -> None:
+    """A headless Chromium screenshot of `page` (a local file), with no network; killed on every path."""
+    out = run_chromium(page, f"--window-size={width},{height}", f"--screenshot={shot}")
     assert shot.is_file(), f"no screenshot: {out[-2000:]}"
+
+
+# Injected into a copy of the page (the report itself has no script): every word of every table cell whose
+# pieces lie on more than one line is broken inside; the list of them is written into the DOM for --dump-dom.
+BROKEN_WORDS_JS = """
+<script>
+const broken = [];
+for (const cell of document.querySelectorAll("td, th")) {
+  const texts = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  for (let node = texts.nextNode(); node; node = texts.nextNode()) {
+    let at = 0;
+    for (const word of node.textContent.split(" ")) {
+      if (word) {
+        const range = document.createRange();
+        range.setStart(node, at);
+        range.setEnd(node, at + word.length);
+        const lines = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+        if (lines.size > 1) broken.push(word);
+      }
+      at += word.length + 1;
+    }
+  }
+}
+const out = document.createElement("pre");
+out.id = "broken-words";
+out.textContent = JSON.stringify(broken);
+document.body.appendChild(out);
+</script>
+"""
+
+
+def broken_words(page: Path, width: int = 1600, height: int = 1200) -> list[str]:
+    """The words of the page's table cells that Chromium, at this window size, breaks over two lines."""
+    probe = page.with_name("broken-words-probe.html")
+    probe.write_text(page.read_text().replace("</body>", BROKEN_WORDS_JS + "</body>"))
+    try:
+        dom = run_chromium(probe, "--dump-dom", f"--window-size={width},{height}")
+    finally:
+        probe.unlink()
+    found = re.search(r'<pre id="broken-words">(.*?)</pre>', dom, re.S)
+    assert found, f"no result from the page's script: {dom[-2000:]}"
+    return json.loads(html.unescape(found.group(1)))
 
 
 def check_report(folder: Path, shot: Path, *args: str, expect_heatmap: bool | None = None) -> Checked:
@@ -128,7 +176,7 @@ def check_report(folder: Path, shot: Path, *args: str, expect_heatmap: bool | No
     run = read_run(folder, use_sacct=False)
     summary = timeline.summarize(run.records, run.lines, run.slurm, run.running)
     if expect_heatmap is None:
-        expect_heatmap = any(r.get("event") == "ranks" for r in run.records)
+        expect_heatmap = any(r.get("event") == "ranks" for r in read_records(folder / "metrics.jsonl"))
     expected = [n for n in IMAGES if expect_heatmap or n != "step-time-heatmap.png"]
     images = inline_images(page)
     assert sorted(images) == sorted(expected), sorted(images)
@@ -148,7 +196,10 @@ def page_attempts(page: str) -> list[dict[str, str]]:
     """The page's attempts table as a person reads it: one {column heading: cell text} per row."""
     (table,) = re.findall(r"<table class=attempts>(.*?)</table>", page, re.S)
     rows = [
-        [html.unescape(c) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", row, re.S)]
+        [
+            html.unescape(re.sub(r"<[^>]+>", "", c))
+            for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, re.S)
+        ]
         for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)
     ]
     return [dict(zip(rows[0], row, strict=False)) for row in rows[1:]]
@@ -159,21 +210,20 @@ class RecordFacts:
     """What a run's files say, read straight from them (not through the report's code)."""
 
     steps: int  # the highest step of any metrics record
-    final_loss: float | None  # the loss of the highest step's last "step" record
+    final_loss: float | None  # the loss of the last "step" record: the last step trained
     best_loss: float | None
     starts: int  # "start" records in metrics.jsonl (0 before they existed)
     attempts: int  # attempts in attempts.jsonl (0 without one)
     lost_steps: int | None  # attempts.jsonl: sum of step - checkpoint over attempts that did not complete
     recorded: tuple[
         attempts_record.Attempt, ...
-    ] = ()  # attempts.jsonl as the kit reads it (run.attempts.read)
+    ] = ()  # attempts.jsonl as the kit reads it (ledger.attempts.read)
 
 
 def record_facts(folder: Path) -> RecordFacts:
     metrics = read_records(folder / "metrics.jsonl")
     steps = [r for r in metrics if r.get("event") == "step" and isinstance(r.get("loss"), float)]
-    top = max((r["step"] for r in steps), default=None)
-    last = [r for r in steps if r["step"] == top][-1] if steps else None  # a replayed step: its last record
+    last = steps[-1] if steps else None  # the last step trained (a run that went back: not its highest)
     lines = read_records(folder / "attempts.jsonl")
     ends = [r for r in lines if r.get("event") == "end"]
     lost = sum(
@@ -194,7 +244,7 @@ def record_facts(folder: Path) -> RecordFacts:
 
 def assert_report_matches_records(checked: Checked, folder: Path) -> RecordFacts:
     """The report's steps, losses, attempts and lost steps are the ones the run's files hold; with an
-    attempts.jsonl, the page's attempts table says, row by row, what hpc_ddp.run.attempts reads from it."""
+    attempts.jsonl, the page's attempts table says, row by row, what hpc_ddp.ledger.attempts reads from it."""
     facts = record_facts(folder)
     s = checked.summary
     assert (s.steps, s.final_loss, s.best_loss) == (facts.steps, facts.final_loss, facts.best_loss)

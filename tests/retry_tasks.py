@@ -1,7 +1,8 @@
 """User tasks that fail the way real jobs fail, for the retry tests: `--task retry_tasks:NAME`.
 
 `node_fault` raises a GPU hardware error on one node only (the node, or the comma-separated nodes, named by
-RETRY_BAD_NODE, as Slurm names them in SLURMD_NODENAME), as a rank on a broken GPU does: the job must exclude that node and finish elsewhere.
+RETRY_BAD_NODE, as Slurm names them in SLURMD_NODENAME; the error is RETRY_ERROR, an ECC error by default), as a rank
+on a broken GPU does: the job must exclude that node and finish elsewhere.
 `fails_everywhere` raises the same error on every attempt before any checkpoint: a crash loop.
 `fails_once_after_resume` fails once per run folder, some steps into a resumed attempt (a marker file).
 """
@@ -17,7 +18,7 @@ from slow_tasks import _data, slow
 from torch import nn
 
 from hpc_ddp import Task
-from hpc_ddp.run.attempts import checkpoint_step
+from hpc_ddp.launch.supervisor import latest_step
 
 
 def _failing(config, should_fail, error):  # type: ignore[no-untyped-def]
@@ -37,7 +38,9 @@ def node_fault(config):  # type: ignore[no-untyped-def]
     return _failing(
         config,
         lambda: os.environ.get("SLURMD_NODENAME") in bad,
-        lambda _n: RuntimeError("CUDA error: uncorrectable ECC error encountered"),
+        lambda _n: RuntimeError(
+            os.environ.get("RETRY_ERROR") or "CUDA error: uncorrectable ECC error encountered"
+        ),
     )
 
 
@@ -60,7 +63,7 @@ def fails_once_after_resume(config):  # type: ignore[no-untyped-def]
     restarted = int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= 1
     if not marker or os.environ.get("RANK") != "1" or not restarted or os.path.exists(marker):
         return task
-    resumed = checkpoint_step(Path(config.folder)) or 0  # the checkpoint this attempt is about to resume from
+    resumed = latest_step(Path(config.folder)) or 0  # the checkpoint this attempt is about to resume from
     at = int(os.environ.get("RETRY_FAIL_AT_STEP", "44")) - resumed
     calls = [0]
     inner = task.loss_fn

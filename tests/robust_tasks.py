@@ -77,3 +77,48 @@ def flaky_disk(config):  # type: ignore[no-untyped-def]
 
     torchfile._save_stream = save_stream
     return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse)
+
+
+def torch_full_disk(config):  # type: ignore[no-untyped-def]
+    """The first $FLAKY_SAVES checkpoint writes meet a full disk inside torch's zip writer, which turns the
+    OSError into `RuntimeError: [enforce fail at inline_container.cc:...] . unexpected pos ...`."""
+    from hpc_ddp.run.checkpoint import torchfile
+
+    failures = [int(os.environ.get("FLAKY_SAVES", "0"))]
+    real = torchfile._save_stream
+
+    class FullDisk:
+        def __init__(self, out):  # type: ignore[no-untyped-def]
+            self.out, self.written = out, 0
+
+        def write(self, data):  # type: ignore[no-untyped-def]
+            if self.written > 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.written += 1
+            return self.out.write(data)
+
+        def flush(self):  # type: ignore[no-untyped-def]
+            self.out.flush()
+
+    def save_stream(obj, out):  # type: ignore[no-untyped-def]
+        if failures[0] > 0 and "ckpt-" in out.name:
+            failures[0] -= 1
+            return torch.save(obj, FullDisk(out))
+        return real(obj, out)
+
+    torchfile._save_stream = save_stream
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=_sleepy_mse)
+
+
+def nan_after_slow_save(config):  # type: ignore[no-untyped-def]
+    """nan_loss, with every checkpoint write taking $SLOW_SAVE_S longer (a slow file system)."""
+    from hpc_ddp.run.checkpoint import torchfile
+
+    real = torchfile._save_stream
+
+    def save_stream(obj, out):  # type: ignore[no-untyped-def]
+        time.sleep(float(os.environ.get("SLOW_SAVE_S", "0")))
+        return real(obj, out)
+
+    torchfile._save_stream = save_stream
+    return nan_loss(config)

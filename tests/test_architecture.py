@@ -16,7 +16,7 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "hpc_ddp"
 # Lowest first. A module may import its own layer and the ones before it.
-LAYERS = ("base", "cluster", "run", "launch", "tools", "entry")
+LAYERS = ("base", "cluster", "ledger", "run", "launch", "tools", "entry")
 BASE = {
     "hpc_ddp._version",
     "hpc_ddp.cli",
@@ -24,11 +24,13 @@ BASE = {
     "hpc_ddp.exitcodes",
     "hpc_ddp.log",
     "hpc_ddp.proc",
+    "hpc_ddp.variables",
 }
 ENTRY = {"hpc_ddp", "hpc_ddp.__main__", "hpc_ddp.train", "hpc_ddp.submit"}
 PACKAGES = {
     "hpc_ddp.cluster": "cluster",
     "hpc_ddp.dist": "cluster",
+    "hpc_ddp.ledger": "ledger",
     "hpc_ddp.run": "run",
     "hpc_ddp.launch": "launch",
     "hpc_ddp.doctor": "tools",
@@ -313,3 +315,20 @@ def test_cycles_are_found_and_named() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
     assert cycles(graph) == [["a", "b", "c"], ["e"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_ledger_and_the_supervisors_rules_need_no_torch() -> None:
+    """Both sides import the ledger, supervisors before anything else: it must stay light (no torch)."""
+    torch_users = []
+    for name, path in all_modules().items():
+        if name.startswith(("hpc_ddp.ledger", "hpc_ddp.variables", "hpc_ddp.launch.retry")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                torch_users += [f"{name}: {n}" for n in names if n == "torch" or n.startswith("torch.")]
+    assert torch_users == []

@@ -549,3 +549,44 @@ def test_every_variable_detect_reads_is_one_that_launchers_remove() -> None:
         "OMP_NUM_THREADS": "4",
         "PATH": "/usr/bin",
     }
+
+
+# --- which start of the job, on which node (DistEnv.restart, DistEnv.node) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "environ, restart",
+    [
+        ({}, 0),
+        ({"SLURM_RESTART_COUNT": "2"}, 2),  # a requeued Slurm job, the local launcher's third start
+        ({"SLURM_RESTART_COUNT": "x"}, 0),
+        (
+            {"TORCHELASTIC_RUN_ID": "r", "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3"},
+            1,
+        ),
+        # torchrun inside a requeued Slurm job: each requeue makes room for torchrun's rounds (here 4).
+        (
+            {
+                "TORCHELASTIC_RUN_ID": "r",
+                "TORCHELASTIC_RESTART_COUNT": "0",
+                "TORCHELASTIC_MAX_RESTARTS": "3",
+                "SLURM_RESTART_COUNT": "1",
+            },
+            4,
+        ),
+    ],
+)
+def test_restart_count(environ: dict[str, str], restart: int) -> None:
+    assert dist_env.restart_count(environ) == restart
+
+
+def test_detect_knows_its_restart_and_its_node() -> None:
+    """Before: six readers, three meanings; under torchrun a round after the first counted as a first start."""
+    torchrun = detect(
+        {**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "1"}, "host-b"
+    )
+    assert (torchrun.restart, torchrun.is_restart, torchrun.node) == (1, True, "host-b")
+    step = captured("step_2x2_rank3")
+    slurm = detect({**step, "SLURM_RESTART_COUNT": "3", "SLURMD_NODENAME": "node2"}, "node2.cluster")
+    assert (slurm.restart, slurm.node) == (3, "node2")  # the scheduler's name: what ExcNodeList takes
+    assert detect(step, "here").node == "here" and not detect(step).is_restart

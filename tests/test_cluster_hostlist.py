@@ -172,9 +172,10 @@ def _scontrol_hostnames(nodelist: str) -> list[str]:
     return out.stdout.split()
 
 
+@pytest.mark.slurm  # the real scontrol (elsewhere Slurm's commands are failing stand-ins: tests/standins.py)
 @pytest.mark.skipif(shutil.which("scontrol") is None, reason="scontrol not installed")
 @pytest.mark.parametrize("nodelist", SCONTROL_LISTS)
-def test_matches_scontrol(nodelist: str) -> None:
+def test_matches_scontrol(nodelist: str, slurm_cluster: str) -> None:
     try:
         _scontrol_hostnames("probe[1-2]")
     except (subprocess.SubprocessError, OSError) as exc:  # e.g. no slurm.conf on this box

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -28,8 +29,33 @@ STUCK = """
 import ctypes
 
 
+def test_fast_before():
+    pass
+
+
 def test_stuck_in_native_code_holding_the_gil():
     ctypes.PyDLL(None).sleep(3600)  # PyDLL: the GIL stays held for the whole call
+"""
+
+# A test that writes the pids of pytest's children (the deadline relay) to PIDS, forks a child that keeps
+# every inherited descriptor (the relay's pipe too) and sleeps, then sleeps itself: the caller kills pytest.
+KILLED = """
+import os
+import time
+
+import psutil
+
+
+def test_waits_to_be_killed():
+    relays = [p.pid for p in psutil.Process().children()]
+    forked = os.fork()
+    if forked == 0:
+        time.sleep(600)
+        os._exit(0)
+    with open(os.environ["PIDS"] + ".tmp", "w") as f:
+        f.write(" ".join(map(str, [os.getpid(), forked, *relays])))
+    os.rename(os.environ["PIDS"] + ".tmp", os.environ["PIDS"])
+    time.sleep(600)
 """
 
 REARMED = """
@@ -48,13 +74,18 @@ def test_slower_than_the_first_deadline_within_its_own():
 """
 
 
+def pytest_argv(tmp_path: Path, name: str, source: str, *args: str) -> list[str]:
+    """pytest with only the deadline plugin on one test file written to tmp_path."""
+    (tmp_path / "pytest.ini").write_text(PYTEST_INI)
+    (tmp_path / name).write_text(source)
+    return [sys.executable, "-m", "pytest", "-p", "deadline", "-p", "no:cacheprovider", *args, name]
+
+
 def run_pytest(
     tmp_path: Path, name: str, source: str, *args: str
 ) -> tuple[subprocess.CompletedProcess[str], float]:
-    """pytest with only the deadline plugin on one test file in tmp_path; the result and its wall time."""
-    (tmp_path / "pytest.ini").write_text(PYTEST_INI)
-    (tmp_path / name).write_text(source)
-    argv = [sys.executable, "-m", "pytest", "-p", "deadline", "-p", "no:cacheprovider", *args, name]
+    """pytest_argv's run, to its end; the result and its wall time."""
+    argv = pytest_argv(tmp_path, name, source, *args)
     start = time.monotonic()
     proc = subprocess.run(
         argv,
@@ -73,25 +104,27 @@ def test_a_test_stuck_in_native_code_holding_the_gil_fails_with_every_stack(tmp_
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert 3 <= took < BOUND_S
-    line = "[deadline] test_stuck.py::test_stuck_in_native_code_holding_the_gil: 3 s"
+    line = (
+        "[deadline] test_stuck.py::test_stuck_in_native_code_holding_the_gil: passed its 3 s deadline; "
+        "every thread's stack follows, then the run exits 1"
+    )
     assert line in proc.stderr, out
+    assert proc.stderr.count("[deadline]") == 1, out  # the test that passed before it is not named
     dump = proc.stderr[proc.stderr.index(line) :]
     assert "Timeout (0:00:03)!" in dump, out
     assert re.search(r"^Thread 0x[0-9a-f]+ \(most recent call first\):$", dump, re.M), out
     # The stuck frame itself: the test function, its file and line.
-    assert re.search(r'File ".*test_stuck\.py", line 6 in test_stuck_in_native_code_holding_the_gil', dump), (
-        out
-    )
+    assert re.search(
+        r'File ".*test_stuck\.py", line 10 in test_stuck_in_native_code_holding_the_gil', dump
+    ), out
 
 
 def test_each_test_gets_its_own_deadline_and_a_finished_one_is_cancelled(tmp_path: Path) -> None:
     proc, _ = run_pytest(tmp_path, "test_rearmed.py", REARMED, "-o", "deadline_s=2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
-    assert "[deadline] test_rearmed.py::test_fast: 2 s" in proc.stderr
-    assert (
-        "[deadline] test_rearmed.py::test_slower_than_the_first_deadline_within_its_own: 30 s" in proc.stderr
-    )
+    # Deadlines that hold print nothing (issue 18: the [deadline] lines only when one fires).
+    assert "[deadline]" not in proc.stdout + proc.stderr
     assert "Timeout" not in proc.stderr
 
 
@@ -99,6 +132,37 @@ def test_deadline_s_0_turns_deadlines_off(tmp_path: Path) -> None:
     proc, _ = run_pytest(tmp_path, "test_rearmed.py", REARMED, "-o", "deadline_s=0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[deadline]" not in proc.stderr
+
+
+def test_the_relay_ends_with_a_killed_pytest_even_when_a_forked_child_holds_its_pipe(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    argv = pytest_argv(tmp_path, "test_killed.py", KILLED, "-o", "deadline_s=60")
+    with subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env=clean_environ(PIDS=str(pids)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_test,
+    ) as pytest_proc:
+        try:
+            until = time.monotonic() + BOUND_S
+            while not pids.exists() and pytest_proc.poll() is None and time.monotonic() < until:
+                time.sleep(0.1)
+            assert pids.exists(), "the inner test never started"
+            pytest_pid, forked, *relays = map(int, pids.read_text().split())
+            assert pytest_pid == pytest_proc.pid and relays, pids.read_text()
+            pytest_proc.kill()
+            pytest_proc.wait()
+            until = time.monotonic() + 20  # the relay looks for its parent every second
+            while not all(gone(pid) for pid in relays) and time.monotonic() < until:
+                time.sleep(0.1)
+            assert all(gone(pid) for pid in relays)
+            assert not gone(forked)  # it still held the pipe open: the relay did not wait for its end
+        finally:
+            pytest_proc.kill()
+            if pids.exists() and not gone(forked := int(pids.read_text().split()[1])):
+                os.kill(forked, signal.SIGKILL)
 
 
 # ----- env/deadline.sh: the whole run's deadline (.ci/run) ---------------------------------------------------

@@ -129,3 +129,20 @@ def test_a_hang_dumps_every_rank_stack_to_its_log_then_fails(tmp_path: Path) -> 
     # rank 0 shows where it waited (DDP's gradient all-reduce in backward), rank 1 where it is stuck (loss_fn)
     assert "in backward" in waiting and "in _micro_step" in waiting
     assert "slow_tasks.py" in stuck and "in loss_fn" in stuck
+
+
+def test_a_launcher_started_with_its_stdout_closed_runs_and_speaks_on_stderr(tmp_path: Path) -> None:
+    """`python -m hpc_ddp.submit --local ... >&-`: before, AttributeError ('NoneType' ... 'flush'), nothing ran."""
+    cmd = [sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(tmp_path), "--nodes", "1"]
+    proc = subprocess.run(
+        ["sh", "-c", 'exec "$@" >&-', "sh", *cmd, "--epochs", "1"],
+        env=clean_environ(),
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=50,
+        preexec_fn=die_with_test,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "[launcher] local job " in proc.stderr and "Model saved by rank 0" in proc.stderr
+    assert (tmp_path / "model.pth").is_file()

@@ -17,7 +17,7 @@ import torch
 from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
-from hpc_ddp.run import attempts
+from hpc_ddp.ledger import attempts
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(120)]
 

@@ -28,7 +28,8 @@ from conftest import DATA, ROOT, clean_environ, die_with_test, run_module
 
 from hpc_ddp import exitcodes
 from hpc_ddp.errors import UsageError
-from hpc_ddp.launch.slurm import request, submitter
+from hpc_ddp.launch.slurm import follow, outcome, parse, request, submitter
+from hpc_ddp.launch.slurm.states import JobState
 from hpc_ddp.run import folder as run_folder
 
 GOLDEN = DATA / "golden" / "print_sbatch.txt"
@@ -204,22 +205,22 @@ def test_sbatch_refusals_become_one_line(output: str, expected: str) -> None:
         ("FAILED|75:0\n", "FAILED", True, 75),
         ("REQUEUED|0:0\nPENDING|0:0\n", "PENDING", False, 0),
         ("TIMEOUT|0:1\n", "TIMEOUT", True, 0),
-        ("PREEMPTED|0:0\n", "PREEMPTED", False, 0),
+        # A preempted run is over (issue 18: PREEMPTED was "active" here); whether the job comes back is the
+        # controller's to say (tests/test_launch_slurm_follow.py).
+        ("PREEMPTED|0:0\n", "PREEMPTED", True, 0),
     ],
 )
 def test_parse_sacct(text: str, state: str, done: bool, exit_code: int) -> None:
-    parsed = request.parse_sacct(text)
-    assert parsed is not None
+    rows = "".join(f"7|{line}|None\n" for line in text.splitlines())  # JobID|State|ExitCode|Reason
+    parsed = parse.parse_sacct(rows)["7"].current
     assert (parsed.state, parsed.done, parsed.exit_code) == (state, done, exit_code)
 
 
 def test_parse_sacct_and_scontrol_without_an_answer() -> None:
-    assert request.parse_sacct("") is None
-    assert request.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
-    parsed = request.parse_scontrol(
-        "JobId=7 JobName=x JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 X=y"
-    )
-    assert parsed == request.JobState("FAILED", 1, 0)
+    assert parse.parse_sacct("") == {}
+    assert parse.parse_job("slurm_load_jobs error: Invalid job id specified") is None
+    parsed = parse.parse_job("JobId=7 JobName=x JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 X=y")
+    assert parsed is not None and parsed.state == JobState("FAILED", 1, 0)
 
 
 def test_the_task_entry_pickles_by_reference() -> None:
@@ -259,7 +260,7 @@ def test_folders_are_owner_only_and_others_writable_ones_are_refused(tmp_path: P
 
 def test_the_log_follower_prints_whole_lines_without_submitits_chatter(tmp_path: Path) -> None:
     log, out = tmp_path / "1_0_log.out", io.StringIO()
-    follower = submitter._LogFollower(log, out)
+    follower = follow._LogFollower(log, out)
     follower.poll()  # no file yet
     log.write_text("submitit INFO (x) - Starting with JobEnvironment(...)\nEpoch 0, Loss: 1.0\nEpoch 1, Lo")
     follower.poll()
@@ -270,25 +271,25 @@ def test_the_log_follower_prints_whole_lines_without_submitits_chatter(tmp_path:
     assert out.getvalue() == "Epoch 0, Loss: 1.0\nEpoch 1, Loss: 0.5\n"
 
 
-def report(tmp_path: Path, state: request.JobState, since: float = 0.0) -> tuple[int, str]:
+def report(tmp_path: Path, state: JobState, since: float = 0.0) -> tuple[int, str]:
     out = io.StringIO()
-    code = submitter.report("7", tmp_path, 4, state, since, out)
+    code = outcome.report("7", tmp_path, 4, state, since, out)
     return code, out.getvalue()
 
 
 def test_report_says_what_ended_the_job_and_picks_the_exit_code(tmp_path: Path) -> None:
     (tmp_path / "submitit").mkdir()
-    assert report(tmp_path, request.JobState("COMPLETED")) == (
+    assert report(tmp_path, JobState("COMPLETED")) == (
         0,
         f"[submit] job 7 completed; run folder {tmp_path}\n",
     )
-    code, text = report(tmp_path, request.JobState("CANCELLED"))
+    code, text = report(tmp_path, JobState("CANCELLED"))
     assert (code, text) == (1, "[submit] job 7 was cancelled (exit code 0)\n")
     (tmp_path / "preempted.json").write_text("{}")
-    code, text = report(tmp_path, request.JobState("CANCELLED"))
+    code, text = report(tmp_path, JobState("CANCELLED"))
     assert code == 75 and "was cancelled; the ranks saved a checkpoint first: run the same command" in text
-    assert report(tmp_path, request.JobState("CANCELLED"), since=time.time() + 60)[0] == 1  # an older save
-    code, text = report(tmp_path, request.JobState("FAILED", 75), since=time.time() + 60)
+    assert report(tmp_path, JobState("CANCELLED"), since=time.time() + 60)[0] == 1  # an older save
+    code, text = report(tmp_path, JobState("FAILED", 75), since=time.time() + 60)
     assert code == 75 and "stopped after a signal and was not requeued" in text
 
 
@@ -304,7 +305,7 @@ def test_report_shows_the_error_of_the_rank_that_failed_first(tmp_path: Path) ->
         result = sub / f"7_{rank}_result.pkl"
         result.write_bytes(b"\x80\x05\x95(\x8c\x05error\x94")
         os.utime(result, (time.time() - age, time.time() - age))
-    code, text = report(tmp_path, request.JobState("FAILED", 1))
+    code, text = report(tmp_path, JobState("FAILED", 1))
     assert code == 1
     assert text.splitlines() == [
         "[submit] job 7 ended FAILED (exit code 1)",
@@ -315,7 +316,7 @@ def test_report_shows_the_error_of_the_rank_that_failed_first(tmp_path: Path) ->
     ]
     for result in sub.glob("*_result.pkl"):
         result.unlink()
-    assert submitter.failing_rank("7", tmp_path, 4) == 0  # no result files: the first log with a traceback
+    assert outcome.failing_rank("7", tmp_path, 4) == 0  # no result files: the first log with a traceback
 
 
 # ----- the CLI, without a cluster ----------------------------------------------------------------------
@@ -488,8 +489,8 @@ def fake_batch(
     hold: bool = False,
     tell: bool = True,
 ) -> subprocess.Popen[str]:
-    """Run slurm/ddp.sbatch as Slurm would run the batch shell, with a fake srun and scontrol on PATH. The
-    fake tasks write `record` to `folder`/preempted.json and, if `tell`, tell the script that folder."""
+    """Run slurm/ddp.sbatch as Slurm would run the batch shell, with a fake srun, scontrol and sinfo on PATH.
+    The fake tasks write `record` to `folder`/preempted.json and, if `tell`, tell the script that folder."""
     (tmp_path / "tmp").mkdir(exist_ok=True)  # the script's TMPDIR
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -498,6 +499,8 @@ def fake_batch(
     (bin_dir / "scontrol").write_text(
         '#!/bin/bash\n[[ $1 == show ]] && exit 0\nprintf "%s\\n" "$*" >> "$FAKE_DIR/scontrol_calls"\n'
     )
+    # The batch step asks which of the job's nodes are down before a requeue: none.
+    (bin_dir / "sinfo").write_text('#!/bin/bash\nprintf "node1 idle\\nnode2 idle\\n"\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     env = clean_environ(
@@ -654,15 +657,15 @@ def test_report_shows_a_hang_verdict_whatever_srun_made_of_the_exit_codes(tmp_pa
         "run_id": "7-0",
     }
     (tmp_path / "hang.json").write_text(json.dumps(verdict))
-    code, text = report(tmp_path, request.JobState("FAILED", 137))  # srun's code after it killed the others
+    code, text = report(tmp_path, JobState("FAILED", 137))  # srun's code after it killed the others
     assert code == exitcodes.HANG
     assert text == (f"[submit] job 7: {verdict['line']}; every rank's report: {tmp_path / 'hang.json'}\n")
-    assert report(tmp_path, request.JobState("FAILED", 1), since=time.time() + 60)[0] == 1  # an older verdict
+    assert report(tmp_path, JobState("FAILED", 1), since=time.time() + 60)[0] == 1  # an older verdict
 
 
 def test_report_names_a_non_finite_loss_and_exits_65(tmp_path: Path) -> None:
     (tmp_path / "submitit").mkdir()
-    code, text = report(tmp_path, request.JobState("FAILED", exitcodes.NONFINITE))
+    code, text = report(tmp_path, JobState("FAILED", exitcodes.NONFINITE))
     assert code == exitcodes.NONFINITE == 65
     assert text == (
         f"[submit] job 7 stopped: the loss became NaN or infinite (exit code 65); every rank stopped "
@@ -671,4 +674,4 @@ def test_report_names_a_non_finite_loss_and_exits_65(tmp_path: Path) -> None:
     )
     # A hang verdict of this submission still decides: srun's code may be anything then.
     (tmp_path / "hang.json").write_text(json.dumps({"line": "hang at step 3", "run_id": "7-0"}))
-    assert report(tmp_path, request.JobState("FAILED", exitcodes.NONFINITE))[0] == exitcodes.HANG
+    assert report(tmp_path, JobState("FAILED", exitcodes.NONFINITE))[0] == exitcodes.HANG

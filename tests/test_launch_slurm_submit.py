@@ -23,6 +23,8 @@ from conftest import DATA, ROOT, clean_environ, die_with_test
 
 from hpc_ddp import exitcodes
 from hpc_ddp.launch.slurm import submitter
+from hpc_ddp.launch.slurm.client import SlurmClient
+from hpc_ddp.launch.slurm.states import JobState
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(120)]  # 10-21 s each (measured)
 
@@ -91,13 +93,24 @@ def wait_for_line(path: Path, needle: str, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.1)
 
 
+CLIENT = SlurmClient()
+
+
+def job_state(job_id: str) -> JobState | None:
+    """The job's current run as accounting has it, else as the controller has it."""
+    history = CLIENT.history(job_id)
+    if history is not None:
+        return history.current
+    info = CLIENT.job(job_id)
+    return info.state if info is not None and not info.gone else None
+
+
 def wait_job(job_id: str) -> str:
-    """Until the job has ended and its last process is gone; its final state."""
+    """Until the job has ended and its last process is gone (the controller says so); its final state."""
     deadline = time.monotonic() + HANG_GUARD_S
     while True:
-        state = submitter.job_state(job_id)
-        if state is not None and state.done:
-            submitter._wait_while_completing(job_id)
+        info, state = CLIENT.job(job_id), job_state(job_id)
+        if info is not None and (info.gone or info.state.done) and state is not None and state.done:
             return state.state
         assert time.monotonic() < deadline, f"job {job_id} still {state}"
         time.sleep(0.5)
@@ -191,8 +204,11 @@ def test_submit_wait_runs_4_ranks_on_2_nodes(reference: dict[str, Any]) -> None:
     assert len(curve) == 12 and curve[-1] < curve[0]
     assert proc.stdout.rstrip().endswith(f"[submit] job {job_id} completed; run folder {folder}")
     assert sacct_records(job_id) == ["COMPLETED"]
-    # What was submitted is what --print-sbatch shows.
+    # Issue 23: accounting said PENDING after the controller had it running, and --wait said "requeued".
+    assert "requeued" not in proc.stdout
+    # What was submitted is what --print-sbatch shows, its last line ended (issue 23).
     assert (folder / "submitit" / f"{job_id}_submission.sh").read_text() == reference["printed"]
+    assert reference["printed"].endswith("\nexit $?\n")
     assert folder.stat().st_mode & 0o777 == 0o700
 
 
@@ -289,7 +305,7 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(
     log = tmp_path / f"hpc_ddp-{job_id}.out"
     deadline = time.monotonic() + HANG_GUARD_S
     while "Epoch 0," not in submitter._read(log):  # training: 39 epochs of 0.4 s to go
-        state = submitter.job_state(job_id)
+        state = job_state(job_id)
         assert state is None or not state.done, submitter._read(log)
         assert time.monotonic() < deadline, f"job {job_id} never trained"
         time.sleep(0.1)
@@ -300,11 +316,14 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(
     assert text.count("[hpc_ddp] attempt 1 preempted: preempted: saved a checkpoint, to be resumed") == 1
     assert text.count(f"[hpc_ddp] requeued job {job_id}") == 1
     folder = workdir / "runs" / job_id
-    assert json.loads((folder / "preempted.json").read_text()) == {
+    record = json.loads((folder / "preempted.json").read_text())
+    assert {k: record[k] for k in ("requeue", "signal", "mode")} == {
         "requeue": True,
         "signal": "SIGUSR2",
         "mode": "exit",
     }
+    # The facts rank 0 leaves for the batch shell, which decides (issue 18).
+    assert record["stop_votes"] == 0 and record["requeue_votes"] >= 1 and isinstance(record["step"], int)
     assert "Resuming from" in text and (folder / "model.pth").is_file()
     assert not (tmp_path / "runs").exists()
 
@@ -348,7 +367,7 @@ def test_ddp_sbatch_ends_a_hung_job_with_the_verdict(slurm_cluster: str, tmp_pat
     assert verdict["culprits"] == [1] and verdict["host"] == "node1", log
     assert "[hpc_ddp] hang at step 3: rank 1 (node1, pid " in log
     assert "has been in forward and backward" in log and "ranks 0,2-3 wait for it" in log
-    assert submitter.job_state(job_id).exit_code == exitcodes.HANG
+    assert job_state(job_id).exit_code == exitcodes.HANG
 
 
 # ----- preemption, failure, cancel, time limit ------------------------------------------------------------
@@ -362,14 +381,16 @@ def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any],
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
     out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, out
-    assert f"[submit] job {job_id} was requeued" in out and out.rstrip().endswith(
-        "completed; run folder " + str(folder)
-    )
+    assert out.count(f"[submit] job {job_id} was requeued") == 1, out  # once per requeue (issue 23)
+    assert out.rstrip().endswith("completed; run folder " + str(folder))
     assert sacct_records(job_id) == ["REQUEUED", "COMPLETED"]  # requeued exactly once
     logs = rank_logs(folder, job_id)
     # hpc_ddp's handler ran, not submitit's (which would checkpoint and requeue from rank 0 alone).
     assert not any("Caught signal" in text for text in logs)
-    assert logs[0].count("SIGUSR2: preempted: checkpoint saved, requeue 1 of 3") == 1
+    # Rank 0 says what happened, the batch shell's `end` decides within --max-requeue (issue 18: before, rank 0
+    # decided: "SIGUSR2: preempted: checkpoint saved, requeue 1 of 3").
+    assert logs[0].count("SIGUSR2: preempted: checkpoint saved at step ") == 1
+    assert logs[0].count("preempted: requeue 1 of --max-requeue 3") == 1
     assert logs[0].count(f"requeued job {job_id}") == 1
     # Exactly one checkpoint from the preempted run, at the agreed step it resumed from; then the final one.
     resumed = re.findall(r"Resuming from (\S+) at epoch \d+, step (\d+)", logs[0])
@@ -420,8 +441,52 @@ def test_scancel_saves_reports_cancelled_and_is_not_requeued(slurm_cluster: str,
     assert proc.returncode == 75, out
     assert f"[submit] job {job_id} was cancelled; the ranks saved a checkpoint first" in out
     assert sacct_records(job_id) == ["CANCELLED"]
-    assert "SIGTERM: stopped by SIGTERM: checkpoint saved, not requeued" in rank_logs(folder, job_id)[0]
+    log = rank_logs(folder, job_id)[0]
+    assert "SIGTERM: stopped by SIGTERM: checkpoint saved, not requeued" in log
     assert list((folder / "checkpoints").glob("ckpt-*.pt"))
+    # The batch shell's line about SIGTERM comes once the tasks have ended, and says so (issue 23).
+    trap = "[hpc_ddp] the batch shell got SIGTERM (scancel, a requeue or the time limit); it ends once the"
+    assert log.index("checkpoint saved, not requeued") < log.index(trap), log
+    assert "waiting for them" not in log
+
+
+@pytest.mark.deadline(180)
+def test_a_job_cancelled_while_pending_after_a_requeue_is_reported_as_cancelled(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 23: after a requeue the attempts record says "requeue", and --wait kept silent ~95 s before it
+    reported the scancel. A 2 x 1 job: USR2, the batch shell requeues it, it is held pending, then cancelled."""
+    folder = tmp_path / "run"
+    proc, job_id = start_submit(
+        folder,
+        "--tasks-per-node",
+        "1",
+        "--task",
+        "slow_tasks:slow",
+        "--epochs",
+        "100",
+        SLOW_TASK_SLEEP_S="0.05",
+    )
+    wait_for_line(submitter.log_path(folder, job_id), "Epoch 0,", proc)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    assert proc.stdout is not None
+    seen = []
+    while not (line := proc.stdout.readline()).startswith(f"[submit] job {job_id} was requeued"):
+        assert line, "".join(seen)  # --wait ended before the requeue
+        seen.append(line)
+    subprocess.run(
+        ["scontrol", "hold", job_id], check=False
+    )  # it stays pending (if it has not restarted yet)
+    subprocess.run(["scancel", job_id], check=True)
+    rest, _ = proc.communicate(timeout=HANG_GUARD_S)
+    out = "".join(seen) + line + rest
+    assert proc.returncode == exitcodes.PREEMPTED, out
+    assert out.count("was requeued") == 1, out
+    assert out.rstrip().endswith(
+        f"[submit] job {job_id} was cancelled; the ranks saved a checkpoint first: run the same command to "
+        f"resume from {folder}"
+    )
+    assert sacct_records(job_id) == ["REQUEUED", "CANCELLED"]
 
 
 @pytest.fixture(scope="module")
@@ -453,7 +518,7 @@ def time_limit_job(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory)
     assert proc.returncode == 0, proc.stderr
     job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
     yield {"folder": folder, "proc": proc, "job_id": job_id}
-    state = submitter.job_state(job_id)
+    state = job_state(job_id)
     if state is not None and not state.done:  # a failed or deselected test must not leave it running
         subprocess.run(["scancel", job_id], check=False)
 
@@ -469,7 +534,8 @@ def test_time_limit_signal_checkpoints_requeues_and_finishes(time_limit_job: dic
     records = sacct_records(job_id)
     assert records[-1] == "COMPLETED" and records.count("REQUEUED") >= 1, records
     text = submitter._read(log)
-    assert "SIGUSR2: preempted: checkpoint saved, requeue 1 of 5" in text
+    assert "SIGUSR2: preempted: checkpoint saved at step " in text
+    assert "preempted: requeue 1 of --max-requeue 5" in text  # the batch shell's decision (issue 18)
     assert "Resuming from" in text and "Model saved by rank 0" in text
     assert "TIMEOUT" not in records
 

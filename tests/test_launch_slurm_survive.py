@@ -8,8 +8,11 @@ test_launch_slurm_submit.py, whose background time-limit job must not be on a no
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +21,18 @@ from typing import Any
 import pytest
 import torch
 from conftest import clean_environ
-from test_launch_slurm_submit import HANG_GUARD_S, run_submit, sacct_records, start_submit
+from test_launch_slurm_submit import (
+    CLIENT,
+    DDP_SBATCH,
+    HANG_GUARD_S,
+    run_submit,
+    sacct_records,
+    start_submit,
+    wait_job,
+)
 
 from hpc_ddp.launch.slurm import submitter
-from hpc_ddp.run import attempts
+from hpc_ddp.ledger import attempts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(240)]
 
@@ -103,7 +114,9 @@ def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(
     assert all(torch.equal(uninterrupted[k], got[k]) for k in uninterrupted)
 
 
-def submit_node_fault(folder: Path, bad_nodes: str) -> tuple[subprocess.CompletedProcess[str], str]:
+def submit_node_fault(
+    folder: Path, bad_nodes: str, error: str = ""
+) -> tuple[subprocess.CompletedProcess[str], str]:
     """A 2-node job whose tasks on `bad_nodes` raise a CUDA ECC error, on an idle cluster (so it starts on
     node1,node2), waited for: the finished `submit --wait` and the job id."""
     wait_all_idle()
@@ -114,7 +127,7 @@ def submit_node_fault(folder: Path, bad_nodes: str) -> tuple[subprocess.Complete
         "--epochs",
         "2",
         "--wait",
-        env=clean_environ(RETRY_BAD_NODE=bad_nodes),
+        env=clean_environ(RETRY_BAD_NODE=bad_nodes, RETRY_ERROR=error),
     )
     found = re.match(r"Submitted job (\d+):", proc.stdout)
     assert found, proc.stdout
@@ -181,3 +194,165 @@ def test_a_job_that_no_longer_fits_once_bad_nodes_are_excluded_stops_instead_of_
         "node2,node3 are excluded" in proc.stdout
     )
     assert f"[submit] job {job_id} ended FAILED" in proc.stdout
+
+
+def freeze_tasks(job_id: str, node: str) -> list[int]:
+    """SIGSTOP the job's processes on `node` (an emulated node's processes all run here: their environment
+    names the node), as a node that stops answering would leave them; returns their pids."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = dict(
+                item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item
+            )
+        except OSError:
+            continue
+        if (
+            env.get("SLURM_JOB_ID") == job_id
+            and env.get("SLURMD_NODENAME") == node
+            and "SLURM_STEP_ID" in env
+        ):
+            pids.append(int(entry.name))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def take_away(node: str, taken_away: list[str]) -> None:
+    """DOWN, then DRAIN (a bare DOWN returns within milliseconds here: ReturnToService=2)."""
+    taken_away.append(node)
+    for state in ("DOWN", "DRAIN"):
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", f"State={state}", "Reason=hpc_ddp test"], check=True
+        )
+
+
+def test_a_lost_node_that_leaves_too_few_stops_the_job_instead_of_pending_forever(
+    slurm_cluster: str, tmp_path: Path, taken_away: list[str]
+) -> None:
+    """Issue 23 item 1: node3 drained, node2 lost under a 2-node job on node1,node2. Slurm requeues the job
+    itself (COMPLETING, it counts one node); the job no longer fits, and the stop ends it: `--wait` returns."""
+    wait_all_idle()
+    take_away("node3", taken_away)
+    folder = tmp_path / "run"
+    proc, job_id = start_submit(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.1")
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not (folder / "checkpoints" / "latest").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    assert job_nodes(job_id) == ["node1", "node2"]
+    frozen = freeze_tasks(job_id, "node2")
+    assert frozen, "no task of the job found on node2"
+    take_away("node2", taken_away)
+    for pid in frozen:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 1, out
+    (lost,) = attempts.read(folder)
+    assert (lost.outcome, lost.node, lost.decision) == ("node_fail", "node2", "stop"), out
+    assert "cannot requeue: the job needs 2 node(s) and only 1 usable one(s) remain" in out, out
+    assert f"cancelled job {job_id}" in out, out
+    assert "pending" not in out.split("cannot requeue")[-1], out
+    state = CLIENT.job(job_id)
+    assert state is None or state.gone or state.state.done, state
+
+
+def test_a_requeue_by_slurm_with_every_node_up_is_a_preemption_and_a_stop_stops(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 23 item 2: `scontrol requeue` twice (what PreemptMode=REQUEUE does) with --max-requeue 1: the
+    first is a preemption, requeued; the second spends the budget, and the job really stops there."""
+    wait_all_idle()
+    folder = tmp_path / "run"
+    proc, job_id = start_submit(folder, *DETERMINISTIC, "--max-requeue", "1", SLOW_TASK_SLEEP_S="0.1")
+    log = submitter.log_path(folder, job_id)
+    for needle in ("Epoch 0,", "Resuming from"):  # training, then training again after the first requeue
+        deadline = time.monotonic() + HANG_GUARD_S
+        while needle not in submitter._read(log):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.1)
+        subprocess.run(["scontrol", "requeue", job_id], check=True)
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    records = attempts.read(folder)
+    assert [(a.outcome, a.decision, a.blamed) for a in records] == [
+        ("preempted", "requeue", False),
+        ("preempted", "stop", False),
+    ], out
+    assert "node_fail" not in out and "--max-restarts" not in out, out
+    assert "requeue budget spent (1 of --max-requeue 1)" in out, out
+    assert proc.returncode != 0, out
+    assert sacct_records(job_id)[-1] != "COMPLETED", out  # no third attempt
+
+
+def test_an_illegal_memory_access_blames_the_node_once_then_the_code(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 23 item 4: node2 raises it (a bad GPU, maybe): excluded; node3 raises it too: it follows the job,
+    the code is blamed and the job stops as a crash loop instead of walking through the partition."""
+    folder = tmp_path / "run"
+    error = "CUDA error: an illegal memory access was encountered"
+    proc, job_id = submit_node_fault(folder, "node2,node3", error)
+    assert proc.returncode == 1, proc.stdout
+    first, second = attempts.read(folder)
+    assert (first.node, first.blamed, first.decision, first.exclude) == ("node2", True, "requeue", ("node2",))
+    assert (second.nodes, second.node, second.blamed, second.decision) == (
+        ("node1", "node3"),
+        "node3",
+        False,
+        "stop",
+    )
+    assert "crash loop" in proc.stdout and "cannot requeue" not in proc.stdout, proc.stdout
+    assert f"[submit] job {job_id} ended FAILED" in proc.stdout
+
+
+def test_a_job_refused_another_jobs_folder_stops_and_leaves_it_alone(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 23 item 6: job A trains in the folder; job B (slurm/ddp.sbatch, same --folder) is refused by
+    the folder lock (rank 0 exits 2). B stops at once, not requeued, and writes nothing in A's folder."""
+    wait_all_idle()
+    folder = tmp_path / "run"
+    proc, job_a = start_submit(
+        folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="1"
+    )  # ~30 s: still running at B's end
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not (folder / "checkpoints" / "latest").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    before = sorted(str(p.relative_to(folder)) for p in (folder / "exits").rglob("*"))
+    submitted = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=1",
+            "--gpus-per-node=0",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            str(DDP_SBATCH),
+            "--folder",
+            str(folder),
+            *DETERMINISTIC,
+        ],
+        cwd=tmp_path,
+        env=clean_environ(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    job_b = submitted.stdout.strip().split(";")[0]
+    assert wait_job(job_b) == "FAILED"
+    log = (tmp_path / f"hpc_ddp-{job_b}.out").read_text()
+    assert f"is held by job {job_a}: this job recorded nothing there and stops" in log, log
+    assert sacct_records(job_b) == ["FAILED"]  # never requeued
+    assert all(a.job == job_a for a in attempts.read(folder))
+    assert not list((folder / "exits").glob(f"{job_b}-*")), before
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, out  # A is unharmed

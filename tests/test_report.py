@@ -31,8 +31,8 @@ import pytest
 from conftest import clean_environ, run_module
 from report_check import IMAGES, inline_images, not_white
 
-from hpc_ddp.report import records, timeline
-from hpc_ddp.report.records import heat_map as records_heat
+from hpc_ddp.report import recorded, timeline
+from hpc_ddp.report.recorded import heat_map as records_heat
 from hpc_ddp.report.sources import parse_sacct, plausible, read_run
 from hpc_ddp.report.timeline import Window
 from hpc_ddp.run.folder import _start_ticks, hold_folder
@@ -386,7 +386,7 @@ def test_records_of_the_wrong_shape_are_skipped_not_fatal(tmp_path: Path) -> Non
 
 
 def test_heat_map_rows_are_ranks() -> None:
-    steps, rows = records.heat_map(METRICS)
+    steps, rows = recorded.heat_map(METRICS)
     assert steps == [10, 30] and len(rows) == 4 and rows[2] == [0.1, 0.4]
 
 

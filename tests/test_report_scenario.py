@@ -18,7 +18,7 @@ from report_check import assert_report_matches_records, check_report, page_attem
 from test_launch_local import finish, read_until, start
 from test_run_progress_runs import event_steps
 
-from hpc_ddp.run import attempts
+from hpc_ddp.ledger import attempts
 from hpc_ddp.run.metrics import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(180)]  # 24-36 s (measured)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.errors import UsageError
+from hpc_ddp.ledger import preemption as preemption_record
 from hpc_ddp.run import folder as run_folder
 
 
@@ -50,23 +51,49 @@ def test_atomic_write_replaces_the_whole_file(tmp_path: Path) -> None:
 
 
 def test_the_preemption_record_keeps_the_text_ddp_sbatch_greps_for(tmp_path: Path) -> None:
-    assert run_folder.read_preempted(tmp_path) is None
-    record = run_folder.Preempted(requeue=True, signal="SIGUSR2", mode="exit")
+    assert preemption_record.read(tmp_path) is None
+    record = preemption_record.Preempted(
+        requeue=True, signal="SIGUSR2", mode="exit", step=40, requeue_votes=2, stop_votes=0
+    )
     since = time.time() - 1
-    run_folder.write_preempted(tmp_path, record)
+    preemption_record.write(tmp_path, record)
     text = (tmp_path / "preempted.json").read_text()
     assert '"requeue": true' in text and '"mode": "exit"' in text
-    assert json.loads(text) == {"requeue": True, "signal": "SIGUSR2", "mode": "exit"}
-    assert run_folder.read_preempted(tmp_path) == record
-    assert run_folder.preempted_since(tmp_path, since) and not run_folder.preempted_since(
+    # The facts rank 0 writes (issue 18: the supervisor decides from them): votes, signal, step.
+    assert json.loads(text) == {
+        "requeue": True,
+        "signal": "SIGUSR2",
+        "mode": "exit",
+        "step": 40,
+        "requeue_votes": 2,
+        "stop_votes": 0,
+        "requeued": None,
+    }
+    assert preemption_record.read(tmp_path) == record
+    assert preemption_record.since(tmp_path, since) and not preemption_record.since(
         tmp_path, time.time() + 60
     )
-    run_folder.clear_preempted(tmp_path)
-    assert run_folder.read_preempted(tmp_path) is None and not run_folder.preempted_since(tmp_path, 0)
+    assert preemption_record.read_since(tmp_path, since) == record
+    assert preemption_record.read_since(tmp_path, time.time() + 60) is None
+    preemption_record.clear(tmp_path)
+    assert preemption_record.read(tmp_path) is None and not preemption_record.since(tmp_path, 0)
+    # A record of an older kit (no facts beyond the decision) still reads.
+    (tmp_path / "preempted.json").write_text('{"requeue": false, "signal": "SIGTERM", "mode": "exit"}')
+    assert preemption_record.read(tmp_path) == preemption_record.Preempted(False, "SIGTERM", "exit")
 
 
 def test_an_unreadable_preemption_record_restarts_nothing(tmp_path: Path) -> None:
     (tmp_path / "preempted.json").write_text("{not json")
-    assert run_folder.read_preempted(tmp_path) is None
+    assert preemption_record.read(tmp_path) is None
     (tmp_path / "preempted.json").write_text("{}")
-    assert run_folder.read_preempted(tmp_path) is None
+    assert preemption_record.read(tmp_path) is None
+
+
+def test_a_folder_held_by_a_local_launcher_suggests_no_scancel(tmp_path: Path) -> None:
+    """A local job's id is made up: `scancel <it>` would cancel nothing, or someone else's job."""
+    holder = {"token": "t", "role": "launcher", "job_id": "4242", "restarts": 0, "host": "far", "pid": 1}
+    (tmp_path / "run.lock").write_text(json.dumps({**holder, "boot_id": "other", "since": time.time()}))
+    with pytest.raises(UsageError) as refused:
+        run_folder.hold_folder(tmp_path, "rank0", "88", 0)
+    assert "the local launcher of job 4242" in str(refused.value)
+    assert "scancel" not in str(refused.value) and "Ctrl-C its launcher, or kill 1)" in str(refused.value)

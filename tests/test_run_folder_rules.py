@@ -233,6 +233,9 @@ def test_a_second_run_in_a_live_folder_is_refused_and_the_lock_dies_with_its_hol
     )
     assert proc.returncode == exitcodes.USAGE, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and f"is in use by the local launcher of job {job}" in proc.stderr
+    # Refused before it says anything, and a local job is no Slurm job: no scancel (before, both).
+    assert "[launcher] local job" not in proc.stdout, proc.stdout
+    assert "scancel" not in proc.stderr and f"Ctrl-C its launcher, or kill {first.pid}" in proc.stderr
     assert store.list_checkpoints(tmp_path), "the live run's checkpoints must survive"
     assert json.loads((tmp_path / "run.json").read_text())["dist"]["job_id"] == job
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp import exitcodes
 from hpc_ddp.run import beacon, stragglers, verdict, watchdog
 
 
@@ -29,6 +30,23 @@ from hpc_ddp.run import beacon, stragglers, verdict, watchdog
 )
 def test_auto_threshold(setting: float | None, phase: str, steps: list[float], expected: float) -> None:
     assert watchdog.threshold_s(setting, 600.0, steps, phase) == expected
+
+
+@pytest.mark.parametrize(
+    "setting, phase, long, expected",
+    [
+        (5.0, beacon.CHECKPOINT, False, 300.0),  # a fixed S bounds the steady state: a save keeps its limit
+        (5.0, beacon.STARTUP, False, 300.0),
+        (5.0, beacon.DATA, True, 300.0),  # an epoch's first batch (workers start), the step after a resume
+        (5.0, beacon.DATA, False, 5.0),
+        (400.0, beacon.CHECKPOINT, False, 400.0),  # never below S
+        (None, beacon.GRAD_ALLREDUCE, True, 300.0),  # waiting for a peer's save: the long limit too
+    ],
+)
+def test_long_phases_keep_the_startup_limit(
+    setting: float | None, phase: str, long: bool, expected: float
+) -> None:
+    assert watchdog.threshold_s(setting, 600.0, [0.01] * 10, phase, long) == expected
 
 
 def test_the_threshold_floor_yields_to_the_cap_for_short_timeouts() -> None:
@@ -97,6 +115,24 @@ def test_every_rank_in_the_same_collective_blames_nobody() -> None:
     assert "no single rank is to blame: every rank waits in the gradient all-reduce" in v["line"]
 
 
+def test_a_rank_busy_within_its_own_limit_is_no_hang_and_says_when_to_look_again() -> None:
+    reports = [report(r, beacon.GRAD_ALLREDUCE, stalled=61.0) for r in range(1, 8)]
+    reports.append({**report(0, beacon.CHECKPOINT, stalled=63.0), "busy": True, "limit_s": 300.0})
+    v = verdict.decide(reports, 8, PEERS, 5.0)
+    assert v["reason"] == "busy" and v["culprits"] == [] and v["busy"] == [0] and v["wait_s"] == 237.0
+    assert v["line"] == (
+        "no hang at step 120: rank 0 (node1, pid 1000) is in a checkpoint save for 63 s, within its limit of "
+        "300 s; ranks 1-7 wait for it in the gradient all-reduce; judged again in 237 s"
+    )
+
+
+def test_a_busy_rank_does_not_excuse_a_silent_one() -> None:
+    reports = [report(r, beacon.GRAD_ALLREDUCE) for r in range(1, 7)]
+    reports.append({**report(0, beacon.CHECKPOINT), "busy": True, "limit_s": 300.0})
+    v = verdict.decide(reports, 8, PEERS, 5.0)
+    assert v["reason"] == "unresponsive" and v["culprits"] == [7]
+
+
 def test_a_single_process_that_hangs_is_its_own_culprit() -> None:
     v = verdict.decide([report(0, beacon.COMPUTE, stalled=6.0)], 1, PEERS[:1], 5.0)
     assert v["line"].startswith("hang at step 120: rank 0 (node1, pid 1000) has been in forward and backward")
@@ -147,3 +183,89 @@ def test_nccl_defaults_leave_what_the_user_set() -> None:
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/runs/x/nccl-trace/rank",
     }
+
+
+class _NoBackstop:
+    """faulthandler's one timer belongs to the test's deadline (tests/deadline.py): watchdogs run in this
+    process without it."""
+
+    def dump_traceback_later(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def cancel_dump_traceback_later(self) -> None:
+        pass
+
+
+def _two_ranks(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[str], list[int]]:
+    """Two ranks' watchdogs in one process (threads), with fast ticks: rank 0 in a checkpoint save (a long
+    phase: half of --timeout-s 20 = 10 s), rank 1 waiting for it in the gradient all-reduce with a fixed
+    --hang-timeout-s 1 (the steady limit)."""
+    import threading
+
+    monkeypatch.setattr(watchdog, "faulthandler", _NoBackstop())
+    monkeypatch.setattr(watchdog, "_end_children", lambda: None)
+    monkeypatch.setattr(watchdog, "TICK_S", 0.1)
+    monkeypatch.setattr(watchdog, "WINDOW_S", 1.5)
+    monkeypatch.setattr(watchdog, "ANSWER_EVERY_S", 0.2)
+    said: list[str] = []
+    left: list[int] = []
+    peers = (("node1", 100), ("node2", 101))
+    dogs = []
+    for rank, phase in ((0, beacon.CHECKPOINT), (1, beacon.GRAD_ALLREDUCE)):
+        b = beacon.Beacon()
+        b.set(phase, 7)
+        who = watchdog.Identity(rank, 2, peers[rank][0], peers, "job-0")
+        dog = watchdog.Watchdog(b, who, tmp_path, 1.0, 20.0, lambda: [0.01] * 10, said.append, left.append)
+        dog.thread = threading.Thread(target=dog._watch, daemon=True)  # no faulthandler arming at start
+        dogs.append(dog)
+    return dogs, said, left
+
+
+def test_a_peer_busy_in_a_long_save_is_asked_before_it_is_judged(tmp_path: Any, monkeypatch: Any) -> None:
+    """Issue 22 item 1: the waiting rank fires at its steady limit, the saving rank answers that it is busy
+    within its own limit, and nobody is called unresponsive, killed or blamed."""
+    import time
+
+    dogs, said, left = _two_ranks(tmp_path, monkeypatch)
+    for dog in dogs:
+        dog.thread.start()
+    time.sleep(4.0)  # rank 1 fired after 1 s; the round took 1.5 s; the save goes on (10 s allowed)
+    for dog in dogs:
+        dog.stop()
+    assert left == [], said
+    assert not (tmp_path / watchdog.VERDICT).exists()
+    assert any(line.startswith("no hang at step 7: rank 0 (node1, pid") for line in said), said
+    deferred = (tmp_path / watchdog.HANG_DIR / "job-0" / "r0" / watchdog.DEFERRED).read_text()
+    assert '"reason": "busy"' in deferred
+
+
+def test_a_silent_peer_is_still_unresponsive(tmp_path: Any, monkeypatch: Any) -> None:
+    """No miss added to fix the false alarm: a rank whose watchdog cannot answer (frozen) is named."""
+    import time
+
+    dogs, said, left = _two_ranks(tmp_path, monkeypatch)
+    dogs[1].thread.start()  # rank 0's watchdog never runs: a frozen process
+    deadline = time.monotonic() + 10
+    while not left and time.monotonic() < deadline:
+        time.sleep(0.1)
+    dogs[1].stop()
+    assert left == [exitcodes.HANG], said
+    assert "rank 0 (node1, pid 100) is unresponsive" in said[0]
+
+
+def test_a_deferral_under_a_kit_supervisor_is_said_in_the_log(
+    tmp_path: Any, monkeypatch: Any, capsys: Any
+) -> None:
+    """Under a kit supervisor the watchdog has no console to speak to (say=None): the deferral's line goes to
+    the rank's own stderr (its log), and nobody is killed (it raised TypeError and ended the rank before)."""
+    import time
+
+    dogs, said, left = _two_ranks(tmp_path, monkeypatch)
+    dogs[1].say = None
+    for dog in dogs:
+        dog.thread.start()
+    time.sleep(4.0)
+    for dog in dogs:
+        dog.stop()
+    assert left == []
+    assert "no hang at step 7: rank 0 (node1, pid" in capsys.readouterr().err

@@ -83,3 +83,95 @@ def test_skip_drops_the_nonfinite_step_and_training_goes_on(tmp_path: Path) -> N
         if '"epoch"' in line and '"event": "epoch"' in line
     ]
     assert math.isfinite(epoch[0]["loss"])
+
+
+@pytest.mark.deadline(40)  # ~5 s
+def test_the_stop_names_the_checkpoint_whose_write_was_still_in_flight(tmp_path: Path) -> None:
+    """The step-3 checkpoint becomes durable while step 4's loss is NaN: the stop waits for it before saying
+    which checkpoint is kept (before, it read `latest` too early and said "no checkpoint was written")."""
+    code, out = train(
+        tmp_path,
+        "--task",
+        "robust_tasks:nan_after_slow_save",
+        "--save-every-steps",
+        "3",
+        "--save-every-epochs",
+        "0",
+        NAN_STEPS="4",
+        SLOW_SAVE_S="1.5",
+    )
+    assert code == exitcodes.NONFINITE, out
+    assert "error: step 4 (epoch 0): the loss averaged over all 1 ranks is NaN" in out, out
+    assert (
+        "(the last checkpoint, ckpt-00000003.pt, is kept)" in out and "no checkpoint was written" not in out
+    )
+    assert store.list_checkpoints(tmp_path) == [tmp_path / "checkpoints" / "ckpt-00000003.pt"]
+
+
+@pytest.fixture(scope="module")
+def streak(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
+    """11 non-finite losses in a row (steps 3-13) under --nonfinite-loss skip, saving every 2 steps: the run
+    stops at step 13. No such update was applied, so the weights are still finite."""
+    folder = tmp_path_factory.mktemp("streak")
+    code, out = train(
+        folder,
+        "--task",
+        "robust_tasks:nan_loss",
+        "--nonfinite-loss",
+        "skip",
+        "--save-every-steps",
+        "2",
+        NAN_STEPS=",".join(str(s) for s in range(3, 14)),
+    )
+    return folder, code, out
+
+
+def _stop_line(out: str) -> str:
+    return next(x for x in out.splitlines() if "error: step 13 (epoch 0)" in x)
+
+
+@pytest.mark.deadline(40)  # ~4 s (the shared run)
+def test_skip_stops_after_a_streak_saying_the_weights_are_finite(streak: tuple[Path, int, str]) -> None:
+    _, code, out = streak
+    assert code == exitcodes.NONFINITE, out
+    line = _stop_line(out)
+    assert "not finite in 11 steps in a row (NaN now)" in line, line
+    assert "the weights are finite" in line and "probably not finite" not in line, line
+
+
+@pytest.mark.deadline(40)
+def test_the_last_record_of_a_skip_streak_that_stopped_the_run_says_stop(
+    streak: tuple[Path, int, str],
+) -> None:
+    folder, _, _ = streak
+    records = [strict_json(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["event"] == "nonfinite" and records[-1]["action"] == "stop", records[-1]
+
+
+@pytest.mark.deadline(40)
+def test_no_checkpoint_is_written_during_a_skipped_streak(streak: tuple[Path, int, str]) -> None:
+    """The stop says "saved nothing after the last finite step": true, step 2's checkpoint is the last."""
+    folder, _, out = streak
+    assert "(the last checkpoint, ckpt-00000002.pt, is kept)" in _stop_line(out)
+    assert store.list_checkpoints(folder) == [folder / "checkpoints" / "ckpt-00000002.pt"]
+
+
+@pytest.mark.deadline(40)  # ~4 s
+def test_a_save_due_during_a_skipped_streak_comes_at_the_next_finite_step(tmp_path: Path) -> None:
+    code, out = train(
+        tmp_path,
+        "--task",
+        "robust_tasks:nan_loss",
+        "--nonfinite-loss",
+        "skip",
+        "--save-every-steps",
+        "4",
+        "--max-steps",
+        "6",
+        "--keep",
+        "5",
+        NAN_STEPS="3,4",
+    )
+    assert code == 0, out
+    # Step 4's save (its update and step 3's skipped) waits for step 5, the next finite one; 6 is the last.
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["ckpt-00000006.pt", "ckpt-00000005.pt"]

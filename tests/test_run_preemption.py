@@ -61,7 +61,9 @@ def test_usr2_to_the_launcher_saves_restarts_and_ends_bitwise_equal(
     proc.send_signal(signal.SIGUSR2)
     code, out = finish(proc)
     assert code == 0, out
-    assert "SIGUSR2: preempted: checkpoint saved, requeue 1 of 3" in out
+    # Rank 0 says what happened; the launcher decides and applies --max-requeue (issue 18: before, rank 0
+    # decided, "SIGUSR2: preempted: checkpoint saved, requeue 1 of 3").
+    assert "SIGUSR2: preempted: checkpoint saved at step " in out and "the launcher decides" in out
     assert "[launcher] preempted: restarting all ranks (1 of --max-requeue 3)" in out
     assert "Resuming from " in out and "at epoch 1, step " in out
     step = int(out.split("at epoch 1, step ")[1].split()[0])

@@ -9,11 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+from fake_slurm import FakeClock, FakeSlurm
 
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch import local
-from hpc_ddp.launch.slurm import submitter
-from hpc_ddp.launch.slurm.request import JobState
+from hpc_ddp.launch.slurm import follow, submitter
+from hpc_ddp.launch.slurm.client import SlurmClient
 from hpc_ddp.run import progress, tblog
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.progress import LIVE
@@ -140,12 +141,15 @@ def write_records(path: Path, *records: dict[str, object]) -> None:
             f.write(json.dumps(record) + "\n")
 
 
-def test_submit_wait_follows_metrics_jsonl_and_shows_the_progress_line_and_each_start(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(submitter, "POLL_S", 0.01)
-    monkeypatch.setattr(submitter, "_wait_while_completing", lambda job_id: None)
-    monkeypatch.setattr(submitter, "_pending_reason", lambda job_id: "")  # no squeue
+def follow_on(fake: FakeSlurm, job: str, folder: Path, world: int, out: io.StringIO) -> int:
+    """`--wait` on a fake cluster and a fake clock (tests/fake_slurm.py)."""
+    clock = FakeClock()
+    return follow.follow(
+        job, folder, world, 0.0, SlurmClient(fake), out=out, clock=follow.Clock(clock.now, clock.sleep)
+    )
+
+
+def test_submit_wait_follows_metrics_jsonl_and_shows_the_progress_line_and_each_start(tmp_path: Path) -> None:
     (tmp_path / "submitit").mkdir()
     metrics = tmp_path / "metrics.jsonl"
     start = {
@@ -158,26 +162,30 @@ def test_submit_wait_follows_metrics_jsonl_and_shows_the_progress_line_and_each_
         "world_size": 4,
         "startup_s": 9.5,
     }
-    # The job as sacct sees it, poll by poll; the run writes its records meanwhile.
+    fake = FakeSlurm()
+    fake.submit("77")
+    # The job as Slurm sees it, look by look; the run writes its records meanwhile.
     timeline = [
-        ("PENDING", []),
-        ("RUNNING", [start, step(epoch=0, step=10, eta_s=30.0)]),
-        ("RUNNING", [step(epoch=0, step=20, eta_s=20.0), {"event": "end", "epoch": 0, "step": 21}]),
-        ("REQUEUED", []),
+        (lambda: None, []),
+        (lambda: fake.start("77"), [start, step(epoch=0, step=10, eta_s=30.0)]),
+        (lambda: None, [step(epoch=0, step=20, eta_s=20.0), {"event": "end", "epoch": 0, "step": 21}]),
+        (lambda: fake.requeue("77"), []),
         (
-            "RUNNING",
+            lambda: fake.start("77"),
             [dict(start, restart=1, step=21, resumed=True, startup_s=12.25), step(step=400, eta_s=0.0)],
         ),
-        ("COMPLETED", []),
+        (lambda: fake.end("77", "COMPLETED"), []),
     ]
 
-    def state_of(job_id: str) -> JobState:
-        state, records = timeline.pop(0) if len(timeline) > 1 else timeline[0]
-        write_records(metrics, *records)
-        return JobState(state)
+    def look(call: tuple[str, ...]) -> None:
+        if call[0] == "sacct" and timeline:
+            change, records = timeline.pop(0)
+            change()
+            write_records(metrics, *records)
 
+    fake.on_call = look
     out = io.StringIO()  # a file: its progress lines come from rank 0's log (empty here), not twice
-    assert submitter.follow("77", tmp_path, 4, 0.0, out=out, state_of=state_of) == 0
+    assert follow_on(fake, "77", tmp_path, 4, out) == 0
     assert out.getvalue().splitlines() == [
         "[run] start 0 of job 77: from the beginning; 4 ranks, 9.5 s from process start to the first step",
         "[run] ranks ended at epoch 0, step 21",
@@ -187,9 +195,13 @@ def test_submit_wait_follows_metrics_jsonl_and_shows_the_progress_line_and_each_
         f"[submit] job 77 completed; run folder {tmp_path}",
     ]
     # On a terminal the same records also give the live line, rewritten in place.
-    timeline[:] = [("RUNNING", [step(epoch=0, step=30, eta_s=10.0)]), ("COMPLETED", [])]
+    fake.submit("77")
+    timeline[:] = [
+        (lambda: fake.start("77"), [step(epoch=0, step=30, eta_s=10.0)]),
+        (lambda: fake.end("77", "COMPLETED"), []),
+    ]
     terminal = FakeTerminal()
-    assert submitter.follow("77", tmp_path, 4, 0.0, out=terminal, state_of=state_of) == 0
+    assert follow_on(fake, "77", tmp_path, 4, terminal) == 0
     shown = terminal.getvalue()
     assert (
         f"{LIVE}epoch 0 step 10/400 loss 0.1235 | 1,530 samples/s | ETA 30s{LIVE}epoch 0 step 20/400" in shown
@@ -200,28 +212,28 @@ def test_submit_wait_follows_metrics_jsonl_and_shows_the_progress_line_and_each_
     )
 
 
-def test_submit_wait_on_a_terminal_keeps_one_live_line_below_the_log(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(submitter, "POLL_S", 0.01)
-    monkeypatch.setattr(submitter, "_wait_while_completing", lambda job_id: None)
+def test_submit_wait_on_a_terminal_keeps_one_live_line_below_the_log(tmp_path: Path) -> None:
     (tmp_path / "submitit").mkdir()
     log = submitter.log_path(tmp_path, "5")
+    fake = FakeSlurm()
+    fake.submit("5")
     timeline = [
         ("RUNNING", step(step=1), "Process 0 initialized\n"),
         ("RUNNING", step(step=2), "Epoch 0, Loss: 1\n"),
         ("COMPLETED", step(step=400, eta_s=0), ""),
     ]
 
-    def state_of(job_id: str) -> JobState:
-        state, record, text = timeline.pop(0)
-        write_records(tmp_path / "metrics.jsonl", record)
-        with open(log, "a") as f:
-            f.write(text)
-        return JobState(state)
+    def look(call: tuple[str, ...]) -> None:
+        if call[0] == "sacct" and timeline:
+            state, record, text = timeline.pop(0)
+            fake.start("5") if state == "RUNNING" else fake.end("5", state)
+            write_records(tmp_path / "metrics.jsonl", record)
+            with open(log, "a") as f:
+                f.write(text)
 
+    fake.on_call = look
     out = FakeTerminal()
-    assert submitter.follow("5", tmp_path, 2, 0.0, out=out, state_of=state_of) == 0
+    assert follow_on(fake, "5", tmp_path, 2, out) == 0
     line = "epoch 1 step {}/400 loss 0.1235 | 1,530 samples/s | "
     assert (
         out.getvalue()

@@ -1,5 +1,5 @@
 """The retry rules without a run: judging an attempt's end, deciding what comes next, the attempts record, and
-the batch step's readings of Slurm's output (hpc_ddp.run.retry, hpc_ddp.run.attempts,
+the batch step's readings of Slurm's output (hpc_ddp.launch.retry, hpc_ddp.ledger.attempts,
 hpc_ddp.launch.slurm.batch)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.launch import retry
 from hpc_ddp.launch.slurm import batch
-from hpc_ddp.run import attempts, retry
-from hpc_ddp.run.attempts import Attempt
+from hpc_ddp.ledger import attempts
+from hpc_ddp.ledger.attempts import Attempt
 
 
 def note(rank: int, kind: str, message: str, t: float, node: str = "n1", again: bool = True) -> dict:
@@ -231,12 +232,16 @@ def test_srun_deaths(lines: list[str], deaths: tuple) -> None:
 
 
 def test_scontrol_and_sinfo_readings() -> None:
-    fields = batch.job_fields(
+    from hpc_ddp.launch.slurm import parse
+
+    info = parse.parse_job(
         "JobId=7 JobName=x JobState=PENDING Reason=BeginTime Restarts=1 NumNodes=2-2 "
         "Partition=debug ExcNodeList=node2"
     )
+    assert info is not None  # the one parser of `scontrol show job` (hpc_ddp.launch.slurm.parse)
+    fields = info.fields
     assert (fields["JobState"], fields["NumNodes"], fields["ExcNodeList"]) == ("PENDING", "2-2", "node2")
-    assert batch.node_states("node1 idle\nnode2 drain\nnode3 down*\n") == {
+    assert parse.parse_sinfo("node1 idle\nnode2 drain\nnode3 down*\n") == {
         "node1": "idle",
         "node2": "drain",
         "node3": "down*",

@@ -49,6 +49,8 @@ Sections:
 
 Targets (this 2-CPU machine): kit / default-threads loop >= 1.8x; kit / tuned loop >= 0.97x; checkpoint
 >= 0.8x of the raw write; launch <= 1.0x of torchrun; hang watch on / off >= 0.99x (at most 1 % slower).
-The table and the JSON say which were met; the exit code is 0 whenever the bench ran (1 if a measured run
-failed, 2 for a usage error).
+The table and the JSON say which were met. A target missed on a busy machine (its load before the bench
+above its CPU count) or by less than the spread of its trials is "noisy: rerun on a quiet machine", with the
+trials' range, not MISSED. The exit code is 0 whenever the bench ran (1 if a measured run failed, 2 for a
+usage error).
 """

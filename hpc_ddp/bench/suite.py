@@ -65,7 +65,8 @@ def run(
         if not keep_in:
             shutil.rmtree(work, ignore_errors=True)
     print(header(s), flush=True)
-    print(table(results, s), flush=True)
+    cpus = len(os.sched_getaffinity(0))
+    print(table(results, s, load_before, cpus), flush=True)
     if json_path:
         report = {
             "settings": {
@@ -75,14 +76,14 @@ def run(
                 "world_size": s.world_size,
                 "batch_size": s.batch_size,
                 "quick": s.quick,
-                "cpus": len(os.sched_getaffinity(0)),
+                "cpus": cpus,
                 "torch": version("torch"),
                 "load_before": load_before,
                 "load_after": load_average(),
                 "seconds": round(time.monotonic() - started, 1),
             },
             "sections": results,
-            "targets": [t.as_dict() for t in targets(results)],
+            "targets": [t.as_dict(load_before, cpus) for t in targets(results)],
         }
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
 from hpc_ddp.cluster import hostlist
 from hpc_ddp.errors import ClusterConfigError
+from hpc_ddp.variables import CHANNELS
 
 Launcher = Literal["torchrun", "slurm", "single"]
 T = TypeVar("T")
@@ -69,18 +70,18 @@ TORCHRUN_VARS: dict[str, tuple[str, ...]] = {
     "num_nodes": ("GROUP_WORLD_SIZE",),  # torchrun >= 2.0
 }
 
-# slurm/ddp.sbatch names a file here for its tasks; global rank 0 writes its run folder into it.
-FOLDER_FILE_VAR = "HPC_DDP_FOLDER_FILE"
-# The local launcher holds the run folder's lock (hpc_ddp.run.folder.hold_folder) for its ranks: their rank 0
-# inherits it through this variable. Never passed on to a job or launcher started from inside a run.
-FOLDER_LOCK_VAR = "HPC_DDP_FOLDER_LOCK"
+# How often the job was started again: Slurm raises SLURM_RESTART_COUNT at every requeue (the local launcher sets
+# it the same way at every restart); torchrun's agent numbers its rounds in TORCHELASTIC_RESTART_COUNT, out of
+# TORCHELASTIC_MAX_RESTARTS. Read by `restart_count`, and nowhere else.
+SLURM_RESTART_VAR = "SLURM_RESTART_COUNT"
+TORCHRUN_RESTART_VARS = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
 # Everything else Slurm, srun, salloc, submitit and torchrun set for a task goes by these prefixes (srun reads
-# SLURM_*/SRUN_* as defaults: a stale SLURM_CPUS_PER_TASK from an outer job would reshape an inner one).
+# SLURM_*/SRUN_* as defaults: a stale SLURM_CPUS_PER_TASK from an outer job would reshape an inner one). The
+# kit's own channels between processes (hpc_ddp.variables.CHANNELS: HPC_DDP_BATCH, the run folder's file and
+# lock, the live progress line) belong to the job that set them, like a launcher's variables.
 LAUNCHER_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
-LAUNCHER_NAMES = frozenset(
-    {name for names in TORCHRUN_VARS.values() for name in names} | {FOLDER_FILE_VAR, FOLDER_LOCK_VAR}
-)
+LAUNCHER_NAMES = frozenset({name for names in TORCHRUN_VARS.values() for name in names} | CHANNELS)
 # Kept: which cluster to talk to is the site's setting, not the job's. (SBATCH_* are kept too: Slurm never sets
 # them, so they are the user's own defaults.)
 SITE_VARS = frozenset({"SLURM_CONF"})
@@ -118,6 +119,17 @@ class DistEnv:
     launcher: Launcher
     nodes: tuple[str, ...] = ()  # the step's hosts, in Slurm order (empty outside Slurm)
     overrides: tuple[str, ...] = ()  # explicit MASTER_ADDR/MASTER_PORT that replaced derived values
+    restart: int = 0  # which start of the job this is, 0 the first (`restart_count`)
+    node: str = (
+        ""  # this task's node as the scheduler names it (SLURMD_NODENAME, what ExcNodeList takes), else
+    )
+    # the host name
+
+    @property
+    def is_restart(self) -> bool:
+        """Started again by its launcher (a requeue, a local restart, a torchrun round after the first): such a
+        start continues from the run's own latest checkpoint, whatever --resume says (hpc_ddp.run.resume)."""
+        return self.restart > 0
 
     @property
     def is_main(self) -> bool:
@@ -159,19 +171,41 @@ def _decimal(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def detect(environ: Mapping[str, str]) -> DistEnv:
-    """Derive this process's `DistEnv` from `environ` (torchrun > Slurm task > single process).
+def restart_count(environ: Mapping[str, str]) -> int:
+    """Which start of the job this is, 0 the first: the one reader of the restart variables (pure).
+
+    Slurm and the local launcher: SLURM_RESTART_COUNT (also in the batch shell, which is no srun step:
+    hpc_ddp.launch.slurm.batch names an attempt with this). Under torchrun: its round, TORCHELASTIC_RESTART_COUNT;
+    inside a requeued Slurm job each requeue makes room for torchrun's rounds (SLURM_RESTART_COUNT x
+    (TORCHELASTIC_MAX_RESTARTS + 1) + the round), so that every start of the job has its own number and a
+    requeue's first round is a restart too. Anything unreadable counts as 0."""
+    slurm = _count(environ.get(SLURM_RESTART_VAR))
+    if not environ.get("TORCHELASTIC_RUN_ID"):
+        return slurm
+    rounds = _count(environ.get(TORCHRUN_RESTART_VARS[1])) + 1
+    return slurm * rounds + _count(environ.get(TORCHRUN_RESTART_VARS[0]))
+
+
+def _count(text: str | None) -> int:
+    return int(text) if text and _decimal(text) else 0
+
+
+def detect(environ: Mapping[str, str], host: str = "") -> DistEnv:
+    """Derive this process's `DistEnv` from `environ` (torchrun > Slurm task > single process). `host` is this
+    machine's name (a task passes socket.gethostname()), its node where Slurm does not name it.
 
     Raises:
         ClusterConfigError: the variables are inconsistent, non-numeric, or describe a launch that would hang.
     """
     if environ.get("TORCHELASTIC_RUN_ID"):
-        return _from_torchrun(environ)
-    if "SLURM_PROCID" in environ and _in_srun_step(environ):
-        return _from_slurm(environ)
-    if environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"):
-        _refuse_batch_shell(environ)
-    return _single(environ)
+        env = _from_torchrun(environ)
+    elif "SLURM_PROCID" in environ and _in_srun_step(environ):
+        env = _from_slurm(environ)
+    else:
+        if environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"):
+            _refuse_batch_shell(environ)
+        env = _single(environ)
+    return replace(env, restart=restart_count(environ), node=environ.get("SLURMD_NODENAME") or host)
 
 
 def _first(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:

@@ -127,6 +127,23 @@ def _store(env: DistEnv, timeout: timedelta):  # -> torch.distributed.Store
         ) from e
 
 
+def _torchrun_store(env: DistEnv, timeout: timedelta):  # -> torch.distributed.Store
+    """The store of this torchrun round: torch's env:// store, under a prefix of its own per round.
+
+    torchrun's agent hosts one TCP store on MASTER_PORT for every round of a run (TORCHELASTIC_USE_AGENT_STORE;
+    the c10d rendezvous shares it unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and env:// connects to it with
+    no prefix per round. The keys of the round before stay there: after a restart, a rank that asks for its
+    peer's gloo address before that peer has written the new one gets the dead round's address at once, and
+    gloo's connectFullMesh fails with "connection refused" (a plain script that joins at once wins that race;
+    a rank that prepares its run folder first loses it). The prefix names the round, so no round reads
+    another's keys. Where rank 0 hosts the store itself (no agent store), each round's store is new anyway."""
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import rendezvous
+
+    store, _, _ = next(rendezvous("env://", rank=env.rank, world_size=env.world_size, timeout=timeout))
+    return dist.PrefixStore(f"hpc_ddp/round-{env.restart}", store)
+
+
 @contextmanager
 def process_group(
     env: DistEnv,
@@ -147,9 +164,7 @@ def process_group(
         if store is not None:
             kwargs: dict[str, Any] = {"store": store}
         elif env.launcher == "torchrun":
-            # torchrun's agent already hosts the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE); env://
-            # knows to connect to it instead of binding a second one.
-            kwargs = {"init_method": "env://"}
+            kwargs = {"store": _torchrun_store(env, timeout)}
         else:
             kwargs = {"store": _store(env, timeout)}
         if device.type == "cuda":

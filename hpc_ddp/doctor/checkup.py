@@ -201,7 +201,8 @@ def _open_store(job: _Run, environ: Mapping[str, str]) -> tuple[Any, str]:
         raise _Unreachable(
             f"rank {env.rank} could not open the store at {where} ({str(e).splitlines()[0]})", fix
         ) from None
-    prefix = f"hpc_ddp/doctor/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # apart from torch's own keys
+    # Apart from torch's own keys, and from an earlier torchrun round's (the agent's store outlives a round).
+    prefix = f"hpc_ddp/doctor/{env.restart}"
     return dist.PrefixStore(prefix, store), f"{env.master_addr}:{store.port}"
 
 

@@ -35,16 +35,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{folder / 'report.html'}, or create {out.parent}"
         )
     plots.pyplot()  # matplotlib missing: one line with the install command
-    drafts = timeline.build_attempts(run.records, run.lines, running=run.running)
+    now = time.time()
+    drafts = timeline.build_attempts(run.records, run.lines, running=run.running, now=now)
     slurm = sources.plausible(run.slurm, [(a.job, a.restart, a.process_start) for a in drafts])
-    summary = timeline.summarize(run.records, run.lines, slurm, run.running)
+    summary = timeline.summarize(run.records, run.lines, slurm, run.running, now)
     pngs = plots.draw(run.records, summary)
     title = f"Run {folder.resolve().name}"
     try:
         for name, data in pngs.items():
             atomic_write_bytes(out.with_name(name), data)
         atomic_write_bytes(
-            out, page.render(title, summary, pngs, time.time(), sources.described(run, slurm)).encode()
+            out, page.render(title, summary, pngs, now, sources.described(run, slurm)).encode()
         )
     except OSError as e:
         raise UsageError(f"cannot write {out} ({e.strerror or e}). Fix: --out a path you can write") from None

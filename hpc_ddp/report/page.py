@@ -14,9 +14,10 @@ CAPTIONS = {
     "throughput.png": "Samples per second over all ranks, measured from each process's second step.",
     "step-time-heatmap.png": 'Each rank\'s own work per step (data + compute) from the "ranks" records, '
     "every 5 steps (in a long run, the slowest of each window): a rank slower than "
-    "the others shows as a bright row.",
-    "time-breakdown.png": "Where each attempt's time went, from the queue wait before it (not allocated) to "
-    'its end; "all" sums the attempts.',
+    "the others shows as a bright row. The window of each start's first step (warm-up, on every rank) is "
+    'hatched, marked "start" or "restart" and left out of the color scale.',
+    "time-breakdown.png": "Where each attempt's time went, from the time before it (a queue wait, or the time "
+    'between attempts; not allocated) to its end; "all" sums the attempts.',
 }
 
 DEFINITIONS = """
@@ -37,9 +38,10 @@ failure or preemption, which the next attempt replays;</li>
 <li><b>after the last step</b>: from the attempt's last step (its end record, else its last record) to its
 end: writing model.pth, teardown, hang detection, exit.</li>
 </ul>
-<p><b>Goodput</b> = productive / allocated, summed over attempts. The <b>queue wait</b> between attempts
-(Slurm's accounting when sacct answers, else the gap from an attempt's end to the next one's process start)
-is shown but is not allocated time. A <b>failure</b> is an attempt that ended failed, hung, or with its node
+<p><b>Goodput</b> = productive / allocated, summed over attempts. The time <b>between attempts</b> (from an
+attempt's end to the next one's process start; Slurm's accounting when sacct answers) is shown but is not
+allocated time; it is a <b>queue wait</b> where the job waited in Slurm's queue (a requeue), and only the time
+between attempts where no queue was (a local run's restart, a new command). A <b>failure</b> is an attempt that ended failed, hung, or with its node
 or its processes lost, or that lost steps. The best checkpoint interval is Young/Daly's first-order
 optimum <b>&tau; = sqrt(2 &times; C &times; M)</b>, in seconds of training between checkpoints, with C the
 mean checkpoint stall (s) and M the mean time between failures = allocated time / failures (s).</p>
@@ -85,7 +87,7 @@ def headline(s: Summary) -> list[tuple[str, str]]:
         ("checkpoint stalls", f"{duration(s.stalls_s)} in {s.saves} saves"),
         ("lost work", f"{duration(s.lost_s)} ({steps_text(s.lost_steps)} replayed)"),
         ("after the last step", duration(s.after_s)),
-        ("queue wait between attempts", duration(s.queue_s)),
+        ("queue wait between attempts" if s.queued else "time between attempts", duration(s.queue_s)),
         ("failures", str(s.failures)),
         ("MTBF", duration(s.mtbf_s)),
         ("checkpoint cost C (mean stall)", duration(s.save_cost_s)),
@@ -114,7 +116,7 @@ def _attempts_table(s: Summary) -> str:
         "stalls",
         "lost",
         "after",
-        "queue before",
+        "queue before" if s.queued else "between attempts",
     )
     rows = []
     for k, a in enumerate(s.attempts):
@@ -143,7 +145,14 @@ def _attempts_table(s: Summary) -> str:
                 )
             ),
         )
-        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+        rows.append(
+            "<tr>"
+            + "".join(
+                _text_cell(c) if head[i] in ("nodes", "reason") else f"<td>{html.escape(c)}</td>"
+                for i, c in enumerate(cells)
+            )
+            + "</tr>"
+        )
     return (
         "<table class=attempts><tr>"
         + "".join(f"<th>{html.escape(h)}</th>" for h in head)
@@ -151,6 +160,15 @@ def _attempts_table(s: Summary) -> str:
         + "".join(rows)
         + "</table>"
     )
+
+
+def _text_cell(text: str) -> str:
+    """A cell of free text (node names, a reason) that wraps at its spaces only: a word with a character a
+    browser may break after (the hyphens of "gpu-node-001", a path's slashes) is kept whole in a span."""
+    words = (
+        html.escape(w) if w.isalnum() else f"<span class=w>{html.escape(w)}</span>" for w in text.split(" ")
+    )
+    return f"<td class=text>{' '.join(words)}</td>"
 
 
 def _clock(t: float) -> str:
@@ -184,7 +202,10 @@ def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float, 
 <style>
 body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}
 table {{ border-collapse: collapse; margin: 0.5em 0 1em; }}
-th, td {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; font-size: 14px; overflow-wrap: anywhere; }}
+th, td {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; font-size: 14px; white-space: nowrap; }}
+td.text, table.attempts th {{ white-space: normal; }}
+td.text {{ min-width: 8em; }}
+td.text .w {{ white-space: nowrap; }}
 th {{ background: #f3f3f3; }}
 .grid, .summary {{ display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }}
 figure {{ margin: 0; width: calc(50% - 8px); min-width: 420px; max-width: 640px; }}

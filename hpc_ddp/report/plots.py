@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.report.records import heat_map, segments
+from hpc_ddp.report.recorded import Recorded
 from hpc_ddp.report.timeline import Summary
 
 MAX_COLUMNS = 1000  # of the heat map; more "ranks" records are drawn by windows
 INSTALL = "pip install 'hpc-ddp[report]' (or: pip install matplotlib; env/setup.sh installs it)"
 # One color per part of the time breakdown, in the order the parts are stacked.
 PARTS = (
-    ("queue", "queue wait before", "#7f7f7f"),
+    ("queue", "queue wait before", "#7f7f7f"),  # "between attempts" where no queue was (a local run)
     ("startup", "startup", "#1f77b4"),
     ("productive", "productive", "#2ca02c"),
     ("stalls", "checkpoint stalls", "#ff7f0e"),
@@ -46,76 +46,115 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-Series = list[tuple[list[float], list[float], list[float]]]
+MAX_POINTS = 4000  # drawn per line: a longer series is thinned to each bucket's lowest and highest point
 
 
-def _by_attempt(records: Sequence[Mapping[str, Any]], event: str, key: str, positive: bool = False) -> Series:
-    """(steps, times, values) of `event` records with a finite `key` (> 0 if `positive`), one triple per
-    process start."""
-    found = []
-    for seg in segments(records):
-        rows = [
-            (r["step"], r["time"], r[key])
-            for r in seg.records
-            if r.get("event") == event
-            and isinstance(r.get("step"), int)
-            and isinstance(r.get(key), (int, float))
-            and math.isfinite(r[key])
-            and (r[key] > 0 or not positive)
-        ]
-        if rows:
-            found.append(([s for s, _, _ in rows], [t for _, t, _ in rows], [v for _, _, v in rows]))
-    return found
+def thin(
+    xs: Sequence[float], ys: Sequence[float], limit: int = MAX_POINTS
+) -> tuple[list[float], list[float]]:
+    """At most about `limit` points of a line (pure): in each of limit / 2 buckets, its lowest and highest
+    point in x order, so that a spike survives; the last point is always kept."""
+    n = len(xs)
+    if n <= limit:
+        return list(xs), list(ys)
+    size = -(-n // (limit // 2))
+    keep: list[int] = []
+    for lo in range(0, n, size):
+        hi = min(n, lo + size)
+        low = min(range(lo, hi), key=ys.__getitem__)
+        high = max(range(lo, hi), key=ys.__getitem__)
+        keep += sorted({low, high})
+    if keep[-1] != n - 1:
+        keep.append(n - 1)
+    return [xs[i] for i in keep], [ys[i] for i in keep]
 
 
-def loss_png(records: Sequence[Mapping[str, Any]]) -> bytes | None:
-    runs = _by_attempt(records, "step", "loss") or _by_attempt(records, "epoch", "loss")
-    if not runs:
+def time_unit(span_s: float) -> tuple[float, str]:
+    """(seconds per unit, unit) for a time axis of `span_s` seconds: s up to 2 min, min up to 2 h, then h."""
+    if span_s <= 120:
+        return 1.0, "seconds"
+    if span_s <= 7200:
+        return 60.0, "minutes"
+    return 3600.0, "hours"
+
+
+def loss_png(run: Recorded) -> bytes | None:
+    losses = run.losses()
+    if not losses:
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    marker = "." if sum(len(run[0]) for run in runs) < 60 else None  # dots only where they are few
-    for k, (steps, _, values) in enumerate(runs):
-        ax.plot(steps, values, marker=marker, label=f"attempt {k + 1}")
-    if min(v for run in runs for v in run[2]) > 0:
+    marker = "." if sum(len(s) for s in losses) < 60 else None  # dots only where they are few
+    for k, series in enumerate(losses):
+        ax.plot(*thin(series.steps, series.values), marker=marker, label=f"attempt {k + 1}")
+    if min(min(s.values) for s in losses) > 0:
         ax.set_yscale("log")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (mean over ranks)")
     ax.set_title("Loss")
-    if len(runs) > 1:
+    if len(losses) > 1:
         ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return _png(fig)
 
 
-def throughput_png(records: Sequence[Mapping[str, Any]]) -> bytes | None:
-    runs = _by_attempt(records, "step", "samples_per_s", positive=True)  # a process's first step has no rate
-    if not runs:
-        return None
-    t0 = min(run[1][0] for run in runs)
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    marker = "." if sum(len(run[0]) for run in runs) < 60 else None
-    for k, (_, times, values) in enumerate(runs):
-        ax.plot([(t - t0) / 60 for t in times], values, marker=marker, label=f"attempt {k + 1}")
-    ax.set_xlabel("minutes since the first record")
+def throughput_axes(ax: Any, run: Recorded) -> bool:
+    """Draw samples/s against the time since the first point on `ax`; False if the run has no rate at all."""
+    rates = run.rates()  # a process's first step has no rate; a run without step records: its epochs'
+    if not rates:
+        return False
+    t0 = min(s.times[0] for s in rates)
+    scale, unit = time_unit(max(s.times[-1] for s in rates) - t0)
+    marker = "." if sum(len(s) for s in rates) < 60 else None
+    for k, series in enumerate(rates):
+        ax.plot(
+            *thin([(t - t0) / scale for t in series.times], series.values),
+            marker=marker,
+            label=f"attempt {k + 1}",
+        )
+    ax.set_xlabel(f"{unit} since the first record")
     ax.set_ylabel("samples/s (all ranks)")
     ax.set_title("Throughput")
     ax.set_ylim(bottom=0)
-    if len(runs) > 1:
+    if len(rates) > 1:
         ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
+    return True
+
+
+def throughput_png(run: Recorded) -> bytes | None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    if not throughput_axes(ax, run):
+        plt.close(fig)
+        return None
     fig.tight_layout()
     return _png(fig)
 
 
-def heatmap_png(records: Sequence[Mapping[str, Any]]) -> bytes | None:
-    steps, rows = heat_map(records, MAX_COLUMNS)
+def restart_columns(run: Recorded, max_columns: int = MAX_COLUMNS) -> list[tuple[int, str]]:
+    """(column, "start" or "restart") of the heat map's columns that hold a process's first "ranks" record:
+    its window has the process's first step, which pays for warm-up (DDP's buckets, the allocator, a resume's
+    load) on every rank: slow, and no straggler."""
+    found: dict[int, str] = {}
+    for k, seg in enumerate(run.segments):
+        if seg.first_ranks is not None:
+            found.setdefault(run.heat.column(seg.first_ranks, max_columns), "restart" if k else "start")
+    return sorted(found.items())
+
+
+def heatmap_axes(fig: Any, ax: Any, run: Recorded) -> bool:
+    """Draw the per-rank step times on `ax`; the columns of a (re)start's warm-up are hatched, labelled and
+    left out of the color scale (so that a real straggler, not a warm-up, sets it). False without "ranks"
+    records."""
+    steps, rows = run.heat.grid(MAX_COLUMNS)
     if not steps:
-        return None
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 1.4 + 0.25 * min(len(rows), 32)))
+        return False
+    restarts = restart_columns(run)
+    skip = {i for i, _ in restarts}
+    others = [v for row in rows for i, v in enumerate(row) if i not in skip and not math.isnan(v)]
+    vmax = max(others, default=None)
     # From 0 ms: ranks within a few percent of each other look alike; one at 1.5x the others stands out.
     image = ax.imshow(
         [[v * 1000 for v in row] for row in rows],
@@ -123,16 +162,30 @@ def heatmap_png(records: Sequence[Mapping[str, Any]]) -> bytes | None:
         interpolation="nearest",
         cmap="viridis",
         vmin=0,
+        vmax=None if vmax is None else vmax * 1000,
         extent=(-0.5, len(steps) - 0.5, len(rows) - 0.5, -0.5),
     )
+    for i, label in restarts:
+        ax.axvspan(i - 0.5, i + 0.5, facecolor="white", alpha=0.55, hatch="//", edgecolor="#555", linewidth=0)
+        ax.text(i, -0.5, label, rotation=90, fontsize=7, ha="center", va="bottom", color="#333")
     ticks = sorted({round(i) for i in [k * (len(steps) - 1) / 5 for k in range(6)]})
     ax.set_xticks(ticks, [str(steps[i]) for i in ticks])
     if len(rows) <= 16:
         ax.set_yticks(range(len(rows)))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("rank")
-    ax.set_title("Step time per rank (ms): a straggler is a bright row")
+    ax.set_title("Step time per rank (ms): a straggler is a bright row", pad=30 if restarts else 6)
     fig.colorbar(image, ax=ax, label="ms")
+    return True
+
+
+def heatmap_png(run: Recorded) -> bytes | None:
+    plt = pyplot()
+    rows = max(len(run.heat.rows), 1)
+    fig, ax = plt.subplots(figsize=(6.4, 1.6 + 0.25 * min(rows, 32)))
+    if not heatmap_axes(fig, ax, run):
+        plt.close(fig)
+        return None
     fig.tight_layout()
     return _png(fig)
 
@@ -148,9 +201,10 @@ def breakdown_png(summary: Summary) -> bytes | None:
         + [getattr(summary, f"{name}_s")]
         for name, _, _ in PARTS
     }
-    scale, unit = (60, "minutes") if summary.allocated_s + summary.queue_s > 180 else (1, "seconds")
+    scale, unit = time_unit(summary.allocated_s + summary.queue_s)
     left = [0.0] * len(labels)
     for name, label, color in PARTS:
+        label = label if name != "queue" or summary.queued else "between attempts"
         values = [v / scale for v in parts[name]]
         ax.barh(labels, values, left=left, color=color, label=label)
         left = [a + b for a, b in zip(left, values, strict=True)]
@@ -162,12 +216,12 @@ def breakdown_png(summary: Summary) -> bytes | None:
     return _png(fig)
 
 
-def draw(records: Sequence[Mapping[str, Any]], summary: Summary) -> dict[str, bytes]:
+def draw(run: Recorded, summary: Summary) -> dict[str, bytes]:
     """Every plot there is data for, by file name (a run without "ranks" records has no heat map)."""
     pngs = {
-        "loss.png": loss_png(records),
-        "throughput.png": throughput_png(records),
-        "step-time-heatmap.png": heatmap_png(records),
+        "loss.png": loss_png(run),
+        "throughput.png": throughput_png(run),
+        "step-time-heatmap.png": heatmap_png(run),
         "time-breakdown.png": breakdown_png(summary),
     }
     return {name: png for name, png in pngs.items() if png is not None}

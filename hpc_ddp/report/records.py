@@ -1,17 +1,25 @@
-"""The records of a run folder, parsed (pure): attempts.jsonl's lines merged per attempt, metrics.jsonl's
-records cut per process start, when a step was reached, and the per-rank step times.
+"""The values of a run's records, checked (pure): attempts.jsonl's lines merged per attempt, the numbers and
+time stamps a report may trust, and when a step was reached.
 
-Every reader takes the records as `read_records` returns them (dicts, a torn line already skipped) and skips a
-record whose fields have the wrong type, rather than fail: a report must work on any folder a run left.
+Every reader skips a record whose fields have the wrong type, or whose value no run can have written (a time
+stamp before 1970 or after TIME_MAX, a step past MAX_STEP), rather than fail: a report must work on any
+folder a run left, garbage included.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+TIME_MAX = 1e10  # seconds since the epoch: the year 2286. A later stamp is garbage (1e308 was one)
+MAX_STEP = 2**53  # a step or count past this is garbage (and would not fit the compact arrays)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,42 @@ class AttemptLine:
     decision: str = ""
 
 
+# ----- values ---------------------------------------------------------------------------------------------
+
+
+def int_or_none(value: Any) -> int | None:
+    """An integer from a record (an integral float too), else None: missing, null, a string, out of range."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):  # json.loads reads Infinity
+        return None
+    return int(value) if abs(value) < MAX_STEP else None
+
+
+def num(value: Any) -> float | None:
+    """A finite number from a record, else None (missing, null, a string)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def stamp(value: Any) -> float | None:
+    """A time stamp from a record: seconds since the epoch, from 1970 to TIME_MAX; else None."""
+    t = num(value)
+    return t if t is not None and 0 <= t < TIME_MAX else None
+
+
+def duration_or_none(value: Any) -> float | None:
+    """A number of seconds from a record: finite and not negative (a negative stall is garbage), else None."""
+    t = num(value)
+    return t if t is not None and t >= 0 else None
+
+
+def ordered(items: Iterable[T], key: Any = None) -> list[T]:
+    """The report's one way to sort (a test counts what goes through it: the work must stay linear)."""
+    return sorted(items, key=key)
+
+
 # ----- attempts.jsonl -------------------------------------------------------------------------------------
 
 
@@ -39,13 +83,10 @@ def merge_attempt_lines(lines: Iterable[Mapping[str, Any]]) -> list[AttemptLine]
     A line without a job or restart, or with fields of the wrong type, is skipped (a torn or foreign line)."""
     merged: dict[tuple[str, int], dict[str, Any]] = {}
     for line in lines:
-        try:
-            key = (str(line["job"]), int(line["restart"]))
-            time = num(line["time"])
-        except (KeyError, TypeError, ValueError, OverflowError):
+        restart, time = int_or_none(line.get("restart")), stamp(line.get("time"))
+        if "job" not in line or restart is None or time is None:
             continue
-        if time is None:
-            continue
+        key = (str(line["job"]), restart)
         entry = merged.setdefault(key, {"job": key[0], "restart": key[1]})
         if line.get("event") == "start":
             entry["start_time"] = time
@@ -64,117 +105,30 @@ def merge_attempt_lines(lines: Iterable[Mapping[str, Any]]) -> list[AttemptLine]
     return [AttemptLine(**entry) for entry in merged.values()]
 
 
-def int_or_none(value: Any) -> int | None:
-    try:
-        return None if value is None or isinstance(value, bool) else int(value)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: json.loads reads "Infinity"
-        return None
+# ----- when a step was reached ----------------------------------------------------------------------------
 
 
-def num(value: Any) -> float | None:
-    """A finite number from a record, else None (missing, null, a string)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+class StepClock:
+    """When each step was reached, from the (time, step) points of one process start: put in step order once
+    (they come in order from a run: a sort only for a file that is not), then each question is a binary
+    search."""
 
+    def __init__(self, times: Sequence[float], steps: Sequence[int]) -> None:
+        if not all(map(operator.le, steps, itertools.islice(steps, 1, None))):  # a step went back: by step,
+            order = ordered(range(len(steps)), key=steps.__getitem__)  # the file's order kept among equals
+            times, steps = [times[i] for i in order], [steps[i] for i in order]
+        self.times, self.steps = times, steps
 
-# ----- metrics.jsonl: records cut into attempts -----------------------------------------------------------
+    def __bool__(self) -> bool:
+        return len(self.steps) > 0
 
-
-@dataclass(frozen=True)
-class Segment:
-    """The metrics records of one process start (from its "start" record to the next one)."""
-
-    start: Mapping[str, Any] | None
-    records: tuple[Mapping[str, Any], ...]
-    resumed: int | None = None  # without a start record: the step the previous process's end record names
-
-    @property
-    def key(self) -> tuple[str, int] | None:
-        if self.start is None:
-            return None
-        try:
-            return str(self.start.get("job")), int(self.start.get("restart") or 0)
-        except (TypeError, ValueError):
-            return None
-
-
-def segments(records: Sequence[Mapping[str, Any]]) -> list[Segment]:
-    """Cut rank 0's records into process starts: at each "start" record, and (in a folder written before
-    start records existed) after each "end" record, the next process resuming at the step that end names."""
-    found: list[Segment] = []
-    start: Mapping[str, Any] | None = None
-    resumed: int | None = None
-    current: list[Mapping[str, Any]] = []
-    for record in records:
-        if num(record.get("time")) is None:
-            continue
-        ended = current and current[-1].get("event") == "end"
-        if record.get("event") == "start" or ended:
-            if start is not None or current:
-                found.append(Segment(start, tuple(current), resumed))
-            start, current = (record, []) if record.get("event") == "start" else (None, [record])
-            resumed = int_or_none(found[-1].records[-1].get("step")) if ended and start is None else None
-        else:
-            current.append(record)
-    if start is not None or current:
-        found.append(Segment(start, tuple(current), resumed))
-    return found
-
-
-def progress_points(segment: Segment) -> list[tuple[float, int]]:
-    """(time, step) of every record of the segment that has both and is written at its step: not "save",
-    which is written once the checkpoint's write has ended, a few steps later."""
-    points = []
-    for record in segment.records:
-        if record.get("event") == "save":
-            continue
-        t, step = num(record.get("time")), int_or_none(record.get("step"))
-        if t is not None and step is not None:
-            points.append((t, step))
-    return points
-
-
-def time_at_step(points: Sequence[tuple[float, int]], step: int) -> float:
-    """When `step` was reached, linearly interpolated between the (time, step) points around it; before the
-    first point: the first point's time, after the last: the last's."""
-    ordered = sorted(points, key=lambda p: (p[1], p[0]))
-    if step <= ordered[0][1]:
-        return ordered[0][0]
-    for (t0, s0), (t1, s1) in itertools.pairwise(ordered):
-        if s0 <= step <= s1:
-            return t0 if s1 == s0 else t0 + (t1 - t0) * (step - s0) / (s1 - s0)
-    return ordered[-1][0]
-
-
-def heat_map(
-    records: Sequence[Mapping[str, Any]], max_columns: int = 0
-) -> tuple[list[int], list[list[float]]]:
-    """The "ranks" records as (steps, rows): rows[rank][i] is that rank's step time (s) at steps[i]. A record
-    whose list is shorter than the widest (a world-size change) leaves NaN for the missing ranks. With more
-    records than `max_columns` (if set), each column is the slowest of a window of them (at its first step),
-    so that a straggler's spike survives."""
-    ranks = [
-        r
-        for r in records
-        if r.get("event") == "ranks"
-        and isinstance(r.get("step_time_s"), list)
-        and int_or_none(r.get("step")) is not None
-    ]
-    width = max((len(r["step_time_s"]) for r in ranks), default=0)
-    steps = [int(r["step"]) for r in ranks]
-    rows = [
-        [(num(r["step_time_s"][k]) if k < len(r["step_time_s"]) else None) for r in ranks]
-        for k in range(width)
-    ]
-    if max_columns and len(steps) > max_columns:
-        window = -(-len(steps) // max_columns)
-        steps = steps[::window]
-        rows = [
-            [
-                max((v for v in row[i : i + window] if v is not None), default=None)
-                for i in range(0, len(row), window)
-            ]
-            for row in rows
-        ]
-    return steps, [[math.nan if v is None else v for v in row] for row in rows]
+    def at(self, step: int) -> float:
+        """When `step` was reached, linearly interpolated between the points around it; before the first
+        point: the first point's time, after the last: the last's."""
+        j = bisect.bisect_left(self.steps, step)  # the first point at `step` or after it
+        if j == 0:
+            return self.times[0]
+        if j == len(self.steps):
+            return self.times[-1]
+        (t0, s0), (t1, s1) = (self.times[j - 1], self.steps[j - 1]), (self.times[j], self.steps[j])
+        return t0 + (t1 - t0) * (step - s0) / (s1 - s0)  # s0 < step <= s1

@@ -10,16 +10,16 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hpc_ddp import proc
 from hpc_ddp.errors import UsageError
+from hpc_ddp.ledger import attempts
+from hpc_ddp.ledger.attempts import ATTEMPTS  # written by rank 0 (start) and the supervisor (end)
+from hpc_ddp.report.recorded import Recorded, compile_records
 from hpc_ddp.report.records import AttemptLine, merge_attempt_lines
 from hpc_ddp.report.timeline import Window
-from hpc_ddp.run import attempts
-from hpc_ddp.run.attempts import ATTEMPTS  # written by rank 0 (start) and the supervisor (end)
 from hpc_ddp.run.folder import CHECKPOINTS, METRICS, RUN_RECORD, is_held
-from hpc_ddp.run.metrics import read_records
+from hpc_ddp.run.metrics_read import iter_records
 
 SACCT_FORMAT = "JobID,Submit,Start,End,State"
 
@@ -29,7 +29,7 @@ class RunFiles:
     """What the report reads from a run folder."""
 
     folder: Path
-    records: tuple[dict[str, Any], ...]
+    records: Recorded  # metrics.jsonl, compiled as it is read
     lines: tuple[AttemptLine, ...]
     slurm: Mapping[tuple[str, int], Window]
     running: bool  # a run holds the folder now (its run.lock is there and its holder alive)
@@ -48,7 +48,7 @@ def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
             f"{CHECKPOINTS}/. Fix: give the folder a run wrote (its --folder, e.g. "
             "runs/local-12345)"
         )
-    records = tuple(read_records(folder / METRICS))
+    records = compile_records(iter_records(folder / METRICS))  # one pass; the dicts are not kept
     # The kit's own reader (a cut line skipped, only start and end lines), then the report's merge, which
     # skips a line whose fields have the wrong type rather than fail.
     lines = tuple(merge_attempt_lines(attempts.read_lines(folder)))
@@ -56,7 +56,7 @@ def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
     if use_sacct:
         jobs = sorted(
             {a.job for a in lines}
-            | {str(r["job"]) for r in records if r.get("event") == "start" and r.get("job")}
+            | {str(seg.start["job"]) for seg in records.segments if seg.start and seg.start.get("job")}
         )
         slurm = {key: w for job in jobs for key, w in sacct_windows(job).items()}
     return RunFiles(folder, records, lines, slurm, running=is_held(folder))

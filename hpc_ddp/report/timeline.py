@@ -28,24 +28,18 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpc_ddp.report.records import (
-    AttemptLine,
-    Segment,
-    int_or_none,
-    num,
-    progress_points,
-    segments,
-    time_at_step,
-)
+from hpc_ddp.report.recorded import Recorded, Save, Segment, compile_records
+from hpc_ddp.report.records import AttemptLine, StepClock, duration_or_none, int_or_none, num, ordered, stamp
 
 # Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
 # count as failures for the MTBF. A preemption saves at an agreed step and loses nothing (unless it lost
 # steps: then it counts too).
-FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost"})  # hpc_ddp.run.attempts.FAILURES
+FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost"})  # hpc_ddp.ledger.outcomes.FAILURES
 
 
 @dataclass(frozen=True)
@@ -75,10 +69,11 @@ class Attempt:
     lost_s: float
     after_s: float
     saves: int
-    queue_before_s: float  # in the queue before it, after the previous attempt ended (0 for the first)
+    queue_before_s: float  # from the previous attempt's end to its start (0 for the first)
     nodes: tuple[str, ...] = ()
     reason: str = ""
     decision: str = ""
+    queued: bool = False  # that time was a wait in Slurm's queue (a requeue, or sacct says so)
 
     @property
     def allocated_s(self) -> float:
@@ -118,6 +113,7 @@ class Summary:
     best_interval_s: float | None  # Young/Daly: sqrt(2 x save cost x MTBF)
     step_time_s: float | None  # median step time
     state: str  # "finished", "running", "failed" or "stopped" (the last attempt ended, not completed)
+    queued: bool = False  # some time between attempts was a wait in Slurm's queue (else: a local run's gaps)
 
     @property
     def goodput(self) -> float | None:
@@ -134,18 +130,21 @@ class Summary:
 
 
 def build_attempts(
-    records: Sequence[Mapping[str, Any]],
+    records: Recorded | Iterable[Mapping[str, Any]],
     lines: Sequence[AttemptLine],
     slurm: Mapping[tuple[str, int], Window] | None = None,
     running: bool = True,
+    now: float | None = None,
 ) -> list[Attempt]:
-    """Every attempt of the run, oldest first, from metrics records and attempts.jsonl lines (either may be
-    empty) and, where known, Slurm's start and end of each attempt (for the queue waits). `running`: a run
-    holds the folder now (its run.lock); if not, a last attempt that never ended was killed."""
+    """Every attempt of the run, oldest first, from metrics records (compiled, or as read) and attempts.jsonl
+    lines (either may be empty) and, where known, Slurm's start and end of each attempt (for the queue waits).
+    `running`: a run holds the folder now (its run.lock); if not, a last attempt that never ended was killed.
+    `now`: the time of the report; a running attempt's allocation goes on until then."""
+    run = records if isinstance(records, Recorded) else compile_records(records)
     by_key = {(a.job, a.restart): a for a in lines}
     drafts: list[tuple[Segment | None, AttemptLine | None]] = []
     used: set[tuple[str, int]] = set()
-    for seg in segments(records):
+    for seg in run.segments:
         line = by_key.get(seg.key) if seg.key is not None else None
         if line is not None and seg.key in used:
             line = None  # two process starts with one identity: the attempts line describes the first
@@ -153,11 +152,11 @@ def build_attempts(
             used.add(seg.key)
         drafts.append((seg, line))
     drafts += [(None, line) for key, line in by_key.items() if key not in used]
-    drafts.sort(key=lambda d: _first_time(*d))
+    drafts = ordered(drafts, key=lambda d: _first_time(*d))
     nexts = [_resume_step(d[0], d[1]) for d in drafts[1:]] + [None]
     attempts: list[Attempt] = []
     for i, ((seg, line), next_resume) in enumerate(zip(drafts, nexts, strict=True)):
-        attempt = _attempt(seg, line, next_resume, is_last=i == len(drafts) - 1, running=running)
+        attempt = _attempt(seg, line, next_resume, is_last=i == len(drafts) - 1, running=running, now=now)
         attempts.append(_with_queue(attempt, attempts[-1] if attempts else None, slurm or {}))
     return attempts
 
@@ -169,12 +168,15 @@ def _first_time(seg: Segment | None, line: AttemptLine | None) -> float:
 
 
 def _process_start(seg: Segment | None) -> float | None:
+    """Its processes' start: the start record's time minus its startup_s (garbage, negative or before 1970:
+    none)."""
     if seg is None:
         return None
     if seg.start is not None:
         t = num(seg.start.get("time"))
-        return None if t is None else t - (num(seg.start.get("startup_s")) or 0.0)
-    return num(seg.records[0].get("time")) if seg.records else None
+        startup = duration_or_none(seg.start.get("startup_s")) or 0.0
+        return None if t is None else t - startup if stamp(t - startup) is not None else t
+    return seg.first_time
 
 
 def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
@@ -186,49 +188,53 @@ def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
 
 
 def _attempt(
-    seg: Segment | None, line: AttemptLine | None, next_resume: int | None, is_last: bool, running: bool
+    seg: Segment | None,
+    line: AttemptLine | None,
+    next_resume: int | None,
+    is_last: bool,
+    running: bool,
+    now: float | None,
 ) -> Attempt:
-    seg = seg or Segment(None, ())
-    points = progress_points(seg)
+    seg = seg or Segment()
     start = seg.start or {}
-    first_step = num(start.get("time")) if seg.start is not None else (points[0][0] if points else None)
+    first_step = num(start.get("time")) if seg.start is not None else seg.first_time
     process_start = _process_start(seg)
     if process_start is None:
         process_start = (
-            line.start_time
-            if line and line.start_time is not None
-            else line.end_time
-            if line and line.end_time is not None
-            else 0.0
+            next((t for t in (line.start_time, line.end_time) if t is not None), 0.0) if line else 0.0
         )
     resumed_at = _resume_step(seg, line) or 0
-    if first_step is not None:
-        points = [(first_step, resumed_at)] + points
-    ends = [r for r in seg.records if r.get("event") == "end"]
-    saves = [
-        (int_or_none(r.get("step")), num(r.get("stall_s")) or 0.0)
-        for r in seg.records
-        if r.get("event") == "save"
-    ]
-    last_time = max((t for r in seg.records if (t := num(r.get("time"))) is not None), default=None)
-    end = max(t for t in (last_time, line.end_time if line else None, process_start) if t is not None)
+    saves = seg.saves
+    end = max(t for t in (seg.last_time, line.end_time if line else None, process_start) if t is not None)
+    outcome = (
+        line.outcome
+        if line and line.outcome
+        else _outcome_from_metrics(bool(seg.end_times), is_last, running)
+    )
+    if outcome == "running" and now is not None:
+        end = max(end, now)  # it goes on: its allocation runs until now, not until its last record
     last_step = max(
-        [s for _, s in points]
-        + [s for s, _ in saves if s is not None]
+        [max(seg.point_steps, default=resumed_at), resumed_at]
+        + [s.step for s in saves if s.step is not None]
         + [line.step if line and line.step is not None else resumed_at]
     )
     # The step a later attempt resumed from (or, for the last one, the checkpoint it ended with) is what was
     # kept; the steps after it were trained for nothing.
     checkpoint = next_resume if next_resume is not None else (line.checkpoint if line else None)
     kept_step = last_step if checkpoint is None else max(resumed_at, min(last_step, checkpoint))
-    stalls = sum(stall for _, stall in saves)
-    t_last = num(ends[-1].get("time")) if ends else last_time
+    t_last = seg.end_times[-1] if seg.end_times else seg.last_time
+    if outcome == "running":
+        t_last = end  # still training: the time since its last record is training time too
     if first_step is None or t_last is None:  # it never trained: all of it was startup
-        startup, productive, lost, t_last = end - process_start, 0.0, 0.0, end
+        startup, productive, stalls, lost, t_last = end - process_start, 0.0, 0.0, 0.0, end
     else:
+        first_step = min(max(first_step, process_start), end)
+        t_last = min(max(t_last, first_step), end)
         startup = first_step - process_start
-        productive, lost = _kept_and_lost(points, saves, first_step, t_last, kept_step, last_step)
-    outcome = line.outcome if line and line.outcome else _outcome_from_metrics(bool(ends), is_last, running)
+        clock = StepClock(
+            array("d", [first_step]) + seg.point_times, array("q", [resumed_at]) + seg.point_steps
+        )
+        productive, stalls, lost = _kept_and_lost(clock, saves, first_step, t_last, kept_step, last_step)
     return Attempt(
         job=line.job if line else str(start.get("job") or "?"),
         restart=line.restart if line else int_or_none(start.get("restart")) or 0,
@@ -253,21 +259,19 @@ def _attempt(
 
 
 def _kept_and_lost(
-    points: Sequence[tuple[float, int]],
-    saves: Sequence[tuple[int | None, float]],
-    first_step: float,
-    t_last: float,
-    kept_step: int,
-    last_step: int,
-) -> tuple[float, float]:
-    """(productive, lost) seconds of an attempt that trained from `first_step` to `t_last` and kept the
-    steps up to `kept_step`. A save stalls training right after its step (its record comes later, once
-    written): its stall is taken from the kept part if its step was kept, else from the lost part."""
-    kept_stalls = sum(stall for step, stall in saves if step is None or step <= kept_step)
-    lost_stalls = sum(stall for _, stall in saves) - kept_stalls
-    its_save = sum(stall for step, stall in saves if step == kept_step)
-    t_kept = t_last if kept_step == last_step else min(t_last, time_at_step(points, kept_step) + its_save)
-    return t_kept - first_step - kept_stalls, t_last - t_kept - lost_stalls
+    clock: StepClock, saves: Sequence[Save], first_step: float, t_last: float, kept_step: int, last_step: int
+) -> tuple[float, float, float]:
+    """(productive, stalls, lost) seconds of an attempt that trained from `first_step` to `t_last` and kept
+    the steps up to `kept_step`. A save stalls training right after its step (its record comes later, once
+    written): its stall is taken from the kept part if its step was kept, else from the lost part. Stalls
+    longer than the part they fall in (garbage) are cut to it: every part stays between 0 and the whole."""
+    kept_stalls = sum(s.stall_s or 0.0 for s in saves if s.step is None or s.step <= kept_step)
+    lost_stalls = sum(s.stall_s or 0.0 for s in saves) - kept_stalls
+    its_save = sum(s.stall_s or 0.0 for s in saves if s.step == kept_step)
+    t_kept = t_last if kept_step == last_step else min(t_last, clock.at(kept_step) + its_save)
+    t_kept = max(t_kept, first_step)
+    kept_stalls, lost_stalls = min(kept_stalls, t_kept - first_step), min(lost_stalls, t_last - t_kept)
+    return t_kept - first_step - kept_stalls, kept_stalls + lost_stalls, t_last - t_kept - lost_stalls
 
 
 def _outcome_from_metrics(ended: bool, is_last: bool, running: bool) -> str:
@@ -282,63 +286,50 @@ def _outcome_from_metrics(ended: bool, is_last: bool, running: bool) -> str:
 def _with_queue(
     attempt: Attempt, previous: Attempt | None, slurm: Mapping[tuple[str, int], Window]
 ) -> Attempt:
+    """The time from the previous attempt's end to this one's start: a queue wait when Slurm's accounting
+    has both (then from its own times) or the previous attempt was requeued; otherwise (a local run's
+    restart, a new command) only the time between them."""
     if previous is None:
         return attempt
     mine, theirs = slurm.get((attempt.job, attempt.restart)), slurm.get((previous.job, previous.restart))
     if mine is not None and theirs is not None and theirs.end is not None:
-        wait = mine.start - theirs.end
+        wait, queued = mine.start - theirs.end, True
     else:
-        wait = attempt.process_start - previous.end
-    return replace(attempt, queue_before_s=max(0.0, wait))
+        wait, queued = attempt.process_start - previous.end, previous.decision == "requeue"
+    return replace(attempt, queue_before_s=max(0.0, wait), queued=queued)
 
 
 def summarize(
-    records: Sequence[Mapping[str, Any]],
+    records: Recorded | Iterable[Mapping[str, Any]],
     lines: Sequence[AttemptLine] = (),
     slurm: Mapping[tuple[str, int], Window] | None = None,
     running: bool = True,
+    now: float | None = None,
 ) -> Summary:
-    """The run's numbers from its metrics records, its attempts lines and Slurm's windows (all optional)."""
-    attempts = build_attempts(records, lines, slurm, running)
-    losses = [
-        (int(r["step"]), loss)
-        for r in records
-        if r.get("event") == "step"
-        and int_or_none(r.get("step")) is not None
-        and (loss := num(r.get("loss"))) is not None
-    ]
-    if not losses:
-        losses = [
-            (int(r["step"]), loss)
-            for r in records
-            if r.get("event") == "epoch"
-            and int_or_none(r.get("step")) is not None
-            and (loss := num(r.get("loss"))) is not None
-        ]
-    best = min(losses, key=lambda p: p[1]) if losses else None
-    final = max(enumerate(losses), key=lambda p: (p[1][0], p[0]))[1][1] if losses else None
-    saves = [r for r in records if r.get("event") == "save"]
-    costs = [c for r in saves if not r.get("final") and (c := num(r.get("stall_s"))) is not None] or [
-        c for r in saves if (c := num(r.get("stall_s"))) is not None
+    """The run's numbers from its metrics records (compiled, or as read), its attempts lines and Slurm's
+    windows (all optional); `now`: the time of the report (a running attempt's allocation runs until then)."""
+    run = records if isinstance(records, Recorded) else compile_records(records)
+    attempts = build_attempts(run, lines, slurm, running, now)
+    losses = run.losses()
+    final = next((series.values[-1] for series in reversed(losses)), None)  # the last step trained
+    best = min(
+        ((s.values[i], s.steps[i]) for s in losses for i in range(len(s))), key=lambda p: p[0], default=None
+    )
+    saves = run.saves
+    costs = [s.stall_s for s in saves if not s.final and s.stall_s is not None] or [
+        s.stall_s for s in saves if s.stall_s is not None
     ]
     save_cost = statistics.fmean(costs) if costs else None
     allocated = sum(a.allocated_s for a in attempts)
     failures = sum(a.failure for a in attempts)
     mtbf = allocated / failures if failures else None
-    step_times = [
-        t for r in records if r.get("event") == "step" and (t := num(r.get("step_time_s"))) is not None
-    ]
-    step_times = step_times or [
-        t
-        for r in records
-        if r.get("event") == "end" and (t := num(r.get("median_step_time_s"))) is not None and t > 0
-    ]
+    step_times = run.step_times or run.end_step_times
     return Summary(
         attempts=tuple(attempts),
         steps=max((a.last_step for a in attempts), default=0),
         final_loss=final,
-        best_loss=best[1] if best else None,
-        best_step=best[0] if best else None,
+        best_loss=best[0] if best else None,
+        best_step=best[1] if best else None,
         allocated_s=allocated,
         productive_s=sum(a.productive_s for a in attempts),
         startup_s=sum(a.startup_s for a in attempts),
@@ -350,12 +341,18 @@ def summarize(
         failures=failures,
         saves=len(saves),
         save_cost_s=save_cost,
-        save_interval_s=_save_interval(records),
+        save_interval_s=_save_interval(run),
         mtbf_s=mtbf,
         best_interval_s=young_daly(save_cost, mtbf),
-        step_time_s=statistics.median(step_times) if step_times else None,
+        step_time_s=_median(step_times) if step_times else None,
         state=_state(attempts, running),
+        queued=any(a.queued for a in attempts),
     )
+
+
+def _median(values: Sequence[float]) -> float:
+    ranked, half = ordered(values), len(values) // 2
+    return ranked[half] if len(ranked) % 2 else (ranked[half - 1] + ranked[half]) / 2
 
 
 def young_daly(save_cost_s: float | None, mtbf_s: float | None) -> float | None:
@@ -366,21 +363,14 @@ def young_daly(save_cost_s: float | None, mtbf_s: float | None) -> float | None:
     return math.sqrt(2.0 * save_cost_s * mtbf_s)
 
 
-def _save_interval(records: Sequence[Mapping[str, Any]]) -> float | None:
+def _save_interval(run: Recorded) -> float | None:
     """Mean seconds of training between consecutive saves of one process (the time between their steps; a
     restart's first save and the final saves are not counted)."""
     gaps: list[float] = []
-    for seg in segments(records):
-        points = progress_points(seg)
-        steps = [
-            s
-            for r in seg.records
-            if r.get("event") == "save"
-            and not r.get("final")
-            and (s := int_or_none(r.get("step"))) is not None
-        ]
-        if points:
-            times = [time_at_step(points, s) for s in steps]
+    for seg in run.segments:
+        clock = seg.clock()
+        if clock:
+            times = [clock.at(s.step) for s in seg.saves if not s.final and s.step is not None]
             gaps += [b - a for a, b in itertools.pairwise(times)]
     return statistics.fmean(gaps) if gaps else None
 

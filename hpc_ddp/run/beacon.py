@@ -6,8 +6,13 @@ microsecond per step. Nothing leaves the process: no collective, no message, no 
 (`run/watchdog.py`) reads it about once a second, so a job of 8,000 ranks pays exactly what one rank pays,
 and shared storage is touched only once a rank has been stalled past the hang threshold.
 
-`state` is one tuple replaced whole, so a reader on another thread always sees a phase, step and start time
-that belong together (a reference assignment is atomic under the GIL).
+`state` is one tuple replaced whole, so a reader on another thread always sees a phase, step, start time and
+"long" mark that belong together (a reference assignment is atomic under the GIL).
+
+A phase is *long* when it legitimately pays a start-up cost: the phases in SLOW always; any phase the loop marks
+`long=True` (the first batch of an epoch or of an evaluation, whose DataLoader workers start; every phase of
+the first step after a resume or after a save or an evaluation, where ranks wait for the slowest of them). The
+watchdog gives long phases the start-up limit (run/watchdog.py).
 """
 
 from __future__ import annotations
@@ -22,30 +27,32 @@ GRAD_ALLREDUCE = "the gradient all-reduce"  # backward's compute is done; waitin
 OPTIMIZER = "the optimizer step"
 STEP_ALLREDUCE = "the step's all-reduce"  # loss and signal votes, once per optimizer step
 STRAGGLER_GATHER = "the straggler check"  # one all-gather every few steps
-CHECKPOINT = "a checkpoint save"
+CHECKPOINT = "a checkpoint save"  # the writer's own work: state_dict, copy to CPU, the wait for a write
+CHECKPOINT_GATHER = "the checkpoint's RNG gather"  # every rank's RNG to the writer: a collective
 EVALUATION = "evaluation"  # forwards over this rank's evaluation shard (run/evaluator.py)
 EVAL_ALLREDUCE = "the evaluation's all-reduce"  # its means and the signal votes
 FINISHING = "finishing"  # final save, sync check, model.pth, barriers
 
 # Phases in which a rank only waits for the others: a rank stalled here is a victim, not a culprit.
-COLLECTIVE = frozenset({GRAD_ALLREDUCE, STEP_ALLREDUCE, STRAGGLER_GATHER, EVAL_ALLREDUCE})
+COLLECTIVE = frozenset({GRAD_ALLREDUCE, STEP_ALLREDUCE, STRAGGLER_GATHER, CHECKPOINT_GATHER, EVAL_ALLREDUCE})
 # Phases that may legitimately last long (first step's warm-up, saves): `auto` gives them the long threshold.
 # An evaluation batch is one: its first pays the loader's start, and no step time measures its forwards.
 SLOW = frozenset({STARTUP, USER_CODE, CHECKPOINT, FINISHING, EVALUATION})
 
 
 class Beacon:
-    """One rank's current phase, optimizer step and the monotonic time the phase began."""
+    """One rank's current phase, optimizer step, the monotonic time the phase began, and whether it is long."""
 
     __slots__ = ("state",)
 
     def __init__(self) -> None:
-        self.state: tuple[str, int, float] = (STARTUP, 0, time.monotonic())
+        self.state: tuple[str, int, float, bool] = (STARTUP, 0, time.monotonic(), True)
 
-    def set(self, phase: str, step: int | None = None) -> float:
-        """Enter `phase` (at `step`, or the current one); returns the time it began."""
+    def set(self, phase: str, step: int | None = None, long: bool = False) -> float:
+        """Enter `phase` (at `step`, or the current one; `long`: it pays a start-up cost); returns the time it
+        began."""
         now = time.monotonic()
-        self.state = (phase, self.state[1] if step is None else step, now)
+        self.state = (phase, self.state[1] if step is None else step, now, long or phase in SLOW)
         return now
 
 
@@ -54,5 +61,5 @@ class NullBeacon(Beacon):
 
     __slots__ = ()
 
-    def set(self, phase: str, step: int | None = None) -> float:
+    def set(self, phase: str, step: int | None = None, long: bool = False) -> float:
         return time.monotonic()

@@ -65,6 +65,7 @@ class Checkpointer:
     ) -> None:
         self.cfg, self.env, self.folder, self.parts, self.format = cfg, env, folder, list(parts), fmt
         self.log, self.record, self.beacon = log, record, beacon
+        fmt.on_own_work = lambda: beacon.set(phase.CHECKPOINT)
         self.pending: _PendingSave | None = None  # before the writer: close() records what it wrote
         self.writer = AsyncWriter(warn=log.warn)
         self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
@@ -87,7 +88,9 @@ class Checkpointer:
         saved is not written twice."""
         began = time.monotonic()
         if self.saved_step != pos.step:
-            self.beacon.set(phase.CHECKPOINT)
+            # The gather of every rank's share is a collective (a peer frozen there is found at the steady
+            # limit); the format marks this rank's own work after it a long phase (Format.on_own_work).
+            self.beacon.set(phase.CHECKPOINT_GATHER)
             job = self.format.stage(self.parts, self.meta(), pos.step)  # every rank decides the same way
             self.saved_step = pos.step
             if job is not None:
@@ -146,21 +149,36 @@ class Checkpointer:
             return stop
         if error is not None:  # non-finite weights (one line), or a bug (its traceback)
             return error
+        # Only a consequence of rank 0's error (its own one line says why): worded so that the supervisor reads
+        # it as one (hpc_ddp.launch.retry.SECONDARY) and names rank 0, whichever rank's note came first.
         message = (
-            f"rank 0 could not write checkpoints (see its log); every rank stopped with it at step {step}"
+            f"rank 0 failed (it could not write checkpoints, see its log); every rank stopped with it at "
+            f"step {step}"
         )
         return NonFinite(message) if code == SAVING_NONFINITE else SavingFailed(message)
 
     def failed_message(self, error: BaseException, step: int) -> str:
         last = store.read_latest(self.folder)
         kept = f"the last checkpoint written, {last}, is kept" if last else "no checkpoint was written"
-        tries = f" after {self.writer.failures} attempts" if self.writer.failures > 1 else ""
+        writer = self.writer
+        tries = (
+            f" after {writer.failures} attempts in {writer.failing_for():.3g} s"
+            if writer.failures > 1
+            else ""
+        )
         return (
             f"checkpoints cannot be written to {store.ckpt_dir(self.folder)}{tries}: "
             f"{describe(error)}. Every rank stops at step {step} so that no more work depends "
             f"on a save that does not happen; {kept}. Fix: free space (or quota) there, then run the same "
             "command to resume"
         )
+
+    def last_durable(self) -> Path | None:
+        """The newest checkpoint, once the write in flight has ended (its failure, if any, is reported by
+        `check`, `save` or `close`)."""
+        with contextlib.suppress(Exception):
+            self.writer.wait()
+        return store.read_latest(self.folder)
 
     # ----- loading --------------------------------------------------------------------------------------------
     def load(self, path: Path, verify: bool = True) -> list[str]:

@@ -124,9 +124,10 @@ class TrainConfig:
             "help": (
                 "seconds a rank may stay in one phase (data, forward/backward, all-reduce, ...) at one step before the "
                 "hang watchdog names the stalled rank, its host and its line, writes <folder>/hang.json and ends the run "
-                "with exit code 76. auto: 20 median step times, at least 60 s, at most half of --timeout-s (half of "
-                "--timeout-s during startup, saves and the first 3 steps); 0: no watchdog; a number: that many seconds, "
-                "below --timeout-s (default: auto)"
+                "with exit code 76. It bounds the steady state; long phases (startup, the first step of each start, "
+                "an epoch's first batch, saves, the end) get half of --timeout-s. auto: 20 median step times, at "
+                "least 60 s, at most half of --timeout-s; 0: no watchdog; a number: that many seconds, below "
+                "--timeout-s (default: auto)"
             )
         },
     )

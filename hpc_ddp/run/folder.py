@@ -1,15 +1,18 @@
-"""The run folder, in one place: its layout, where it goes by default, the check that it can be written, how
-files in it are written (atomically), and the preemption record the launchers read.
+"""The run folder, in one place: its layout, where it goes by default, the check that it can be written, and
+the lock that keeps it to one run at a time. What ranks and supervisors leave for each other there
+(attempts.jsonl, exits/, preempted.json, hang.json) is the ledger's (hpc_ddp.ledger).
 
     <folder>/checkpoints/     ckpt-<step>.pt and `latest` (hpc_ddp.run.checkpoint)
     <folder>/model.pth        the final weights
     <folder>/metrics.jsonl    rank 0's progress records (hpc_ddp.run.metrics)
+    <folder>/step.json        the last step rank 0 finished, rewritten every step (hpc_ddp.run.metrics)
     <folder>/tb/              --tensorboard: rank 0's event files and logged.json (hpc_ddp.run.tblog)
     <folder>/run.json         what ran, with which settings and versions (hpc_ddp.run.record)
     <folder>/logs/            per-rank output of a local run (hpc_ddp.launch.local)
-    <folder>/preempted.json   after a preemption, the decision all ranks agreed on
-    <folder>/attempts.jsonl   every attempt's start and end, and what came next (hpc_ddp.run.attempts)
-    <folder>/exits/           what each rank that raised left for its supervisor (hpc_ddp.run.exits)
+    <folder>/preempted.json   after a preemption, what the ranks agreed on (hpc_ddp.ledger.preemption)
+    <folder>/attempts.jsonl   every attempt's start and end, and what came next (hpc_ddp.ledger.attempts)
+    <folder>/exits/           what each rank that raised left for its supervisor (hpc_ddp.ledger.exits)
+    <folder>/hang.json        the hang watchdog's verdict (hpc_ddp.ledger.verdict)
     <folder>/submitit/        a Slurm submission's job files (hpc_ddp.launch.slurm.submitter)
     <folder>/run.lock         held by the one run that uses the folder now (`hold_folder`)
 
@@ -21,29 +24,35 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from hpc_ddp.cluster.env import FOLDER_FILE_VAR, FOLDER_LOCK_VAR
 from hpc_ddp.errors import UsageError
+
+# The atomic writes live in the ledger (below this layer, which also writes with them); the run folder's own
+# files are written with them too: hpc_ddp.run.folder.atomic_write is the same function.
+from hpc_ddp.ledger.files import atomic_write as atomic_write
+from hpc_ddp.ledger.files import atomic_write_bytes as atomic_write_bytes
+from hpc_ddp.ledger.files import fsync_dir as fsync_dir
+from hpc_ddp.variables import FOLDER_FILE, FOLDER_LOCK
 
 CHECKPOINTS = "checkpoints"
 MODEL = "model.pth"
 METRICS = "metrics.jsonl"
+REACHED = "step.json"
 TENSORBOARD = "tb"  # --tensorboard: rank 0's event files (hpc_ddp.run.tblog)
 RUN_RECORD = "run.json"
 LOGS = "logs"
-PREEMPTED = "preempted.json"
 SUBMITIT = "submitit"
 LOCK_NAME = "run.lock"
-LOCK_VAR = FOLDER_LOCK_VAR  # the local launcher holds the folder for its ranks; their rank 0 inherits it
+LOCK_VAR = FOLDER_LOCK  # the local launcher holds the folder for its ranks; their rank 0 inherits it
 LOCK_HEARTBEAT_S = 10.0  # the holder refreshes the lock's mtime this often
 LOCK_STALE_S = 60.0  # a lock from another machine not refreshed for this long: its holder is gone
 
@@ -80,6 +89,10 @@ def write_test(folder: Path, name: str) -> str:
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as e:
+        try:  # created, then its write failed (a full disk): not left behind
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
         return e.strerror or str(e)
     return ""
 
@@ -128,6 +141,7 @@ class FolderLock:
         self.token = str(record.get("token"))
         self._stop = threading.Event()
         if owned:
+            _HELD.add(self)
             threading.Thread(target=self._beat, name="hpc_ddp-folder-lock", daemon=True).start()
 
     def _beat(self) -> None:
@@ -147,8 +161,22 @@ class FolderLock:
 
     def release(self) -> None:
         self._stop.set()
+        _HELD.discard(self)
         if self.owned and (_read_lock(self.path) or {}).get("token") == self.token:
             self.path.unlink(missing_ok=True)
+
+
+_HELD: set[FolderLock] = set()  # the locks this process holds (owned, not yet released)
+
+
+def release_held() -> None:
+    """Release every lock this process holds: for a path that leaves with os._exit, which runs no `finally`
+    (the hang watchdog). Never raises: the process is on its way out."""
+    for lock in list(_HELD):
+        try:
+            lock.release()
+        except OSError:
+            pass
 
 
 def hold_folder(
@@ -202,7 +230,17 @@ def is_held(folder: Path) -> bool:
     a killed run on this machine, or one not refreshed for LOCK_STALE_S, is not a run). Takes nothing over."""
     path = folder / LOCK_NAME  # no lock at all: _holder_gone says "released"
     onlooker = {"job_id": None, "restarts": 0, "boot_id": _boot_id(), "pid_ns": _pid_ns()}
-    return _holder_gone(path, _read_lock(path), onlooker) is None
+    # Looking writes nothing (the folder may be read-only to the onlooker): the lock's age by this machine's
+    # clock, not the file system's.
+    return _holder_gone(path, _read_lock(path), onlooker, look_only=True) is None
+
+
+def holder_job(folder: Path) -> str | None:
+    """The job id of the run that holds `folder` now ("" for a run without one, a local run); None when no
+    run holds it. A batch step reads it so that a job never writes into another job's run folder."""
+    if not is_held(folder):
+        return None
+    return str((_read_lock(folder / LOCK_NAME) or {}).get("job_id") or "")
 
 
 def _read_lock(path: Path) -> dict[str, Any] | None:
@@ -237,8 +275,11 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def _lock_age(path: Path) -> float:
-    """Seconds since the lock was last refreshed, by the file system's clock (which sets both mtimes)."""
+def _lock_age(path: Path, look_only: bool = False) -> float:
+    """Seconds since the lock was last refreshed, by the file system's clock (which sets both mtimes); with
+    `look_only`, by this machine's clock, writing nothing."""
+    if look_only:
+        return time.time() - path.stat().st_mtime
     probe = path.with_name(f".{LOCK_NAME}.clock-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         probe.write_bytes(b"")
@@ -248,10 +289,12 @@ def _lock_age(path: Path) -> float:
     return now - path.stat().st_mtime
 
 
-def _holder_gone(path: Path, holder: dict[str, Any] | None, me: dict[str, Any]) -> str | None:
+def _holder_gone(
+    path: Path, holder: dict[str, Any] | None, me: dict[str, Any], look_only: bool = False
+) -> str | None:
     """Why the lock's holder is known to be gone, or None while it may be alive."""
     try:
-        age = _lock_age(path)
+        age = _lock_age(path, look_only)
     except FileNotFoundError:
         return "it was released meanwhile"
     if holder is None:
@@ -308,90 +351,17 @@ def _held_message(folder: Path, path: Path, holder: dict[str, Any] | None) -> st
         refreshed = f", refreshed {_lock_age(path):.0f} s ago"
     except OSError:
         refreshed = ""
-    stop = f"stop it (scancel {job}, or Ctrl-C its launcher)" if job else "stop it"
+    if holder.get("role") == "launcher":  # a local job's id is made up: no scancel knows it
+        stop = f"stop it (Ctrl-C its launcher, or kill {holder.get('pid')})"
+    elif job and re.fullmatch(r"\d+(?:[_+]\d+)?", str(job)):  # a Slurm job id
+        stop = f"stop it (scancel {job})"
+    else:
+        stop = f"stop it (kill {holder.get('pid')} on {holder.get('host')}, or its launcher)"
     return (
         f"run folder {folder} is in use by {who} (pid {holder.get('pid')} on {holder.get('host')}, since "
         f"{since}{refreshed}; {path}). Two runs in one folder overwrite each other's checkpoints and records. "
         f"Fix: wait for it to end or {stop}, or use another --folder"
     )
-
-
-# ----- atomic writes ------------------------------------------------------------------------------------
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new file in `path` durable (the directory entry, not only the file's data)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write: Callable[[BinaryIO], object], sync_dir: bool = True) -> int:
-    """Let `write` fill a temporary file next to `path`, make it durable, then rename it into place: readers
-    see the old file or the whole new one, never a part, whenever the writer dies. Returns the file's size.
-    Without `sync_dir` the caller fsyncs the folder itself (after renaming more files into it)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-            size = f.tell()
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if sync_dir:
-        fsync_dir(path.parent)
-    return size
-
-
-def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
-    """Write `data` to `path` so that readers see the old file or the whole new one, never a part."""
-    atomic_write(path, lambda f: f.write(data))
-
-
-# ----- the preemption record ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Preempted:
-    """What rank 0 writes to preempted.json after the agreed save of a preemption.
-
-    Read by the local launcher (restart?), `submit --wait` (did the ranks save?) and slurm/ddp.sbatch, which
-    greps the JSON text for `"requeue": true` and `"mode": "exit"`: keep the keys and their spelling."""
-
-    requeue: bool  # the agreed decision: start the run again
-    signal: str  # the signal that stopped it (SIGUSR2, SIGTERM, ...)
-    mode: str  # "scontrol": rank 0 requeued the job itself; "exit": the launcher or batch script must
-
-
-def write_preempted(folder: Path, record: Preempted) -> None:
-    atomic_write_bytes(folder / PREEMPTED, (json.dumps(asdict(record)) + "\n").encode())
-
-
-def read_preempted(folder: Path) -> Preempted | None:
-    """The record of the last preemption, or None (none, or unreadable: then nobody restarts anything)."""
-    try:
-        data = json.loads((folder / PREEMPTED).read_text())
-        return Preempted(bool(data["requeue"]), str(data.get("signal", "")), str(data.get("mode", "")))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def clear_preempted(folder: Path) -> None:
-    """Forget an earlier preemption before the ranks start (the local launcher, at each start)."""
-    (folder / PREEMPTED).unlink(missing_ok=True)
-
-
-def preempted_since(folder: Path, since: float) -> bool:
-    """Did the ranks save after a preemption since `since` (a time.time())?"""
-    try:
-        return (folder / PREEMPTED).stat().st_mtime >= since
-    except OSError:
-        return False
 
 
 def tell_folder(folder: Path, environ: Mapping[str, str]) -> None:
@@ -401,7 +371,7 @@ def tell_folder(folder: Path, environ: Mapping[str, str]) -> None:
     after srun returns reads it to find `<folder>/preempted.json`: the folder as the task resolved it (its
     --folder or runs/<job id>, from the task's working directory), whatever the script's arguments say.
     """
-    path = environ.get(FOLDER_FILE_VAR)
+    path = environ.get(FOLDER_FILE)
     if not path:
         return
     try:
@@ -411,7 +381,7 @@ def tell_folder(folder: Path, environ: Mapping[str, str]) -> None:
         OSError
     ) as e:  # costs only the batch script's requeue after a preemption: not worth failing the run
         print(
-            f"warning: cannot write the run folder to {FOLDER_FILE_VAR}={path} ({e.strerror or e}): the batch "
+            f"warning: cannot write the run folder to {FOLDER_FILE}={path} ({e.strerror or e}): the batch "
             "script will not requeue this job after a preemption",
             file=sys.stderr,
             flush=True,

@@ -3,20 +3,25 @@
 Each line of `<folder>/metrics.jsonl` is one JSON object with an `event` and a `time` (wall clock, seconds since
 the epoch). Steps count optimizer steps from 1 over the whole run; `epoch` counts from 0.
 
-- "step" (every --log-every-s): `epoch`, `step`, `loss` (averaged over all ranks), `samples_per_s` (all ranks,
-  since this process's first step), `step_time_s` (this step), `lr` (the first parameter group's),
-  `data_s` (mean seconds per step that rank 0 waited for its data since the last "step" record),
-  `total_steps` (of the whole run: epochs x steps per epoch, or --max-steps), `eta_s` (at the mean time of
-  the recent steps, this process's first step left out; null until there is one).
+- "step" (every step of a short run: see POINTS; and every --log-every-s, and the run's last step): `epoch`,
+  `step`, `loss` (averaged over all ranks), `samples_per_s` (all ranks, since this process's first step),
+  `step_time_s` (this step), `lr` (the first parameter group's), `data_s` (mean seconds per step that rank 0
+  waited for its data since the last "step" record), `total_steps` (of the whole run: epochs x steps per
+  epoch, or --max-steps), `eta_s` (at the mean time of the recent steps, this process's first step left out;
+  null until there is one). A run of up to POINTS steps has one for every step; a longer one has one every
+  ceil(total_steps / POINTS) steps, so that a million steps write a few MB at most (about 250 bytes a
+  record); a process that stops between two of them (an error, a stop) writes its last step's on its way out.
   With a Task.step that returns extra values: `metrics`, {name: value averaged over all ranks}.
 - "eval" (each evaluation): `epoch`, `step`, `samples` (evaluated, all ranks), `metrics` ({name: mean over
   every evaluated sample}).
 - "start" (each start of a process that trains, right before its first step): `job`, `restart` (Slurm's
   restart count, 0 at first), `epoch`, `step` (where it starts), `resumed`, `world_size`, `startup_s`
   (seconds from rank 0's process creation to now: interpreter, imports, rendezvous, resume).
-- "ranks" (every 5 steps, with 2 ranks or more): `epoch`, `step`, and per rank, by rank, `step_time_s` (its
-  own work per step over the window: data + compute; the wait for the others in the all-reduce is left out,
-  so that a slow rank stands out) and `data_s` (its data wait per step).
+- "ranks" (every 5 steps, with 2 ranks or more; in a run of more than 5 x RANKS_RECORDS steps, one every
+  ceil(total_steps / RANKS_RECORDS) steps, with each rank's slowest window since the last): `epoch`, `step`,
+  and per rank, by rank, `step_time_s` (its own work per step over the window: data + compute; the wait for
+  the others in the all-reduce is left out, so that a slow rank stands out) and `data_s` (its data wait per
+  step).
 - "save" (each checkpoint rank 0 saves): `epoch`, `step`, `stall_s` (seconds the training loop was blocked by
   it: the ranks' RNG gather, the copy to CPU, any wait for the previous write; for the `final` save also the
   wait until it is durable), `write_s` (seconds the background write took until durable; null if it never
@@ -31,6 +36,9 @@ A loss that is not finite is written as null (JSON has no NaN).
 The file only grows, and a crash can cut its last line. A writer therefore starts on a fresh line (a cut line
 stays cut, and is never glued to the next record), and `read_records` skips lines that are not whole records.
 
+Beside it, `<folder>/step.json` says the last step rank 0 finished, rewritten after every step, for the
+supervisors: an attempt may die between two records (hpc_ddp.run.reached).
+
 Where the progress line goes: on a terminal it is rewritten in place (at most every LIVE_EVERY_S) and a plain
 line is added every --log-every-s; in a file, only the plain lines. Under the local launcher rank 0's stdout
 is a pipe: the launcher says (`progress.LIVE_VAR`) when its own console is a terminal, and rank 0 then sends
@@ -39,6 +47,7 @@ its live lines marked (`progress.LIVE`) for the launcher to show in place, and i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -46,10 +55,12 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hpc_ddp.run import progress
 from hpc_ddp.run.folder import METRICS
+from hpc_ddp.run.metrics_read import iter_records, read_records  # noqa: F401 (read here before)
+from hpc_ddp.run.reached import StepFile
 
 if TYPE_CHECKING:
     from hpc_ddp.cluster.env import DistEnv
@@ -58,6 +69,8 @@ if TYPE_CHECKING:
     from hpc_ddp.run.tblog import Board
 
 LIVE_EVERY_S = 0.2  # a live line more often than this costs the terminal more than it tells anyone
+POINTS = 5000  # "step" records a run writes by the step cadence, at most (see the module docstring)
+RANKS_RECORDS = 1000  # "ranks" records a run writes, about: the report's heat map has 1000 columns
 
 
 def live_mode(environ: Mapping[str, str] = os.environ) -> str:
@@ -65,6 +78,20 @@ def live_mode(environ: Mapping[str, str] = os.environ) -> str:
     if sys.stdout.isatty():
         return "tty"
     return "marked" if environ.get(progress.LIVE_VAR) == "1" else ""
+
+
+def point_every(total_steps: int, step: int) -> int:
+    """Every how many steps a "step" record is due around `step` (pure): 1 in a run of up to POINTS steps,
+    else ceil(total_steps / POINTS). With the total unknown (0): 1 for the first POINTS steps, then 2, 4, 8...
+    as the run doubles (about POINTS / 2 records more per doubling)."""
+    if total_steps > 0:
+        return max(1, -(-total_steps // POINTS))
+    return 1 << (max(step, 0) // POINTS).bit_length()
+
+
+def ranks_every(total_steps: int) -> int:
+    """Steps between two "ranks" records (pure): each one's windows since the previous are folded into it."""
+    return max(1, -(-total_steps // RANKS_RECORDS)) if total_steps > 0 else 1
 
 
 class Recorder:
@@ -92,18 +119,34 @@ class Recorder:
         self.steps = 0
         self.step_times: list[float] = []
         self.data_sum, self.data_steps = 0.0, 0  # rank 0's data wait since the last "step" record
-        self._fresh_line = False  # checked once, at the first record: a crash may have cut the last line
+        self.file: BinaryIO | None = None  # metrics.jsonl, opened at the first record
+        self.reached = StepFile(folder) if folder else None
+        # epoch, step, loss, step time, lr, Task.step's extras
+        self.last: tuple[int, int, float, float, float, Mapping[str, float] | None] | None = None
+        self.written = -1  # the step of the last "step" record written
+        self.ranks_pending: list[list[float]] | None = None  # the slowest of the windows not written yet
+        self.ranks_written = 0  # the step of the last "ranks" record
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self.path is not None:
-            record["time"] = round(time.time(), 3)
-            line = json.dumps({k: _finite_or_none(v) for k, v in record.items()}, allow_nan=False) + "\n"
-            with open(self.path, "ab") as f:
-                if not self._fresh_line:
-                    self._fresh_line = True
-                    if f.tell() > 0 and not _ends_with_newline(self.path):
-                        line = "\n" + line  # the cut line stays as it is, on its own
-                f.write(line.encode())
+        if self.path is None:
+            return
+        record["time"] = round(time.time(), 3)
+        try:  # a record a step in a short run: the plain dump first, cheaper than cleaning every value
+            text = json.dumps(record, allow_nan=False)
+        except ValueError:  # a loss that is not finite: null (JSON has no NaN)
+            text = json.dumps({k: _finite_or_none(v) for k, v in record.items()}, allow_nan=False)
+        line = (text + "\n").encode()
+        if self.file is None:
+            # Unbuffered: every record is one write(2) of a whole line, in the file at once for readers.
+            self.file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
+            if self.file.tell() > 0 and not _ends_with_newline(self.path):
+                line = b"\n" + line  # a line cut by a crash stays as it is, on its own
+        view = memoryview(line)
+        while view:  # write(2) may write part of it (a signal); the rest follows at once
+            written = self.file.write(view)
+            if not written:
+                raise OSError(f"{self.path}: nothing written of a record")
+            view = view[written:]
 
     def _show(self, text: str, live: bool) -> None:
         """A progress line: live (rewritten in place) or plain (kept: the log's periodic line)."""
@@ -132,8 +175,10 @@ class Recorder:
         else:
             self.warm_samples += samples
             self.step_times.append(step_time)
-        if self.path is None:
+        if self.reached is None:  # not rank 0
             return
+        self.reached.reach(pos.step)
+        self.last = (pos.epoch, pos.step, loss, step_time, lr, extras)  # pos changes in place: its values
         self.data_sum += data_s
         self.data_steps += 1
         if self.board is not None:
@@ -149,32 +194,56 @@ class Recorder:
                 },
             )
         due = now - self.last_print >= self.interval
+        point = pos.step % point_every(self.total_steps, pos.step) == 0 or pos.step == self.total_steps
         live = bool(self.live) and (now - self.last_live >= LIVE_EVERY_S or pos.step == self.total_steps)
-        if not (due or live):
+        if not (due or point or live):
             return
-        recent = self.step_times[-progress.RECENT_STEPS :]
-        record = {
-            "event": "step",
-            "epoch": pos.epoch,
-            "step": pos.step,
-            "loss": loss,
-            "samples_per_s": self.samples_per_s(),
-            "step_time_s": step_time,
-            "lr": lr,
-            "data_s": self.data_sum / self.data_steps,
-            "total_steps": self.total_steps,
-            "eta_s": progress.eta_s(pos.step, self.total_steps, recent),
-        }
-        if extras:  # Task.step's own values, averaged over ranks (and the step's micro-batches)
-            record["metrics"] = {name: _finite_or_none(value) for name, value in extras.items()}
+        record = self._step_record(*self.last)
         if live:
             self.last_live = now
             self._show(progress.line(record), live=True)
         if due:
             self.last_print = now
-            self.data_sum, self.data_steps = 0.0, 0
             self._show(progress.line(record), live=False)
-            self._write(record)
+        if due or point:
+            self._write_step(record)
+
+    def _step_record(
+        self,
+        epoch: int,
+        step: int,
+        loss: float,
+        step_time: float,
+        lr: float,
+        extras: Mapping[str, float] | None = None,
+    ) -> dict[str, Any]:
+        recent = self.step_times[-progress.RECENT_STEPS :]
+        record = {
+            "event": "step",
+            "epoch": epoch,
+            "step": step,
+            "loss": loss,
+            "samples_per_s": self.samples_per_s(),
+            "step_time_s": step_time,
+            "lr": lr,
+            "data_s": self.data_sum / max(self.data_steps, 1),
+            "total_steps": self.total_steps,
+            "eta_s": progress.eta_s(step, self.total_steps, recent),
+        }
+        if extras:  # Task.step's own values, averaged over ranks (and the step's micro-batches)
+            record["metrics"] = {name: _finite_or_none(value) for name, value in extras.items()}
+        return record
+
+    def _write_step(self, record: dict[str, Any]) -> None:
+        self.data_sum, self.data_steps = 0.0, 0
+        self.written = record["step"]
+        self._write(record)
+
+    def _write_last_step(self) -> None:
+        """The last step this process finished, unless its "step" record is written: the curves and the
+        final loss end where training ended, also when it stopped between two records."""
+        if self.last is not None and self.last[1] != self.written:
+            self._write_step(self._step_record(*self.last))
 
     def samples_per_s(self) -> float:
         if self.warm_start is None or self.last_step_end <= self.warm_start:
@@ -202,6 +271,7 @@ class Recorder:
         self.last_step_end = (
             time.monotonic()
         )  # the first step's time is that step's, not the resume before it
+        self.ranks_written = pos.step
         if self.folder is not None and self.tensorboard and self.board is None:
             from hpc_ddp.run.tblog import Board
 
@@ -220,21 +290,32 @@ class Recorder:
         )
 
     def ranks(self, pos: Position, rows: list[list[float]]) -> None:
-        """Every rank's time split of a straggler window (run/stragglers.py rows: data, compute, comm, steps)."""
+        """Every rank's time split of a straggler window (run/stragglers.py rows: data, compute, comm, steps).
+        In a long run, the windows between two records are folded into the next: each rank's slowest."""
         if self.path is None:
             return
-        record = {
-            "event": "ranks",
-            "epoch": pos.epoch,
-            "step": pos.step,
-            "step_time_s": [(d + c) / s if s else 0.0 for d, c, _, s in rows],
-            "data_s": [d / s if s else 0.0 for d, _, _, s in rows],
-        }
-        self._write(record)
+        window = [
+            [(d + c) / s if s else 0.0 for d, c, _, s in rows],
+            [d / s if s else 0.0 for d, _, _, s in rows],
+        ]
         if self.board is not None:
-            self.board.scalars(
-                pos.step, {f"rank_step_time/{r}": v for r, v in enumerate(record["step_time_s"])}
-            )
+            self.board.scalars(pos.step, {f"rank_step_time/{r}": v for r, v in enumerate(window[0])})
+        pending = self.ranks_pending
+        if pending is not None and len(pending[0]) == len(window[0]):
+            window = [
+                [max(a, b) for a, b in zip(old, new, strict=True)]
+                for old, new in zip(pending, window, strict=True)
+            ]
+        self.ranks_pending = window
+        if pos.step - self.ranks_written >= ranks_every(self.total_steps) or pos.step == self.total_steps:
+            self._write_ranks(pos.epoch, pos.step)
+
+    def _write_ranks(self, epoch: int, step: int) -> None:
+        if self.ranks_pending is None:
+            return
+        times, data = self.ranks_pending
+        self.ranks_pending, self.ranks_written = None, step
+        self._write({"event": "ranks", "epoch": epoch, "step": step, "step_time_s": times, "data_s": data})
 
     def eval(self, pos: Position, samples: int, means: Mapping[str, float]) -> None:
         """An evaluation's means over all evaluated samples (every rank's), rank 0 records them."""
@@ -292,6 +373,9 @@ class Recorder:
 
     def end(self, pos: Position) -> None:
         self.clear_live()
+        self._write_last_step()
+        if self.last is not None:
+            self._write_ranks(*self.last[:2])  # the windows folded since the last "ranks" record
         times = sorted(self.step_times)
         median = times[len(times) // 2] if times else 0.0
         self._write(
@@ -307,10 +391,22 @@ class Recorder:
         )
 
     def close(self) -> None:
-        """Flush and close the TensorBoard writer (every path out of the Trainer). Idempotent."""
+        """On every path out of the Trainer: the last step's record if it is not written (a process stopped
+        by an error between two records), then the files and the TensorBoard writer flushed and closed.
+        Idempotent."""
         board, self.board = self.board, None
-        if board is not None:
-            board.close()
+        try:
+            if self.path is not None:
+                with contextlib.suppress(OSError):  # a full disk on the way out must not hide why it ended
+                    self._write_last_step()
+        finally:
+            file, self.file = self.file, None
+            if file is not None:
+                file.close()
+            if self.reached is not None:
+                self.reached.close()
+            if board is not None:
+                board.close()
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -321,18 +417,3 @@ def _ends_with_newline(path: Path) -> bool:
     with open(path, "rb") as f:
         f.seek(-1, 2)
         return f.read(1) == b"\n"
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl; a line that is not a whole JSON object (cut by a crash) is skipped."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_bytes().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a cut line, or bytes that are no text
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records

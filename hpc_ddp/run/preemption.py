@@ -6,25 +6,35 @@ a collective. Saving inside the handler (Lightning #21406) deadlocks or tears; r
 training loop then folds the flags into the all-reduce it does anyway for the loss, so every rank learns at
 the same optimizer step that *some* rank was signalled, and they stop together: save, barrier, then
 
-- SIGUSR1/SIGUSR2 (`--signal=USR2@90` ahead of the time limit, or `scancel --signal=USR2`): requeue the job
-  with `scontrol requeue` while SLURM_RESTART_COUNT < --max-requeue, then exit PREEMPTED.
+- SIGUSR1/SIGUSR2 (`--signal=USR2@90` ahead of the time limit, or `scancel --signal=USR2`): ask to start
+  again; rank 0 writes the facts (hpc_ddp.ledger.preemption) and every rank exits PREEMPTED. The attempt's
+  supervisor (the local launcher, the kit's batch shell) decides within --max-requeue; with none of the kit
+  there (a plain srun step, --requeue-by scontrol), rank 0 decides alone and runs `scontrol requeue`.
 - SIGTERM (scancel, Slurm's own preemption, the end of a grace period): save and exit PREEMPTED, never
   requeue (Slurm's preemption requeues by itself; a user's scancel must stay cancelled).
 
 `install()` runs first thing in the task, before torch is imported: the signal may come seconds after start,
 and the default action of SIGUSR1/2 is to kill the process.
+
+Under torchrun, SIGTERM is different until training starts (`arm()`): torchrun's agent sends it to the
+survivors when a worker failed, and SIGKILLs them 30 s later. A rank that is still joining the group is blocked
+in C++ (the store, gloo's connect), where no Python handler runs, so a noted SIGTERM would only cost those
+30 s, and there is nothing to save yet: until `arm()`, SIGTERM keeps its default action there and ends the rank.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpc_ddp import proc
+from hpc_ddp.variables import BATCH
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-BATCH_VAR = "HPC_DDP_BATCH"  # set by the kit's batch scripts: their shell decides and requeues after srun
+BATCH_VAR = BATCH  # set by the kit's batch scripts: their shell decides and requeues after srun
 STOP_SIGNALS = (signal.SIGTERM,)
 
 # Index of each flag in the tensor the loop all-reduces every optimizer step (see hpc_ddp.run.trainer).
@@ -42,13 +52,21 @@ def _note(signum: int, _frame: object) -> None:
     _count[0] += 1
 
 
-def install() -> None:
+def install(environ: Mapping[str, str] = os.environ) -> None:
     """Replace the handlers of SIGUSR1, SIGUSR2 and SIGTERM (submitit's included) with `_note`, then unblock
     them: the local launcher starts its ranks with these signals blocked, so that one sent while a rank is
-    still starting waits in the kernel and is delivered here, to `_note`, instead of killing the process."""
+    still starting waits in the kernel and is delivered here, to `_note`, instead of killing the process.
+    Under torchrun (`environ` names its run) SIGTERM ends the rank until `arm()` (see the module docstring)."""
+    under_torchrun = bool(environ.get("TORCHELASTIC_RUN_ID"))
     for sig in REQUEUE_SIGNALS + STOP_SIGNALS:
-        signal.signal(sig, _note)
+        signal.signal(sig, signal.SIG_DFL if under_torchrun and sig in STOP_SIGNALS else _note)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, REQUEUE_SIGNALS + STOP_SIGNALS)
+
+
+def arm() -> None:
+    """Training starts now: a stop signal is noted from here on, and saved for at the next agreed step."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _note)
 
 
 def ignore(_worker_id: int = 0) -> None:
@@ -81,9 +99,10 @@ class Decision:
 
 
 def decide(requeue_votes: float, stop_votes: float, preempted: int, max_requeue: int) -> Decision:
-    """Pure rule for what rank 0 does after the agreed save. Stop (SIGTERM) wins over requeue. `preempted` is
-    how many earlier attempts of this job were preempted (hpc_ddp.run.attempts): the budget counts
-    preemptions only, not the requeues after failures (SLURM_RESTART_COUNT counts both)."""
+    """Pure rule for what rank 0 does after the agreed save when it decides alone (mode "scontrol": no
+    supervisor of the kit). Stop (SIGTERM) wins over requeue. `preempted` is how many earlier attempts of this
+    job were preempted (hpc_ddp.ledger.attempts): the budget counts preemptions only, not the requeues after
+    failures (SLURM_RESTART_COUNT counts both). Supervisors apply the same budget (hpc_ddp.launch.retry)."""
     if stop_votes > 0:
         return Decision(False, "stopped by SIGTERM: checkpoint saved, not requeued")
     if preempted >= max_requeue:
@@ -108,6 +127,14 @@ def requeue_mode(requeue_by: str, launcher: str, supervised: bool = False) -> st
     if requeue_by == "auto" and launcher == "slurm" and not supervised and shutil.which("scontrol"):
         return "scontrol"
     return "exit"
+
+
+def supervisor(requeue_by: str, environ: Mapping[str, str]) -> str | None:
+    """The kit's supervisor of this task's attempt: "launcher" (the local launcher, which says
+    --requeue-by launcher), "batch" (a kit batch script: BATCH_VAR), or None (torchrun, a plain srun step)."""
+    if requeue_by == "launcher":
+        return "launcher"
+    return "batch" if environ.get(BATCH_VAR) else None
 
 
 def scontrol_requeue(job_id: str) -> str | None:

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpc_ddp.variables import LIVE_PROGRESS
+
 # A live line travels from rank 0 to the local launcher as one whole line that starts with this, the
 # terminal's "carriage return, erase to end of line": the launcher shows it in place (and keeps it out of the
 # per-rank log, which gets rank 0's plain periodic lines instead). No program prints it at the start of a line
@@ -25,7 +27,7 @@ from typing import Any, TextIO
 LIVE = "\r\x1b[K"
 # Set by the local launcher in its ranks' environment when its console is a terminal: rank 0's stdout is a
 # pipe to the launcher, so rank 0 cannot see the terminal itself.
-LIVE_VAR = "HPC_DDP_LIVE_PROGRESS"
+LIVE_VAR = LIVE_PROGRESS
 RECENT_STEPS = 20  # the ETA comes from the mean step time of this many recent steps
 
 
@@ -162,14 +164,27 @@ class LiveStream(io.TextIOBase):
 class MetricsView:
     """`submit --wait`: the progress line of the job's metrics.jsonl, live on a terminal, and a line for each
     start of the run. Not a terminal: no progress lines from here, since rank 0's log, which `--wait` prints
-    too, has the same plain lines (a batch job's stdout is a file)."""
+    too, has the same plain lines (a batch job's stdout is a file).
 
-    def __init__(self, path: Path, out: TextIO) -> None:
+    With `job`, only that job's records: the folder may hold an earlier job's (a finished run submitted
+    again), or another job may write there now (one this job's folder lock refused). Another job's records
+    are those after its "start", up to this job's own."""
+
+    def __init__(self, path: Path, out: TextIO, job: str | None = None) -> None:
         self.follower = Follower(path)
         self.stream = LiveStream(out)
+        self.job = job
+        self.ours = True
 
-    def poll(self) -> None:
+    def poll(self) -> list[dict[str, Any]]:
+        """Show what the file gained; returns the records shown (the job's own)."""
+        shown = []
         for record in self.follower.poll():
+            if self.job is not None and record.get("event") == "start":
+                self.ours = str(record.get("job")) == self.job
+            if not self.ours:
+                continue
+            shown.append(record)
             if record.get("event") == "step":
                 if self.stream.tty:
                     self.stream.live(line(record))
@@ -178,3 +193,4 @@ class MetricsView:
                 if text is not None:
                     self.stream.write(text + "\n")
                     self.stream.flush()
+        return shown

@@ -4,9 +4,9 @@ Ranks reading a shared filesystem on their own can disagree (a file visible on o
 another, KempnerForge #49), and then load different states or deadlock. So rank 0 alone looks, and the
 others receive its answer: a path, None (start fresh), or an error message that every rank raises.
 
-`--resume never` and `--resume PATH` apply to a run's first start only. A restarted run (SLURM_RESTART_COUNT
-> 0: a requeue, or the local launcher's restart) always continues from its own latest checkpoint (or, before
-it wrote one, from where its first start began); anything else would start over, or go back to a stale file,
+`--resume never` and `--resume PATH` apply to a run's first start only. A restarted run (DistEnv.restart > 0:
+a requeue, the local launcher's restart, a torchrun round after the first) always continues from its own
+latest checkpoint (or, before it wrote one, from where its first start began); anything else would start over, or go back to a stale file,
 after every preemption.
 
 Deciding and changing are two steps: `plan` only looks (rank 0, before anything else is checked), `apply`
@@ -26,19 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, UsageError
+from hpc_ddp.ledger.attempts import ATTEMPTS
 from hpc_ddp.run.checkpoint import durable, formats, store
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.full import Full
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.folder import MODEL, TENSORBOARD, atomic_write_bytes, fsync_dir
+from hpc_ddp.run.folder import METRICS, MODEL, TENSORBOARD, atomic_write_bytes, fsync_dir
 
 # Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
 MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp", "lr_schedule", "warmup_steps")
-
-
-def is_restart(environ: Mapping[str, str]) -> bool:
-    return int(environ.get("SLURM_RESTART_COUNT") or 0) > 0
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ def choose(
 
 def plan(cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Callable[[str], None]) -> Plan:
     """Rank 0: where to start, changing nothing. Raises UsageError/CheckpointError for the user."""
-    restart = is_restart(environ)
+    restart = restart_count(environ) > 0  # DistEnv.restart: the one reader of the restart variables
     mode = "auto" if restart else cfg.resume
     if mode == "auto":
         found = formats.find_resumable(folder, warn)
@@ -135,6 +133,7 @@ def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
         model.unlink(missing_ok=True)
         durable.checksum_path(model).unlink(missing_ok=True)
         say(f"--resume never --overwrite: deleted the {count} checkpoint(s) and model.pth of {folder}")
+        _records_aside(folder, say)
     if chosen.set_aside:
         aside = _new_folder(directory, "abandoned")
         moved = sorted((p for p in chosen.set_aside if p.exists()), key=store.ckpt_step)
@@ -169,6 +168,19 @@ def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
         atomic_write_bytes(pointer, (chosen.start.name + "\n").encode())
     elif chosen.set_aside and pointer.is_file() and store.read_latest(folder) is None:
         pointer.unlink()  # it named a file that was set aside; the first save writes it again
+
+
+def _records_aside(folder: Path, say: Callable[[str], None]) -> None:
+    """--overwrite starts a new line of training: the records of the line it deleted (metrics.jsonl,
+    attempts.jsonl) move to records-overwritten-<time>/, so that the report and the retry budgets see the new
+    line only. Kept, not deleted: they are the only account of what ran before."""
+    found = [folder / name for name in (METRICS, ATTEMPTS) if (folder / name).is_file()]
+    if found:
+        into = _new_folder(folder, "records-overwritten")
+        for path in found:
+            os.replace(path, into / path.name)
+        fsync_dir(folder)
+        say(f"the records of the earlier line ({', '.join(p.name for p in found)}) moved to {into}")
 
 
 def _new_folder(directory: Path, prefix: str, create: bool = True) -> Path:

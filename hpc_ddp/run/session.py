@@ -17,15 +17,18 @@ import contextlib
 import os
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpc_ddp import exitcodes
 from hpc_ddp.cluster.env import DistEnv, detect
 from hpc_ddp.errors import UsageError
+from hpc_ddp.ledger import attempts, exits, outcomes
+from hpc_ddp.ledger import preemption as preemption_record
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import attempts, exits, preemption
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run import preemption
 from hpc_ddp.run.beacon import FINISHING, STARTUP, USER_CODE, Beacon
 from hpc_ddp.run.config import TrainConfig
 
@@ -40,7 +43,7 @@ T = TypeVar("T")
 
 def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
     """Detect, place, join, train, save; returns the exit code (exitcodes.OK or PREEMPTED)."""
-    env = detect(environ)
+    env = detect(environ, socket.gethostname())
     folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_task(env.job_id)
     cfg = cfg.with_folder(str(folder))
     lock = None
@@ -50,11 +53,7 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         # --kill-on-bad-exit, torchrun).
         run_folder.prepare(folder)
         lock = run_folder.hold_folder(
-            folder,
-            "rank0",
-            env.job_id,
-            int(environ.get("SLURM_RESTART_COUNT") or 0),
-            environ.get(run_folder.LOCK_VAR),
+            folder, "rank0", env.job_id, env.restart, environ.get(run_folder.LOCK_VAR)
         )
         run_folder.tell_folder(folder, environ)  # where slurm/ddp.sbatch finds preempted.json
     try:
@@ -62,24 +61,15 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
     except (UsageError, KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:
-        # For the supervisor (local launcher, batch shell): which error came first, on which node.
-        if folder.is_dir():
-            exits.note(folder, env.job_id or "", attempt_restart(environ), env.rank, node_name(environ), e)
+        # For the supervisor (local launcher, batch shell): which error came first, on which node. Never in a
+        # folder another job holds (this job's rank 0 was refused it, and this rank failed for that reason).
+        holder = run_folder.holder_job(folder) if folder.is_dir() else None
+        if folder.is_dir() and not (holder and env.job_id and holder != env.job_id):
+            exits.note(folder, env.job_id or "", env.restart, env.rank, env.node, e)
         raise
     finally:
         if lock is not None:
             lock.release()
-
-
-def attempt_restart(environ: Mapping[str, str]) -> int:
-    """Which start of the job this is (attempts.jsonl names an attempt by job id and this count)."""
-    text = environ.get("SLURM_RESTART_COUNT") or environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
-    return int(text) if text.isdigit() else 0
-
-
-def node_name(environ: Mapping[str, str]) -> str:
-    """This task's node as the scheduler names it (what ExcNodeList takes), else the host name."""
-    return environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def _run_holding(cfg: TrainConfig, env: DistEnv, folder: Path, environ: Mapping[str, str]) -> int:
@@ -207,11 +197,12 @@ def _train(
         trainer.metrics.start(
             trainer.pos,
             env.job_id or "",
-            _restart_count(environ),
+            env.restart,
             start is not None,
             env.world_size,
             _since_process_start(),
         )
+        preemption.arm()  # from here on a stop signal is saved for at the next agreed step
         outcome = trainer.run()
         beacon.set(FINISHING)
         if not outcome.finished:
@@ -226,7 +217,7 @@ def _train(
             log.info("another signal came during the save: noted, the save went on to the end")
         trainer.metrics.end(trainer.pos)
         if not outcome.finished:
-            return _preempted(cfg, env, folder, log, environ, outcome)
+            return _preempted(cfg, env, folder, log, environ, outcome, trainer.pos.step)
         trainer.strategy.check_in_sync(log)
         weights = trainer.strategy.full_model_state()  # a collective: every rank, rank 0 gets them
         if weights is not None:
@@ -235,12 +226,6 @@ def _train(
             log.info(f"Model saved by rank 0 to {model_path}")
         dist.barrier()
         return exitcodes.OK
-
-
-def _restart_count(environ: Mapping[str, str]) -> int:
-    """Which start of the job this is: Slurm's requeue count (the local launcher's restarts), torchrun's."""
-    value = environ.get("SLURM_RESTART_COUNT") or environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
-    return int(value) if value.isdigit() else 0
 
 
 def _since_process_start() -> float:
@@ -264,22 +249,27 @@ def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: R
 
 def _record_start(env: DistEnv, folder: Path, environ: Mapping[str, str], resumed_from: int | None) -> None:
     """This attempt starts training: rank 0 appends it to attempts.jsonl with the node of every rank (what
-    the supervisor blames when a rank fails without a word: killed by a signal, hung)."""
+    the supervisor blames when a rank fails without a word: killed by a signal, hung). A record that cannot be
+    written (a full disk) costs the record, not the run: the supervisor judges the attempt all the same."""
     import torch.distributed as dist
 
     from hpc_ddp.cluster.hostlist import expand
 
     nodes: list[Any] = [None] * env.world_size
-    dist.all_gather_object(nodes, node_name(environ))
+    dist.all_gather_object(nodes, env.node)
     if env.is_main:
         listed = environ.get("SLURM_JOB_NODELIST") or ""
         try:
             job_nodes = expand(listed) if listed else list(dict.fromkeys(nodes))
         except ValueError:
             job_nodes = list(dict.fromkeys(nodes))
-        attempts.record_start(
-            folder, env.job_id or "", attempt_restart(environ), job_nodes, nodes, resumed_from
-        )
+        try:
+            attempts.record_start(folder, env.job_id or "", env.restart, job_nodes, nodes, resumed_from)
+        except OSError as e:
+            RankLog(env.rank).warn(
+                f"cannot record this attempt's start in {attempts.path(folder)} ({e.strerror or e}); "
+                "training goes on"
+            )
 
 
 def _save_weights(weights: dict[str, Any], path: Path) -> None:
@@ -314,10 +304,12 @@ def _watchdog(
     setting = cfg.hang_setting()
     if setting == 0:
         return contextlib.nullcontext()
-    restart = environ.get("SLURM_RESTART_COUNT") or environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
     # The same on every rank, new for every start of the job: a requeued run's reports never mix with the last.
-    run_id = f"{env.job_id or 'pid' + str(trainer.peers[0][1])}-{restart}"
+    run_id = f"{env.job_id or 'pid' + str(trainer.peers[0][1])}-{env.restart}"
     who = Identity(env.rank, env.world_size, socket.gethostname(), tuple(trainer.peers), run_id)
+    # Under a supervisor of the kit (the local launcher, a kit batch script) the supervisor prints the verdict's
+    # line, once; elsewhere (torchrun, a plain srun) the rank that decided it does.
+    announce = preemption.supervisor(cfg.requeue_by, environ) is None
     return Watchdog(
         trainer.beacon,
         who,
@@ -325,34 +317,75 @@ def _watchdog(
         setting,
         cfg.timeout_s,
         lambda: trainer.metrics.step_times[-100:],
-        log.info,
+        log.info if announce else None,
     )
 
 
 def _preempted(
-    cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, environ: Mapping[str, str], outcome: Outcome
+    cfg: TrainConfig,
+    env: DistEnv,
+    folder: Path,
+    log: RankLog,
+    environ: Mapping[str, str],
+    outcome: Outcome,
+    step: int,
 ) -> int:
-    """After the agreed save: every rank is past it (barrier), then rank 0 requeues or reports."""
+    """After the agreed save: every rank is past it (barrier), then rank 0 writes the facts for the supervisor
+    (preempted.json) or, with no supervisor of the kit to decide, decides and requeues itself (scontrol)."""
     import torch.distributed as dist
 
     dist.barrier()  # a requeue makes Slurm SIGTERM every task: all must be past the save first
     if env.is_main:
-        preempted = attempts.count(attempts.read(folder), env.job_id or "", (attempts.PREEMPTED,))
-        decision = preemption.decide(outcome.requeue_votes, outcome.stop_votes, preempted, cfg.max_requeue)
-        mode = preemption.requeue_mode(cfg.requeue_by, env.launcher, bool(environ.get(preemption.BATCH_VAR)))
-        # The launcher (local run) or a batch script reads this to decide whether to start the job again.
-        run_folder.write_preempted(
-            folder, run_folder.Preempted(decision.requeue, preemption.signal_name(), mode)
-        )
-        log.info(f"{preemption.signal_name()}: {decision.message}")
-        if decision.requeue and mode == "scontrol" and env.job_id:
-            error = preemption.scontrol_requeue(env.job_id)
-            log.info(
-                f"requeued job {env.job_id}"
-                if error is None
-                else f"scontrol requeue {env.job_id} failed: {error}; exiting {exitcodes.PREEMPTED} instead"
-            )
+        _preemption_facts(cfg, env, folder, log, environ, outcome, step)
     # Nobody exits before rank 0 has requeued: under `srun --kill-on-bad-exit=1` the first task to exit
     # PREEMPTED (non-zero) gets the whole step killed, rank 0 included, maybe before its scontrol call.
     dist.barrier()
     return exitcodes.PREEMPTED
+
+
+def _preemption_facts(
+    cfg: TrainConfig,
+    env: DistEnv,
+    folder: Path,
+    log: RankLog,
+    environ: Mapping[str, str],
+    outcome: Outcome,
+    step: int,
+) -> None:
+    """Rank 0: the preemption record, and the requeue where rank 0 alone decides (hpc_ddp.launch.supervisor
+    says who requeues in which situation)."""
+    name = preemption.signal_name()
+    supervised = preemption.supervisor(cfg.requeue_by, environ)
+    mode = preemption.requeue_mode(cfg.requeue_by, env.launcher, supervised == "batch")
+    facts = preemption_record.Preempted(
+        requeue=outcome.stop_votes == 0,
+        signal=name,
+        mode=mode,
+        step=step,
+        requeue_votes=int(outcome.requeue_votes),
+        stop_votes=int(outcome.stop_votes),
+    )
+    if mode != "scontrol":
+        # The launcher (local run) or the batch shell reads this and decides, within --max-requeue.
+        preemption_record.write(folder, facts)
+        who = {"launcher": "the launcher", "batch": "the batch script"}.get(supervised or "", "its launcher")
+        log.info(
+            f"{name}: stopped by SIGTERM: checkpoint saved, not requeued"
+            if outcome.stop_votes
+            else f"{name}: preempted: checkpoint saved at step {step}; {who} decides whether to start it "
+            f"again (--max-requeue {cfg.max_requeue})"
+        )
+        return
+    # No supervisor of the kit: rank 0 decides alone, and applies --max-requeue itself.
+    preempted = attempts.count(attempts.read(folder), env.job_id or "", (outcomes.PREEMPTED,))
+    decision = preemption.decide(outcome.requeue_votes, outcome.stop_votes, preempted, cfg.max_requeue)
+    # Written before the requeue, which SIGTERMs every task of the job.
+    preemption_record.write(folder, replace(facts, requeued=decision.requeue))
+    log.info(f"{name}: {decision.message}")
+    if decision.requeue and env.job_id:
+        error = preemption.scontrol_requeue(env.job_id)
+        if error is None:
+            log.info(f"requeued job {env.job_id}")
+        else:
+            preemption_record.write(folder, replace(facts, requeued=False))
+            log.info(f"scontrol requeue {env.job_id} failed: {error}; exiting {exitcodes.PREEMPTED} instead")

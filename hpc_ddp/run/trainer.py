@@ -47,7 +47,7 @@ from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import metrics, preemption, progress, schedules, stragglers
 from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.beacon import Beacon
-from hpc_ddp.run.checkpoint import content, full, store
+from hpc_ddp.run.checkpoint import content, full
 from hpc_ddp.run.checkpointer import SAVING_OK, Checkpointer
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.evaluator import Evaluator
@@ -65,6 +65,7 @@ from hpc_ddp.run.position import Outcome, Position
 from hpc_ddp.run.strategy.base import Strategy
 from hpc_ddp.run.strategy.ddp import CommHook
 from hpc_ddp.run.tasks import Task
+from hpc_ddp.run.workers import init as worker_start
 
 MAX_SKIPPED = 10  # --nonfinite-loss skip: this many non-finite steps in a row stop the run anyway
 
@@ -213,7 +214,11 @@ class Trainer:
         )
         self._step_loss = torch.zeros((), device=device)  # this step's micro-batch losses, on the device
         self.pos = Position()
+        # This process's first optimizer step (after a start or a resume) pays for warm-up, lazy init and a
+        # resumed checkpoint's first use: every phase of it is long for the hang watchdog (run/beacon.py).
+        self.first_step = True
         self.skipped = 0  # non-finite steps in a row (--nonfinite-loss skip)
+        self.save_due = False  # a periodic save waits for a finite step (see _periodic_save)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.step_data_s = 0.0  # this step's wait for data (rank 0 records it)
         self._prefetch: Any = None  # a stream's fetch of its next step's batches (see _stream_epoch)
@@ -266,7 +271,7 @@ class Trainer:
         self._stream_loaded = state
 
     def _mark_grads_ready(self) -> None:
-        self._grads_ready = self.beacon.set(phase.GRAD_ALLREDUCE)
+        self._grads_ready = self.beacon.set(phase.GRAD_ALLREDUCE, long=self.first_step)
 
     # ----- end of life ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -314,6 +319,7 @@ class Trainer:
     def save(self, final: bool = False) -> None:
         """Checkpoint at the current position (a collective; see Checkpointer.save). `final` also waits until
         it is durable."""
+        self.save_due = False
         self.checkpointer.save(self.pos, final)
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
@@ -355,20 +361,20 @@ class Trainer:
         self._step_extras = {}
         for batch in micro_batches:
             done += 1
-            start = beacon.set(phase.COMPUTE)
+            start = beacon.set(phase.COMPUTE, long=self.first_step)
             self._grads_ready = 0.0
             self._step_loss += self._micro_step(batch, 1.0 / count, sync=done == count)
             if done == count:
                 # The step's all-reduce comes before the update: every rank learns at this step that some
                 # rank's loss is not finite (or that rank 0 cannot save), and nobody applies that update.
-                ready = self._grads_ready or time.monotonic()
+                ready = self._grads_ready or time.monotonic()  # no end-of-backward mark (mark_grads=False)
                 # A stream's next step is fetched now, so that its end rides in this all-reduce (fetch ahead).
                 exhausted = 0.0 if self._prefetch is None else float(not self._prefetch())
-                now = beacon.set(phase.STEP_ALLREDUCE)
+                now = beacon.set(phase.STEP_ALLREDUCE, long=self.first_step)
                 window.compute_s += ready - start
                 window.comm_s += now - ready  # what remained of the gradient all-reduce after backward
                 agreed = self._agree(self._step_loss, count, exhausted)
-                start = beacon.set(phase.OPTIMIZER)
+                start = beacon.set(phase.OPTIMIZER, long=self.first_step)
                 window.comm_s += start - now
                 self.step_lr = float(
                     self.optimizer.param_groups[0]["lr"]
@@ -379,6 +385,7 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)  # never applied: a poisoned or a last update
                 window.compute_s += time.monotonic() - start
                 window.steps += 1
+                self.first_step = False
                 return agreed
             window.compute_s += time.monotonic() - start
         raise RuntimeError(f"internal error: {done} micro-batch(es) came for an optimizer step of {count}")
@@ -484,15 +491,20 @@ class Trainer:
                     f"{MAX_SKIPPED + 1})"
                 )
             return
-        self.metrics.nonfinite(self.pos, step, self.cfg.nonfinite_loss)
-        last = store.read_latest(self.folder)
-        kept = f"the last checkpoint, {last.name}, is kept" if last else "no checkpoint was written"
-        if (self.folder / MODEL).is_file():
-            kept += ", model.pth is untouched"
+        self.metrics.nonfinite(self.pos, step, "stop")  # the run stops here, whatever --nonfinite-loss says
+        kept = self._kept()
         if self.skipped:
+            broken = self.strategy.nonfinite_parameters()  # every rank is here, at this step
+            names = ", ".join(broken[:3]) + (", ..." if len(broken) > 3 else "")
+            weights = (
+                f"the weights themselves are not finite ({names})"
+                if broken
+                else "the weights are finite (none of those updates was applied): the data or the loss "
+                "function gives it"
+            )
             cause = (
                 f"{where}: the loss averaged over all ranks was not finite in {self.skipped + 1} steps in a "
-                f"row ({value} now), so the weights themselves are probably not finite"
+                f"row ({value} now); {weights}"
             )
         else:
             cause = (
@@ -504,6 +516,29 @@ class Trainer:
             f"finite step ({kept}). Fix: check the data, a smaller --lr or --clip-grad; "
             "--nonfinite-loss skip drops such steps instead"
         )
+
+    def _kept(self) -> str:
+        """What the stop leaves, in the same words on every rank (a collective): rank 0 first waits for the
+        write in flight, so that the checkpoint it names is durable (and one that just became so is named)."""
+        self.beacon.set(phase.CHECKPOINT)  # the others wait for rank 0's write: no hang
+        words: list[Any] = [None]
+        if self.env.is_main:
+            last = self.checkpointer.last_durable()
+            text = f"the last checkpoint, {last.name}, is kept" if last else "no checkpoint was written"
+            if (self.folder / MODEL).is_file():
+                text += ", model.pth is untouched"
+            words[0] = text
+        if self.env.world_size > 1:
+            dist.broadcast_object_list(words, src=0)
+        return str(words[0])
+
+    def _periodic_save(self, due: bool) -> None:
+        """A save the schedule asks for now (`due`), or one it asked for during a run of skipped steps: not
+        while the newest step's update was skipped (--nonfinite-loss skip), so that a stop after such a run
+        has saved nothing after the last finite step; it comes at the next finite step."""
+        self.save_due = self.save_due or due
+        if self.save_due and not self.skipped:
+            self.save()
 
     def _epoch(self, epoch: int) -> Outcome | None:
         """Train the rest of one epoch; an Outcome if the loop must end inside it."""
@@ -617,8 +652,7 @@ class Trainer:
             stopped = self.evaluate()
             if stopped is not None:
                 return stopped
-        if cfg.save_every_steps and pos.step % cfg.save_every_steps == 0:
-            self.save()
+        self._periodic_save(bool(cfg.save_every_steps and pos.step % cfg.save_every_steps == 0))
         return None
 
     # ----- evaluation ----------------------------------------------------------------------------------------
@@ -653,9 +687,13 @@ class Trainer:
         return self._forward(model, batch)[0]
 
     def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """The loader's batches, each fetched in the beacon's "data loading" phase and timed."""
+        """The loader's batches, each fetched in the beacon's "data loading" phase and timed. The first batch of
+        an epoch is a long phase for the hang watchdog: the loader's workers start (and open their data)."""
+        first = True
         while True:
-            start = self.beacon.set(phase.DATA, self.pos.step + 1)  # the step in the making, counted from 1
+            # the step in the making, counted from 1
+            start = self.beacon.set(phase.DATA, self.pos.step + 1, long=first or self.first_step)
+            first = False
             try:
                 batch = next(batches)
             except StopIteration:
@@ -705,8 +743,9 @@ class Trainer:
             if outcome is not None:  # --max-steps reached inside the epoch
                 return outcome
             self.pos = Position(epoch=self.pos.epoch + 1, step=self.pos.step)
-            if self.cfg.save_every_epochs and self.pos.epoch % self.cfg.save_every_epochs == 0:
-                self.save()
+            self._periodic_save(
+                bool(self.cfg.save_every_epochs and self.pos.epoch % self.cfg.save_every_epochs == 0)
+            )
         return Outcome(True)
 
 
@@ -748,7 +787,9 @@ def loader_options(cfg: TrainConfig, device: torch.device, workers: int) -> dict
     options: dict[str, Any] = {
         "num_workers": workers,
         "pin_memory": pin,
-        "worker_init_fn": preemption.ignore if workers else None,
+        "worker_init_fn": worker_start if workers else None,
+        # Workers start once, not at every epoch: a start that opens shards or sockets is paid once.
+        "persistent_workers": workers > 0,
     }
     if workers and cfg.prefetch_factor:
         options["prefetch_factor"] = cfg.prefetch_factor

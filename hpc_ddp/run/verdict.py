@@ -5,6 +5,8 @@ A report is what one rank says about itself once its watchdog fired: rank, host,
 in that phase, whether the phase is a collective (waiting for others), its innermost user frame and its
 stacks. The rules, in order:
 
+0. Ranks that answered that they are busy within their own limit (a long phase: a save, an evaluation's
+   start; run/watchdog.py), while every other rank reported too: no hang; the others wait for them.
 1. Ranks that sent nothing within the collection window are unresponsive (stopped, frozen in native code
    holding the GIL, or their node is gone): they are the culprits.
 2. Otherwise the ranks that are *not* waiting in a collective are the culprits (stuck in data loading, in
@@ -66,6 +68,17 @@ def decide(
         who = f"rank {others[0]} waits" if len(others) == 1 else f"ranks {ranks_text(others)} wait"
         return f"; {who} for {'it' if len(culprits) == 1 else 'them'} in " + " / ".join(phases)
 
+    busy = sorted(r for r, rep in by_rank.items() if rep.get("busy"))
+    if busy and not missing:
+        first = by_rank[busy[0]]
+        wait_s = max(0.0, max(float(by_rank[r]["limit_s"]) - float(by_rank[r]["stalled_s"]) for r in busy))
+        names = ", ".join(_who(r, str(by_rank[r]["host"]), by_rank[r].get("pid")) for r in busy)
+        line = (
+            f"no hang at step {step}: {names} {'is' if len(busy) == 1 else 'are'} in {first['phase']} for "
+            f"{float(first['stalled_s']):.0f} s, within {'its' if len(busy) == 1 else 'their'} limit of "
+            f"{float(first['limit_s']):.0f} s{waiters_text(busy)}; judged again in {wait_s:.0f} s"
+        )
+        return {**record, "line": line, "reason": "busy", "busy": busy, "wait_s": round(wait_s, 1)}
     if missing:
         hosts = [peers[r][0] if r < len(peers) else "?" for r in missing]
         names = ", ".join(

@@ -10,9 +10,13 @@ been in the same phase at the same step for longer than the hang threshold, it d
    the rest in the next collective), so every watchdog fires at about the same time.
 2. It waits up to `WINDOW_S` for the other ranks' reports. The lowest rank that reported claims the verdict
    (an O_EXCL file, so exactly one writes it), decides it (`run/verdict.py`), and writes `<folder>/hang.json`
-   atomically; the others wait for that file. Every rank prints the verdict line and its own stack to its log.
+   atomically, through the ledger (hpc_ddp.ledger.verdict); the others wait for that file. Every rank prints
+   its own stack to its log; the verdict's line is printed once: by the rank that decided it, or, under a
+   supervisor of the kit (the local launcher, a kit batch script), by that supervisor.
 3. Every rank that can still run exits with `exitcodes.HANG` (os._exit, from this thread: the main thread is
-   the one that is stuck). srun, torchrun and the local launcher then end the step; they read hang.json.
+   the one that is stuck), after releasing the run folder's lock if it holds it (rank 0 under srun or
+   torchrun: os._exit runs no `finally`). srun, torchrun and the local launcher then end the step; they read
+   hang.json.
 
 What can run when: a main thread blocked in a gloo or NCCL wait, in `time.sleep` or in I/O releases the GIL,
 so this thread runs. One stuck in native code that holds the GIL stops every Python thread, this one too.
@@ -25,6 +29,7 @@ Healthy runs cost one beacon read per second and one timer re-arm; shared storag
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -40,7 +45,10 @@ from types import FrameType
 from typing import Any
 
 from hpc_ddp import exitcodes
+from hpc_ddp.ledger import verdict as ledger_verdict
 from hpc_ddp.run import beacon as phases
+from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run import workers
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.verdict import decide
 
@@ -51,19 +59,27 @@ STEP_MULTIPLE = 20.0  # auto: this many median step times
 MIN_STEPS = 3  # auto: until this many steps were timed, only the long threshold applies
 BACKSTOP_MARGIN_S = 10.0  # faulthandler fires this long after threshold + window if the ticks stopped
 HANG_DIR = "hang"
-VERDICT = "hang.json"
+DEFERRED = "deferred.json"  # in a diagnosis round: a peer was busy within its own limit, not hung
+ANSWER_EVERY_S = 2.0  # a rank in a long phase past the steady limit looks for a diagnosis this often
+VERDICT = ledger_verdict.VERDICT
 
 
-def threshold_s(setting: float | None, timeout_s: float, step_times: Sequence[float], phase: str) -> float:
-    """How long a rank may stay in one phase at one step (pure). `setting` None means auto.
+def threshold_s(
+    setting: float | None, timeout_s: float, step_times: Sequence[float], phase: str, long: bool = False
+) -> float:
+    """How long a rank may stay in one phase at one step (pure). `setting` None means auto; `long` marks a
+    phase that pays a start-up cost (run/beacon.py; the SLOW phases always are).
 
-    auto: half of --timeout-s (so the verdict always comes before the collective timeout) for slow phases
-    (startup, user setup, saves, the end) and until `MIN_STEPS` steps were timed; else 20 median step times,
-    at least 60 s, at most half of --timeout-s."""
+    Long phases get the start-up limit, half of --timeout-s (so a verdict always comes before the collective
+    timeout), whatever the setting: a fixed --hang-timeout-s S bounds the steady state only, and never lowers
+    a long phase's limit below S. Steady phases: S; or, auto, half of --timeout-s until `MIN_STEPS` steps were
+    timed, then 20 median step times, at least 60 s, at most half of --timeout-s."""
+    cap = timeout_s / 2
+    if long or phase in phases.SLOW:
+        return cap if setting is None else max(setting, cap)
     if setting is not None:
         return setting
-    cap = timeout_s / 2
-    if phase in phases.SLOW or len(step_times) < MIN_STEPS:
+    if len(step_times) < MIN_STEPS:
         return cap
     ordered = sorted(step_times)
     median = ordered[len(ordered) // 2]
@@ -121,16 +137,6 @@ class Identity:
     run_id: str  # job id and restart: reports of a requeued run never mix with the last one's
 
 
-def _write_json(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class Watchdog:
     """Start it once training is about to begin, stop it before teardown (see the module docstring)."""
 
@@ -142,9 +148,10 @@ class Watchdog:
         setting: float | None,
         timeout_s: float,
         step_times: Callable[[], Sequence[float]],
-        say: Callable[[str], None],
+        say: Callable[[str], None] | None,
         leave: Callable[[int], Any] = exitcodes.leave,
     ) -> None:
+        """`say` prints the verdict's line on the job's console (None: a supervisor of the kit prints it)."""
         self.beacon, self.who, self.folder, self.setting, self.timeout_s = (
             beacon,
             who,
@@ -154,6 +161,8 @@ class Watchdog:
         )
         self.step_times, self.say, self.leave = step_times, say, leave
         self.stopped = threading.Event()
+        self._extended: tuple[float, float] = (-1.0, 0.0)  # (the phase's start, until when): a deferral
+        self._last_look = 0.0  # when this rank last looked for a diagnosis to answer (`_answer`)
         self.thread = threading.Thread(target=self._watch, name="hpc_ddp-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
@@ -174,7 +183,16 @@ class Watchdog:
         self.stop()
 
     def limit(self) -> float:
-        return threshold_s(self.setting, self.timeout_s, self.step_times(), self.beacon.state[0])
+        """This rank's limit for the phase it is in now (a deferral may have extended it, `_watch`)."""
+        phase, _, since, long = self.beacon.state
+        own = threshold_s(self.setting, self.timeout_s, self.step_times(), phase, long)
+        extended_since, until = self._extended
+        return max(own, until - since) if extended_since == since else own
+
+    def steady_limit(self) -> float:
+        """The limit a peer in a steady phase gives itself now: past it, a rank in a long phase answers
+        the peers that began to diagnose (they must know it is alive before they judge it)."""
+        return threshold_s(self.setting, self.timeout_s, self.step_times(), phases.DATA)
 
     def _arm(self) -> None:
         # The dead man's switch: pushed forward on every tick; fires only if the ticks stop (GIL held).
@@ -183,12 +201,59 @@ class Watchdog:
     def _watch(self) -> None:
         while not self.stopped.wait(TICK_S):
             self._arm()
-            phase, step, since = self.beacon.state
+            phase, step, since, long = self.beacon.state
             stalled = time.monotonic() - since
-            if stalled > self.limit() and not self.stopped.is_set():
-                faulthandler.cancel_dump_traceback_later()  # from here on, this thread ends the process
-                self.diagnose(phase, step, stalled)
+            if self.stopped.is_set():
                 return
+            if stalled > self.limit():
+                faulthandler.cancel_dump_traceback_later()  # from here on, this thread ends the process
+                if self.diagnose(phase, step, stalled):
+                    return  # not reached when it ends the process (leave); a test's leave returns
+                self._arm()  # deferred: a peer is busy within its own limit
+            elif long and stalled > self.steady_limit():
+                self._answer(phase, step, stalled)
+
+    def _rounds(self) -> Path:
+        return self.folder / HANG_DIR / self.who.run_id
+
+    def _open_round(self) -> Path | None:
+        """The newest diagnosis round that is still collecting (no deferral decided in it), if any."""
+        try:
+            rounds = sorted(
+                (p for p in self._rounds().iterdir() if p.name.startswith("r")), key=_round_number
+            )
+        except OSError:
+            return None
+        last = rounds[-1] if rounds else None
+        return last if last is not None and not (last / DEFERRED).exists() else None
+
+    def _round(self) -> Path:
+        """The round this diagnosing rank joins: the open one, else the next (r0, r1, ...). Ranks that fire
+        together compute the same name and mkdir it with exist_ok: they meet in one round."""
+        rounds = self._rounds()
+        rounds.mkdir(parents=True, exist_ok=True)
+        numbers = sorted(_round_number(p) for p in rounds.iterdir() if p.name.startswith("r"))
+        last = numbers[-1] if numbers else -1
+        if last < 0 or (rounds / f"r{last}" / DEFERRED).exists():
+            last += 1
+        where = rounds / f"r{last}"
+        where.mkdir(exist_ok=True)
+        return where
+
+    def _answer(self, phase: str, step: int, stalled: float) -> None:
+        """A long phase past the steady limit: if peers are diagnosing, tell them this rank is alive and
+        within its limit (at most once a round; one directory listing every ANSWER_EVERY_S meanwhile)."""
+        now = time.monotonic()
+        if now - self._last_look < ANSWER_EVERY_S:
+            return
+        self._last_look = now
+        where = self._open_round()
+        if where is None or (where / f"rank-{self.who.rank}.json").exists():
+            return
+        mine = self.report(phase, step, stalled)
+        mine.update(busy=True, limit_s=round(self.limit(), 1))
+        with contextlib.suppress(OSError):  # the folder is gone: the peers judge without this report
+            ledger_verdict.write_json(where / f"rank-{self.who.rank}.json", mine)
 
     # ----- diagnosis ------------------------------------------------------------------------------------
     def report(self, phase: str, step: int, stalled: float) -> dict[str, Any]:
@@ -206,33 +271,50 @@ class Watchdog:
             "time": round(time.time(), 3),
         }
 
-    def diagnose(self, phase: str, step: int, stalled: float) -> None:
-        """Report, collect, decide (lowest reporting rank), print, and leave with exitcodes.HANG."""
+    def diagnose(self, phase: str, step: int, stalled: float) -> bool:
+        """Report, collect, decide (lowest reporting rank), print, and leave with exitcodes.HANG; or, when a
+        peer answered that it is busy within its own limit (a long save, an evaluation's start), wait for
+        it: returns False and this rank's limit for the phase is extended to that peer's."""
         who = self.who
         try:
-            where = self.folder / HANG_DIR / who.run_id
-            where.mkdir(parents=True, exist_ok=True)
+            where = self._round()
             mine = self.report(phase, step, stalled)
-            _write_json(where / f"rank-{who.rank}.json", mine)
+            _add_worker_stacks(mine)
+            ledger_verdict.write_json(where / f"rank-{who.rank}.json", mine)
             reports = self._collect(where)
             verdict, decided = self._verdict(where, reports)
+            if verdict.get("reason") == "busy":
+                self._extended = (
+                    self.beacon.state[2],
+                    time.monotonic() + float(verdict["wait_s"]) + WINDOW_S,
+                )
+                if decided:  # in this rank's log (or the console it has): nobody was judged
+                    (self.say or _raw)(verdict["line"])
+                return False
             line = verdict.get("line", "hang: no verdict was written in time; see every rank's log")
-            # The verdict once on the job's console (by the rank that decided it); every rank's own report in
-            # its log only: unprefixed lines of ranks other than 0 stay out of the local launcher's console.
-            if decided:
+            # The verdict once on the job's console (by the rank that decided it, unless a supervisor of the
+            # kit prints it); every rank's own report in its log only: unprefixed lines of ranks other than 0
+            # stay out of the local launcher's console.
+            if decided and self.say is not None:
                 self.say(line)
             _raw(
-                ("" if decided else f"{line}\n")
+                ("" if decided or self.say is None else f"{line}\n")
                 + f"hpc_ddp: rank {who.rank} was in {phase} at step {step} for "
                 f"{stalled:.0f} s; its stacks:\n{mine['stack']}"
+                + "".join(
+                    f"\nits DataLoader worker (pid {w['pid']}):\n{w['stack']}"
+                    for w in mine.get("workers", [])
+                )
             )
         except Exception as e:  # the run folder is gone or read-only: still end, never hang here
-            self.say(
+            (self.say or _raw)(
                 f"hang: rank {who.rank} stalled in {phase} at step {step} for {stalled:.0f} s, and its "
                 f"report could not be written ({e})"
             )
         _end_children()
+        run_folder.release_held()  # os._exit runs no `finally`: the lock rank 0 holds goes first
         self.leave(exitcodes.HANG)
+        return True
 
     def _collect(self, where: Path) -> list[dict[str, Any]]:
         deadline = time.monotonic() + WINDOW_S
@@ -248,9 +330,11 @@ class Watchdog:
             time.sleep(0.2)
 
     def _verdict(self, where: Path, reports: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
-        """The verdict record, and whether this rank decided it."""
-        verdict_path = self.folder / VERDICT
-        lowest = min((int(r["rank"]) for r in reports), default=self.who.rank)
+        """The round's decision, and whether this rank made it: a hang verdict (hang.json) or a deferral
+        (`<round>/deferred.json`). The lowest rank that diagnosed decides (a busy rank only answered)."""
+        verdict_path = ledger_verdict.path(self.folder)
+        deferred_path = where / DEFERRED
+        lowest = min((int(r["rank"]) for r in reports if not r.get("busy")), default=self.who.rank)
         if lowest == self.who.rank:
             try:  # exactly one rank writes the verdict, even if two saw themselves lowest
                 os.close(os.open(where / "verdict.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -258,19 +342,49 @@ class Watchdog:
                 pass
             else:
                 record = decide(reports, self.who.world_size, self.who.peers, WINDOW_S)
-                record.update(run_id=self.who.run_id, decided_by=self.who.rank, reports=reports)
-                _write_json(verdict_path, record)
+                record.update(
+                    run_id=self.who.run_id, round=where.name, decided_by=self.who.rank, reports=reports
+                )
+                if record.get("reason") == "busy":
+                    ledger_verdict.write_json(deferred_path, record)
+                else:
+                    ledger_verdict.write(self.folder, record)
                 return record, True
         deadline = time.monotonic() + 2 * WINDOW_S
         while time.monotonic() < deadline:
-            try:
-                record = json.loads(verdict_path.read_text())
-                if record.get("run_id") == self.who.run_id:
+            for path in (deferred_path, verdict_path):
+                try:
+                    record = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                if record.get("run_id") == self.who.run_id and record.get("round") == where.name:
                     return dict(record), False
-            except (OSError, ValueError):
-                pass
             time.sleep(0.2)
         return {}, False
+
+
+def _add_worker_stacks(mine: dict[str, Any]) -> None:
+    """A rank waiting for its DataLoader workers: their stacks too (run/workers.py), and the user line of the
+    one that is stuck when the rank's own stack has none (it only waits in the loader)."""
+    import psutil
+
+    try:
+        pids = [child.pid for child in psutil.Process().children()]
+    except psutil.Error:
+        return
+    texts = workers.stacks(pids)
+    if not texts:
+        return
+    mine["workers"] = [
+        {"pid": pid, "stack": text, "user_frame": workers.user_line(text, _is_library)}
+        for pid, text in texts.items()
+    ]
+    if mine.get("user_frame") is None:
+        mine["user_frame"] = next((w["user_frame"] for w in mine["workers"] if w["user_frame"]), None)
+
+
+def _round_number(path: Path) -> int:
+    return int(path.name[1:]) if path.name[1:].isdigit() else -1
 
 
 def _end_children() -> None:
@@ -295,15 +409,3 @@ def _raw(text: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-
-
-def read_verdict(folder: Path, since: float = 0.0) -> dict[str, Any] | None:
-    """The hang verdict of a run folder, if one was written after `since` (epoch seconds); for launchers."""
-    path = folder / VERDICT
-    try:
-        if path.stat().st_mtime < since:
-            return None
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None

@@ -8,7 +8,7 @@
 Why the batch shell: it is the one process of the job that outlives every task, so the decision about an
 attempt runs even when every task died (a node lost, a rank SIGKILLed, a hang verdict). `end` reads what the
 attempt left (the ranks' exit notes, hang.json, preempted.json, srun's "task N: Killed" lines, Slurm's view of
-the job and its nodes), judges the first cause (hpc_ddp.run.retry), appends the attempt's end to
+the job and its nodes), judges the first cause (hpc_ddp.launch.retry, through hpc_ddp.launch.supervisor), appends the attempt's end to
 attempts.jsonl, and acts:
 
 - finished: exit 0. A preemption the ranks agreed to requeue: `scontrol requeue` (the tasks run with
@@ -39,18 +39,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hpc_ddp import exitcodes, proc
+from hpc_ddp import exitcodes
 from hpc_ddp.cli import build_parser
-from hpc_ddp.cluster.hostlist import expand
+from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.errors import UsageError, run_main
-from hpc_ddp.run import attempts as record
-from hpc_ddp.run import exits, retry, watchdog
+from hpc_ddp.launch import retry, supervisor
+from hpc_ddp.launch.slurm.client import SlurmClient
+from hpc_ddp.launch.slurm.parse import JobInfo, hosts
+from hpc_ddp.ledger import attempts as record
+from hpc_ddp.ledger import exits, outcomes, preemption
+from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
+from hpc_ddp.variables import FOLDER_FILE
 
 PROG = "python -m hpc_ddp.launch.slurm.batch"
 STATE = "batch.json"  # in exits/<job>-<restart>/: when this attempt began, where its srun lines start
-HELD_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
 
 _SRUN_LINE = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)$")
 _SIGNAL_TEXT = {signal.strsignal(s) or "": s.name for s in signal.Signals}
@@ -84,53 +88,33 @@ def srun_deaths(lines: Sequence[str]) -> tuple[tuple[int, str], ...]:
     return tuple(deaths)
 
 
-def job_fields(text: str) -> dict[str, str]:
-    """`scontrol show job -o` -> its key=value fields."""
-    return dict(re.findall(r"(\w+)=(\S*)", text))
-
-
-def node_states(text: str) -> dict[str, str]:
-    """`sinfo -h -N -o "%N %t"` -> {node: state} (a node in two partitions is listed twice)."""
-    states: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 2:
-            states[parts[0]] = parts[1]
-    return states
-
-
-def _hosts(text: str) -> list[str]:
-    if not text or text in ("(null)", "None"):
-        return []
-    try:
-        return list(expand(text))
-    except ValueError:
-        return [h for h in text.split(",") if h]
-
-
-# ----- the shell around Slurm's commands --------------------------------------------------------------------
-
-
-def _slurm(*argv: str) -> str | None:
-    out = proc.run(list(argv), timeout_s=30)
-    return out.stdout if out.ok else None
-
-
-def _job(job: str) -> dict[str, str]:
-    return job_fields(_slurm("scontrol", "show", "job", "-o", job) or "")
-
-
-def _states(nodes: Sequence[str] = (), partition: str = "") -> dict[str, str]:
-    argv = ["sinfo", "-h", "-N", "-o", "%N %t"]
-    if partition:
-        argv += ["-p", partition]
-    states = node_states(_slurm(*argv) or "")
-    return {n: s for n, s in states.items() if not nodes or n in nodes}
-
-
-def _down(nodes: Sequence[str]) -> tuple[str, ...]:
-    states = _states(nodes)
+def _down(client: SlurmClient, nodes: Sequence[str]) -> tuple[str, ...]:
+    """The nodes of `nodes` that Slurm reports down, drained or failed (one that sinfo does not list is not)."""
+    states = client.nodes()
     return tuple(n for n in nodes if retry.usable({n: states.get(n, "idle")}, ()) == [])
+
+
+def first_exit(lines: Sequence[str]) -> int | None:
+    """The exit code of the first task that exited on its own ("task 0: Exited with exit code 2"), unless a
+    task died by a signal first; None when srun said neither (pure). A task that exits 2 made a usage error
+    (a bad option, a run folder another job holds): srun's own status is then 1 or a signal's, not 2."""
+    for line in lines:
+        match = _SRUN_LINE.search(line)
+        if not match:
+            continue
+        what = match.group(3).strip()
+        if not what.startswith("Exited with exit code"):
+            return None
+        code = what.rsplit(" ", 1)[-1]
+        return int(code) if code.isdigit() else None
+    return None
+
+
+def other_job(folder: Path, job: str) -> str | None:
+    """The job that holds `folder` now when it is not this one ("" for a run without a job id); else None.
+    A job never writes into, nor resumes from, another job's run folder."""
+    holder = run_folder.holder_job(folder)
+    return holder if holder is not None and holder != job else None
 
 
 def _resolve(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[TrainConfig, Path]:
@@ -146,8 +130,9 @@ def _identity(environ: Mapping[str, str]) -> tuple[str, int]:
     job = environ.get("SLURM_JOB_ID") or ""
     if not job:
         raise UsageError("SLURM_JOB_ID is not set: this runs in a Slurm batch script (slurm/ddp.sbatch)")
-    text = environ.get("SLURM_RESTART_COUNT") or "0"
-    return job, int(text) if text.isdigit() else 0
+    return job, restart_count(
+        environ
+    )  # the batch shell is no srun step: the job's count, as its tasks read it
 
 
 def _state_path(folder: Path, job: str, restart: int) -> Path:
@@ -162,37 +147,86 @@ def _read_state(folder: Path, job: str, restart: int) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
+# Why a job that is over ended, when its own batch shell could not record it (Slurm SIGKILLs the shell KillWait
+# after the time limit's SIGTERM, while its tasks still save): accounting's state of its last run.
+_OVER = {
+    "TIMEOUT": (outcomes.STOPPED, "its time limit ended it before its batch shell could record the attempt"),
+    "CANCELLED": (outcomes.STOPPED, "cancelled before its batch shell could record the attempt"),
+    "DEADLINE": (outcomes.STOPPED, "its deadline ended it before its batch shell could record the attempt"),
+}
+
+
+def _close_other_jobs(journal: supervisor.Journal, job: str, client: SlurmClient) -> None:
+    """Close the attempts other jobs left open in this folder once Slurm says those jobs are over (a time
+    limit before the first checkpoint: the batch shell was killed before `end`), with what ended them. A job
+    still running, or one Slurm does not answer for, is left alone. Their budgets are theirs: nothing to
+    decide, each is recorded as stopped there."""
+    left = [a for a in attempts_of_others(journal, job) if a.ended is None]
+    if not left:
+        return
+    histories = client.histories(sorted({a.job for a in left})) or {}
+    for attempt in left:
+        history = histories.get(attempt.job)
+        if history is None or not history.current.done:
+            continue
+        outcome, reason = _OVER.get(
+            history.current.state,
+            (outcomes.LOST, f"its job ended {history.current.state} before its batch shell recorded it"),
+        )
+        closed = supervisor.end_attempt(
+            journal,
+            attempt.job,
+            attempt.restart,
+            retry.Ending(outcome, reason, signature=history.current.state.lower()),
+            _no_budgets(),
+            began=attempt.started or 0,
+            checkpoint=supervisor.latest_step(journal.folder),
+            adjust=lambda _this, decision: retry.Decision(outcomes.STOP, "the job is over", decision.exclude),
+        )
+        say(f"job {attempt.job}: {closed.line}")
+
+
+def attempts_of_others(journal: supervisor.Journal, job: str) -> list[record.Attempt]:
+    return [a for a in record.merge(record.read_lines(journal.folder)) if a.job != job]
+
+
+def _no_budgets() -> supervisor.Budgets:
+    return supervisor.Budgets(0, 0, outcomes.REQUEUE)
+
+
+def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: SlurmClient) -> int:
     cfg, folder = _resolve(argv, environ)
     job, restart = _identity(environ)
-    history = record.of_job(record.read(folder), job)
+    journal = supervisor.Journal(folder)
+    if other_job(folder, job) is None:
+        _close_other_jobs(journal, job, client)
+    history = journal.history(job)
     for open_attempt in [a for a in history if a.restart < restart and a.ended is None]:
         # Its batch shell died before its `end` (its node went down with it, most likely): close it now.
         nodes = list(open_attempt.nodes)
-        down = _down(nodes) if nodes else ()
+        down = _down(client, nodes) if nodes else ()
         ending = retry.judge(
             retry.Evidence(code=exitcodes.FAILED, rank_nodes=open_attempt.ranks, down=down, node_fail=True)
         )
         if not down:
             ending = replace(
                 ending,
-                outcome=record.LOST,
+                outcome=outcomes.LOST,
                 reason="its batch shell ended without a word (the node it ran on failed, or it was killed)",
                 signature="lost",
             )
-        before = [a for a in history if a.number < open_attempt.number]
-        closed = retry.close(
-            open_attempt,
+        closed = supervisor.end_attempt(
+            journal,
+            job,
+            open_attempt.restart,
             ending,
-            record.step_reached(folder, open_attempt.started or 0),
-            record.checkpoint_step(folder),
-            time.time(),
+            _budgets(cfg),
+            began=open_attempt.started or 0,
+            checkpoint=supervisor.latest_step(folder),
         )
-        decision = retry.decide(before, closed, cfg.max_restarts)
-        record.record_end(folder, replace(closed, decision=decision.action, exclude=decision.exclude))
-        say(f"attempt {closed.number} {closed.outcome}: {closed.reason}; {decision.message}")
-        if decision.action == record.STOP:
-            say(f"job {job} stops here: {decision.message}")
+        say(closed.line)
+        if closed.decision.action == outcomes.STOP:
+            say(f"job {job} stops here: {closed.decision.message}")
             return exitcodes.FAILED
     offset = 0
     if log:
@@ -200,13 +234,15 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> int:
             offset = os.path.getsize(log)
         except OSError:
             offset = 0
-    if folder.is_dir():  # else the tasks create it (a first start); `end` then goes by rank 0's start record
+    if (
+        folder.is_dir() and other_job(folder, job) is None
+    ):  # else the tasks create it (a first start); `end` then goes by rank 0's start record
         where = exits.attempt_folder(folder, job, restart)
         where.mkdir(parents=True, exist_ok=True)
         run_folder.atomic_write_bytes(
             where / STATE, json.dumps({"began": time.time(), "log": log, "offset": offset}).encode()
         )
-    number = len(history) + 1
+    number = len(journal.history(job)) + 1
     say(
         f"attempt {number} of job {job} (restart {restart}) on {environ.get('SLURM_JOB_NODELIST', '?')}; run "
         f"folder {folder.absolute()}"
@@ -230,13 +266,45 @@ def _told_folder(environ: Mapping[str, str]) -> Path | None:
     """The run folder global rank 0 resolved and wrote to HPC_DDP_FOLDER_FILE (slurm/ddp.sbatch), if any: the
     tasks may resolve it otherwise than these options say (an edited srun line, srun's --chdir)."""
     try:
-        text = Path(environ.get(run_folder.FOLDER_FILE_VAR) or "").read_text().strip()
+        text = Path(environ.get(FOLDER_FILE) or "").read_text().strip()
     except OSError:
         return None
     return Path(text) if text else None
 
 
-def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str]) -> int:
+def job_size(environ: Mapping[str, str], info: JobInfo | None) -> int:
+    """How many nodes the job asked for: the batch environment's SLURM_JOB_NUM_NODES (or SLURM_NNODES), what
+    the submission got. Slurm's NumNodes only when neither is set: while Slurm requeues a job it is
+    COMPLETING, and NumNodes then counts only the nodes still completing (`sbatch -N2 --requeue` with a node
+    lost: `JobState=COMPLETING Restarts=1 NumNodes=1`), so a job that no longer fits looked as if it did and
+    pended forever (pure)."""
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        text = environ.get(name, "").strip()
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    return max(info.num_nodes if info else 0, 1)
+
+
+def slurm_requeued(info: JobInfo | None, restart: int) -> bool:
+    """Slurm requeued the job itself (a node failure, `scontrol requeue`, PreemptMode=REQUEUE): the job is on
+    its way back to pending, or has been restarted more often than this attempt's restart count (pure)."""
+    if info is None or info.gone:
+        return False
+    return info.state.kind.waiting or info.restarts > restart
+
+
+def requeued_healthy(status: int, requeued: bool, down: Sequence[str]) -> retry.Ending | None:
+    """A requeue Slurm performed with every node of the attempt healthy (`scontrol requeue`, which is what
+    PreemptMode=REQUEUE does) is a preemption, counted against --max-requeue, not a node failure (pure)."""
+    if not requeued or down or status == exitcodes.OK:
+        return None
+    return retry.Ending(
+        outcomes.PREEMPTED,
+        "preempted: Slurm requeued the job (scontrol requeue, or preemption) with every node up",
+    )
+
+
+def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], client: SlurmClient) -> int:
     cfg, folder = _resolve(argv, environ)
     folder = _told_folder(environ) or folder
     try:  # the tasks may have ended before rank 0 made it (srun could not start them, a usage error)
@@ -245,112 +313,127 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str]) 
         say(f"cannot record this attempt in {folder} ({e.strerror or e}); exiting as srun did ({status})")
         return status
     job, restart = _identity(environ)
+    holder = other_job(folder, job) if status != exitcodes.OK else None
+    if holder is not None:
+        # Rank 0 was refused the folder (it exited 2): not this job's record to write, nor its checkpoint.
+        owner = f"job {holder}" if holder else "another run"
+        say(
+            f"run folder {folder} is held by {owner}: this job recorded nothing there and stops (a usage "
+            "error, not retried). Fix: give this job its own --folder"
+        )
+        return exitcodes.USAGE
     state = _read_state(folder, job, restart)
-    history = record.of_job(record.read(folder), job)
-    this = record.find(history, job, restart) or record.Attempt(job, restart, number=len(history) + 1)
-    began = float(state.get("began") or this.started or 0)
-    history = [a for a in history if a.key != this.key]
-    fields = _job(job)
-    slurm_requeued = fields.get("JobState", "") in HELD_STATES or int(fields.get("Restarts") or 0) > restart
-    nodes = list(this.nodes) or _hosts(environ.get("SLURM_JOB_NODELIST", ""))
+    journal = supervisor.Journal(folder)
+    this = record.find(journal.history(job), job, restart)
+    began = float(state.get("began") or (this.started if this else 0) or 0)
+    info = client.job(job)
+    requeued = slurm_requeued(info, restart)
+    nodes = (list(this.nodes) if this else []) or list(hosts(environ.get("SLURM_JOB_NODELIST", "")))
+    down = _down(client, nodes) if status != exitcodes.OK else ()
     # This attempt's own preemption record only: an older one (kept for the user) is no decision about it.
-    fresh = status == exitcodes.PREEMPTED and run_folder.preempted_since(folder, began)
-    preempted = run_folder.read_preempted(folder) if fresh else None
+    preempted = preemption.read_since(folder, began) if status == exitcodes.PREEMPTED else None
+    by_rank0 = preempted is not None and preempted.mode == "scontrol"  # rank 0 decided and requeued itself
+    lines = _srun_lines(state, log)
+    usage = status != exitcodes.OK and first_exit(lines) == exitcodes.USAGE
     evidence = retry.Evidence(
-        code=status,
-        rank_nodes=this.ranks,
+        code=exitcodes.USAGE if usage else status,
+        rank_nodes=this.ranks if this else (),
         notes=tuple(exits.read(folder, job, restart)),
-        verdict=watchdog.read_verdict(folder, since=began) if began else None,
-        killed=srun_deaths(_srun_lines(state, log)),
+        verdict=hang_verdict.read(folder, since=began) if began else None,
+        killed=srun_deaths(lines),
         requeue=preempted.requeue if preempted else None,
-        down=_down(nodes) if status != exitcodes.OK else (),
-        node_fail=slurm_requeued and status != exitcodes.OK,
+        rank0_requeued=(bool(preempted.requeued) if by_rank0 and preempted else None),
+        down=down,
+        node_fail=requeued and status != exitcodes.OK,
     )
-    ending = retry.judge(evidence)
-    this = retry.close(
-        this, ending, record.step_reached(folder, began), record.checkpoint_step(folder), time.time()
+    size = job_size(environ, info)
+    closed = supervisor.end_attempt(
+        journal,
+        job,
+        restart,
+        requeued_healthy(status, requeued, down) or evidence,
+        _budgets(cfg),
+        began=began,
+        checkpoint=supervisor.latest_step(folder),
+        adjust=lambda _this, decision: _fits(client, decision, info, size),
+        exclude=lambda decision: _excluded(decision, info),
     )
-    decision = retry.decide(history, this, cfg.max_restarts, retryable=ending.retryable)
-    exclude = decision.exclude
-    if decision.action == record.REQUEUE and exclude:
-        needed = int(fields.get("NumNodes", "1").split("-")[0] or 1)
-        exclude = tuple(dict.fromkeys([*_hosts(fields.get("ExcNodeList", "")), *exclude]))
-        usable = retry.usable(_states(partition=fields.get("Partition", "")), exclude)
-        if len(usable) < needed:
-            decision = retry.Decision(
-                record.STOP,
-                f"cannot requeue: the job needs {needed} node(s) and only "
-                f"{len(usable)} usable one(s) remain in partition "
-                f"{fields.get('Partition', '?')} once {','.join(exclude)} are "
-                "excluded (the others are down, drained or excluded)",
-                exclude,
-            )
-    if record.worth_recording(this):
-        record.record_end(folder, replace(this, decision=decision.action, exclude=exclude))
-    if this.outcome == record.HANG:
-        say(f"{this.reason}; every rank's report: {folder / watchdog.VERDICT}")
-    _tell(this, decision, slurm_requeued)
-    if decision.action == record.DONE:
+    this, decision, ending = closed.attempt, closed.decision, closed.ending
+    if this.outcome == outcomes.HANG:
+        say(f"{this.reason}; every rank's report: {hang_verdict.path(folder)}")
+    say(closed.line + (" (Slurm requeued the job itself)" if requeued else ""))
+    if not journal.flush():
+        say(journal.lost())
+    if decision.action == outcomes.DONE:
         return exitcodes.OK
-    if decision.action == record.REQUEUE:
+    if decision.action == outcomes.REQUEUE:
         # Rank 0 requeued the job itself after an agreed save (--requeue-by scontrol): nothing left to do here.
-        by_rank0 = preempted is not None and preempted.mode == "scontrol"
-        code = _requeue(job, exclude, fields, already=slurm_requeued) if not by_rank0 else exitcodes.OK
+        code = _requeue(client, job, this.exclude, info, already=requeued) if not by_rank0 else exitcodes.OK
         return status if code == exitcodes.OK else code  # a requeued job's shell ends as its tasks did
-    _stop(job, this, ending, decision, record.of_job(record.read(folder), job))
-    return _stop_code(ending.outcome, status)
+    _stop(job, ending, decision, journal.history(job))
+    if requeued:
+        _cancel(client, job)
+    return outcomes.exit_code(this.outcome)
 
 
-def _tell(this: record.Attempt, decision: retry.Decision, slurm_requeued: bool) -> None:
-    if this.outcome == record.COMPLETED:
-        say(f"attempt {this.number} completed")
-        return
-    where = f" on {this.node}" if this.node else ""
-    who = f" (rank {this.rank})" if this.rank is not None else ""
-    blame = "; the node is blamed" if this.blamed else ""
-    by = " (Slurm requeued the job itself)" if slurm_requeued else ""
-    say(f"attempt {this.number} {this.outcome}{where}{who}: {this.reason}{blame}{by}; {decision.message}")
+def _cancel(client: SlurmClient, job: str) -> None:
+    """A stop decision ends the job whoever requeued it: Slurm requeued this one already (a node failure,
+    `scontrol requeue`), and left alone it would run again, or pend forever when it no longer fits. Cancelled,
+    not held: a held job pends forever too (only quieter), and `--wait` would follow it for good; a cancelled
+    one is over, and attempts.jsonl keeps why. The cancel ends this shell: SIGTERM is blocked until then."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP))
+    out = client.cancel(job)
+    say(
+        f"cancelled job {job}: Slurm had requeued it, and it stops here"
+        if out.ok
+        else f"scancel {job} failed ({out.error}): cancel it yourself (scancel {job}), or it may run again"
+    )
 
 
-def _requeue(job: str, exclude: Sequence[str], fields: Mapping[str, str], already: bool) -> int:
+def _budgets(cfg: TrainConfig) -> supervisor.Budgets:
+    return supervisor.Budgets(cfg.max_restarts, cfg.max_requeue, outcomes.REQUEUE)
+
+
+def _excluded(decision: retry.Decision, info: JobInfo | None) -> tuple[str, ...]:
+    """The nodes the requeued job must avoid: those it already avoids, and every node blamed so far."""
+    if decision.action != outcomes.REQUEUE or not decision.exclude:
+        return decision.exclude
+    return tuple(dict.fromkeys([*(info.excluded if info else ()), *decision.exclude]))
+
+
+def _fits(client: SlurmClient, decision: retry.Decision, info: JobInfo | None, needed: int) -> retry.Decision:
+    """A requeue that excludes nodes must leave the job enough usable ones, or it would pend forever: stop.
+    `needed` is the size the job asked for (`job_size`), never the controller's NumNodes of the moment."""
+    exclude = _excluded(decision, info)
+    if decision.action != outcomes.REQUEUE or not exclude:
+        return decision
+    partition = info.partition if info else ""
+    usable = retry.usable(client.nodes(partition), exclude)
+    if len(usable) >= needed:
+        return decision
+    return retry.Decision(
+        outcomes.STOP,
+        f"cannot requeue: the job needs {needed} node(s) and only "
+        f"{len(usable)} usable one(s) remain in partition "
+        f"{partition or '?'} once {','.join(exclude)} are "
+        "excluded (the others are down, drained or excluded)",
+        exclude,
+    )
+
+
+def _requeue(
+    client: SlurmClient, job: str, exclude: Sequence[str], info: JobInfo | None, already: bool
+) -> int:
     """Requeue the job (unless Slurm did), excluding `exclude`. The requeue ends this shell with SIGTERM, then
     SIGKILL after KillWait: SIGTERM is blocked until the job is released again."""
     signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP))
-    listed = ",".join(exclude)
-    new = set(exclude) - set(_hosts(fields.get("ExcNodeList", "")))
-    steps: list[list[str]] = []
-    if already and new:
-        steps = [["scontrol", "hold", job]]
-    elif not already:
-        steps = [["scontrol", "requeuehold" if exclude else "requeue", job]]
-    if exclude and (new or not already):
-        steps += [
-            ["scontrol", "update", f"JobId={job}", f"ExcNodeList={listed}"],
-            ["scontrol", "release", job],
-        ]
-    for argv in steps:
-        out = proc.run(argv, timeout_s=30)
-        if not out.ok:
-            say(f"{' '.join(argv)} failed: {out.error}")
-            if argv[1] != "release":
-                proc.run(["scontrol", "release", job], timeout_s=30)  # never leave the job held
-            return exitcodes.FAILED
-    if exclude:
-        say(
-            f"requeued job {job}; it will not run on {listed} (clear that with: scontrol update JobId={job} "
-            "ExcNodeList=)"
-        )
-    else:
-        say(f"requeued job {job}" if not already else f"job {job} was requeued by Slurm")
-    return exitcodes.OK
+    done = client.requeue_excluding(job, exclude, info.excluded if info else (), already)
+    say(done.message)
+    return exitcodes.OK if done.ok else exitcodes.FAILED
 
 
 def _stop(
-    job: str,
-    this: record.Attempt,
-    ending: retry.Ending,
-    decision: retry.Decision,
-    history: Sequence[record.Attempt],
+    job: str, ending: retry.Ending, decision: retry.Decision, history: Sequence[record.Attempt]
 ) -> None:
     """The job ends here: the first error's traceback first, once, then the attempts in one table."""
     if ending.traceback:
@@ -359,28 +442,8 @@ def _stop(
             print(f"    {line}", file=sys.stderr)
     say(f"job {job} stops: {decision.message}. Attempts:")
     for a in history:
-        print(f"    {summary(a)}", file=sys.stderr)
+        print(f"    {record.summary(a)}", file=sys.stderr)
     sys.stderr.flush()
-
-
-def summary(a: record.Attempt) -> str:
-    """One attempt as one line (also what `submit --wait` prints)."""
-    nodes = ",".join(a.nodes) or "?"
-    resumed = f"resumed from step {a.resumed_from}" if a.resumed_from is not None else "from the start"
-    if a.ended is None:
-        return f"attempt {a.number} on {nodes}: {resumed}"
-    step = f" at step {a.step}" if a.step is not None else ""
-    return f"attempt {a.number} on {nodes}: {resumed}; {a.outcome}{step}: {a.reason} -> {a.decision}"
-
-
-def _stop_code(outcome: str, status: int) -> int:
-    return {
-        record.HANG: exitcodes.HANG,
-        record.NONFINITE: exitcodes.NONFINITE,
-        record.USAGE: exitcodes.USAGE,
-        record.STOPPED: exitcodes.PREEMPTED,
-        record.PREEMPTED: exitcodes.PREEMPTED,
-    }.get(outcome, exitcodes.FAILED)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
@@ -393,9 +456,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     parser.add_argument("--log", default="", help='a file that holds srun\'s own lines ("task N: Killed")')
     parser.epilog = "then: -- <training options of the tasks>"
     ns = parser.parse_args(own)
+    client = SlurmClient()
     if ns.step == "begin":
-        return begin(train, ns.log, environ)
-    return end(train, ns.status, ns.log, environ)
+        return begin(train, ns.log, environ, client)
+    return end(train, ns.status, ns.log, environ, client)
 
 
 def cli() -> NoReturn:

@@ -1,7 +1,8 @@
 """The Slurm side of `submit`, as pure functions: flags -> submitit parameters, and Slurm's answers -> meaning.
 
 Nothing here runs a command or reads `os.environ`: `submitter` (the thin shell) passes the environment and
-the text that `sbatch`, `sacct` and `scontrol` printed. That keeps every rule testable with a table.
+the text that `sbatch` printed; hpc_ddp.launch.slurm.parse reads the other commands. Every rule here is
+testable with a table.
 
 The job that `submit` builds and `slurm/ddp.sbatch` are the same job in two forms; both carry:
 
@@ -170,23 +171,37 @@ class SlurmRequest:
         return params
 
 
+# bash runs a trap only once the foreground command has returned: srun (the tasks have ended by then) or the
+# `end` step (whose own requeue signals this shell). So the line says what happened, not what is to come.
+TRAP = (
+    "trap 'echo \"[hpc_ddp] the batch shell got SIGTERM (scancel, a requeue or the time limit); it ends once "
+    "the attempt is recorded\" >&2' TERM"
+)
+# The preemption signals are the tasks' (hpc_ddp.run.preemption); one that reaches this shell (`scancel -b
+# --signal=USR2`, `--signal=B:USR2`) would end it with the job's record unwritten: noted, never fatal.
+USR_TRAP = (
+    "trap 'echo \"[hpc_ddp] the batch shell got a preemption signal: it is for the tasks\" >&2' USR1 USR2"
+)
+
+
 def with_batch_steps(
     params: dict[str, Any], python: str, argv: Sequence[str], submitit_dir: str
 ) -> dict[str, Any]:
     """The executor parameters plus the batch shell's steps around srun (hpc_ddp.launch.slurm.batch), as
     slurm/ddp.sbatch has them: `begin` in the setup lines, `end` (given srun's status) in the teardown lines.
-    The trap keeps the shell alive on SIGTERM (scancel, a requeue): bash runs it once srun returns, and `end`
-    still decides. srun's own lines land in the batch log, `<job id>_0_log.out`."""
+    The trap keeps the shell alive on SIGTERM (scancel, a requeue): `end` still decides. srun's own lines land
+    in the batch log, `<job id>_0_log.out`."""
     import shlex
 
     module = f"{python} -m hpc_ddp.launch.slurm.batch"
     options = shlex.join(["--", *argv])
     log = shlex.quote(submitit_dir) + '/"${SLURM_JOB_ID}_0_log.out"'
     setup = [
+        USR_TRAP,
         *params.get("setup", []),
         "export HPC_DDP_BATCH=1  # the tasks leave requeueing to this shell's `end` step",
         f"{module} begin --log {log} {options} || exit $?",
-        "trap 'echo \"[hpc_ddp] SIGTERM: the tasks save a checkpoint and stop; waiting for them\" >&2' TERM",
+        TRAP,
     ]
     teardown = ["status=$?  # srun's", f'{module} end --status "$status" {options}', "exit $?"]
     return {**params, "setup": setup, "teardown": teardown}
@@ -252,59 +267,3 @@ def pending_hint(reason: str) -> str:
             "or account allows; `sinfo -s`, `scontrol show partition`). scancel it and fix the flags"
         )
     return reason
-
-
-ACTIVE_STATES = frozenset(
-    {
-        "PENDING",
-        "RUNNING",
-        "REQUEUED",
-        "REQUEUE_FED",
-        "REQUEUE_HOLD",
-        "RESIZING",
-        "SUSPENDED",
-        "COMPLETING",
-        "CONFIGURING",
-        "STAGE_OUT",
-        "SIGNALING",
-        "RESV_DEL_HOLD",
-        "PREEMPTED",
-        "UNKNOWN",
-    }
-)
-
-
-@dataclass(frozen=True)
-class JobState:
-    state: str  # Slurm's state word: RUNNING, COMPLETED, CANCELLED ("CANCELLED by 0" -> CANCELLED), ...
-    exit_code: int = 0  # the batch script's exit code (sacct's ExitCode before the colon)
-    signal: int = 0  # the signal that ended it, if any (after the colon)
-
-    @property
-    def done(self) -> bool:
-        return self.state not in ACTIVE_STATES
-
-
-def parse_sacct(text: str) -> JobState | None:
-    """`sacct -X -n -P -o State,ExitCode -j ID` -> the job's state (the last line: the current run)."""
-    rows = [line.split("|") for line in text.splitlines() if line.strip()]
-    if not rows or len(rows[-1]) < 2:
-        return None
-    state, exit_code = rows[-1][0], rows[-1][1]
-    return JobState(state.split()[0].rstrip("+").upper(), *_exit_pair(exit_code))
-
-
-def parse_scontrol(text: str) -> JobState | None:
-    """`scontrol show job -o ID` -> the job's state (for clusters without accounting)."""
-    fields = dict(re.findall(r"(\w+)=(\S*)", text))
-    if "JobState" not in fields:
-        return None
-    return JobState(fields["JobState"].upper(), *_exit_pair(fields.get("ExitCode", "0:0")))
-
-
-def _exit_pair(text: str) -> tuple[int, int]:
-    code, _, sig = text.partition(":")
-    try:
-        return int(code or 0), int(sig or 0)
-    except ValueError:
-        return 0, 0

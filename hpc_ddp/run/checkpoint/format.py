@@ -13,7 +13,7 @@ checkpoint is whole and durable, and only then promotes it (`store.promote`: `la
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -40,6 +40,10 @@ class Format(ABC):
 
     def __init__(self, folder: Path, env: DistEnv, keep: int) -> None:
         self.folder, self.env, self.keep = Path(folder), env, keep
+        # `stage` calls this on a rank once the collective part of a save is over and the rank's own work (a
+        # state_dict, the copy to CPU, the wait for the previous write) begins: the hang watchdog gives that
+        # work the long limit, and the collective part the steady one (run/beacon.py).
+        self.on_own_work: Callable[[], None] = lambda: None
 
     @classmethod
     @abstractmethod

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_ddp.errors import CheckpointError
-from hpc_ddp.run.checkpoint import content, store, torchfile
+from hpc_ddp.run.checkpoint import content, durable, store, torchfile
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.part import PER_RANK, REPLICATED, Part
 from hpc_ddp.run.checkpoint.writer import Job
@@ -89,6 +89,7 @@ class Full(Format):
             dist.all_gather_object(everyone, mine)
         if not self.env.is_main:
             return None
+        self.on_own_work()
         state: dict[str, Any] = {}
         for part in parts:
             if part.kind == REPLICATED:
@@ -113,7 +114,16 @@ class Full(Format):
         def write() -> tuple[Path, int]:  # on the writer thread: the checks cost the training nothing
             for check, key in checks:
                 check(snapshot.get(key), step)
-            return save(folder, snapshot, step, keep)
+            try:
+                return save(folder, snapshot, step, keep)
+            except Exception as e:
+                # Whatever torch raised (its zip writer hides a full disk in a RuntimeError): the OSError it
+                # really is, so that it is retried and said in one line.
+                cause = durable.diagnose(e, store.ckpt_dir(folder), store.newest_size(folder))
+                if cause is e or not isinstance(cause, OSError):
+                    raise
+                where = cause.filename or str(store.ckpt_dir(folder) / store.ckpt_name(step))
+                raise OSError(cause.errno, cause.strerror, where) from e
 
         return write
 

@@ -1,9 +1,12 @@
-"""The background writer: a checkpoint is made durable off the training thread, and a failed write is retried.
+"""The background writer: a checkpoint is made durable off the training thread, and a failed write is retried
+for as long as the README promises.
 
 The caller snapshots the state (a copy, so training can keep changing its tensors) and hands the writer a job
 that makes it durable. A write that fails with an OSError (full disk, quota, a file server hiccup) is reported
-at the caller's next `check()` and retried with a doubling delay; only when it keeps failing does the caller
-have to stop.
+at the caller's next `check()` and retried after 1, 2, 4, 8 and 16 s (BACKOFF_VAR sets the first delay; it is
+read when a writer is made, not at import). The promise is about time: the run gives up only once writes have
+been failing for 1+2+4+8+16 = 31 s, whatever their number. A newer save that replaces a pending retry is one
+more write, not one more retry: it does not double the next delay, nor bring the end closer.
 """
 
 from __future__ import annotations
@@ -15,10 +18,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-SAVE_RETRIES = 5  # retries of a failed checkpoint write; the delays double from SAVE_BACKOFF_S (1+2+4+8+16 s)
-SAVE_BACKOFF_S = float(os.environ.get("HPC_DDP_SAVE_BACKOFF_S") or 1.0)
+SAVE_RETRIES = 5  # retries of a failed checkpoint write, at 1, 2, 4, 8 and 16 s (doubling from the backoff)
+BACKOFF_VAR = "HPC_DDP_SAVE_BACKOFF_S"  # the first delay in seconds (tests shorten it); default 1
 
 Job = Callable[[], tuple[Path, int]]  # makes one checkpoint durable; returns its path and size
+
+
+def save_backoff_s(environ: dict[str, str] | None = None) -> float:
+    """The first retry delay: $HPC_DDP_SAVE_BACKOFF_S, read now (default 1 s)."""
+    text = (os.environ if environ is None else environ).get(BACKOFF_VAR) or ""
+    try:
+        value = float(text) if text else 1.0
+    except ValueError:
+        value = 1.0
+    return value if value > 0 else 1.0
 
 
 def retriable(error: BaseException) -> bool:
@@ -29,6 +42,12 @@ def retriable(error: BaseException) -> bool:
     )
 
 
+def describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    return f"{type(error).__name__}: {error}"
+
+
 class AsyncWriter:
     """One background thread that makes checkpoints durable while training continues.
 
@@ -36,28 +55,40 @@ class AsyncWriter:
     back-pressure instead of queueing copies of the model in memory.
 
     A failed write is not left for the next save to find: `check()`, called by the training loop every step,
-    books it, says so through `warn`, and retries it after 1, 2, 4... s (SAVE_BACKOFF_S doubling) while training
-    goes on. A newer save supersedes a pending retry. After SAVE_RETRIES failed retries, or at once for an error
-    that no retry cures, `check()` returns the error: the run must stop.
-    """
+    books it, says so through `warn`, and retries it on the schedule (see the module docstring) while training
+    goes on. Once writes have failed for the whole schedule, or at once for an error that no retry cures,
+    `check()` returns the error: the run must stop. `clock` is a seam for tests."""
 
     def __init__(
         self,
         warn: Callable[[str], None] | None = None,
         retries: int = SAVE_RETRIES,
         backoff_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last: tuple[Path, int] | None = None
         self.warn = warn or _warn_stderr
         self.retries = retries
-        self.backoff_s = SAVE_BACKOFF_S if backoff_s is None else backoff_s
-        self.failures = 0  # consecutive failed attempts
+        self.backoff_s = save_backoff_s() if backoff_s is None else backoff_s
+        self.clock = clock
+        self.failures = 0  # failed writes in the current streak (retries and newer saves alike)
+        self.retried = 0  # retries of the schedule started in the current streak
+        self.failing_since: float | None = None  # when the streak's first failure was booked
         self.fatal: BaseException | None = None  # saving keeps failing: whoever checks must stop
         self._job: Job | None = None  # the newest state's write, until it is durable
         self._failed: BaseException | None = None  # the last failure, while a retry of it is pending
         self._retry_at: float | None = None
+
+    @property
+    def budget_s(self) -> float:
+        """How long writes may keep failing before the run stops: the sum of the retry delays."""
+        return self.backoff_s * (2**self.retries - 1)
+
+    def failing_for(self) -> float:
+        """Seconds since the current streak's first failure (0 when writes succeed)."""
+        return 0.0 if self.failing_since is None else self.clock() - self.failing_since
 
     def _start(self, job: Job) -> None:
         def run() -> None:
@@ -68,6 +99,12 @@ class AsyncWriter:
 
         self._thread = threading.Thread(target=run, name="hpc_ddp-ckpt-writer", daemon=False)
         self._thread.start()
+
+    def _start_retry(self) -> None:
+        assert self._job is not None
+        self._retry_at = None
+        self.retried += 1
+        self._start(self._job)
 
     def _collect(self, block: bool) -> None:
         """Book the outcome of the write in flight once it ended (with `block`, wait for it to end)."""
@@ -80,18 +117,24 @@ class AsyncWriter:
         if error is None:
             if self.failures and self.last is not None:
                 self.warn(f"checkpoint {self.last[0]} written after {self.failures} failed attempt(s)")
-            self.failures, self._job, self._failed, self._retry_at = 0, None, None, None
+            self.failures, self.retried, self.failing_since = 0, 0, None
+            self._job, self._failed, self._retry_at = None, None, None
             return
+        now = self.clock()
+        if self.failing_since is None:
+            self.failing_since = now
         self.failures += 1
         self._failed = error
-        if not retriable(error) or self.failures > self.retries:
+        if not retriable(error) or now - self.failing_since >= self.budget_s:
             self.fatal, self._retry_at = error, None
             return
-        delay = self.backoff_s * 2 ** (self.failures - 1)
-        self._retry_at = time.monotonic() + delay
+        # The delay doubles with each retry of the streak, not with each failed write: a newer save that
+        # failed too only pushes the pending retry back.
+        delay = self.backoff_s * 2**self.retried
+        self._retry_at = now + delay
         self.warn(
-            f"a checkpoint could not be written ({describe(error)}); retry {self.failures} of {self.retries} "
-            f"in {delay:g} s, training goes on"
+            f"a checkpoint could not be written ({describe(error)}); retry {self.retried + 1} of "
+            f"{self.retries} in {delay:g} s, training goes on"
         )
 
     def check(self) -> BaseException | None:
@@ -103,10 +146,9 @@ class AsyncWriter:
             and self._retry_at is not None
             and self._job is not None
             and self._thread is None
-            and time.monotonic() >= self._retry_at
+            and self.clock() >= self._retry_at
         ):
-            self._retry_at = None
-            self._start(self._job)
+            self._start_retry()
         return self.fatal
 
     def submit(self, job: Job) -> None:
@@ -121,7 +163,7 @@ class AsyncWriter:
 
     def wait(self, retry: bool = False) -> tuple[Path, int] | None:
         """Block until the write in flight is durable; re-raise its error, if any. With `retry`, a failed write
-        is retried (sleeping the backoff) until it is written or the retries are spent."""
+        is retried (sleeping until each retry is due) until it is written or the schedule is spent."""
         while True:
             self._collect(block=True)
             if self.fatal is not None:
@@ -131,15 +173,8 @@ class AsyncWriter:
             if not retry:
                 assert self._failed is not None
                 raise self._failed
-            time.sleep(max(0.0, self._retry_at - time.monotonic()))
-            self._retry_at = None
-            self._start(self._job)
-
-
-def describe(error: BaseException) -> str:
-    if isinstance(error, OSError) and error.strerror:
-        return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
-    return f"{type(error).__name__}: {error}"
+            time.sleep(max(0.0, self._retry_at - self.clock()))
+            self._start_retry()
 
 
 def _warn_stderr(message: str) -> None:

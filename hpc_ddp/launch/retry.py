@@ -1,56 +1,41 @@
-"""Failures that are not preemption, as pure rules: what ended an attempt, whom to blame, and what comes next.
+"""The supervisors' rules, pure: what ended an attempt, whom to blame, and what comes next.
 
 `judge(evidence)` reads what the supervisor saw when an attempt ended (exit code, the ranks' exit notes, a
 hang verdict, ranks killed by a signal, nodes Slurm took away) and names the first cause: its rank, node and
 signature, and whether it points at the node. `decide(history, ending, ...)` says what the job does next:
 
 - finished: done. A usage error or a non-finite loss: stop (the same input fails the same way again).
-- a preemption: requeue/restart as the ranks agreed (preempted.json), within --max-requeue.
+- a preemption the ranks saved for (preempted.json): requeue/restart while the preemptions of this job stay
+  within --max-requeue; a stop signal (SIGTERM) among them: stop. Where rank 0 decided alone (--requeue-by
+  scontrol) its decision stands and no budget is applied here.
 - a failure (a rank raising, a peer vanishing, a hang verdict, a node failure): start again from the latest
   checkpoint while the failures of this job stay within --max-restarts, except a *crash loop*: an attempt that
   fails with the same signature as the attempt before it, without a newer checkpoint in between, is an error
   in the code or data, not bad luck, and the job stops.
-- blame: a hardware-looking error (CUDA/NCCL/ECC: NODE_FAULTS), a rank dying by a signal, a hang or
+- blame: a hardware-looking error (the node rows of hpc_ddp.launch.faults.TABLE; an illegal memory access
+  only until it follows the job to a second node), a rank dying by a signal, a hang or
   unresponsive rank, or a node Slurm set DOWN points at that node. On Slurm the requeued job then excludes
   every node blamed so far (hpc_ddp.launch.slurm.batch); locally the blame is only recorded.
 
-Everything here is data in, data out: the supervisors (hpc_ddp.launch.local, hpc_ddp.launch.slurm.batch) do
-the reading and the acting.
+Everything here is data in, data out: the supervisor core (hpc_ddp.launch.supervisor) reads the evidence
+and records the attempt, and the supervisors (hpc_ddp.launch.local, hpc_ddp.launch.slurm.batch) act.
 """
 
 from __future__ import annotations
 
-import re
 import signal as signals
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpc_ddp import exitcodes
-from hpc_ddp.run import attempts as record
-from hpc_ddp.run.attempts import Attempt
+from hpc_ddp.launch import faults
+from hpc_ddp.ledger import outcomes as record
+from hpc_ddp.ledger.attempts import Attempt
+from hpc_ddp.ledger.signature import signature
 
-# Errors that point at the machine, not the code: a rank raising one blames its node. Lower-case substrings.
-NODE_FAULTS = (
-    "uncorrectable ecc error",
-    "ecc error",
-    "cuda error: unspecified launch failure",
-    "gpu is lost",
-    "cuda error: an uncorrectable nvlink error",
-    "cudaerrornodevice",
-    "no cuda-capable device is detected",
-    "cuda-capable device(s) is/are busy or unavailable",
-    "cuda error: uncorrectable",
-    "xid ",
-    "nccl error",
-    "ncclsystemerror",
-    "ncclinternalerror",
-    "ncclunhandledcudaerror",
-    "ncclremoteerror",
-    "cuda driver error",
-    "nvml",
-    "input/output error",
-)
+__all__ = ["Decision", "Ending", "Evidence", "decide", "judge", "signature"]
+
 # Errors a rank raises because *another* rank ended (its peers' sockets closed, an aborted communicator,
 # rank 0's forwarded failure): never the first cause when a first cause is known.
 SECONDARY = (
@@ -70,22 +55,26 @@ SECONDARY = (
     "early eof",
 )
 
-_HEX = re.compile(r"0x[0-9a-fA-F]+")
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_QUOTED_PATH = re.compile(r"(['\"])/[^'\"]*\1")
-
-
-def signature(type_name: str, message: str) -> str:
-    """The error with its numbers, addresses and quoted paths masked: equal for the same error at another
-    step, rank, address or file (`ValueError: bad batch at step 17` == `... at step 40`)."""
-    text = _QUOTED_PATH.sub("'<path>'", message.strip().splitlines()[0] if message.strip() else "")
-    text = _NUMBER.sub("N", _HEX.sub("0xN", text))
-    return f"{type_name}: {text}"[:300]
-
 
 def node_fault(text: str) -> bool:
-    low = text.lower()
-    return any(p in low for p in NODE_FAULTS)
+    """An error that blames the node it was raised on, seen for the first time (hpc_ddp.launch.faults)."""
+    return faults.blame(text, None)
+
+
+def follow(before: Sequence[Attempt], ending: Ending) -> Ending:
+    """A SUSPECT error (hpc_ddp.launch.faults: an illegal memory access) blames the node the first time; when
+    the same error already failed this job on another node, it followed the job: the code is blamed (pure)."""
+    fault = faults.classify(ending.reason)
+    # Only a SUSPECT error is reconsidered: other blame (a death by a signal, a hardware fault) stands.
+    if (
+        not ending.blamed
+        or ending.outcome != record.FAILED
+        or fault is None
+        or fault.blame is not faults.Blame.SUSPECT
+    ):
+        return ending
+    seen = [a.node for a in before if a.failed and a.signature == ending.signature]
+    return ending if faults.blame(ending.reason, ending.node, seen) else replace(ending, blamed=False)
 
 
 def secondary(text: str) -> bool:
@@ -106,13 +95,14 @@ class Evidence:
 
     code: int  # the job step's exit code: the first failing rank's (local), srun's (Slurm); < 0 = -signal
     rank_nodes: tuple[str, ...] = ()  # the node of each rank
-    notes: tuple[dict[str, Any], ...] = ()  # the ranks' exit notes (hpc_ddp.run.exits), oldest first
+    notes: tuple[dict[str, Any], ...] = ()  # the ranks' exit notes (hpc_ddp.ledger.exits), oldest first
     verdict: dict[str, Any] | None = None  # hang.json written in this attempt
     killed: tuple[
         tuple[int, str], ...
     ] = ()  # (rank, signal name) of ranks that died by a signal, first first
     first_rank: int | None = None  # the rank that ended first, when the supervisor knows it (local)
-    requeue: bool | None = None  # a preemption: preempted.json's decision; None when there was none
+    requeue: bool | None = None  # a preemption: do the signals ask for a requeue (preempted.json); None: none
+    rank0_requeued: bool | None = None  # a preemption rank 0 decided alone (--requeue-by scontrol): did it?
     down: tuple[str, ...] = ()  # this attempt's nodes that Slurm set DOWN/DRAIN/FAIL meanwhile
     node_fail: bool = False  # Slurm ended the attempt for a node failure (and requeued the job itself)
 
@@ -127,6 +117,12 @@ class Ending:
     blamed: bool = False
     traceback: str = ""  # the first cause's traceback, when a rank left one
     retryable: bool = True  # False: the kit stopped the run on purpose (hpc_ddp.errors.RunStopped)
+    decided: bool = False  # rank 0 already decided about this preemption (and requeued, or not): it stands
+
+    @property
+    def blames_a_rank(self) -> bool:
+        """An ending some rank caused (not a finish, nor a preemption the ranks saved for)."""
+        return self.outcome not in (record.COMPLETED, record.PREEMPTED, record.STOPPED)
 
 
 def _node(ev: Evidence, rank: int | None) -> str | None:
@@ -134,10 +130,33 @@ def _node(ev: Evidence, rank: int | None) -> str | None:
 
 
 def judge(ev: Evidence) -> Ending:
-    """The first cause of the attempt's end (pure)."""
+    """The first cause of the attempt's end (pure). Without a better witness (an exit note, a verdict), the
+    rank that ended first, when the supervisor saw it (`first_rank`), is the one named."""
+    ending = _judge(ev)
+    if ending.rank is None and ev.verdict is None and ev.first_rank is not None and ending.blames_a_rank:
+        return replace(ending, rank=ev.first_rank, node=_node(ev, ev.first_rank))
+    return ending
+
+
+def _judge(ev: Evidence) -> Ending:
     if ev.code == exitcodes.OK and not ev.node_fail:
         return Ending(record.COMPLETED, "finished")
     if ev.code == exitcodes.PREEMPTED and ev.requeue is not None and not ev.node_fail:
+        if ev.rank0_requeued is not None:
+            return (
+                Ending(
+                    record.PREEMPTED, "preempted: saved a checkpoint; rank 0 requeued the job", decided=True
+                )
+                if ev.rank0_requeued
+                else Ending(
+                    record.STOPPED,
+                    "stopped by a signal after saving a checkpoint; not requeued"
+                    if not ev.requeue
+                    else "preempted: saved a checkpoint; rank 0 did not requeue the job (--max-requeue spent, "
+                    "or scontrol failed: its log says which)",
+                    decided=True,
+                )
+            )
         return (
             Ending(record.PREEMPTED, "preempted: saved a checkpoint, to be resumed")
             if ev.requeue
@@ -263,15 +282,32 @@ def decide(
     max_restarts: int,
     again: str = record.REQUEUE,
     retryable: bool = True,
+    *,
+    max_requeue: int | None = None,
 ) -> Decision:
     """What the job does after `this` attempt ended. `history` is this job's attempts before it, in order;
-    `again` is how it starts again here (attempts.REQUEUE on Slurm, RESTART locally); `retryable` is False
-    when the kit itself stopped the run (Ending.retryable). Pure."""
+    `again` is how it starts again here (outcomes.REQUEUE on Slurm, RESTART locally); `retryable` is False
+    when the kit itself stopped the run (Ending.retryable). The two budgets: `max_restarts` counts failures,
+    `max_requeue` preemptions (None: rank 0 decided about this preemption itself, Ending.decided). Pure."""
     exclude = blamed_nodes([*history, this])
     if this.outcome == record.COMPLETED:
         return Decision(record.DONE, "finished", exclude)
     if this.outcome == record.PREEMPTED:
-        return Decision(again, "preempted: resuming from the checkpoint it saved", exclude)
+        if max_requeue is None:
+            return Decision(again, "preempted: resuming from the checkpoint it saved", exclude)
+        done = sum(1 for a in history if a.outcome == record.PREEMPTED)
+        if done >= max_requeue:
+            return Decision(
+                record.STOP,
+                f"preempted: checkpoint saved; requeue budget spent ({done} of --max-requeue {max_requeue}), "
+                "not requeued. Resume with the same command and --folder",
+                exclude,
+            )
+        return Decision(
+            again,
+            f"preempted: requeue {done + 1} of --max-requeue {max_requeue}, resuming from the checkpoint it saved",
+            exclude,
+        )
     if this.outcome == record.STOPPED:
         return Decision(record.STOP, "stopped after saving a checkpoint (not requeued)", exclude)
     if this.outcome in (record.USAGE, record.NONFINITE):

@@ -1,7 +1,7 @@
 """What each rank ended with, for its supervisor: `<folder>/exits/<job>-<restart>/rank<N>.json`.
 
 A rank that leaves on an exception writes one small note before it goes: its node, the time, the exception's
-type, message and traceback, and the error's signature (hpc_ddp.run.retry). The supervisor (the local
+type, message and traceback, and the error's signature (hpc_ddp.ledger.signature). The supervisor (the local
 launcher, or the batch shell after srun returns) reads the notes of the attempt that just ended to tell the
 error that started it from the errors it caused on the other ranks (a peer that vanished), to blame a node
 for a hardware error, and to show the first error's traceback once. A rank killed by a signal writes nothing:
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import RunStopped
-from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import retry
+from hpc_ddp.ledger.files import atomic_write_bytes
+from hpc_ddp.ledger.signature import signature
 
 EXITS = "exits"
 
@@ -38,14 +38,14 @@ def note(folder: Path, job: str, restart: int, rank: int, node: str, error: Base
         "type": type(error).__name__,
         "message": message[:2000],
         "traceback": text[-20000:],
-        "signature": retry.signature(type(error).__name__, message),
+        "signature": signature(type(error).__name__, message),
         # The kit stopped the run on purpose (checkpoints cannot be written...): a retry fails the same way.
         "retry": not isinstance(error, RunStopped),
     }
     try:
         where = attempt_folder(folder, job, restart)
         where.mkdir(parents=True, exist_ok=True)
-        run_folder.atomic_write_bytes(where / f"rank{rank}.json", json.dumps(record).encode())
+        atomic_write_bytes(where / f"rank{rank}.json", json.dumps(record).encode())
     except OSError:
         pass
 

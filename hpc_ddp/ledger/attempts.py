@@ -1,8 +1,9 @@
 """The attempts record: every start of a job, how it ended and what was decided, in `<folder>/attempts.jsonl`.
 
 An *attempt* is one run of the job's tasks: the first start, and every start after a requeue (Slurm) or a
-restart (the local launcher). It is named by (job id, restart count): SLURM_RESTART_COUNT, which Slurm raises at
-every requeue and the local launcher sets the same way. Two kinds of lines, appended as they happen:
+restart (the local launcher, torchrun). It is named by (job id, restart count): DistEnv.restart, from
+hpc_ddp.cluster.env.restart_count (SLURM_RESTART_COUNT, which Slurm raises at every requeue and the local
+launcher sets the same way; torchrun's round). Two kinds of lines, appended as they happen:
 
     {"event": "start", "job", "restart", "time", "nodes": [...], "ranks": [node of each rank], "resumed_from"}
         written by global rank 0 once it is about to train (it knows the checkpoint it resumed from);
@@ -11,7 +12,7 @@ every requeue and the local launcher sets the same way. Two kinds of lines, appe
         written by the attempt's supervisor once every task is gone: the batch shell after srun returns
         (hpc_ddp.launch.slurm.batch) or the local launcher. It runs even when every task died.
 
-`outcome` is one of OUTCOMES; `decision` what came next: "done" (finished), "restart"/"requeue" (the job
+`outcome` is one of hpc_ddp.ledger.outcomes.OUTCOMES; `decision` what came next: "done" (finished), "restart"/"requeue" (the job
 starts again from its latest checkpoint), "stop" (the job ends here). An attempt whose supervisor never wrote
 its end (the batch shell died with its node) is closed by the next attempt's supervisor ("lost", or
 "node_fail" when Slurm's accounting says so). Both retry budgets (--max-requeue for preemptions,
@@ -19,29 +20,28 @@ its end (the batch shell died with its node) is closed by the next attempt's sup
 requeue of either kind.
 
 The file only grows and a kill can cut its last line: a writer starts on a fresh line and `read` skips lines
-that are not whole records (the same rule as metrics.jsonl). No torch: supervisors import this.
+that are not whole records (the same rule as metrics.jsonl). A write that fails (a full disk) raises and leaves
+the file as it was: no empty file, at most a cut line; the supervisor keeps what it could not write and says so
+(hpc_ddp.launch.supervisor.Journal). No torch: supervisors import this.
+
+`line` is the one way an attempt's end is said in one line, by every supervisor; `summary` is an attempt with
+its start, as the list of attempts shows it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.ledger.outcomes import COMPLETED, FAILURES, HANG, LOST, RUNNING, USAGE
+
 ATTEMPTS = "attempts.jsonl"
-
-COMPLETED, PREEMPTED, STOPPED = "completed", "preempted", "stopped"
-FAILED, HANG, NODE_FAIL, LOST = "failed", "hang", "node_fail", "lost"
-NONFINITE, USAGE, RUNNING = "nonfinite", "usage", "running"
-OUTCOMES = (COMPLETED, PREEMPTED, STOPPED, FAILED, HANG, NODE_FAIL, LOST, NONFINITE, USAGE)
-FAILURES = (FAILED, HANG, NODE_FAIL, LOST)  # what --max-restarts counts; a preemption is not a failure
-
-DONE, RESTART, REQUEUE, STOP = "done", "restart", "requeue", "stop"
 
 
 @dataclass(frozen=True)
@@ -88,16 +88,30 @@ def path(folder: Path) -> Path:
 
 
 def append(folder: Path, record: dict[str, Any]) -> None:
-    """Append one record (one line, one write) starting on a fresh line: a line cut by a kill stays cut."""
+    """Append one record (one line, one write) starting on a fresh line: a line cut by a kill stays cut.
+
+    Raises OSError when it cannot (a full disk, a read-only folder), leaving the file as it was: a file this
+    call created is removed again, so a failed first write never leaves an empty attempts.jsonl behind."""
     target = path(folder)
     line = json.dumps(record, sort_keys=True) + "\n"
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    created = True
     try:
-        size = os.fstat(fd).st_size
-        if size and not _ends_with_newline(target):
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    except FileExistsError:
+        created = False
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND)
+    try:
+        if not created and os.fstat(fd).st_size and not _ends_with_newline(target):
             line = "\n" + line
-        os.write(fd, line.encode())
+        data = line.encode()
+        written = os.write(fd, data)
+        if written != len(data):  # a full disk takes part of the line: the rest fails the same way
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
         os.fsync(fd)
+    except OSError:
+        if created:
+            target.unlink(missing_ok=True)
+        raise
     finally:
         os.close(fd)
 
@@ -138,26 +152,28 @@ def worth_recording(attempt: Attempt) -> bool:
     return attempt.started is not None or attempt.outcome not in (COMPLETED, USAGE)
 
 
+def end_record(attempt: Attempt, now: float | None = None) -> dict[str, Any]:
+    """The end line of `attempt` (pure)."""
+    return {
+        "event": "end",
+        "job": attempt.job,
+        "restart": attempt.restart,
+        "time": round(now or attempt.ended or time.time(), 3),
+        "outcome": attempt.outcome,
+        "step": attempt.step,
+        "checkpoint": attempt.checkpoint,
+        "rank": attempt.rank,
+        "node": attempt.node,
+        "blamed": attempt.blamed,
+        "reason": attempt.reason,
+        "signature": attempt.signature,
+        "decision": attempt.decision,
+        "exclude": list(attempt.exclude),
+    }
+
+
 def record_end(folder: Path, attempt: Attempt, now: float | None = None) -> None:
-    append(
-        folder,
-        {
-            "event": "end",
-            "job": attempt.job,
-            "restart": attempt.restart,
-            "time": round(now or attempt.ended or time.time(), 3),
-            "outcome": attempt.outcome,
-            "step": attempt.step,
-            "checkpoint": attempt.checkpoint,
-            "rank": attempt.rank,
-            "node": attempt.node,
-            "blamed": attempt.blamed,
-            "reason": attempt.reason,
-            "signature": attempt.signature,
-            "decision": attempt.decision,
-            "exclude": list(attempt.exclude),
-        },
-    )
+    append(folder, end_record(attempt, now))
 
 
 def read_lines(folder: Path) -> list[dict[str, Any]]:
@@ -237,30 +253,30 @@ def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-_CKPT = re.compile(r"^ckpt-(\d+)\.pt$")
+def line(attempt: Attempt, message: str) -> str:
+    """The one line that says how an attempt ended and what comes next (`message`, the decision's), as every
+    supervisor prints it: "attempt 2 failed on node3 (points at the node): RuntimeError: ...; restarting ..."."""
+    if attempt.outcome == COMPLETED:
+        return f"attempt {attempt.number} completed"
+    where = f" on {attempt.node}" if attempt.node else ""
+    blame = " (points at the node)" if attempt.blamed else ""
+    # A hang's reason is the verdict's line, which its supervisor prints just before (with where to read more).
+    reason = "" if attempt.outcome == HANG else f"{attempt.reason}; "
+    return f"attempt {attempt.number} {attempt.outcome}{where}{blame}: {reason}{message}"
 
 
-def checkpoint_step(folder: Path) -> int | None:
-    """The step of the folder's latest checkpoint (its `latest` pointer, else the newest file), without torch."""
-    directory = Path(folder) / "checkpoints"
-    try:
-        match = _CKPT.match((directory / "latest").read_text().strip())
-        if match:
-            return int(match.group(1))
-        steps = [int(m.group(1)) for p in directory.iterdir() if (m := _CKPT.match(p.name))]
-    except OSError:
-        return None
-    return max(steps, default=None)
+def start_line(attempt: Attempt) -> str:
+    """How an attempt started, as one line: "attempt 2 on node1,node3: resumed from step 120"."""
+    nodes = ",".join(attempt.nodes) or "?"
+    resumed = (
+        f"resumed from step {attempt.resumed_from}" if attempt.resumed_from is not None else "from the start"
+    )
+    return f"attempt {attempt.number} on {nodes}: {resumed}"
 
 
-def step_reached(folder: Path, since: float) -> int | None:
-    """The last step recorded in metrics.jsonl since `since` (epoch seconds): where an attempt got to, as far
-    as its periodic progress records tell."""
-    from hpc_ddp.run.metrics import read_records
-
-    steps = [
-        int(r["step"])
-        for r in read_records(Path(folder) / "metrics.jsonl")
-        if isinstance(r.get("step"), int) and float(r.get("time") or 0) >= since
-    ]
-    return max(steps, default=None)
+def summary(attempt: Attempt) -> str:
+    """One attempt, its start and its end, as one line (the attempts listed when a job stops)."""
+    if attempt.ended is None:
+        return start_line(attempt)
+    step = f" at step {attempt.step}" if attempt.step is not None else ""
+    return f"{start_line(attempt)}; {attempt.outcome}{step}: {attempt.reason} -> {attempt.decision}"

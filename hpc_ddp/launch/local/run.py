@@ -1,0 +1,107 @@
+"""`python -m hpc_ddp.submit --local`: check the flags, take the run folder, and hand the job to the Launcher."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from pathlib import Path
+
+from hpc_ddp.errors import UsageError
+from hpc_ddp.launch.local import processes
+from hpc_ddp.launch.local.console import Console
+from hpc_ddp.launch.local.launcher import Launcher
+from hpc_ddp.launch.local.srun_env import LocalJob, fresh_job_id
+from hpc_ddp.launch.shape import JobShape
+from hpc_ddp.proc import run as run_command
+from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run import progress
+from hpc_ddp.run.config import TrainConfig
+
+
+def gpu_count() -> int:
+    """GPUs on this machine, without importing torch (nvidia-smi, else 0)."""
+    out = run_command(["nvidia-smi", "-L"], timeout_s=10).stdout
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def run_local(
+    shape: JobShape,
+    cfg: TrainConfig,
+    all_ranks: bool,
+    module: str,
+    extra_argv: tuple[str, ...] = (),
+    stop_grace_s: float | None = None,
+) -> int:
+    """`python -m hpc_ddp.submit --local`: prepare the run folder, start the ranks here, supervise them."""
+    if stop_grace_s is not None and not (math.isfinite(stop_grace_s) and stop_grace_s >= 0):
+        raise UsageError(f"--stop-grace-s {stop_grace_s:g}: must be 0 or more seconds (0 kills at once)")
+    if cfg.requeue_by == "scontrol":
+        raise UsageError(
+            "--requeue-by scontrol: a local run is no Slurm job that scontrol could requeue; its "
+            "launcher restarts it after a preemption. Fix: drop --requeue-by"
+        )
+    # Said explicitly to every rank: there is no real Slurm job to requeue (its job id is fake), so after a
+    # preemption the ranks exit PREEMPTED and this launcher starts them again (see Launcher.run).
+    cfg = dataclasses.replace(cfg, requeue_by="launcher")
+    # Every line of the launcher goes through this console: one whose reader is gone (`| head`) must not
+    # stop the run, nor stall a rank (Console). Started with stdout closed (`>&-`), it says what it has to
+    # say on stderr, and nothing else lands on the free descriptors 0-2 (_standard_fds).
+    _standard_fds()
+    console = Console(sys.stdout if sys.stdout is not None else sys.stderr)
+    # Rank 0's stdout is a pipe to this launcher: tell it whether its progress line ends on a terminal.
+    extra = {progress.LIVE_VAR: "1" if console.tty else "0"}
+    job_id = fresh_job_id()
+    folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_local_run(job_id)
+    run_folder.prepare(folder)
+    # Before anything in the folder changes, and before it says anything: a second run in this folder is
+    # refused here, in one line.
+    lock = run_folder.hold_folder(folder, "launcher", job_id, 0)
+    try:
+        (folder / run_folder.LOGS).mkdir(exist_ok=True)
+        cfg = cfg.with_folder(str(folder))
+        if shape.gpus_per_node > 0:
+            have = gpu_count()
+            if have < shape.nodes * shape.gpus_per_node:
+                console.line(
+                    f"[launcher] --gpus-per-node {shape.gpus_per_node} x {shape.nodes} nodes asked, this "
+                    f"machine has {have} GPU(s): running {shape.tasks_per_node} CPU processes per node with "
+                    "gloo instead"
+                )
+                extra["CUDA_VISIBLE_DEVICES"] = ""
+        job = LocalJob(
+            nodes=shape.nodes,
+            tasks_per_node=shape.tasks_per_node,
+            folder=folder,
+            train_argv=cfg.to_argv() + list(extra_argv),
+            max_requeue=cfg.max_requeue,
+            max_restarts=cfg.max_restarts if module in processes.HOLDS_SIGNALS else 0,
+            records=module in processes.HOLDS_SIGNALS,
+            all_ranks=all_ranks,
+            job_id=job_id,
+            module=module,
+            extra_env=extra,
+            **({} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}),
+        )
+        console.line(
+            f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run "
+            f"folder {folder}, per-rank logs in {folder / run_folder.LOGS}"
+        )
+        return Launcher(job, console, lock).run()  # which hands the console all it has before it returns
+    finally:
+        lock.release()
+
+
+def _standard_fds() -> None:
+    """Open /dev/null on whichever of the descriptors 0, 1, 2 this process was started without (`>&-`): else
+    the next file opened (a log, the lock) would get that number, and a write meant for the console would land
+    in it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)

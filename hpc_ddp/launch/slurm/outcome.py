@@ -1,0 +1,171 @@
+"""The final word of `submit --wait` on a job that ended: one line for how it ended, the first error when
+the job's own code failed, and the exit code `--wait` returns.
+
+What `--wait` already printed is not printed again: rank 0's log was followed line by line (its tracebacks
+folded to their last line, hpc_ddp.log.TracebackFold), and the batch shell's `end` step printed the first
+error's traceback and every attempt when it stopped the job.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from hpc_ddp import exitcodes
+from hpc_ddp.launch.slurm.states import JobState
+from hpc_ddp.launch.supervisor import latest_step
+from hpc_ddp.ledger import attempts, outcomes
+from hpc_ddp.ledger import preemption as preemption_record
+from hpc_ddp.ledger import verdict as hang_verdict
+from hpc_ddp.run import folder as run_folder
+
+TAIL_LINES = 20  # lines of the failing rank's log shown when the job failed
+SUBMITIT_DIR = run_folder.SUBMITIT
+_TRACEBACK = "Traceback (most recent call last)"
+
+
+def log_path(folder: Path, job_id: str, rank: int = 0) -> Path:
+    """A task's log; rank 0's holds the batch shell's lines too."""
+    return folder / SUBMITIT_DIR / f"{job_id}_{rank}_log.out"
+
+
+def read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def how_to_follow(job_id: str, folder: Path) -> str:
+    """The commands that follow a submitted job by hand (paths quoted: they are meant to be copied)."""
+    log = log_path(folder, job_id)
+    return (
+        f"  rank 0 log:  {log}  (rank N: {job_id}_N_log.out)\n"
+        f"  follow it:   tail -F {shlex.quote(str(log))}\n"
+        f"  state:       sacct -j {job_id}    cancel: scancel {job_id}"
+    )
+
+
+def chatter(line: str) -> bool:
+    """submitit's own progress lines ("Starting with JobEnvironment...", "Bypassing signal SIGCONT")."""
+    return line.startswith(("submitit INFO", "submitit WARNING"))
+
+
+def rank_error(line: str) -> bool:
+    """Does this line of a rank's log say that the rank itself failed (pure)? A traceback, or an `error:` line
+    of its own ("python -m hpc_ddp.train: error: ..."); not slurmstepd's or srun's lines, which say what Slurm
+    did to the job ("slurmstepd: error: *** JOB 5 ON node1 CANCELLED AT ... DUE TO TIME LIMIT ***")."""
+    if _TRACEBACK in line:
+        return True
+    return ": error: " in line and not line.startswith(("slurmstepd", "srun:"))
+
+
+def report(
+    job_id: str, folder: Path, world_size: int, state: JobState, submitted_at: float, out: TextIO
+) -> int:
+    """The final word on a finished job, and the exit code that `--wait` returns."""
+
+    def say(text: str) -> None:
+        print(f"[submit] {text}", file=out, flush=True)
+
+    saved = preemption_record.since(folder, submitted_at)
+    resume = f"; the ranks saved a checkpoint first: run the same command to resume from {folder}"
+    if state.state == "COMPLETED":
+        say(f"job {job_id} completed; run folder {folder}")
+        return exitcodes.OK
+    # A hang verdict decides, not the exit code alone: srun reports the highest task code or 128+signal.
+    verdict = hang_verdict.read(folder, since=submitted_at)
+    if verdict is not None and state.state != "CANCELLED":
+        say(f"job {job_id}: {verdict.get('line', 'hang')}; every rank's report: {hang_verdict.path(folder)}")
+        return exitcodes.HANG
+    if state.state == "FAILED" and state.exit_code == exitcodes.NONFINITE:
+        say(
+            f"job {job_id} stopped: the loss became NaN or infinite (exit code {exitcodes.NONFINITE}); every rank "
+            f"stopped before applying that update and nothing was saved after the last finite step (see the log "
+            f"above). Fix: check the data, a smaller --lr or --clip-grad, then resume from {folder}"
+        )
+        return exitcodes.NONFINITE
+    if state.state == "FAILED" and state.exit_code == exitcodes.PREEMPTED:
+        say(f"job {job_id} stopped after a signal and was not requeued (see the log above){resume}")
+        return exitcodes.PREEMPTED
+    how = {
+        "CANCELLED": "was cancelled",
+        "TIMEOUT": "hit its time limit",
+        "PREEMPTED": "was preempted",
+        "OUT_OF_MEMORY": "ran out of memory (--mem-gb)",
+        "NODE_FAIL": "lost a node",
+    }.get(state.state, f"ended {state.state}")
+    if saved:
+        say(f"job {job_id} {how}{resume}")
+        return exitcodes.PREEMPTED
+    signal = f", signal {state.signal}" if state.signal else ""
+    if state.state == "TIMEOUT":
+        say(f"job {job_id} {how} (exit code {state.exit_code}{signal}) {_timeout_advice(folder)}")
+        return exitcodes.FAILED
+    say(f"job {job_id} {how} (exit code {state.exit_code}{signal})")
+    ends = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.ended is not None]
+    if ends and ends[-1].decision == outcomes.STOP:
+        # The batch shell's `end` step showed the first error's traceback and every attempt (above): once.
+        last = ends[-1]
+        who = (
+            f"rank {last.rank} failed first" + (f" (on {last.node})" if last.node else "") + ": "
+            if last.rank is not None
+            else ""
+        )
+        say(
+            f"{who}{last.reason}; after {len(ends)} attempt(s) the job stopped: its traceback and every attempt "
+            "are shown above"
+        )
+        return outcomes.exit_code(last.outcome)  # as the batch shell's `end` step exited
+    if not state.by_slurm:  # Slurm ended it (cancel, node, preemption): no rank's error is the cause
+        _show_failure(job_id, folder, world_size, say)
+    return exitcodes.USAGE if state.exit_code == exitcodes.USAGE else exitcodes.FAILED
+
+
+def _timeout_advice(folder: Path) -> str:
+    step = latest_step(folder)
+    if step is not None:
+        return (
+            f"before the ranks saved at the signal: run the same command to resume from the latest checkpoint "
+            f"(step {step}) in {folder}"
+        )
+    return (
+        "before the ranks saved a checkpoint: nothing to resume from. Fix: a longer --time, or a larger "
+        "--signal-delay-s (the ranks save when the signal comes, that many seconds before the limit)"
+    )
+
+
+def failing_rank(job_id: str, folder: Path, world_size: int) -> int | None:
+    """The rank that failed first: the oldest error result (submitit writes it as the exception passes
+    through), else the first log with a line of its own error (`rank_error`)."""
+    sub = folder / SUBMITIT_DIR
+    errors = []
+    for rank in range(world_size):
+        result = sub / f"{job_id}_{rank}_result.pkl"
+        if result.exists() and b"error" in result.read_bytes()[:64]:
+            errors.append((result.stat().st_mtime, rank))
+    if errors:
+        return min(errors)[1]
+    for rank in range(world_size):
+        if any(rank_error(line) for line in read(log_path(folder, job_id, rank)).splitlines()):
+            return rank
+    return None
+
+
+def _show_failure(job_id: str, folder: Path, world_size: int, say: Callable[[str], Any]) -> None:
+    rank = failing_rank(job_id, folder, world_size)
+    if rank is None:
+        say(f"no rank logged an error; see the logs in {folder / SUBMITIT_DIR}")
+        return
+    path = log_path(folder, job_id, rank)
+    lines = [line for line in read(path).splitlines() if not chatter(line)]
+    tracebacks = [i for i, line in enumerate(lines) if _TRACEBACK in line]
+    if not tracebacks and rank == 0:  # --wait printed rank 0's log as it grew: its last lines are above
+        say(f"rank 0 failed; its log is shown above ({path})")
+        return
+    shown = lines[tracebacks[-1] :] if tracebacks else lines  # a traceback: --wait showed its last line only
+    say(f"rank {rank} failed; the end of {path}:")
+    for line in shown[-TAIL_LINES:]:
+        say(f"    {line}")

@@ -1,0 +1,33 @@
+"""How an attempt ended, what comes next, and the exit code of each ending: the one table of them.
+
+An *outcome* is what ended an attempt (the supervisor's judgement, hpc_ddp.launch.retry.judge); a *decision*
+is what the job does after it. A job that stops leaves with the exit code of the outcome that stopped it
+(`exit_code`), whoever supervised it: the local launcher, the batch shell's `end` step, `submit --wait`.
+"""
+
+from __future__ import annotations
+
+from hpc_ddp import exitcodes
+
+COMPLETED, PREEMPTED, STOPPED = "completed", "preempted", "stopped"
+FAILED, HANG, NODE_FAIL, LOST = "failed", "hang", "node_fail", "lost"
+NONFINITE, USAGE, RUNNING = "nonfinite", "usage", "running"
+OUTCOMES = (COMPLETED, PREEMPTED, STOPPED, FAILED, HANG, NODE_FAIL, LOST, NONFINITE, USAGE)
+FAILURES = (FAILED, HANG, NODE_FAIL, LOST)  # what --max-restarts counts; a preemption is not a failure
+
+DONE, RESTART, REQUEUE, STOP = "done", "restart", "requeue", "stop"  # the decisions
+
+# The exit code of a job that ends with this outcome. An outcome not listed (a failure of any kind) is FAILED.
+EXIT_CODES = {
+    COMPLETED: exitcodes.OK,
+    PREEMPTED: exitcodes.PREEMPTED,  # saved a checkpoint and was not started again: resume by running again
+    STOPPED: exitcodes.PREEMPTED,
+    HANG: exitcodes.HANG,
+    NONFINITE: exitcodes.NONFINITE,
+    USAGE: exitcodes.USAGE,
+}
+
+
+def exit_code(outcome: str) -> int:
+    """The exit code of a job that stops after an attempt with `outcome` (pure)."""
+    return EXIT_CODES.get(outcome, exitcodes.FAILED)

@@ -1,0 +1,71 @@
+"""`<folder>/step.json`: the last step rank 0 finished, and when, for the supervisor that ends an attempt.
+
+metrics.jsonl has a "step" record for every step of a short run but not of a long one, and an attempt may die
+between two of them: by an error, a hang, a kill or a lost node. Its supervisor (the local launcher, the Slurm
+batch shell) must still know the step it reached, or the steps it lost after its last checkpoint are
+undercounted. So rank 0 rewrites one fixed-width line in place after every step: one `pwrite` (about a
+microsecond; the file never grows, and a kill leaves the last whole line there). Only the current attempt's
+step is there; metrics.jsonl keeps the history. No torch: the supervisors import this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from hpc_ddp.run.folder import METRICS, REACHED
+from hpc_ddp.run.metrics_read import iter_records
+
+WIDTH = 64  # bytes of the line, padded with spaces
+
+
+class StepFile:
+    """Rank 0's writer of step.json: `reach(step)` after each step, `close()` at the end. Advisory: an error
+    writing it never stops a run (the supervisor then falls back to metrics.jsonl)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = Path(folder) / REACHED
+        self.fd: int | None = None
+
+    def reach(self, step: int) -> None:
+        text = f'{{"step": {int(step)}, "time": {time.time():.3f}}}'  # JSON, formatted by hand: every step
+        try:
+            if self.fd is None:
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.pwrite(self.fd, (text.ljust(WIDTH - 1) + "\n").encode(), 0)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def read(folder: Path) -> tuple[int, float] | None:
+    """step.json's (step, time); None if there is none readable (none yet, or caught being rewritten)."""
+    try:
+        record = json.loads((Path(folder) / REACHED).read_bytes())
+        step, at = record["step"], record["time"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if isinstance(step, int) and not isinstance(step, bool) and isinstance(at, (int, float)):
+        return step, float(at)
+    return None
+
+
+def step_reached(folder: Path, since: float) -> int | None:
+    """The last step rank 0 finished at or after `since` (epoch seconds): where the attempt that began then got
+    to. From step.json; in a folder without one (an older version's), the last step of metrics.jsonl's
+    records since then."""
+    reached = read(folder)
+    if reached is not None and reached[1] >= since:
+        return reached[0]
+    steps = [
+        r["step"]
+        for r in iter_records(Path(folder) / METRICS)
+        if isinstance(r.get("step"), int) and isinstance(r.get("time"), (int, float)) and r["time"] >= since
+    ]
+    return max(steps, default=None)

@@ -1,0 +1,104 @@
+"""Every `HPC_DDP_*` environment variable, each listed once with its meaning and its kind.
+
+- "user": a setting a user may give (documented in the README or a script's header).
+- "channel": how one process of the kit tells another something (a batch shell its tasks, the local launcher
+  its ranks). A channel belongs to the job that set it: inherited by a job started from inside that one, it
+  would describe the outer job (HPC_DDP_BATCH=1 would tell the inner job's tasks that a batch shell requeues
+  them, and none does), so `hpc_ddp.cluster.env.without_launcher` strips every channel (CHANNELS).
+- "test": a knob of the test suite, the CI or the local Slurm cluster's scripts.
+
+Code names a variable through the constants below (or `registered`), never by a string literal of its own;
+tests/test_variables.py fails on any `HPC_DDP_` name in the tree that is not listed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["user", "channel", "test"]
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    kind: Kind
+    meaning: str
+
+
+BATCH = "HPC_DDP_BATCH"
+FOLDER_FILE = "HPC_DDP_FOLDER_FILE"
+FOLDER_LOCK = "HPC_DDP_FOLDER_LOCK"
+LIVE_PROGRESS = "HPC_DDP_LIVE_PROGRESS"
+SAVE_BACKOFF_S = "HPC_DDP_SAVE_BACKOFF_S"
+
+VARIABLES: tuple[Variable, ...] = (
+    # ----- channels between the kit's processes -----
+    Variable(
+        BATCH,
+        "channel",
+        "set to 1 by the kit's batch scripts (slurm/ddp.sbatch, submit's job) for their tasks: the batch shell's "
+        "`end` step (hpc_ddp.launch.slurm.batch) decides and requeues after srun returns, rank 0 does not",
+    ),
+    Variable(
+        FOLDER_FILE,
+        "channel",
+        "a file the batch script names for its tasks; global rank 0 writes the run folder's absolute path "
+        "into it, and the batch shell's `end` step reads it (hpc_ddp.run.folder.tell_folder)",
+    ),
+    Variable(
+        FOLDER_LOCK,
+        "channel",
+        "the token of the run folder's run.lock that the local launcher holds for its ranks: their rank 0 "
+        "inherits the lock instead of taking it (hpc_ddp.run.folder.hold_folder)",
+    ),
+    Variable(
+        LIVE_PROGRESS,
+        "channel",
+        "1 when the local launcher's console is a terminal: rank 0, whose stdout is a pipe, then sends its "
+        "live progress line for the launcher to draw in place (hpc_ddp.run.metrics.live_mode)",
+    ),
+    # ----- user settings -----
+    Variable(
+        SAVE_BACKOFF_S,
+        "user",
+        "seconds before the first retry of a failed checkpoint write (default 1; the delays double)",
+    ),
+    Variable(
+        "HPC_DDP_JOB_ENV",
+        "user",
+        "slurm/ddp.sbatch: the site setup file it sources (default: env/job.env in the submit directory)",
+    ),
+    Variable("HPC_DDP_VENV", "user", "env/setup.sh: where to create the virtual environment (default .venv)"),
+    Variable(
+        "HPC_DDP_TORCH", "user", "env/setup.sh: the CPU torch version to install on a machine without one"
+    ),
+    # ----- the test suite, the CI and the local Slurm cluster -----
+    Variable("HPC_DDP_NO_SLURM", "test", "env/test.sh: 1 runs the suite without the local Slurm cluster"),
+    Variable(
+        "HPC_DDP_REQUIRE_SLURM",
+        "test",
+        "1 (set by env/test.sh): a Slurm test that cannot reach the local cluster fails instead of skipping",
+    ),
+    Variable(
+        "HPC_DDP_REQUIRE_CHROMIUM",
+        "test",
+        "1 (set by env/test.sh): the report's screenshot test fails instead of skipping without chromium",
+    ),
+    Variable("HPC_DDP_REGEN_GOLDEN", "test", "1 rewrites the golden --print-sbatch file of the tests"),
+    Variable(
+        "HPC_DDP_CI_DEADLINE_S", "test", ".ci/run: the whole suite's deadline in seconds (default 3600)"
+    ),
+    Variable("HPC_DDP_SLURM_DIR", "test", "env/slurm/cluster.sh: the local cluster's state directory"),
+    Variable(
+        "HPC_DDP_SLURM_NODES", "test", "env/slurm/cluster.sh: how many nodes the local cluster emulates"
+    ),
+)
+
+BY_NAME = {v.name: v for v in VARIABLES}
+CHANNELS = frozenset(v.name for v in VARIABLES if v.kind == "channel")
+
+
+def registered(name: str) -> str:
+    """`name`, if it is listed here (KeyError otherwise): for code that builds a name it does not import."""
+    return BY_NAME[name].name

@@ -1,0 +1,213 @@
+"""What each test costs: a cost marker on every test, and the seconds per test file at the end of every run.
+
+Every test carries exactly one cost marker, so a lane is a marker expression and a new test says what it costs:
+
+  unit       pure, in-process, fast (milliseconds to a second)
+  process    starts one process (or a few, one after another): an entry point, a script, a nested pytest
+  ranks      a local multi-rank run (the local launcher, gloo ranks, several processes that talk)
+  slurm      the real local Slurm cluster (env/slurm/cluster.sh)
+  scenario   a long multi-attempt story (restarts, requeues, crash loops; tens of seconds)
+
+The cost comes from, first to last: a cost marker on the test, or else on its file (`pytestmark`; `slurm` is
+one), an entry for the test in TESTS, its file's entry in FILES. A FILES entry is one cost, or a pair: the
+cost of the file's tests without the `slow` marker, then of those with it (the files mix quick checks and real
+runs). A test with no cost fails collection with a line that says where to add one.
+
+`slow` means "not in the quick lane" (`-m "not slurm and not slow"`): added here to every ranks, slurm and
+scenario test and to the files in NOT_QUICK; a test may also carry it itself (a long one-process run).
+
+Loaded by tests/conftest.py (`pytest_plugins`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+COSTS = ("unit", "process", "ranks", "slurm", "scenario")
+SLOW_COSTS = ("ranks", "slurm", "scenario")
+
+# tests/<file>: its cost, or (cost without `slow`, cost with `slow`).
+FILES: dict[str, str | tuple[str, str]] = {
+    "test_architecture.py": "unit",
+    "test_base.py": "unit",
+    "test_bench.py": ("unit", "ranks"),
+    "test_cluster_env.py": "unit",
+    "test_cluster_hostlist.py": "unit",
+    "test_cluster_placement.py": "unit",
+    "test_deadline.py": "process",
+    "test_doctor_facts.py": "unit",
+    "test_doctor_rules.py": "unit",
+    "test_doctor_runs.py": ("process", "ranks"),
+    "test_entry_points.py": "process",
+    "test_entry_usage_errors.py": "process",
+    "test_gpu.py": "process",
+    "test_gpu_check.py": "process",
+    "test_launch_local.py": "ranks",
+    "test_report_page.py": ("unit", "process"),
+    "test_report_records.py": ("process", "ranks"),
+    "test_run_progress_records.py": ("unit", "ranks"),
+    "test_run_checkpoint_seams.py": "unit",
+    "test_run_save_failures.py": "unit",
+    "test_run_torchrun.py": ("process", "ranks"),
+    "test_supervisor.py": "process",
+    "test_variables.py": "unit",
+    "test_run_batches.py": "unit",
+    "test_run_models.py": "ranks",
+    "test_launch_slurm_client.py": "unit",
+    "test_launch_slurm_batch.py": "unit",
+    "test_launch_faults.py": "unit",
+    "test_launch_slurm_start.py": "process",
+    "test_launch_slurm_follow.py": "unit",
+    "test_launch_local_faults.py": "ranks",
+    "test_launch_local_retry.py": "scenario",
+    "test_launch_restart_signals.py": "scenario",
+    "test_launch_slurm.py": ("unit", "process"),
+    "test_launch_slurm_submit.py": "slurm",
+    "test_launch_slurm_survive.py": "slurm",
+    "test_report.py": "unit",
+    "test_report_run.py": "ranks",
+    "test_report_scenario.py": "scenario",
+    "test_run_checkpoint.py": ("unit", "process"),
+    "test_run_checkpoint_integrity.py": "unit",
+    "test_run_config.py": "unit",
+    "test_run_folder.py": "unit",
+    "test_run_folder_rules.py": ("unit", "process"),
+    "test_run_hang.py": "ranks",
+    "test_run_hang_rules.py": "unit",
+    "test_run_nonfinite.py": "ranks",
+    "test_run_preemption.py": "scenario",
+    "test_run_preemption_rules.py": "unit",
+    "test_run_progress.py": "unit",
+    "test_run_progress_runs.py": ("process", "ranks"),
+    "test_run_retry_rules.py": "unit",
+    "test_run_save_retry.py": "process",
+    "test_run_tasks.py": "unit",
+    "test_run_teardown.py": ("unit", "process"),
+    "test_run_trainer.py": "unit",
+    "test_suite.py": ("unit", "process"),
+}
+
+# tests/<file>::<function>: a test whose cost differs from its file's entry (a stale name fails collection).
+TESTS: dict[str, str] = {
+    "test_bench.py::test_help_explains_each_section": "process",
+    "test_bench.py::test_bad_arguments_are_one_line_usage_errors": "process",
+    "test_cluster_placement.py::test_apply_cpu_plan_pins_and_sizes_threads": "process",
+    "test_launch_slurm.py::test_print_sbatch_matches_the_golden_file": "process",
+    "test_launch_slurm.py::test_print_sbatch_is_valid_bash_with_the_resource_lines": "process",
+    "test_launch_slurm.py::test_ddp_sbatch_is_valid_bash": "process",
+    "test_launch_slurm.py::test_ddp_sbatch_and_print_sbatch_are_the_same_job": "process",
+    "test_launch_slurm.py::test_bad_slurm_flags_exit_2_with_one_line": "process",
+    "test_launch_slurm.py::test_no_sbatch_on_path_exits_2_with_one_line": "process",
+    "test_launch_slurm.py::test_ddp_sbatch_requeues_only_for_a_preempted_exit_that_asks_for_it": "process",
+    "test_launch_slurm.py::test_ddp_sbatch_reads_the_run_folder_the_tasks_resolved_not_its_arguments": "process",
+    "test_launch_slurm.py::test_ddp_sbatch_finds_the_run_folder_itself_when_the_tasks_never_told_it": "process",
+    "test_launch_slurm.py::test_ddp_sbatch_keeps_waiting_for_the_tasks_after_sigterm": "process",
+    "test_report.py::test_the_command_writes_one_self_contained_page_and_the_pngs": "process",
+    "test_report.py::test_out_elsewhere": "process",
+    "test_report.py::test_a_folder_that_is_no_run_folder_is_one_line_and_exit_2": "process",
+    "test_report.py::test_without_matplotlib_the_command_says_how_to_install_it": "process",
+    "test_report.py::test_queue_waits_come_from_sacct_when_it_answers": "process",
+    "test_report.py::test_help_is_quick_and_options_are_never_abbreviated": "process",
+    "test_report.py::test_a_lock_left_by_a_killed_run_is_no_running_run": "process",
+    "test_run_folder_rules.py::test_a_second_run_in_a_live_folder_is_refused_and_the_lock_dies_with_its_holder": (
+        "ranks"
+    ),
+    "test_run_folder_rules.py::test_a_refused_start_writes_no_record_and_earlier_starts_are_kept": "ranks",
+    "test_run_progress_runs.py::test_a_task_alone_on_a_terminal_rewrites_its_live_line_and_its_other_lines_erase_it": (
+        "process"
+    ),
+    "test_run_progress_runs.py::test_tensorboard_curves_go_on_across_a_preemption_and_a_crash_with_no_step_twice": (
+        "scenario"
+    ),
+    "test_run_teardown.py::test_any_error_on_rank0_reaches_every_rank_at_once": "ranks",
+}
+
+# Files out of the quick lane whatever their cost: pytest run inside pytest.
+NOT_QUICK = ("test_deadline.py",)
+
+
+def _where(item: pytest.Item) -> tuple[str, str]:
+    return item.path.name, getattr(item, "originalname", item.name)
+
+
+def cost_of(item: pytest.Item) -> str | None:
+    """The test's cost marker, from the test itself, TESTS or FILES; None when it has none."""
+    own = sorted({m.name for m in item.own_markers if m.name in COSTS})
+    if len(own) > 1:
+        raise pytest.UsageError(f"{item.nodeid}: two cost markers ({', '.join(own)}); keep one")
+    marked = next((m.name for m in item.iter_markers() if m.name in COSTS), None)  # the closest: the test's
+    if marked is not None:
+        return marked
+    file, function = _where(item)
+    if f"{file}::{function}" in TESTS:
+        return TESTS[f"{file}::{function}"]
+    entry = FILES.get(file)
+    if isinstance(entry, tuple):
+        return entry[item.get_closest_marker("slow") is not None]
+    return entry
+
+
+def _stale_tests(items: list[pytest.Item]) -> list[str]:
+    """TESTS entries for a collected file that no longer has that function."""
+    modules = {item.path.name: getattr(item, "module", None) for item in items}
+    stale = []
+    for key in TESTS:
+        file, function = key.split("::")
+        module = modules.get(file)
+        if module is not None and not hasattr(module, function):
+            stale.append(key)
+    return stale
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers given here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = []
+    for item in items:
+        cost = cost_of(item)
+        if cost is None:
+            missing.append(item.nodeid)
+            continue
+        item.add_marker(cost)
+        # In the reports' user_properties the cost travels to pytest-xdist's controller too.
+        item.user_properties.append(("cost", cost))
+        if cost in SLOW_COSTS or item.path.name in NOT_QUICK:
+            item.add_marker("slow")
+    if missing:
+        raise pytest.UsageError(
+            f"{len(missing)} test(s) without a cost marker, first {missing[0]}. Fix: add the file to FILES "
+            f"in tests/costs.py, or mark the test: @pytest.mark.<cost> with one of {', '.join(COSTS)}"
+        )
+    stale = _stale_tests(items)
+    if stale:
+        raise pytest.UsageError(f"tests/costs.py: TESTS names tests that are gone: {', '.join(stale)}")
+
+
+# ----- seconds per test file, at the end of every run ---------------------------------------------------
+
+_seconds: defaultdict[str, float] = defaultdict(float)
+_tests: defaultdict[str, int] = defaultdict(int)
+_cost_seconds: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    file = report.nodeid.split("::")[0]
+    _seconds[file] += report.duration
+    _cost_seconds[dict(report.user_properties).get("cost", "?")] += report.duration
+    if report.when == "teardown":
+        _tests[file] += 1
+
+
+@pytest.hookimpl(trylast=True)  # after --durations' list, just above the short summary and the last line
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _seconds:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "seconds per test file (setup + call + teardown, slowest first)")
+    for file, seconds in sorted(_seconds.items(), key=lambda kv: -kv[1]):
+        tr.write_line(f"{seconds:8.1f} s {_tests[file]:5d} tests  {file}")
+    total = sum(_seconds.values())
+    tr.write_line(f"{total:8.1f} s {sum(_tests.values()):5d} tests  in all")
+    by_cost = sorted(_cost_seconds.items(), key=lambda kv: -kv[1])
+    tr.write_line("by cost: " + ", ".join(f"{cost} {seconds:.1f} s" for cost, seconds in by_cost))

@@ -1,0 +1,54 @@
+"""Ranks without torch for the local launcher's supervision tests: `LocalJob(module="fake_ranks", ...)`.
+
+Each rank does what FAKE_RANKS_DO says (one word), then exits; every start of rank 0 appends a line to the file
+FAKE_RANKS_STARTS (its SLURM_RESTART_COUNT), so a test counts the launcher's restarts.
+
+- `preempted`: rank 0 writes the preemption record the way a training rank 0 does (the signals ask for a
+  requeue) while fewer than FAKE_RANKS_ASK_MAX (default 4) starts happened, then one that asks for none; every
+  rank exits PREEMPTED. A launcher that restarts while the record asks, without a budget, starts 4 times.
+- `fail`: rank 1 exits 1 at once (a crash with no exit note); the others wait to be stopped.
+- `usage`: rank 0 prints a usage error's one line, as `python -m hpc_ddp.train` does, and exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from hpc_ddp import exitcodes
+from hpc_ddp.ledger import preemption
+
+
+def main() -> int:
+    rank = int(os.environ["SLURM_PROCID"])
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    folder = Path(os.environ["FAKE_RANKS_FOLDER"])
+    what = os.environ["FAKE_RANKS_DO"]
+    if rank == 0:
+        with open(os.environ["FAKE_RANKS_STARTS"], "a") as f:
+            f.write(f"{restart}\n")
+    if what == "preempted":
+        if rank == 0:
+            ask = restart + 1 < int(os.environ.get("FAKE_RANKS_ASK_MAX", "4"))
+            preemption.write(folder, preemption.Preempted(requeue=ask, signal="SIGUSR2", mode="exit", step=1))
+        else:
+            time.sleep(0.5)  # rank 0's record is written before the last rank is gone
+        return exitcodes.PREEMPTED
+    if what == "fail":
+        if rank == 1:
+            return exitcodes.FAILED
+        time.sleep(60)
+        return exitcodes.OK
+    if what == "usage":
+        if rank == 0:
+            print("python -m hpc_ddp.train: error: --lr -1: must be positive. Fix: --lr 0.1", flush=True)
+            return exitcodes.USAGE
+        time.sleep(60)
+        return exitcodes.OK
+    raise SystemExit(f"fake_ranks: FAKE_RANKS_DO={what!r}?")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
