@@ -6,19 +6,18 @@ Runs the same way under `srun` (one task per GPU), under torchrun, under `submit
     torchrun --nproc-per-node 4 -m hpc_ddp.train --folder runs/exp1
     python -m hpc_ddp.train                     # a single process
 
-Order matters: signal handlers first (a preemption signal can come before torch is even imported), then the
-cheap checks (flags, environment), then torch, placement, the process group, and training
-(hpc_ddp.run.session).
-
-The run folder is held by one run at a time (`hpc_ddp.run.folder.hold_folder`, `run.lock`), and a start changes
-nothing in it until everything has been checked: the task, the checkpoint it resumes, every option
-(`resume.plan` looks, `resume.apply` changes; `run.json` is written last, only by a start that trains).
+A task's start changes nothing in its run folder until everything has been checked: the task, the checkpoint
+it resumes, every option; one run at a time holds a folder (`run.lock`).
 """
 
 from __future__ import annotations
 
 import signal
 
+# Order matters: signal handlers first (a preemption signal can come before torch is even imported), then the
+# cheap checks (flags, environment), then torch, placement, the process group, and training (run/session.py).
+# The folder's lock is run/folder.py's hold_folder; resume.plan looks, resume.apply changes, and run.json is
+# written last, only by a start that trains.
 if __name__ == "__main__":
     # The very first instruction: a preemption signal that arrives while this task imports (before its
     # handler exists) waits, blocked, instead of killing it; preemption.install() unblocks and handles it.

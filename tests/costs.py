@@ -53,6 +53,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_torchrun.py": ("process", "ranks"),
     "test_supervisor.py": "process",
     "test_variables.py": "unit",
+    "test_docs.py": "process",
     "test_run_batches.py": "unit",
     "test_run_models.py": "ranks",
     "test_launch_slurm_client.py": "unit",

@@ -11,7 +11,7 @@ none; each figure is the median over the trials and each ratio the median of the
 
 Sections:
   overhead    The kit (`submit --local --nodes 1 --tasks-per-node N`) against a hand-written DDP loop
-              (hpc_ddp/bench/hand.py) on the same model, data, per-rank batch, world size and steps, started
+              (the bench's own, `hand`) on the same model, data, per-rank batch, world size and steps, started
               with `torch.multiprocessing.spawn`: once with torch's default threads (every rank one thread per
               CPU), once with the threads set right by hand (cpus // ranks each). All three measure global
               samples/s the same way: on rank 0, from the end of the first optimizer step (warm-up: DDP builds
@@ -24,11 +24,11 @@ Sections:
   scaling     Kit samples/s with N ranks against 1 rank pinned to the CPU share one of those ranks gets
               (cpus // N), as an efficiency: samples/s(N) / (N x samples/s(1)). 1.0 would mean the gradient
               all-reduce and the extra processes cost nothing.
-  checkpoint  The kit's save path, Trainer.save() on the mlp model in one process that plays rank 0 (RNG
+  checkpoint  The kit's save path, a checkpoint save of the mlp model in one process that plays rank 0 (RNG
               gather, snapshot to CPU on the training thread; then serialise, write, fsync, rename and fsync
               the folder in the background writer), timed from the call until the checkpoint file is durably
               renamed into place, against a raw sequential write + fsync of the same bytes to the same folder;
-              as MB/s and their ratio. The training stall is how long save() holds the training thread. One
+              as MB/s and their ratio. The training stall is how long a save holds the training thread. One
               warm-up save is not counted; then 10 x --trials saves (the disk is noisy). Each save and
               each raw write comes right after `os.sync()` and a training step, as a save does in training.
   launch      Command start to the first training step, `submit --local` against `torchrun --standalone
@@ -37,10 +37,10 @@ Sections:
               first optimizer step (--log-every-s 0 makes both runs write it); the start is taken just before
               the command.
   watchdog    What the hang watch costs: kit samples/s with it against without it, in one job of N ranks
-              (hpc_ddp/bench/watching.py) holding a Trainer of each. On: the progress beacons, the end-of-backward
+              each rank holding the kit's training loop twice. On: the progress beacons, the end-of-backward
               mark (an autograd callback; DDP keeps its built-in C++ all-reduce), the straggler all-gather
-              every 5 steps, a running Watchdog with --hang-timeout-s auto. Off: NullBeacon, no mark, no
-              straggler check, no watchdog. Both train through Trainer.run() in blocks of 10 steps that alternate A B B A ...
+              every 5 steps, a running hang watchdog with --hang-timeout-s auto. Off: no beacons, no mark, no
+              straggler check, no watchdog. Both train through the same loop in blocks of 10 steps that alternate A B B A ...
               between the two (whole runs of seconds were too coarse for a 1 % target on a shared machine);
               each trial is --steps steps of each, timed on rank 0, after one uncounted warm-up block each.
               2 x --trials trials; the ratio is the median of the per-trial ratios. Also rank 0's CPU time
