@@ -181,7 +181,7 @@ def consequence(line: str) -> str | None:
     for pattern in retry.SECONDARY:
         at = low.find(pattern)
         if at >= 0:
-            return line[at : at + len(pattern)]
+            return line[at : at + len(pattern)].rstrip(" (")
     return None
 
 

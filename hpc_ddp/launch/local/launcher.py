@@ -325,8 +325,10 @@ class Launcher:
         if not ending.retryable:
             # The kit stopped the run on purpose (hpc_ddp.errors.RunStopped), on every rank at one step: its
             # one line is the whole story (rank 0's came through the console), never a traceback.
-            if rank != 0 and not self.job.all_ranks:
-                self.say(f"rank {rank}: {ending.reason}")
+            if rank == 0 or self.job.all_ranks:
+                self.say(f"rank {rank} failed first, with the one-line error above")
+            else:
+                self.say(f"rank {rank} failed first: {ending.reason}")
             return
         if ending.traceback:
             self.say(f"rank {rank} failed first; its traceback:")
