@@ -380,6 +380,7 @@ def test_one_ctrl_c_on_a_healthy_run_saves_and_exits_75_and_says_the_command_tha
     proc.send_signal(signal.SIGINT)
     code, out = finish(proc, timeout=60)
     assert code == exitcodes.PREEMPTED, out
+    assert "1 node x 2 processes" in out  # (before: "1 nodes")
     # The rank got SIGTERM and says so in its log; the console says what the user did (issue 21).
     assert "interrupted (Ctrl-C): checkpoint saved, not requeued" in out, out
     assert "SIGTERM" not in out, out
