@@ -116,7 +116,9 @@ def test_the_command_that_resumes(argv: list[str], command: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.deadline(240)  # two 2x2 runs of the quick start: 25 s in all alone, 90 s under load 18 (measured)
+@pytest.mark.deadline(
+    240
+)  # two 2x2 runs of the quick start: 25 s in all alone, 90 s under load 18 (measured)
 def test_the_quick_start_twice_trains_then_says_it_is_finished(tmp_path: Path) -> None:
     """README's quick start (`python -m hpc_ddp.submit --local`) in a clean folder, then again: before, each
     run got a new runs/local-<id> folder and trained from scratch; now the second finds the first's folder."""
