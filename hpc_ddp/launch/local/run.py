@@ -1,4 +1,8 @@
-"""`python -m hpc_ddp.submit --local`: check the flags, take the run folder, and hand the job to the Launcher."""
+"""`python -m hpc_ddp.submit --local`: check the flags, take the run folder, and hand the job to the Launcher.
+
+Without --folder a training run's folder is its task's (runs/<task>): the same command comes back to it and
+resumes, and a run with other MUST_MATCH options is refused there before any rank starts (`_refuse_another_run`).
+"""
 
 from __future__ import annotations
 
