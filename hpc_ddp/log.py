@@ -46,6 +46,11 @@ def _erase(stream: TextIO) -> str:
         return ""
 
 
+def count(n: int, one: str, many: str | None = None) -> str:
+    """`n` and its noun, singular or plural: count(1, "thread") -> '1 thread', count(2, "thread") -> '2 threads'."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def ranks_text(ranks: Sequence[int], sep: str = ", ") -> str:
     """[0, 1, 2, 5] -> '0-2, 5': a rank (or CPU) list short enough for a 1000-rank job."""
     ordered, parts, i = sorted(set(ranks)), [], 0

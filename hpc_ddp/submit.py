@@ -12,6 +12,10 @@ rank from Slurm's variables, and global rank 0 writes checkpoints to --folder.
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import sys
+from collections.abc import Sequence
 from typing import NoReturn
 
 from hpc_ddp.cli import build_parser
@@ -114,7 +118,27 @@ def build_argparser() -> argparse.ArgumentParser:
     return parser
 
 
+def resume_command(argv: Sequence[str], python: str = sys.executable, cwd: str | None = None) -> str:
+    """The command that resumes the run `argv` started: the same one, less what would start it over
+    (`--resume never --overwrite` deletes the checkpoints, `--resume PATH` goes back to PATH), as a shell line.
+    The interpreter is this one, relative to the working directory when it is under it (.venv/bin/python)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif arg != "--overwrite" and not arg.startswith("--resume="):
+            kept.append(arg)
+    here = os.path.abspath(cwd or os.getcwd())
+    if python.startswith(here + os.sep):
+        python = os.path.relpath(python, here)
+    return shlex.join([python, "-m", "hpc_ddp.submit", *kept])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ns = build_argparser().parse_args(argv)
     shape = job_shape(ns.nodes, ns.gpus_per_node, ns.tasks_per_node)
     cfg = from_namespace(ns)
@@ -127,7 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         from hpc_ddp.launch import local
 
         return local.run_local(
-            shape, cfg, ns.all_ranks, module, ("--collective",) if ns.collective else (), ns.stop_grace_s
+            shape,
+            cfg,
+            ns.all_ranks,
+            module,
+            ("--collective",) if ns.collective else (),
+            ns.stop_grace_s,
+            resume_command(argv),
         )
     from hpc_ddp.launch.slurm import submitter
 

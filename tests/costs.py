@@ -45,6 +45,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_gpu.py": "process",
     "test_gpu_check.py": "process",
     "test_launch_local.py": "ranks",
+    "test_launch_local_console.py": ("unit", "ranks"),
     "test_report_page.py": ("unit", "process"),
     "test_report_records.py": ("process", "ranks"),
     "test_run_progress_records.py": ("unit", "ranks"),

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 from conftest import clean_environ, die_with_test
 
 from hpc_ddp import exitcodes
+from hpc_ddp.launch.local.console import consequence
+from hpc_ddp.submit import resume_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(60)]  # each 8-10 s (measured)
 
@@ -50,28 +51,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str]
     return proc.returncode, out
 
 
-def test_2x2_local_run_trains_with_the_article_output(tmp_path: Path) -> None:
-    proc = start(tmp_path, "--epochs", "3")
-    code, out = finish(proc)
-    assert code == 0, out
-    for rank in range(4):
-        assert f"Process {rank} initialized" in out
-    assert out.count("Process group destroyed") == 4
-    losses = [float(line.split("Loss:")[1]) for line in out.splitlines() if line.startswith("Epoch ")]
-    assert [line.split(",")[0] for line in out.splitlines() if line.startswith("Epoch ")] == [
-        "Epoch 0",
-        "Epoch 1",
-        "Epoch 2",
-    ]
-    assert losses[-1] < losses[0]
-    assert "Parameters identical on all 4 ranks" in out
-    assert f"Model saved by rank 0 to {tmp_path / 'model.pth'}" in out
-    assert list(tmp_path.rglob("model.pth")) == [tmp_path / "model.pth"]
-    bare = torch.nn.Linear(10, 1)
-    bare.load_state_dict(torch.load(tmp_path / "model.pth", weights_only=True))  # no "module." prefix
-    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [f"rank{r}.log" for r in range(4)]
-    # Each rank's derivation: 2 emulated nodes x 2 local ranks.
-    assert "(node 1, local rank 1, cpu, gloo" in (tmp_path / "logs" / "rank3.log").read_text()
+# The 2x2 run with the article's output: tests/test_launch_local_console.py (README's quick start, run twice).
 
 
 def test_sigkill_of_one_rank_stops_everything_within_seconds(tmp_path: Path) -> None:
@@ -93,7 +73,9 @@ def test_sigkill_of_one_rank_stops_everything_within_seconds(tmp_path: Path) -> 
     by_rank[2].send_signal(signal.SIGKILL)
     code, out = finish(proc, timeout=30)  # a hang here fails the test
     assert code == 1, out
-    assert "rank 2 (node 1" in out and "was killed by SIGKILL" in out
+    # One name per node (issue 21): its index, as the ranks' start lines say it, and its address.
+    assert "rank 2 on node 1 (127.0.0.2), pid " in out and "was killed by SIGKILL" in out
+    assert "attempt 1 failed on node 1 (127.0.0.2) (points at the node)" in out
     for child in children:
         assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
 
@@ -101,8 +83,27 @@ def test_sigkill_of_one_rank_stops_everything_within_seconds(tmp_path: Path) -> 
 def test_a_rank_that_raises_fails_the_run_and_shows_its_error(tmp_path: Path) -> None:
     code, out = finish(start(tmp_path, "--task", "slow_tasks:crash", "--max-restarts", "0"), timeout=120)
     assert code == 1
-    assert "rank 1 (node 0" in out and "exited with code 1" in out
+    assert "rank 1 on node 0 (127.0.0.1), pid " in out and "exited with code 1" in out
     assert "boom from rank 1" in out
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("[launcher] rank 1 on node 0"))
+    assert "attempt 1 failed on node 0 (127.0.0.1): RuntimeError: boom from rank 1" in out
+    # The ranks that failed only because rank 1 ended (gloo's "Connection closed by peer ... GLHF!") come
+    # after the first cause, folded into one line naming their logs (issue 21); before, rank 0's came first.
+    saw = [r for r in (0, 2, 3) if consequence((tmp_path / "logs" / f"rank{r}.log").read_text())]
+    assert saw, "no rank saw rank 1 end"  # each was in a collective with it
+    assert "GLHF" not in out and "Connection closed by peer [" not in out, out
+    then = [i for i, line in enumerate(lines) if " failed too, on the rank that ended first (" in line]
+    assert len(then) == 1 and then[0] > first, out
+    named = lines[then[0]].split("[launcher] then ")[1].split(" failed too")[0].split(" ", 1)[1]
+    assert set(named.split(", ")) <= {"0", "2", "3"}, lines[then[0]]
+    assert "a consequence, not a cause" in lines[then[0]]
+    assert "hpc_ddp: rank 0 exits with code 1" not in out  # a consequence's last words: in its log
+    assert "[rank " not in out, out  # rank 0's lines only (issue 21)
+    # After a failure that ends the run: the exact command that starts it again (no checkpoint yet here).
+    advice = next(line for line in lines if "the same command resumes" in line)
+    argv = ["--local", "--folder", str(tmp_path), "--task", "slow_tasks:crash", "--max-restarts", "0"]
+    assert advice.endswith(f"resumes from the start (no checkpoint yet): {resume_command(argv)}"), advice
 
 
 def test_killing_the_launcher_leaves_no_process(tmp_path: Path) -> None:

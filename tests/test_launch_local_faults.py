@@ -11,6 +11,7 @@ import fcntl
 import os
 import pty
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -64,7 +65,7 @@ def hang(config):  # type: ignore[no-untyped-def]
     def loss_fn(output, target):  # type: ignore[no-untyped-def]
         calls[0] += 1
         if os.environ.get("RANK") == "1" and calls[0] == 2:
-            print("[rank 1] hanging in loss_fn", flush=True)  # prefixed: the launcher shows it on the console
+            print("[rank 1] hanging in loss_fn", flush=True)  # on the console with --all-ranks (HANG)
             time.sleep(3600)
         return nn.functional.mse_loss(output, target)
 
@@ -294,6 +295,9 @@ def test_a_stalled_console_never_blocks_who_writes_to_it() -> None:
     os.close(read_end)
 
 
+SLOW_3 = ["--task", "slow_tasks:slow", "--nodes", "1", "--epochs", "3"]
+
+
 # --- 3. Ctrl-C and SIGTERM while a rank hangs in user code ------------------------------------------------
 
 HANG = (
@@ -301,6 +305,7 @@ HANG = (
     "test_launch_local_faults:hang",
     "--nodes",
     "1",
+    "--all-ranks",  # rank 1's "hanging in loss_fn" on the console: the console shows rank 0's lines only
 )  # rank 1 sleeps 3600 s; default --timeout-s
 
 
@@ -363,20 +368,42 @@ def test_sigterm_kills_a_hung_run_after_the_grace_period(
     assert_all_gone(children)
 
 
-@pytest.mark.deadline(90)
-def test_one_ctrl_c_on_a_healthy_run_saves_and_exits_75(
+@pytest.mark.deadline(120)
+def test_one_ctrl_c_on_a_healthy_run_saves_and_exits_75_and_says_the_command_that_resumes(
     tmp_path: Path, procs: list[subprocess.Popen[str]]
 ) -> None:
     proc = start(
-        tmp_path, "--task", "slow_tasks:slow", "--nodes", "1", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05"
+        tmp_path, "--task", "slow_tasks:slow", "--nodes", "1", "--epochs", "3", SLOW_TASK_SLEEP_S="0.15"
     )
     procs.append(proc)
     read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGINT)
     code, out = finish(proc, timeout=60)
     assert code == exitcodes.PREEMPTED, out
-    assert "stopped by SIGTERM: checkpoint saved, not requeued" in out
+    assert "1 node x 2 processes" in out  # (before: "1 nodes")
+    # The rank got SIGTERM and says so in its log; the console says what the user did (issue 21).
+    assert "interrupted (Ctrl-C): checkpoint saved, not requeued" in out, out
+    assert "SIGTERM" not in out, out
+    log = (tmp_path / "logs" / "rank0.log").read_text()
+    assert "stopped by SIGTERM: checkpoint saved, not requeued" in log
     assert "did not stop" not in out
+    # The advice is the exact command that resumes: run as said, it resumes where the stop saved.
+    lines = out.splitlines()
+    said = next(
+        line for line in lines if line.startswith("[launcher] interrupted (Ctrl-C): every rank saved")
+    )
+    command = shlex.split(said.split("; to resume, run: ")[1])
+    assert command[1:] == ["-m", "hpc_ddp.submit", "--local", "--folder", str(tmp_path), *SLOW_3], said
+    again = subprocess.run(
+        command,
+        env=clean_environ(SLOW_TASK_SLEEP_S="0.15"),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        preexec_fn=die_with_test,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"Resuming from {tmp_path / 'checkpoints'}" in again.stdout, again.stdout
 
 
 @pytest.mark.deadline(120)

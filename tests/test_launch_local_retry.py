@@ -36,7 +36,7 @@ def test_a_rank_killed_mid_run_resumes_from_its_checkpoint_and_ends_bitwise_equa
     code, out = finish(proc)
     assert code == 0, out
     assert (
-        "attempt 1 failed on 127.0.0.2 (points at the node): rank 2 was killed by SIGKILL; restarting from "
+        "attempt 1 failed on node 1 (127.0.0.2) (points at the node): rank 2 was killed by SIGKILL; restarting from "
         "the checkpoint at step" in out
     ), out
     first, second = attempts.read(folder)

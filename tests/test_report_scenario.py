@@ -79,7 +79,8 @@ def test_a_preemption_then_a_failure_then_the_report_in_chromium_and_the_tensorb
     assert code == 0, out
     assert "[launcher] preempted: restarting all ranks (1 of --max-requeue 3)" in out, out
     assert (
-        f"[launcher] attempt 2 failed on 127.0.0.1: RuntimeError: forced failure at step {FAIL_AT}," in out
+        f"[launcher] attempt 2 failed on node 0 (127.0.0.1): RuntimeError: forced failure at step {FAIL_AT},"
+        in out
     ), out
     assert out.count("Traceback (most recent call last)") == 1, out
     assert marker.read_text() == f"failed at step {FAIL_AT}\n"

@@ -17,7 +17,11 @@ from hpc_ddp.run import folder as run_folder
 def test_each_launch_path_has_its_default_folder() -> None:
     assert run_folder.default_for_task("4242") == Path("runs/4242")
     assert run_folder.default_for_task(None) == Path(f"runs/single-{os.getpid()}")
-    assert run_folder.default_for_local_run("123") == Path("runs/local-123")
+    # A local run's folder is its task's, the same for the same command (issue 21: a rerun resumes).
+    assert run_folder.default_for_local_run("linear") == Path("runs/linear")
+    assert run_folder.default_for_local_run("mytasks:build") == Path("runs/mytasks-build")
+    assert run_folder.default_for_local_run("pkg.sub:make model") == Path("runs/pkg.sub-make-model")
+    assert run_folder.default_for_local_check("123") == Path("runs/doctor-123")
     stamp = time.mktime((2024, 5, 6, 7, 8, 9, 0, 0, -1))
     assert (
         run_folder.default_for_submission("golden", stamp) == Path("runs/golden-20240506-070809").absolute()

@@ -83,6 +83,8 @@ def test_saving_that_keeps_failing_stops_every_rank_at_the_same_step_with_one_li
         in rank1
     )
     assert "rank 0 failed first" in out and "rank 1 failed first" not in out, out
+    # The kit stopped the run on purpose (RunStopped): one line, never its traceback (issue 21).
+    assert "Traceback" not in out and "its traceback" not in out and "    File " not in out, out
     assert "Fix: free space (or quota) there, then run the same command to resume" in rank0
     assert store.list_checkpoints(tmp_path) == []
 

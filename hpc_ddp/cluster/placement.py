@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hpc_ddp.errors import ClusterConfigError
+from hpc_ddp.log import count
 
 # Thread counts a user may export. `plan_cpus` honours OMP_NUM_THREADS; a process that compares or starts runs
 # with the kit's own thread plan (the bench, the tests) removes them from what it passes on.
@@ -87,9 +88,16 @@ def plan_cpus(
     if share == 0:
         # More ranks than CPUs: disjoint shares are impossible; give each one CPU round-robin, one thread.
         cpu = mask[local_rank % len(mask)]
-        return CpuPlan((cpu,), 1, f"{local_world_size} ranks on {len(mask)} CPUs: oversubscribed", pin=True)
+        return CpuPlan(
+            (cpu,),
+            1,
+            f"{count(local_world_size, 'rank')} on {count(len(mask), 'CPU')}: oversubscribed",
+            pin=True,
+        )
     cpus = mask[local_rank * share : (local_rank + 1) * share]
-    return CpuPlan(cpus, share, f"{len(mask)} CPUs split among {local_world_size} ranks", pin=True)
+    return CpuPlan(
+        cpus, share, f"{count(len(mask), 'CPU')} split among {count(local_world_size, 'rank')}", pin=True
+    )
 
 
 def apply_cpu_plan(plan: CpuPlan) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from hpc_ddp.cluster import placement
 from hpc_ddp.cluster.env import SLURM_VARS
 from hpc_ddp.doctor.facts import RankFacts
-from hpc_ddp.log import ranks_text
+from hpc_ddp.log import count, ranks_text
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 VERSION_KEYS = ("torch", "cuda", "nccl", "python", "hpc_ddp")
@@ -94,7 +94,7 @@ def gpu_visibility(facts: Sequence[RankFacts]) -> Check:
             "ask for GPUs on every node (--gpus-per-node); do not set CUDA_VISIBLE_DEVICES to empty",
         )
     counts = "/".join(map(str, sorted({f.cuda_count for f in facts})))
-    return Check(PASS, "gpus", f"{len(facts)} ranks on GPUs; each sees {counts} GPU(s)")
+    return Check(PASS, "gpus", f"{count(len(facts), 'rank')} on GPUs; each sees {counts} GPU(s)")
 
 
 def shared_gpu(facts: Sequence[RankFacts]) -> Check:

@@ -24,6 +24,9 @@ REQUEUE_BY = ("auto", "scontrol", "launcher")
 NONFINITE_CHOICES = ("stop", "skip")
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch's generators take (a signed 64-bit integer)
 MAX_TIMEOUT_S = 30 * 86400.0  # timedelta and faulthandler overflow on absurd values (1e12 s)
+# Fields that must match for an exact resume (the checkpoint's, and a local run's default folder: a rerun with
+# other values is another run); the others (epochs, lr schedule length, logging) may change.
+MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp", "lr_schedule", "warmup_steps")
 
 
 @dataclass(frozen=True)
@@ -334,6 +337,16 @@ class TrainConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """The MUST_MATCH fields where `saved` (a run's recorded config) differs from `cfg`, each as
+    "--seed 0 (now 1)"; empty when `cfg` continues that run."""
+    return [
+        f"--{_flag(k)} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
+        for k in MUST_MATCH
+        if k in saved and saved[k] != getattr(cfg, k)
+    ]
 
 
 def _flag(name: str) -> str:

@@ -66,9 +66,16 @@ def default_for_task(job_id: str | None) -> Path:
     return Path("runs", job_id or f"single-{os.getpid()}")
 
 
-def default_for_local_run(job_id: str) -> Path:
-    """runs/local-<fake job id>: a local run's tasks are told its path, so they never fall back to theirs."""
-    return Path("runs", f"local-{job_id}")
+def default_for_local_run(task: str) -> Path:
+    """runs/<task>, relative to where the launcher runs (`mytasks:build` -> runs/mytasks-build): the same command
+    comes back to the same folder and resumes there (a run with other MUST_MATCH options is refused there by
+    the launcher, hpc_ddp.launch.local.run). The ranks are told its path, so they never fall back to theirs."""
+    return Path("runs", re.sub(r"[^A-Za-z0-9._-]+", "-", task).strip("-.") or "task")
+
+
+def default_for_local_check(job_id: str) -> Path:
+    """runs/doctor-<fake job id>: a doctor run (`submit --local --doctor`) trains nothing to come back to."""
+    return Path("runs", f"doctor-{job_id}")
 
 
 def default_for_submission(job_name: str, now: float | None = None) -> Path:

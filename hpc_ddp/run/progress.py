@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpc_ddp.log import count
 from hpc_ddp.variables import LIVE_PROGRESS
 
 # A live line travels from rank 0 to the local launcher as one whole line that starts with this, the
@@ -87,7 +88,7 @@ def event_line(record: Mapping[str, Any]) -> str | None:
         )
         return (
             f"[run] start {record.get('restart', 0)} of job {record.get('job') or '?'}: {how}; "
-            f"{record.get('world_size')} ranks, {record.get('startup_s', 0):.1f} s from process start to "
+            f"{count(int(record.get('world_size') or 0), 'rank')}, {record.get('startup_s', 0):.1f} s from process start to "
             "the first step"
         )
     if event == "end":

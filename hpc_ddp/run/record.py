@@ -42,6 +42,16 @@ def git_commit(cwd: str) -> str | None:
 _DESCRIBES = ("command", "cwd", "config", "dist", "versions", "git_commit")  # a start that differs: kept
 
 
+def read_config(folder: Path) -> dict[str, Any] | None:
+    """The config the run in `folder` last started with (run.json), or None when there is none to read."""
+    try:
+        loaded = json.loads((folder / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    config = loaded.get("config") if isinstance(loaded, dict) else None
+    return config if isinstance(config, dict) else None
+
+
 def write(folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str) -> None:
     import torch
 

@@ -32,11 +32,8 @@ from hpc_ddp.ledger.attempts import ATTEMPTS
 from hpc_ddp.run.checkpoint import durable, formats, store
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.full import Full
-from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.config import TrainConfig, differences
 from hpc_ddp.run.folder import METRICS, MODEL, TENSORBOARD, atomic_write_bytes, fsync_dir
-
-# Config fields that must match for an exact resume; others (epochs, lr schedule length, logging) may change.
-MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp", "lr_schedule", "warmup_steps")
 
 
 @dataclass(frozen=True)
@@ -200,12 +197,7 @@ def check_compatible(
     """A checkpoint from another model or an incompatible config fails here with both values shown. `meta` is
     what the checkpoint was written with (its world_size and config); whether another world size can load it
     is its format's to say (`fmt`: the full format refuses, naming both sizes)."""
-    saved = meta.get("config", {})
-    diffs = [
-        f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
-        for k in MUST_MATCH
-        if k in saved and saved[k] != getattr(cfg, k)
-    ]
+    diffs = differences(meta.get("config", {}), cfg)
     resized = fmt.world_size_change(meta.get("world_size"), world_size)
     if resized:
         diffs.append(resized)

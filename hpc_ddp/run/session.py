@@ -26,7 +26,7 @@ from hpc_ddp.cluster.env import DistEnv, detect
 from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import attempts, exits, outcomes
 from hpc_ddp.ledger import preemption as preemption_record
-from hpc_ddp.log import RankLog
+from hpc_ddp.log import RankLog, count
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import preemption
 from hpc_ddp.run.beacon import FINISHING, STARTUP, USER_CODE, Beacon
@@ -96,7 +96,7 @@ def _run_holding(cfg: TrainConfig, env: DistEnv, folder: Path, environ: Mapping[
     with process_group(env, device, cfg.backend or None, cfg.timeout_s) as backend:
         log.info(
             f"Process {env.rank} initialized on {socket.gethostname()} (node {env.node_rank}, "
-            f"local rank {env.local_rank}, {device}, {backend}, {plan.threads} threads; "
+            f"local rank {env.local_rank}, {device}, {backend}, {count(plan.threads, 'thread')}; "
             f"world size {env.world_size})"
         )
         code = _train(cfg, env, device, folder, log, environ)

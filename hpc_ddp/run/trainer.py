@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sa
 
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import NonFinite, UsageError
-from hpc_ddp.log import RankLog
+from hpc_ddp.log import RankLog, count
 from hpc_ddp.run import batches as batching
 from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import metrics, preemption, progress, schedules, stragglers
@@ -170,7 +170,7 @@ class Trainer:
             self.batches_per_epoch == 0
         ):  # checked before the model is wrapped: nothing to release on this error
             raise UsageError(
-                f"each rank gets {len(self.sampler)} samples of the dataset ({env.world_size} ranks), "
+                f"each rank gets {len(self.sampler)} samples of the dataset ({count(env.world_size, 'rank')}), "
                 f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks"
             )
         self.strategy = strategy or strategies.create("ddp", cfg, env, device, comm_hook=comm_hook)

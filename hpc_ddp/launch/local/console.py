@@ -16,9 +16,11 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from hpc_ddp.launch import retry
 from hpc_ddp.log import TracebackFold
 from hpc_ddp.run import progress
 
@@ -171,16 +173,52 @@ class Console:
                 pass
 
 
+def consequence(line: str) -> str | None:
+    """The part of a rank's output line that says it failed only because another rank ended first (gloo's
+    "Connection closed by peer ... GLHF!", NCCL's "remote process exited", a reset connection: the patterns of
+    hpc_ddp.launch.retry.SECONDARY), as it was written; None for any other line."""
+    low = line.lower()
+    for pattern in retry.SECONDARY:
+        at = low.find(pattern)
+        if at >= 0:
+            return line[at : at + len(pattern)].rstrip(" (")
+    return None
+
+
+def stopped_by(line: str, by: str) -> str:
+    """Rank 0's line about a stop, as the console shows it when the launcher turned the user's signal into the
+    ranks' SIGTERM (`by`: "interrupted (Ctrl-C)"): the rank names the SIGTERM it got, the user the key they
+    pressed. Its log keeps the rank's own words."""
+    head = "SIGTERM: "
+    if not by or not line.startswith(head):
+        return line
+    return f"{by}: {line[len(head) :].replace('stopped by SIGTERM: ', '')}"
+
+
 class RankOutput:
-    """One child process, its log file and the tail of its output."""
+    """One child process, its log file and the tail of its output.
+
+    The console gets rank 0's lines (every rank's with `show_all`) and the other ranks' warnings. A rank that
+    fails only because another ended first (`consequence`) would say so before the launcher names the first
+    cause: from that line on, its console lines are held (`held`) for the launcher, which shows one line for
+    them after the first cause (Launcher._show_consequences); everything is in the log as it came."""
 
     def __init__(
-        self, rank: int, proc: subprocess.Popen[bytes], log_path: Path, console: Console, show_all: bool
+        self,
+        rank: int,
+        proc: subprocess.Popen[bytes],
+        log_path: Path,
+        console: Console,
+        show_all: bool,
+        stop_by: Callable[[], str] = lambda: "",
     ) -> None:
         self.rank, self.proc, self.log_path = rank, proc, log_path
         self.console, self.show_all = console, show_all
+        self.stop_by = stop_by  # what stopped the run, in the user's words ("" : not a signal the user sent)
         self.log_lost = False
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.consequence = ""  # the secondary error this rank failed with, as written ("" : none)
+        self.held: list[str] = []  # console lines from that error on, not shown (yet)
         self.folded = TracebackFold(str(log_path))
         self.reader = threading.Thread(target=self._pump, name=f"rank{rank}-reader", daemon=True)
         self.reader.start()
@@ -203,9 +241,14 @@ class RankOutput:
             except (OSError, ValueError):
                 pass
 
+    def release(self) -> list[str]:
+        """The held console lines, once (the launcher shows them, or one line for them)."""
+        held, self.held = self.held, []
+        return held
+
     def _copy(self) -> None:
-        # The console shows rank 0's lines and the other ranks' own messages (start, end, warnings: the
-        # lines hpc_ddp.log prefixes); everything, C++ warnings and tracebacks included, goes to the log file.
+        # The console shows rank 0's lines and the other ranks' warnings (hpc_ddp.log's `warn`); with
+        # --all-ranks every rank's. Everything, C++ warnings and tracebacks included, goes to the log file.
         prefix = "" if self.rank == 0 else f"[rank {self.rank}] "
         assert self.proc.stdout is not None
         log: TextIO | None = None
@@ -231,8 +274,18 @@ class RankOutput:
                         _close_quietly(log)
                         log = None
                 shown = self.folded.feed(line)
-                if shown is not None and (self.rank == 0 or self.show_all or shown.startswith(prefix)):
-                    self.console.line(shown if shown.startswith(prefix) else prefix + shown)
+                if shown is None:
+                    continue
+                if not self.consequence:
+                    self.consequence = consequence(shown) or ""
+                if not (self.rank == 0 or self.show_all or shown.startswith(prefix + "warning: ")):
+                    continue
+                shown = stopped_by(shown, self.stop_by()) if self.rank == 0 else shown
+                shown = shown if shown.startswith(prefix) else prefix + shown
+                if self.consequence:
+                    self.held.append(shown)
+                else:
+                    self.console.line(shown)
         finally:
             _close_quietly(log)
             if self.rank == 0:

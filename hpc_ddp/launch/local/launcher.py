@@ -19,6 +19,7 @@ did not stop.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -38,6 +39,9 @@ from hpc_ddp.run.watchdog import WINDOW_S
 
 # After the ranks are gone, all their readers together get this long to copy the last lines.
 READER_JOIN_S = 5.0
+# Outcomes after which the same command resumes (from the latest checkpoint): a failure the cause of which may be
+# gone next time; not a usage error nor a non-finite loss, which fail the same way again.
+RESUMABLE = (outcomes.FAILED, outcomes.HANG, outcomes.NODE_FAIL)
 # What _supervise returns when a stop ran out of time (a second Ctrl-C, or stop_grace_s after the first signal).
 _OUT_OF_TIME = -1
 
@@ -85,7 +89,9 @@ class Launcher:
                 env[run_folder.LOCK_VAR] = self.lock.token
             proc = processes.start(cmd, env, hold)
             self.ranks.append(
-                RankOutput(rank, proc, logs / f"rank{rank}.log", self.console, self.job.all_ranks)
+                RankOutput(
+                    rank, proc, logs / f"rank{rank}.log", self.console, self.job.all_ranks, self._stopped_by
+                )
             )
 
     def _resend(self, since: int) -> None:
@@ -146,22 +152,22 @@ class Launcher:
 
     # ----- supervision --------------------------------------------------------------------------------------
 
+    def _stopped_by(self) -> str:
+        """The stop the user asked for, in their words ("" : none yet)."""
+        return stop_words(self.stop_signal)
+
+    def _resume(self) -> str:
+        return f"to resume, run: {self.job.resume_command}" if self.job.resume_command else ""
+
     def _announce_stop(self) -> None:
         self._announced = True
         grace = f"{self.job.stop_grace_s:g} s"
-        if self.stop_signal == signal.SIGINT:
-            self.say(
-                f"Ctrl-C: asked every rank to save at the next agreed step and stop; Ctrl-C again kills them "
-                f"now, and they are killed anyway if still running in {grace} (--stop-grace-s)"
-            )
-        else:
-            name = signal.Signals(self.stop_signal).name
-            if self.stop_signal == signal.SIGHUP:
-                name += " (the terminal closed)"
-            self.say(
-                f"{name}: asked every rank to save at the next agreed step and stop; they are killed if "
-                f"still running in {grace} (--stop-grace-s)"
-            )
+        again = "; Ctrl-C again kills them now, and" if self.stop_signal == signal.SIGINT else ";"
+        self.say(
+            f"{self._stopped_by()}: asked every rank to save at the next agreed step and stop{again} they are "
+            f"killed {'anyway ' if self.stop_signal == signal.SIGINT else ''}if still running in {grace} "
+            "(--stop-grace-s)"
+        )
 
     def _supervise(self) -> int:
         """Wait for all ranks. Returns the first failure's rank index, -1 (_OUT_OF_TIME) when a stop ran out of
@@ -188,14 +194,13 @@ class Launcher:
         if self.kill_now:
             why, signum = "second Ctrl-C", signal.SIGINT
         else:
-            asked = "Ctrl-C" if self.stop_signal == signal.SIGINT else signal.Signals(self.stop_signal).name
-            why, signum = f"{self.job.stop_grace_s:g} s after {asked}", self.stop_signal
+            why, signum = f"{self.job.stop_grace_s:g} s after {self._stopped_by()}", self.stop_signal
         stuck = self._kill(alive)
         self._join_readers()
         names = ", ".join(f"rank {r.rank} (pid {r.proc.pid})" for r in alive)
         self.say(
             f"{why}: killed the ranks that did not stop: {names}. Their work since the last checkpoint "
-            f"(if any) in {self.job.folder} is lost; the same command resumes from it"
+            f"(if any) in {self.job.folder} is lost; {self._resume() or 'the same command resumes from it'}"
         )
         self._report_stuck(stuck)
         return 128 + signum  # as a shell reports a process killed by that signal: 130 for Ctrl-C
@@ -233,6 +238,14 @@ class Launcher:
     def _node(self, rank: int) -> str:
         return slurm_env(self.job, rank, 0)["SLURMD_NODENAME"]
 
+    def _node_name(self, address: str | None) -> str | None:
+        """An emulated node as every launcher line names it: "node 1 (127.0.0.2)", its index (the ranks' own
+        start lines say "node 1" too) and the address it has in SLURM_JOB_NODELIST and attempts.jsonl."""
+        for node in range(self.job.nodes):
+            if self._node(node * self.job.tasks_per_node) == address:
+                return f"node {node} ({address})"
+        return address
+
     def _preemption(self) -> retry.Evidence:
         record = preemption.read(self.job.folder)  # cleared before each start: this attempt's own
         return retry.Evidence(code=exitcodes.PREEMPTED, requeue=record is not None and record.requeue)
@@ -243,7 +256,7 @@ class Launcher:
 
         def adjust(_this: object, decision: retry.Decision) -> retry.Decision:
             if self.stop_requested and decision.action == outcomes.RESTART:
-                return retry.Decision(outcomes.STOP, "stopped by Ctrl-C/SIGTERM", decision.exclude)
+                return retry.Decision(outcomes.STOP, f"not restarted: {self._stopped_by()}", decision.exclude)
             return decision
 
         closed = supervisor.end_attempt(
@@ -260,7 +273,8 @@ class Launcher:
         if closed.attempt.outcome == outcomes.HANG:  # the verdict's line, once, then what comes next
             self.say(f"{closed.attempt.reason}; every rank's report: {hang_verdict.path(self.job.folder)}")
         if closed.attempt.failed:
-            self.say(closed.line)
+            named = dataclasses.replace(closed.attempt, node=self._node_name(closed.attempt.node))
+            self.say(attempts.line(named, closed.decision.message))
         return closed
 
     def _show_failure(self, index: int, code: int) -> None:
@@ -268,10 +282,33 @@ class Launcher:
         if code == exitcodes.HANG:
             return
         how = f"was killed by {retry.signal_name(-code)}" if code < 0 else f"exited with code {code}"
-        node = index // self.job.tasks_per_node
+        where = self._node_name(self._node(index))
+        self.say(f"rank {index} on {where}, pid {self.ranks[index].proc.pid}, {how}; stopped the other ranks")
+
+    def _show_consequences(self, cause: int | None) -> None:
+        """After the first cause: one line for the ranks that failed only because another ended (their own
+        lines were held, RankOutput); the other ranks' held lines as they came."""
+        after = [r for r in self.ranks if r.consequence and r.rank != cause]
+        for r in self.ranks:
+            held = r.release()
+            if r.rank == cause or not r.consequence:
+                for line in held:
+                    self.console.line(line)
+        if not after:
+            return
+        which = ", ".join(str(r.rank) for r in after)
+        logs = after[0].log_path if len(after) == 1 else after[0].log_path.parent / "rank<N>.log"
+        errors = ", ".join(dict.fromkeys(r.consequence for r in after))
         self.say(
-            f"rank {index} (node {node}, pid {self.ranks[index].proc.pid}) {how}; stopped the other ranks"
+            f"then {'rank' if len(after) == 1 else 'ranks'} {which} failed too, on the rank that ended first "
+            f"({errors}): a consequence, not a cause; all of it in {logs}"
         )
+
+    def _release_held(self) -> None:
+        """No failure to put first: the held lines as they came."""
+        for r in self.ranks:
+            for line in r.release():
+                self.console.line(line)
 
     def _show_error(self, ending: retry.Ending, index: int | None) -> None:
         """The first cause's traceback (or its log's last lines), shown once per distinct error; nothing for
@@ -285,6 +322,14 @@ class Launcher:
             return
         if ending.outcome == outcomes.USAGE and (rank == 0 or self.job.all_ranks):
             return  # its one line came through the console as the rank printed it
+        if not ending.retryable:
+            # The kit stopped the run on purpose (hpc_ddp.errors.RunStopped), on every rank at one step: its
+            # one line is the whole story (rank 0's came through the console), never a traceback.
+            if rank == 0 or self.job.all_ranks:
+                self.say(f"rank {rank} failed first, with the one-line error above")
+            else:
+                self.say(f"rank {rank} failed first: {ending.reason}")
+            return
         if ending.traceback:
             self.say(f"rank {rank} failed first; its traceback:")
             lines = ending.traceback.splitlines()
@@ -317,6 +362,7 @@ class Launcher:
             if not self.journal.flush():
                 self.say(self.journal.lost())
             # The ranks are all gone; hand the console what is left for it (a Ctrl-C here stops waiting).
+            self._release_held()
             self.console.drain()
 
     def _attempts(self) -> int:
@@ -344,21 +390,26 @@ class Launcher:
                 self._show_failure(outcome, code if code is not None else exitcodes.FAILED)
                 closed = self._end_attempt(evidence)
                 self._show_error(closed.ending, outcome)
+                self._show_consequences(closed.ending.rank if closed.ending.rank is not None else outcome)
                 if closed.decision.action != outcomes.RESTART:
+                    self._advise(closed)
                     return outcomes.exit_code(closed.attempt.outcome)
             else:
                 seen = len(self.forwarded)  # every rank has exited: later signals are for the next ranks
                 self._join_readers()
+                self._release_held()
                 if all(r.proc.returncode == exitcodes.OK for r in self.ranks):
                     self._end_attempt(retry.Ending(outcomes.COMPLETED, "finished"))
                     return exitcodes.OK
                 closed = self._end_attempt(self._preemption())
                 if closed.decision.action != outcomes.RESTART:
                     if closed.attempt.outcome == outcomes.PREEMPTED:  # the budget is spent: say so
-                        self.say(closed.decision.message)
+                        # (retry's advice, "the same command and --folder", is the next line's, exactly)
+                        self.say(closed.decision.message.split(". Resume with")[0])
+                    why = self._stopped_by() or "stopped"
                     self.say(
-                        f"ranks stopped after saving a checkpoint in {self.job.folder}; run the same command "
-                        "to resume"
+                        f"{why}: every rank saved a checkpoint in {self.job.folder} and stopped; "
+                        f"{self._resume() or 'run the same command to resume'}"
                     )
                     return exitcodes.PREEMPTED
                 done = sum(
@@ -367,6 +418,29 @@ class Launcher:
                 self.say(f"preempted: restarting all ranks ({done} of --max-requeue {self.job.max_requeue})")
             seen = len(self.forwarded)
             self.restarts += 1
+
+    def _advise(self, closed: supervisor.Closed) -> None:
+        """After a failure that ends the run: the command that resumes it, and from where."""
+        if not self.job.resume_command or closed.attempt.outcome not in RESUMABLE:
+            return  # a usage error or a non-finite loss: the same command fails the same way
+        step = supervisor.latest_step(self.job.folder)
+        start = (
+            f"from the checkpoint at step {step}"
+            if step is not None
+            else "from the start (no checkpoint yet)"
+        )
+        self.say(f"once the cause is fixed, the same command resumes {start}: {self.job.resume_command}")
+
+
+def stop_words(signum: int) -> str:
+    """A stop the launcher was asked for, as the user knows it (pure): the ranks always get SIGTERM."""
+    if not signum:
+        return ""
+    if signum == signal.SIGINT:
+        return "interrupted (Ctrl-C)"
+    if signum == signal.SIGHUP:
+        return "the terminal closed (SIGHUP)"
+    return f"stopped by {signal.Signals(signum).name}"
 
 
 def _keep(_folder: object, _record: object) -> None:

@@ -1,4 +1,8 @@
-"""`python -m hpc_ddp.submit --local`: check the flags, take the run folder, and hand the job to the Launcher."""
+"""`python -m hpc_ddp.submit --local`: check the flags, take the run folder, and hand the job to the Launcher.
+
+Without --folder a training run's folder is its task's (runs/<task>): the same command comes back to it and
+resumes, and a run with other MUST_MATCH options is refused there before any rank starts (`_refuse_another_run`).
+"""
 
 from __future__ import annotations
 
@@ -14,10 +18,11 @@ from hpc_ddp.launch.local.console import Console
 from hpc_ddp.launch.local.launcher import Launcher
 from hpc_ddp.launch.local.srun_env import LocalJob, fresh_job_id
 from hpc_ddp.launch.shape import JobShape
+from hpc_ddp.log import count
 from hpc_ddp.proc import run as run_command
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import progress
-from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run import progress, record
+from hpc_ddp.run.config import TrainConfig, differences
 
 
 def gpu_count() -> int:
@@ -33,8 +38,10 @@ def run_local(
     module: str,
     extra_argv: tuple[str, ...] = (),
     stop_grace_s: float | None = None,
+    resume_command: str = "",
 ) -> int:
-    """`python -m hpc_ddp.submit --local`: prepare the run folder, start the ranks here, supervise them."""
+    """`python -m hpc_ddp.submit --local`: prepare the run folder, start the ranks here, supervise them.
+    `resume_command` is what the launcher tells the user to run to resume, after a stop or a failure."""
     if stop_grace_s is not None and not (math.isfinite(stop_grace_s) and stop_grace_s >= 0):
         raise UsageError(f"--stop-grace-s {stop_grace_s:g}: must be 0 or more seconds (0 kills at once)")
     if cfg.requeue_by == "scontrol":
@@ -53,7 +60,18 @@ def run_local(
     # Rank 0's stdout is a pipe to this launcher: tell it whether its progress line ends on a terminal.
     extra = {progress.LIVE_VAR: "1" if console.tty else "0"}
     job_id = fresh_job_id()
-    folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_local_run(job_id)
+    trains = module in processes.HOLDS_SIGNALS
+    default = not cfg.folder and trains  # the task's own folder, which the same command comes back to
+    if cfg.folder:
+        folder = Path(cfg.folder)
+    else:
+        folder = (
+            run_folder.default_for_local_run(cfg.task)
+            if trains
+            else run_folder.default_for_local_check(job_id)
+        )
+    if default and not cfg.overwrite:
+        _refuse_another_run(folder, cfg)
     run_folder.prepare(folder)
     # Before anything in the folder changes, and before it says anything: a second run in this folder is
     # refused here, in one line.
@@ -76,21 +94,42 @@ def run_local(
             folder=folder,
             train_argv=cfg.to_argv() + list(extra_argv),
             max_requeue=cfg.max_requeue,
-            max_restarts=cfg.max_restarts if module in processes.HOLDS_SIGNALS else 0,
-            records=module in processes.HOLDS_SIGNALS,
+            max_restarts=cfg.max_restarts if trains else 0,
+            records=trains,
             all_ranks=all_ranks,
             job_id=job_id,
             module=module,
             extra_env=extra,
+            resume_command=resume_command if trains else "",
             **({} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}),
         )
         console.line(
-            f"[launcher] local job {job_id}: {shape.nodes} nodes x {shape.tasks_per_node} processes, run "
-            f"folder {folder}, per-rank logs in {folder / run_folder.LOGS}"
+            f"[launcher] local job {job_id}: {count(shape.nodes, 'node')} x "
+            f"{count(shape.tasks_per_node, 'process', 'processes')}, run folder {folder}"
+            f"{' (the default for this task: the same command resumes there)' if default else ''}, "
+            f"per-rank logs in {folder / run_folder.LOGS}"
         )
         return Launcher(job, console, lock).run()  # which hands the console all it has before it returns
     finally:
         lock.release()
+
+
+def _refuse_another_run(folder: Path, cfg: TrainConfig) -> None:
+    """The default folder is the task's, and a rerun there resumes: a run with other MUST_MATCH options
+    (--seed, --batch-size...) is another run, which must not mix its checkpoints and records with that one's.
+    Refused here, in one line, before any rank starts (the ranks' own check would refuse it too, after
+    starting them all)."""
+    saved = record.read_config(folder)
+    diffs = differences(saved, cfg) if saved is not None else []
+    if diffs:
+        n = 2
+        while Path(f"{folder}-{n}").exists():
+            n += 1
+        raise UsageError(
+            f"run folder {folder} (the default for --task {cfg.task}) holds another run, started with "
+            f"{', '.join(diffs)}; a rerun there resumes that run, which needs the same values. Fix: "
+            f"--folder {folder}-{n} (or any new folder) for this one, or the earlier values to resume that one"
+        )
 
 
 def _standard_fds() -> None:

@@ -37,6 +37,7 @@ class LocalJob:
     )
     max_restarts: int = 0  # failures after which the job is not started again (--max-restarts)
     records: bool = False  # append every attempt's end to attempts.jsonl (training runs)
+    resume_command: str = ""  # the shell line that resumes this run, said after a stop or a failure
 
     @property
     def world_size(self) -> int:
