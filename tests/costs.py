@@ -57,6 +57,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_launch_slurm_batch.py": "unit",
     "test_launch_faults.py": "unit",
     "test_launch_slurm_start.py": "process",
+    "test_launch_slurm_runtime.py": ("unit", "process"),
     "test_launch_slurm_follow.py": "unit",
     "test_launch_local_faults.py": "ranks",
     "test_launch_local_retry.py": "scenario",
