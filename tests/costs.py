@@ -65,6 +65,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_launch_slurm.py": ("unit", "process"),
     "test_launch_slurm_submit.py": "slurm",
     "test_launch_slurm_survive.py": "slurm",
+    "test_launch_slurm_early_signal.py": "slurm",
     "test_report.py": "unit",
     "test_report_run.py": "ranks",
     "test_report_scenario.py": "scenario",
