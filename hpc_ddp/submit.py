@@ -88,6 +88,38 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
         help="shell line run before the tasks (module load, venv activation); repeatable",
     )
     slurm.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="the python the tasks run (default: `python` as the --setup lines or the container leave it, "
+        "else this interpreter's path)",
+    )
+    slurm.add_argument(
+        "--srun-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="extra srun option, e.g. --srun-arg=--mpi=pmix (with `=`); repeatable",
+    )
+    slurm.add_argument(
+        "--container-image",
+        default=None,
+        metavar="IMAGE",
+        help="run each task in this pyxis/enroot image (srun --container-image); the run folder is mounted",
+    )
+    slurm.add_argument(
+        "--container-mounts",
+        default=None,
+        metavar="SRC:DST[,...]",
+        help="with --container-image: more mounts (srun --container-mounts)",
+    )
+    slurm.add_argument(
+        "--apptainer",
+        default=None,
+        metavar="IMAGE",
+        help="run each task in this Apptainer/Singularity image (apptainer exec --nv, the run folder bound)",
+    )
+    slurm.add_argument(
         "--slurm",
         action="append",
         default=[],

@@ -488,6 +488,7 @@ def fake_batch(
     record: dict[str, object] | None,
     hold: bool = False,
     tell: bool = True,
+    **extra_env: str,
 ) -> subprocess.Popen[str]:
     """Run slurm/ddp.sbatch as Slurm would run the batch shell, with a fake srun, scontrol and sinfo on PATH.
     The fake tasks write `record` to `folder`/preempted.json and, if `tell`, tell the script that folder."""
@@ -518,6 +519,7 @@ def fake_batch(
         SLURM_TASKS_PER_NODE="2(x2)",
         SLURM_CPUS_PER_TASK="3",
         SLURM_SUBMIT_DIR=str(tmp_path),
+        **extra_env,
     )
     return subprocess.Popen(
         ["bash", str(DDP_SBATCH), *args],
@@ -675,3 +677,76 @@ def test_report_names_a_non_finite_loss_and_exits_65(tmp_path: Path) -> None:
     # A hang verdict of this submission still decides: srun's code may be anything then.
     (tmp_path / "hang.json").write_text(json.dumps({"line": "hang at step 3", "run_id": "7-0"}))
     assert report(tmp_path, JobState("FAILED", exitcodes.NONFINITE))[0] == exitcodes.HANG
+
+
+@pytest.mark.parametrize(
+    "env, folder_args, srun_head",
+    [
+        (
+            {"HPC_DDP_APPTAINER": "/images/torch.sif", "HPC_DDP_SRUN_ARGS": "--mpi=pmix --network=x"},
+            ["--folder", "out/a"],
+            [
+                "--mpi=pmix",
+                "--network=x",
+                "apptainer",
+                "exec",
+                "--nv",
+                "--bind",
+                "{tmp}/out/a",
+                "/images/torch.sif",
+            ],
+        ),
+        (
+            {
+                "HPC_DDP_CONTAINER_IMAGE": "nvcr.io#nvidia/pytorch:24.05-py3",
+                "HPC_DDP_CONTAINER_MOUNTS": "/d:/d",
+            },
+            ["--folder=/abs/b"],
+            ["--container-image=nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts=/abs/b:/abs/b,/d:/d"],
+        ),
+        ({"HPC_DDP_APPTAINER": "/i.sif"}, [], ["apptainer", "exec", "--nv", "--bind", "{tmp}", "/i.sif"]),
+        ({"HPC_DDP_PYTHON": "/opt/py/bin/python"}, [], []),
+    ],
+)
+def test_ddp_sbatch_runs_the_tasks_where_its_variables_say(
+    tmp_path: Path, env: dict[str, str], folder_args: list[str], srun_head: list[str]
+) -> None:
+    """slurm/ddp.sbatch's HPC_DDP_* variables (issue 21): the srun line it builds, with a fake srun."""
+    if "HPC_DDP_PYTHON" in env:  # a pinned python: the batch steps run it too, so it must exist
+        env = {"HPC_DDP_PYTHON": sys.executable}
+    proc = fake_batch(tmp_path, [*folder_args, "--epochs", "2"], tmp_path / "runs" / "123", 0, None, **env)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    python = env.get("HPC_DDP_PYTHON", "python")
+    expected = [s.replace("{tmp}", str(tmp_path)) for s in srun_head]
+    assert (tmp_path / "srun_args").read_text().splitlines() == [
+        "--kill-on-bad-exit=1",
+        "--cpus-per-task=3",
+        *expected,
+        python,
+        "-u",
+        "-m",
+        "hpc_ddp.train",
+        *folder_args,
+        "--epochs",
+        "2",
+    ]
+    if "HPC_DDP_APPTAINER" in env and folder_args:
+        assert (tmp_path / "out" / "a").is_dir()  # a bind's source must exist
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        ({"HPC_DDP_APPTAINER": "/i.sif", "HPC_DDP_CONTAINER_IMAGE": "img"}, "choose one container runner"),
+        ({"HPC_DDP_CONTAINER_MOUNTS": "/d:/d"}, "HPC_DDP_CONTAINER_MOUNTS without HPC_DDP_CONTAINER_IMAGE"),
+    ],
+)
+def test_ddp_sbatch_refuses_two_containers_with_one_line(
+    tmp_path: Path, env: dict[str, str], needle: str
+) -> None:
+    proc = fake_batch(tmp_path, [], tmp_path / "runs" / "123", 0, None, **env)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "srun_args").exists()

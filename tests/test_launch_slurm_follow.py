@@ -22,6 +22,7 @@ from hpc_ddp.launch.slurm.client import SlurmClient
 from hpc_ddp.launch.slurm.follow import Look
 from hpc_ddp.launch.slurm.parse import JobHistory, JobInfo
 from hpc_ddp.launch.slurm.states import JobState
+from hpc_ddp.ledger import attempts
 from hpc_ddp.run.config import from_namespace
 from hpc_ddp.submit import build_argparser
 
@@ -443,3 +444,24 @@ def test_the_batch_shells_sigterm_line_comes_once_the_tasks_have_ended(tmp_path:
         "is recorded",
         "status=0",  # srun's, for the `end` step
     ]
+
+
+def test_an_attempt_a_time_limit_left_open_is_closed_when_the_job_is_over(tmp_path: Path) -> None:
+    """Issue 23: a time limit before the first checkpoint: Slurm SIGKILLed the batch shell before its `end`
+    step, and the attempt stayed open in attempts.jsonl until the next job in the folder. `--wait` closes it
+    once the job is over, with Slurm's word; another job's open attempt is left to that job."""
+    run = Run(tmp_path)
+    run.fake.start("7")
+    run.attempt("start", 0, nodes=["node1", "node2"], ranks=["node1"] * 2 + ["node2"] * 2)
+    with open(tmp_path / "attempts.jsonl", "a") as f:  # job 8's, still running elsewhere in this folder
+        f.write(
+            json.dumps({"event": "start", "job": "8", "restart": 0, "nodes": ["node3"], "time": 1.0}) + "\n"
+        )
+    run.at(20, lambda: run.fake.end("7", "TIMEOUT", "0:15"))
+    code, out = run.follow()
+    assert code == 1 and "hit its time limit" in out.splitlines()[-1], out
+    by_job = {a.job: a for a in attempts.read(tmp_path)}
+    closed = by_job["7"]
+    assert (closed.outcome, closed.decision) == ("stopped", "stop"), closed
+    assert "its time limit ended it before its batch shell could record the attempt" in closed.reason
+    assert by_job["8"].ended is None

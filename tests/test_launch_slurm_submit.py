@@ -173,8 +173,12 @@ def reference(
     variables (the real ones of a batch shell on this cluster, plus stale ones srun would read).
     (`time_limit_job` is requested only to start that job first.)"""
     folder = tmp_path_factory.mktemp("reference") / "run"
+    standin = tmp_path_factory.mktemp("apptainer")
+    (standin / "bin").mkdir()
+    (standin / "bin" / "apptainer").write_text(STANDIN_APPTAINER.replace("{record}", str(standin)))
+    (standin / "bin" / "apptainer").chmod(0o755)
     outer = {
-        **clean_environ(SLOW_TASK_SLEEP_S="0"),
+        **clean_environ(SLOW_TASK_SLEEP_S="0", PATH=f"{standin / 'bin'}:{os.environ['PATH']}"),
         "SLURM_CPUS_PER_TASK": "3",
         "SRUN_CPUS_PER_TASK": "3",
         "SLURM_HPC_DDP_CANARY": "outer",
@@ -186,11 +190,29 @@ def reference(
         "--partition",
         slurm_cluster,
         "--setup",
+        f"source {Path(sys.executable).parent / 'activate'}",  # the python the tasks run (issue 21)
+        "--setup",
         f"env | grep -E '^(SLURM|SRUN|MASTER)_' | sort > {folder}/batch_env.txt",
+        "--apptainer",
+        IMAGE,
     ]
     proc = run_submit(folder, *args, "--wait", env=outer)
     printed = run_submit(folder, *args, "--print-sbatch", env=outer)
-    return {"folder": folder, "proc": proc, "outer": outer, "printed": printed.stdout}
+    records = [p.read_text().splitlines() for p in sorted(standin.glob("args.*"))]
+    return {"folder": folder, "proc": proc, "outer": outer, "printed": printed.stdout, "apptainer": records}
+
+
+IMAGE = "/images/hpc ddp.sif"
+# A stand-in for Apptainer on the job's PATH: it records its arguments and the python it finds, then runs the
+# command as `apptainer exec` would in an image whose python is the host's (the real one needs an image).
+STANDIN_APPTAINER = """#!/bin/bash
+{ printf '%s\\n' "$@"; echo "SLURM_PROCID=${SLURM_PROCID:-}"; echo "python=$(command -v python)"; } > "{record}/args.$$"
+[[ $1 == exec ]] || { echo "stand-in apptainer: expected exec, got $1" >&2; exit 2; }
+shift
+while [[ $1 == -* ]]; do case $1 in --bind|-B) shift 2 ;; *) shift ;; esac; done
+shift  # the image
+exec "$@"
+"""
 
 
 def test_submit_wait_runs_4_ranks_on_2_nodes(reference: dict[str, Any]) -> None:
@@ -210,6 +232,38 @@ def test_submit_wait_runs_4_ranks_on_2_nodes(reference: dict[str, Any]) -> None:
     assert (folder / "submitit" / f"{job_id}_submission.sh").read_text() == reference["printed"]
     assert reference["printed"].endswith("\nexit $?\n")
     assert folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_tasks_ran_in_the_apptainer_image_with_the_python_the_setup_lines_chose(
+    reference: dict[str, Any],
+) -> None:
+    """Issue 21 item 2: `--setup 'source <venv>/bin/activate' --apptainer IMAGE`: every task ran through
+    `apptainer exec --nv --bind <run folder> IMAGE python ...` (a stand-in that records its arguments and runs
+    the rest), and `python` there is the one the setup line put first on PATH, not the submitter's path."""
+    folder, records = reference["folder"], reference["apptainer"]
+    assert reference["proc"].returncode == 0, reference["proc"].stdout
+    assert len(records) == 4, records
+    ranks = set()
+    for record in records:
+        assert record[:9] == [
+            "exec",
+            "--nv",
+            "--bind",
+            str(folder),
+            IMAGE,
+            "python",
+            "-u",
+            "-m",
+            "hpc_ddp.launch.slurm.start",
+        ], record
+        found = dict(line.split("=", 1) for line in record if line.startswith(("SLURM_PROCID=", "python=")))
+        ranks.add(found["SLURM_PROCID"])
+        assert Path(found["python"]).parent == Path(os.path.realpath(Path(sys.executable).parent)), found
+    assert ranks == {"0", "1", "2", "3"}
+    assert (
+        "# hpc_ddp: the tasks run `python` from the image's PATH, in the Apptainer image"
+        in reference["printed"]
+    )
 
 
 def test_a_job_submitted_from_a_job_gets_none_of_its_variables(reference: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -156,15 +156,19 @@ _OVER = {
 }
 
 
-def _close_other_jobs(journal: supervisor.Journal, job: str, client: SlurmClient) -> None:
-    """Close the attempts other jobs left open in this folder once Slurm says those jobs are over (a time
-    limit before the first checkpoint: the batch shell was killed before `end`), with what ended them. A job
-    still running, or one Slurm does not answer for, is left alone. Their budgets are theirs: nothing to
-    decide, each is recorded as stopped there."""
-    left = [a for a in attempts_of_others(journal, job) if a.ended is None]
+def close_over(
+    journal: supervisor.Journal, client: SlurmClient, which: Callable[[record.Attempt], bool]
+) -> list[str]:
+    """Close the open attempts of the folder that `which` selects once Slurm says their jobs are over (a time
+    limit before the first checkpoint: Slurm SIGKILLed the batch shell KillWait after its SIGTERM, before
+    `end`), with what ended them; the lines that say so. A job still running, or one Slurm does not answer
+    for, is left alone. Nothing to decide: the job is over, each is recorded as stopped. Called by the next
+    job's `begin` (for other jobs) and by `submit --wait` once its own job is over."""
+    left = [a for a in record.merge(record.read_lines(journal.folder)) if which(a) and a.ended is None]
     if not left:
-        return
+        return []
     histories = client.histories(sorted({a.job for a in left})) or {}
+    lines = []
     for attempt in left:
         history = histories.get(attempt.job)
         if history is None or not history.current.done:
@@ -183,7 +187,14 @@ def _close_other_jobs(journal: supervisor.Journal, job: str, client: SlurmClient
             checkpoint=supervisor.latest_step(journal.folder),
             adjust=lambda _this, decision: retry.Decision(outcomes.STOP, "the job is over", decision.exclude),
         )
-        say(f"job {attempt.job}: {closed.line}")
+        lines.append(f"job {attempt.job}: {closed.line}")
+    return lines
+
+
+def _close_other_jobs(journal: supervisor.Journal, job: str, client: SlurmClient) -> None:
+    """Close what other jobs left open in this folder (`close_over`): their budgets are theirs."""
+    for line in close_over(journal, client, lambda a: a.job != job):
+        say(line)
 
 
 def attempts_of_others(journal: supervisor.Journal, job: str) -> list[record.Attempt]:

@@ -232,6 +232,8 @@ def follow(
                 stuck = ending_since is not None and now - ending_since > COMPLETING_S
                 if seen.over or stuck:
                     final = history.current if stuck and history is not None else seen.state
+                    if seen.over:  # every process gone: an attempt still open lost its batch shell
+                        _close_open_attempts(job_id, folder, client)
                     clock.sleep(SETTLE_S)
                     local.poll(running=True)
                     local.metrics.stream.keep()
@@ -240,3 +242,14 @@ def follow(
                 last = seen
             next_poll = now + poll_delay(now - steady_since)
         clock.sleep(TICK_S)
+
+
+def _close_open_attempts(job_id: str, folder: Path, client: SlurmClient) -> None:
+    """Record how the job's attempts that its batch shell could not close ended (a time limit before the first
+    checkpoint: Slurm killed the shell before its `end` step), now that the job is over, instead of leaving
+    them open until the next job in the folder. The final word (`report`) says what happened."""
+    from hpc_ddp.launch import supervisor
+    from hpc_ddp.launch.slurm.batch import close_over
+
+    if attempts.path(folder).is_file():
+        close_over(supervisor.Journal(folder), client, lambda a: a.job == job_id)

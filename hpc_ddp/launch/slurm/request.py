@@ -22,6 +22,7 @@ from typing import Any
 
 from hpc_ddp.cluster.env import without_launcher
 from hpc_ddp.errors import UsageError
+from hpc_ddp.launch.slurm.runtime import Runtime
 
 SIGNAL = "USR2"  # submitit's default too; NCCL has been known to catch USR1
 SRUN_FLAGS = ("--kill-on-bad-exit=1",)  # plus --cpus-per-task=N when it is known
@@ -140,6 +141,7 @@ class SlurmRequest:
     exclusive: bool = False
     setup: tuple[str, ...] = ()
     extras: tuple[tuple[str, Any], ...] = ()
+    runtime: Runtime = Runtime()  # which python, which container, extra srun options
 
     def executor_parameters(self) -> dict[str, Any]:
         """Keyword arguments for submitit's `SlurmExecutor.update_parameters` (its native names)."""

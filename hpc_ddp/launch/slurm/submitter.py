@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpc_ddp import exitcodes
 from hpc_ddp.errors import UsageError, run_task
+from hpc_ddp.launch.slurm import runtime
 from hpc_ddp.launch.slurm.outcome import how_to_follow, log_path
 from hpc_ddp.launch.slurm.outcome import read as _read  # noqa: F401  (tests read logs through it)
 from hpc_ddp.launch.slurm.request import (
@@ -126,6 +127,9 @@ def request_from(ns: argparse.Namespace, shape: JobShape) -> SlurmRequest:
         exclusive=ns.exclusive,
         setup=tuple(ns.setup),
         extras=tuple(parse_extras(ns.slurm).items()),
+        runtime=runtime.check(
+            ns.python, ns.setup, ns.container_image, ns.container_mounts, ns.apptainer, ns.srun_arg
+        ),
     )
 
 
@@ -133,7 +137,8 @@ def sbatch_text(request: SlurmRequest, folder: Path, module: str = "", argv: tup
     """The sbatch script submitit writes for this request (what `--print-sbatch` shows)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    command = f"{task_python()} -u -m submitit.core._submit {shlex.quote(str(folder / SUBMITIT_DIR))}"
+    python = task_python(request, folder)
+    command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder / SUBMITIT_DIR))}"
     return _ended(
         _make_sbatch_string(
             command=command, folder=folder / SUBMITIT_DIR, **_parameters(request, folder, module, argv)
@@ -141,10 +146,11 @@ def sbatch_text(request: SlurmRequest, folder: Path, module: str = "", argv: tup
     )
 
 
-def task_python() -> str:
-    """How each task starts python: through hpc_ddp.launch.slurm.start, which blocks the preemption signals
-    from its first instruction until the task's handler takes them (a USR2 while a task starts kills it)."""
-    return f"{shlex.quote(sys.executable)} -u -m hpc_ddp.launch.slurm.start"
+def task_python(request: SlurmRequest, folder: Path) -> str:
+    """How each task starts python (submitit's `python` parameter): the interpreter `runtime` chooses, in the
+    Apptainer image if any, through hpc_ddp.launch.slurm.start, which blocks the preemption signals from its
+    first instruction until the task's handler takes them (a USR2 while a task starts killed it)."""
+    return runtime.task_command(request.runtime, sys.executable, str(folder))
 
 
 def _ended(text: str) -> str:
@@ -154,11 +160,16 @@ def _ended(text: str) -> str:
 
 
 def _parameters(request: SlurmRequest, folder: Path, module: str, argv: tuple[str, ...]) -> dict[str, Any]:
-    """submitit's parameters; a training job gets the batch shell's steps around srun (attempts, retries)."""
+    """submitit's parameters: the request's, the container's and the user's srun options, a comment that says
+    which python runs; a training job gets the batch shell's steps around srun (attempts, retries)."""
+    rt = request.runtime
     params = request.executor_parameters()
+    params["srun_args"] = [*params["srun_args"], *runtime.srun_options(rt, str(folder))]
+    params["setup"] = [runtime.explain(rt, sys.executable), *params.get("setup", [])]
     if module != TRAIN:
         return params
-    return with_batch_steps(params, shlex.quote(sys.executable), argv, str(folder / SUBMITIT_DIR))
+    python = shlex.quote(runtime.batch_interpreter(rt, sys.executable))
+    return with_batch_steps(params, python, argv, str(folder / SUBMITIT_DIR))
 
 
 def prepare_folder(folder: Path) -> None:
@@ -213,6 +224,7 @@ def submit(
             TaskEntry(module, argv),
             cfg.max_requeue,
             _parameters(request, folder, module, argv),
+            task_python(request, folder),
         )
     except UsageError:
         if not existed:  # leave nothing behind for a job that never was
@@ -246,7 +258,12 @@ def submit(
 
 
 def _submit(
-    request: SlurmRequest, folder: Path, entry: TaskEntry, max_requeue: int, params: dict[str, Any]
+    request: SlurmRequest,
+    folder: Path,
+    entry: TaskEntry,
+    max_requeue: int,
+    params: dict[str, Any],
+    python: str,
 ) -> str:
     import submitit
     from submitit.core.utils import FailedJobError
@@ -255,7 +272,7 @@ def _submit(
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return _ended(super()._make_submission_file_text(command, uid))  # as --print-sbatch shows it
 
-    executor = Executor(folder=folder / SUBMITIT_DIR, max_num_timeout=max_requeue, python=task_python())
+    executor = Executor(folder=folder / SUBMITIT_DIR, max_num_timeout=max_requeue, python=python)
     executor.update_parameters(**params)
     # submitit prints sbatch's stderr when sbatch fails; it is in the exception too, and becomes one line.
     with submission_environ(), redirect_stderr(io.StringIO()):
