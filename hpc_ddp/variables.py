@@ -69,6 +69,27 @@ VARIABLES: tuple[Variable, ...] = (
         "user",
         "slurm/ddp.sbatch: the site setup file it sources (default: env/job.env in the submit directory)",
     ),
+    Variable("HPC_DDP_PYTHON", "user", "slurm/ddp.sbatch: the python the tasks run (as submit's --python)"),
+    Variable(
+        "HPC_DDP_SRUN_ARGS",
+        "user",
+        "slurm/ddp.sbatch: extra srun options for the tasks (as submit's --srun-arg)",
+    ),
+    Variable(
+        "HPC_DDP_CONTAINER_IMAGE",
+        "user",
+        "slurm/ddp.sbatch: a pyxis/enroot image the tasks run in (as submit's --container-image)",
+    ),
+    Variable(
+        "HPC_DDP_CONTAINER_MOUNTS",
+        "user",
+        "slurm/ddp.sbatch: pyxis mounts beside the run folder's (as submit's --container-mounts)",
+    ),
+    Variable(
+        "HPC_DDP_APPTAINER",
+        "user",
+        "slurm/ddp.sbatch: an Apptainer/Singularity image the tasks run in with `exec --nv` (as submit's --apptainer)",
+    ),
     Variable("HPC_DDP_VENV", "user", "env/setup.sh: where to create the virtual environment (default .venv)"),
     Variable(
         "HPC_DDP_TORCH", "user", "env/setup.sh: the CPU torch version to install on a machine without one"
