@@ -17,6 +17,15 @@ from hpc_ddp.run.checkpoint.full import Full
 FORMATS: tuple[type[Format], ...] = (Full,)
 
 
+def for_run(cfg: Any, folder: Path, env: Any, commit: Any = None) -> Format:
+    """The format this run writes (--checkpoint-format, auto resolved by --strategy). `commit`: the full
+    format's (see full.Commit)."""
+    kind = named(cfg.format_name())
+    if kind is Full:
+        return Full(folder, env, cfg.keep, **({"commit": commit} if commit is not None else {}))
+    return kind(folder, env, cfg.keep)
+
+
 def named(name: str) -> type[Format]:
     for fmt in FORMATS:
         if fmt.name == name:
