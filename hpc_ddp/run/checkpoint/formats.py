@@ -13,8 +13,9 @@ from hpc_ddp.errors import CheckpointError
 from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.full import Full
+from hpc_ddp.run.checkpoint.sharded import Sharded
 
-FORMATS: tuple[type[Format], ...] = (Full,)
+FORMATS: tuple[type[Format], ...] = (Full, Sharded)
 
 
 def for_run(cfg: Any, folder: Path, env: Any, commit: Any = None) -> Format:
