@@ -57,3 +57,72 @@ def test_fsdp_bf16_and_keeping_parameters_after_forward_train(tmp_path: Path) ->
     assert curve[-1] < curve[0]
     weights = torch.load(tmp_path / "model.pth", weights_only=True)
     assert all(t.dtype == torch.float32 for t in weights.values())  # bf16 computes; the weights stay fp32
+
+
+# ----- sharded checkpoints --------------------------------------------------------------------------------
+SHARDED = (
+    "--task",
+    "fsdp_tasks:blocks",
+    "--deterministic",
+    "--log-every-s",
+    "0",
+    "--nodes",
+    "1",
+    "--strategy",
+)
+SLOW = {"STEP_SLEEP_S": "0.03"}
+
+
+def everything(checkpoint: Path) -> dict:
+    """Every tensor of a sharded checkpoint (model and optimizer, whole), and rank 0's other parts."""
+    import torch.distributed.checkpoint as dcp
+
+    from hpc_ddp.run.checkpoint import sharded
+
+    reader = dcp.FileSystemReader(str(checkpoint))
+    meta = reader.read_metadata().state_dict_metadata
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items() if hasattr(m, "size")}
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    for rank in range(2):
+        extras = torch.load(checkpoint / sharded.rank_file(rank), weights_only=True)
+        for key in ("position", "scheduler", "optimizer"):
+            state[f"{rank}:{key}"] = extras[key]
+        # torch's generator (dropout draws from it); Python's `random` is not compared: the kit's own start-up
+        # draws from it in a resumed process (under ddp too), and no training draws from it here.
+        state[f"{rank}:rng"] = extras["rng"]["cpu"]
+    return state
+
+
+def assert_same(a: object, b: object) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)  # type: ignore[arg-type]
+        for x, y in zip(a, b, strict=True):  # type: ignore[call-overload]
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.deadline(300)
+def test_sharded_checkpoints_preempted_twice_end_bitwise_equal(tmp_path: Path) -> None:
+    from test_run_models import preempted_twice
+
+    from hpc_ddp.run.checkpoint import store
+
+    args = (*SHARDED, "fsdp", *ranks(2), "--epochs", "3", "--batch-size", "16")
+    code, out = finish(start(tmp_path / "straight", *args, **SLOW))
+    assert code == 0, out
+    preempted_twice(tmp_path / "twice", *args, **SLOW)
+    a, b = (torch.load(tmp_path / f / "model.pth", weights_only=True) for f in ("straight", "twice"))
+    assert_same(a, b)
+    last = [store.list_checkpoints(tmp_path / f)[0] for f in ("straight", "twice")]
+    assert [p.name for p in last] == ["ckpt-00000024"] * 2
+    assert (last[0] / "hpc_ddp-manifest.json").is_file() and list(last[0].glob("__1_*.distcp"))
+    state = everything(last[0])
+    assert any("momentum_buffer" in k for k in state)  # the optimizer's sharded state is in DCP
+    assert_same(state, everything(last[1]))
