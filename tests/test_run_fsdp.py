@@ -126,3 +126,54 @@ def test_sharded_checkpoints_preempted_twice_end_bitwise_equal(tmp_path: Path) -
     state = everything(last[0])
     assert any("momentum_buffer" in k for k in state)  # the optimizer's sharded state is in DCP
     assert_same(state, everything(last[1]))
+
+
+def test_a_corrupt_shard_or_a_torn_save_falls_back_to_the_checkpoint_before(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    args = (*SHARDED, "fsdp", *ranks(2))
+    code, out = finish(start(tmp_path, *args, "--epochs", "3"))
+    assert code == 0, out
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == [f"ckpt-0000000{s}" for s in (4, 8)] + [
+        "ckpt-00000012",
+        "latest",
+    ]
+    # python -m hpc_ddp.checkpoint export: the newest checkpoint's model is model.pth, bit for bit.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_ddp.checkpoint",
+            "export",
+            str(ckpts / "ckpt-00000012"),
+            str(tmp_path / "x.pth"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "x.pth.sha256").is_file()
+    assert_same(
+        torch.load(tmp_path / "x.pth", weights_only=True),
+        torch.load(tmp_path / "model.pth", weights_only=True),
+    )
+    # The newest: one shard's bit flipped. The one before: torn (its manifest, written last, never came).
+    # And what a rank killed during a save leaves: a temporary folder, never named, removed at start.
+    shard = ckpts / "ckpt-00000012" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    (ckpts / "ckpt-00000008" / "hpc_ddp-manifest.json").unlink()
+    stale = ckpts / ".ckpt-00000016.tmp-sharded"
+    stale.mkdir()
+    (stale / "__0_0.distcp").write_bytes(b"half")
+    code, out = finish(start(tmp_path, *args, "--epochs", "4"))
+    assert code == 0, out
+    assert "ckpt-00000012 cannot be loaded safely: its shard __1_0.distcp is corrupt" in out
+    assert "ckpt-00000008 cannot be loaded safely: it is torn" in out
+    assert f"Resuming from {ckpts / 'ckpt-00000004'} at epoch 1, step 4" in out
+    assert not stale.exists()
+    assert (ckpts / "latest").read_text().strip() == "ckpt-00000016"

@@ -32,6 +32,7 @@ import errno
 import json
 import os
 import pickle
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -326,10 +327,7 @@ def _oserror(error: BaseException) -> OSError | None:
 def export(path: Path, out: Path) -> int:
     """Write the model of sharded checkpoint `path` as a plain state dict (`model.pth`: loadable with
     torch.load(weights_only=True) into the bare model), with its checksum, in one process. Returns its size."""
-    manifest = read_manifest(path, verify=True)
-    del manifest
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: F401  (same reader)
-
+    read_manifest(path, verify=True)
     state: dict[str, Any] = {}
     reader = dcp.FileSystemReader(str(path))
     metadata = reader.read_metadata()
@@ -338,6 +336,8 @@ def export(path: Path, out: Path) -> int:
             state[key[len("model.") :]] = torch.empty(item.size, dtype=item.properties.dtype)
     if not state:
         raise CheckpointError(f"checkpoint {path} holds no model tensors")
-    dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": state}, storage_reader=reader, no_dist=True)
     extras = torchfile.load_file(path / rank_file(0), verify=False).get("model") or {}
     return torchfile.atomic_save(merge(state, extras), out)
