@@ -38,7 +38,9 @@ def run_export(checkpoint: Path, out: Path) -> int:
     from hpc_ddp.run.checkpoint import full, sharded, torchfile
 
     if not checkpoint.exists():
-        raise UsageError(f"{checkpoint}: no such checkpoint. Give a ckpt-<step>/ folder or ckpt-<step>.pt file")
+        raise UsageError(
+            f"{checkpoint}: no such checkpoint. Give a ckpt-<step>/ folder or ckpt-<step>.pt file"
+        )
     if checkpoint.is_dir():
         return sharded.export(checkpoint, out)
     state = full.load(checkpoint)
