@@ -177,3 +177,25 @@ def test_a_corrupt_shard_or_a_torn_save_falls_back_to_the_checkpoint_before(tmp_
     assert f"Resuming from {ckpts / 'ckpt-00000004'} at epoch 1, step 4" in out
     assert not stale.exists()
     assert (ckpts / "latest").read_text().strip() == "ckpt-00000016"
+
+
+def test_a_new_world_size_is_refused_unless_allow_resize_then_resharded(tmp_path: Path) -> None:
+    args = (*SHARDED, "fsdp", "--batch-size", "8", "--grad-accum", "3")
+    code, out = finish(start(tmp_path, *args, *ranks(2), "--epochs", "1", "--max-steps", "3"))
+    assert code == 0, out
+    code, out = finish(start(tmp_path, *args, *ranks(3), "--epochs", "1"))
+    assert code == 2, out
+    assert "world size 2 (now 3) (a sharded checkpoint reshards: --allow-resize loads it)" in out
+    code, out = finish(start(tmp_path, *args, *ranks(3), "--epochs", "1", "--allow-resize"))
+    assert code == 0, out
+    assert (
+        "the checkpoint of 2 ranks is resharded onto 3; the global batch is kept at 48 by --grad-accum 2"
+        in out
+    )
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    starts = [r for r in map(json.loads, lines) if r["event"] == "start"]
+    assert starts[-1]["resized"] == {"from": 2, "to": 3, "global_batch": 48, "was": 48}
+    assert starts[-1]["world_size"] == 3 and starts[-1]["step"] == 3
+    # 9 micro-batches per rank were trained on 2 ranks (18 x 8 samples): 6 per rank on 3; 256 // 3 // 8 = 10
+    # per rank in the epoch leaves 4, two steps of 2.
+    assert [r["step"] for r in map(json.loads, lines) if r["event"] == "step"][-2:] == [4, 5]

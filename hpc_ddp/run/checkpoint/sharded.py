@@ -207,7 +207,13 @@ class Sharded(Format):
 
     @classmethod
     def owns(cls, path: Path) -> bool:
-        return path.is_dir()
+        """A folder with a manifest, DCP's index or a shard: a sharded checkpoint (torn if the manifest is
+        missing); any other folder is no checkpoint this kit reads."""
+        if not path.is_dir():
+            return False
+        return any((path / n).exists() for n in (MANIFEST, METADATA, rank_file(0))) or any(
+            path.glob("*.distcp")
+        )
 
     def stage(self, parts: Sequence[Part], meta: Mapping[str, Any], step: int) -> Job | None:
         tensors: dict[str, Any] = {}
