@@ -50,3 +50,11 @@ def no_dropout(config):  # type: ignore[no-untyped-def]
     for layer in task.model.layers:
         layer[1].p = 0.0
     return task
+
+
+def big(config):  # type: ignore[no-untyped-def]
+    """Wide blocks (about 17 M parameters, a checkpoint of ~130 MB with momentum): a save lasts long enough
+    for a test to kill a rank in the middle of it."""
+    task = blocks(config)
+    task.model = Blocks(width=1024, depth=8)
+    return task

@@ -199,3 +199,34 @@ def test_a_new_world_size_is_refused_unless_allow_resize_then_resharded(tmp_path
     # 9 micro-batches per rank were trained on 2 ranks (18 x 8 samples): 6 per rank on 3; 256 // 3 // 8 = 10
     # per rank in the epoch leaves 4, two steps of 2.
     assert [r["step"] for r in map(json.loads, lines) if r["event"] == "step"][-2:] == [4, 5]
+
+
+@pytest.mark.deadline(300)
+def test_a_rank_killed_during_an_async_save_resumes_from_the_newest_complete_checkpoint(
+    tmp_path: Path,
+) -> None:
+    import signal
+    import time
+
+    import psutil
+
+    args = ("--task", "fsdp_tasks:big", "--nodes", "1", *ranks(2), "--strategy", "fsdp", "--log-every-s", "0")
+    proc = start(
+        tmp_path, *args, "--batch-size", "8", "--lr", "0.0001", "--max-steps", "6", "--save-every-steps", "2"
+    )
+    ckpts = tmp_path / "checkpoints"
+    deadline = time.monotonic() + 200
+    while not (ckpts / "ckpt-00000002").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    in_flight = ckpts / ".ckpt-00000004.tmp-sharded"
+    while not in_flight.is_dir() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert in_flight.is_dir(), "the second save never started"
+    rank1 = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("SLURM_PROCID") == "1"]
+    assert rank1
+    rank1[0].send_signal(signal.SIGKILL)  # mid-write: its shards (or DCP's index, or the manifest) never come
+    code, out = finish(proc, timeout=240)
+    assert code == 0, out
+    assert f"Resuming from {ckpts / 'ckpt-00000002'} at epoch 0, step 2" in out
+    assert (ckpts / "latest").read_text().strip() == "ckpt-00000006"
+    assert not list(ckpts.glob(".*tmp*"))
