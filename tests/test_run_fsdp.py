@@ -222,7 +222,9 @@ def test_a_rank_killed_during_an_async_save_resumes_from_the_newest_complete_che
     while not in_flight.is_dir() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert in_flight.is_dir(), "the second save never started"
-    rank1 = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("SLURM_PROCID") == "1"]
+    rank1 = [
+        p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("SLURM_PROCID") == "1"
+    ]
     assert rank1
     rank1[0].send_signal(signal.SIGKILL)  # mid-write: its shards (or DCP's index, or the manifest) never come
     code, out = finish(proc, timeout=240)
