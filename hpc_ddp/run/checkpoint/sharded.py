@@ -141,6 +141,8 @@ class _Lazy:
 
     def fill(self, template: Any) -> Any:
         tensors, _ = split(template)
+        if tensors is None:  # no tensor in this part's state (SGD without momentum): all of it is in `rest`
+            return self.rest
         box = {self.key: tensors}
         dcp.load(box, storage_reader=dcp.FileSystemReader(str(self.path)))
         return merge(box[self.key], self.rest)
