@@ -58,3 +58,27 @@ def big(config):  # type: ignore[no-untyped-def]
     task = blocks(config)
     task.model = Blocks(width=1024, depth=8)
     return task
+
+
+def flaky_rank(config):  # type: ignore[no-untyped-def]
+    """On rank $FLAKY_RANK only, the first $FLAKY_SAVES checkpoint writes fail with ENOSPC (a full local
+    disk freed later): every rank must agree to retry, or the others would wait in DCP for it."""
+    import errno
+
+    from hpc_ddp.run.checkpoint import torchfile
+
+    failures = [
+        int(os.environ.get("FLAKY_SAVES", "0"))
+        if os.environ.get("RANK") == os.environ.get("FLAKY_RANK")
+        else 0
+    ]
+    real = torchfile._save_stream
+
+    def save_stream(obj, out):  # type: ignore[no-untyped-def]
+        if failures[0] > 0 and "ckpt-" in out.name:
+            failures[0] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device", out.name)
+        return real(obj, out)
+
+    torchfile._save_stream = save_stream
+    return blocks(config)

@@ -232,3 +232,26 @@ def test_a_rank_killed_during_an_async_save_resumes_from_the_newest_complete_che
     assert f"Resuming from {ckpts / 'ckpt-00000002'} at epoch 0, step 2" in out
     assert (ckpts / "latest").read_text().strip() == "ckpt-00000006"
     assert not list(ckpts.glob(".*tmp*"))
+
+
+def test_a_sharded_save_that_failed_on_one_rank_is_retried_by_every_rank(tmp_path: Path) -> None:
+    args = (
+        "--task",
+        "fsdp_tasks:flaky_rank",
+        "--nodes",
+        "1",
+        *ranks(2),
+        "--strategy",
+        "fsdp",
+        "--epochs",
+        "3",
+    )
+    env = {"FLAKY_SAVES": "2", "FLAKY_RANK": "1", "HPC_DDP_SAVE_BACKOFF_S": "0.2", "STEP_SLEEP_S": "0.05"}
+    code, out = finish(start(tmp_path, *args, "--log-every-s", "0", **env))
+    assert code == 0, out
+    assert "a checkpoint could not be written (No space left on device: " in out
+    assert "retry 1 of 5 in 0.2 s, training goes on" in out
+    ckpts = tmp_path / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "ckpt-00000012"
+    assert (ckpts / "ckpt-00000012" / "hpc_ddp-manifest.json").is_file()
+    assert not list(ckpts.glob(".*tmp*"))

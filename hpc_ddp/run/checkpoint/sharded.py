@@ -32,6 +32,7 @@ import errno
 import json
 import os
 import pickle
+import shutil
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -308,6 +309,10 @@ class Sharded(Format):
                 os.replace(temp, final)  # the name is given to a complete checkpoint only
                 fsync_dir(directory)
             store.promote(folder, final, keep)
+            # An older save that failed and was superseded by this one (writer.py) left its temporary folder.
+            for old in directory.glob(f".ckpt-*{TEMP_SUFFIX}"):
+                if 0 <= store.ckpt_step(Path(old.name[1 : -len(TEMP_SUFFIX)])) < step:
+                    shutil.rmtree(old, ignore_errors=True)
             return final, sum((final / n).stat().st_size for n in sums)
 
         return write
