@@ -51,3 +51,29 @@ def test_a_part_without_tensors_loads_from_the_rank_file_alone(tmp_path: Path) -
     rest = {"state": {}, "param_groups": [{"lr": 0.1, "params": ["w"]}]}
     assert sharded.split(rest) == (None, rest)
     assert sharded._Lazy(tmp_path, "optimizer", rest).fill({"state": {}, "param_groups": []}) == rest
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"strategy": "fsdp", "amp": "fp16"}, "--amp fp16 with --strategy fsdp"),
+        ({"checkpoint_format": "sharded"}, "--checkpoint-format sharded needs --strategy fsdp"),
+        ({"reshard_after_forward": "false"}, "--reshard-after-forward false applies to --strategy fsdp only"),
+        ({"strategy": "zero"}, "--strategy zero: choose one of ddp, fsdp"),
+    ],
+)
+def test_fsdp_options_that_cannot_work_are_usage_errors(options: dict, message: str) -> None:
+    from hpc_ddp.errors import UsageError
+    from hpc_ddp.run.config import TrainConfig
+
+    with pytest.raises(UsageError, match=message):
+        TrainConfig(**options)
+
+
+def test_the_checkpoint_format_follows_the_strategy_unless_named() -> None:
+    from hpc_ddp.run.config import TrainConfig
+
+    assert TrainConfig().format_name() == "full"
+    assert TrainConfig(strategy="fsdp").format_name() == "sharded"
+    assert TrainConfig(strategy="fsdp", checkpoint_format="full").format_name() == "full"
+    assert TrainConfig(strategy="fsdp").to_argv() == ["--strategy=fsdp"]  # what submitters pass each task
