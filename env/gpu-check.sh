@@ -34,6 +34,17 @@ else
   echo "== GPU tests"; "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.log" || status=1
 fi
 echo "== doctor (1 rank, --collective)"; "$py" -m hpc_ddp.doctor --collective --folder "$out/doctor" 2>&1 | tee "$out/doctor.log" || status=1
+# FSDP2 on the GPUs here: NCCL, a CUDA mesh, bf16 mixed precision, a sharded checkpoint, a resume from it and
+# its export to model.pth. --cpu: one gloo rank on the built-in linear task, no bf16.
+if [[ $cpu == 1 ]]; then
+  echo "== fsdp (1 CPU rank, linear)"; fsdp=(--gpus-per-node 1 --task linear)
+else
+  echo "== fsdp (NCCL, bf16, gpt)"; fsdp=(--gpus-per-node "$(nvidia-smi -L | wc -l)" --task gpt --amp bf16)
+fi
+fsdp+=(--local --nodes 1 --strategy fsdp --epochs 1 --save-every-steps 2 --folder "$out/fsdp" --log-every-s 0)
+{ "$py" -m hpc_ddp.submit "${fsdp[@]}" --max-steps 2 && "$py" -m hpc_ddp.submit "${fsdp[@]}" --max-steps 4 &&
+  "$py" -m hpc_ddp.checkpoint export "$out/fsdp/checkpoints/ckpt-00000004" "$out/fsdp/export.pth"; } 2>&1 |
+  tee "$out/fsdp.log" || status=1
 if [[ $cpu == 1 ]]; then echo "== bench overhead (--quick with --cpu)"; bench+=(--quick); else echo "== bench overhead"; fi
 "$py" -m hpc_ddp.bench "${bench[@]}" 2>&1 | tee "$out/bench.log" || status=1
 exit $status

@@ -36,6 +36,7 @@ PACKAGES = {
     "hpc_ddp.doctor": "tools",
     "hpc_ddp.bench": "tools",
     "hpc_ddp.report": "tools",
+    "hpc_ddp.checkpoint": "tools",  # python -m hpc_ddp.checkpoint export
     "hpc_ddp.examples": "tools",  # user-facing tasks, built on run; run's BUILTINS names them lazily by path
 }
 # hpc_ddp.slurm_job only re-exports launch.slurm.submitter.TaskEntry for old pickles: it sits in that layer.

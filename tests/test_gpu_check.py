@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 SCRIPT = ROOT / "env" / "gpu-check.sh"
 
 
-@pytest.mark.deadline(300)  # a one-rank doctor and one quick bench section: about 30 s on 2 busy cores
+@pytest.mark.deadline(420)  # a one-rank doctor, two one-rank fsdp runs, one quick bench section
 def test_gpu_check_runs_its_cpu_steps(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -26,7 +26,7 @@ def test_gpu_check_runs_its_cpu_steps(tmp_path: Path) -> None:
         env=clean_environ(PYTHON=sys.executable),
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=400,
     )
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
@@ -35,8 +35,12 @@ def test_gpu_check_runs_its_cpu_steps(tmp_path: Path) -> None:
         "== versions",
         "== GPU tests: skipped (--cpu)",
         "== doctor (1 rank, --collective)",
+        "== fsdp (1 CPU rank, linear)",
         "== bench overhead (--quick with --cpu)",
     ], text
+    fsdp = (out / "fsdp.log").read_text()
+    assert "Resuming from " in fsdp and "ckpt-00000002 at epoch 0, step 2" in fsdp, fsdp
+    assert (out / "fsdp" / "export.pth").is_file()
     assert "torch " in text and "nvidia-smi" not in text
     assert "doctor: 0 FAIL" in (out / "doctor.log").read_text()
     report = json.loads((out / "bench.json").read_text())

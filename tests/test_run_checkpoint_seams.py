@@ -16,7 +16,7 @@ from conftest import clean_environ
 
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
-from hpc_ddp.errors import CheckpointError
+from hpc_ddp.errors import CheckpointCorrupt, CheckpointError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run.beacon import NullBeacon
 from hpc_ddp.run.checkpoint import formats, full, store
@@ -218,6 +218,13 @@ def test_the_full_format_refuses_a_new_world_size_naming_both(tmp_path: Path) ->
 
 
 def test_a_directory_no_format_reads_is_refused_in_one_line(tmp_path: Path) -> None:
+    # Issue 20: a folder of DCP shards is the sharded format's (torn here: no manifest); one that holds no
+    # shard, no index and no manifest is still no checkpoint this kit reads.
     path = _directory(tmp_path, 2)
-    with pytest.raises(CheckpointError, match="is a directory that no checkpoint format of this kit reads"):
+    with pytest.raises(CheckpointCorrupt, match="it is torn"):
         formats.verify(path)
+    other = store.ckpt_dir(tmp_path) / store.ckpt_name(3, suffix="")
+    other.mkdir()
+    (other / "notes.txt").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="is a directory that no checkpoint format of this kit reads"):
+        formats.verify(other)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import hpc_ddp.bench
 from hpc_ddp.bench.runs import MIN_TRIALS, steps_per_epoch
-from hpc_ddp.bench.suite import PROG, SECTIONS, run
+from hpc_ddp.bench.suite import OPTIONAL, PROG, SECTIONS, run
 from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import UsageError, run_main
 
@@ -49,9 +49,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     )
     ns = parser.parse_args(argv)
     sections = list(dict.fromkeys(ns.sections)) or list(SECTIONS)
-    unknown = [x for x in sections if x not in SECTIONS]
+    unknown = [x for x in sections if x not in SECTIONS + OPTIONAL]
     if unknown:
-        raise UsageError(f"unknown section {unknown[0]!r}: choose from {', '.join(SECTIONS)}")
+        raise UsageError(f"unknown section {unknown[0]!r}: choose from {', '.join(SECTIONS + OPTIONAL)}")
     if ns.quick:
         ns.trials, ns.steps = 1, 4
     if ns.trials < 1 or ns.world_size < 1 or ns.batch_size < 1 or ns.steps < 2:

@@ -93,6 +93,16 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
         la, t = results["launch"], results["launch"].get("trials", {})
         trials = ratios(t.get("local", []), t.get("torchrun", []))
         target("launch / torchrun", la["local_vs_torchrun"], "<=", 1.0, trials)
+    if "fsdp" in results:
+        f, t = results["fsdp"], results["fsdp"].get("trials", {})
+        target(
+            "fsdp / ddp peak memory per rank",
+            f["peak_rss_bytes_ratio"],
+            "<=",
+            0.5,
+            t.get("peak_rss_bytes", []),
+        )
+        target("fsdp async / ddp rank-0 save stall", f["stall_s_ratio"], "<=", 0.1, t.get("stall_s", []))
     if "watchdog" in results:
         w, t = results["watchdog"], results["watchdog"].get("trials", {})
         trials = ratios(t.get("with", []), t.get("without", []))
@@ -145,6 +155,34 @@ def rows(results: dict[str, dict[str, Any]], s: Settings) -> list[tuple[str, str
             ("launch", "submit --local: start to first step", f"{la['local_s']:.2f} s"),
             ("", "torchrun --standalone: start to first step", f"{la['torchrun_s']:.2f} s"),
             ("", "submit --local / torchrun", f"{la['local_vs_torchrun']:.2f}x"),
+        ]
+    if "fsdp" in results:
+        f = results["fsdp"]
+        out += [
+            (
+                "fsdp",
+                f"ddp, {f['ranks']} ranks, {f['params'] / 1e6:.1f} M parameters, AdamW",
+                f"{f['ddp_samples_per_s']:,.1f} samples/s",
+            ),
+            ("", "fsdp, sharded async checkpoints", f"{f['fsdp_samples_per_s']:,.1f} samples/s"),
+            ("", "samples/s fsdp / ddp", f"{f['samples_per_s_ratio']:.2f}x"),
+            (
+                "",
+                "peak RSS per rank, ddp / fsdp",
+                f"{f['ddp_peak_rss_bytes'] / 2**20:,.0f} / {f['fsdp_peak_rss_bytes'] / 2**20:,.0f} MiB",
+            ),
+            ("", "peak RSS fsdp / ddp", f"{f['peak_rss_bytes_ratio']:.2f}x"),
+            (
+                "",
+                "loop stall per save, ddp full / fsdp sharded",
+                f"{f['ddp_stall_s'] * 1e3:,.0f} / {f['fsdp_stall_s'] * 1e3:,.0f} ms",
+            ),
+            ("", "stall fsdp / ddp", f"{f['stall_s_ratio']:.3f}x"),
+            (
+                "",
+                "fsdp background write / save interval",
+                f"{f['fsdp_write_s']:.2f} / {f['fsdp_interval_s']:.2f} s",
+            ),
         ]
     if "watchdog" in results:
         w = results["watchdog"]

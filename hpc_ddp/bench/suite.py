@@ -13,12 +13,13 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.bench import saving, startup, throughput, watching
+from hpc_ddp.bench import saving, sharding, startup, throughput, watching
 from hpc_ddp.bench.report import header, table, targets
 from hpc_ddp.bench.runs import TASK, RunFailed, Settings, load_average, progress
 
 PROG = "python -m hpc_ddp.bench"
-SECTIONS = ("overhead", "scaling", "checkpoint", "launch", "watchdog")
+SECTIONS = ("overhead", "scaling", "checkpoint", "launch", "watchdog")  # the default run
+OPTIONAL = ("fsdp",)  # asked for by name only: minutes and gigabytes
 
 
 def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -31,7 +32,9 @@ def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, An
         results["launch"] = startup.launch_section(s)
     if "watchdog" in sections:
         results["watchdog"] = watching.watchdog_section(s)
-    return {name: results[name] for name in SECTIONS if name in results}
+    if "fsdp" in sections:
+        results["fsdp"] = sharding.fsdp_section(s)
+    return {name: results[name] for name in SECTIONS + OPTIONAL if name in results}
 
 
 def run(

@@ -189,7 +189,7 @@ class Checkpointer:
     def restore(self, opened: Opened, path: Path) -> list[str]:
         """Give each part its state from `opened`, after checking it fits this run (CheckpointError)."""
         resume.check_compatible(opened.meta, path, self.cfg, self.env.world_size, formats.format_of(path))
-        ctx = Loading(path, opened.meta, self.cfg)
+        ctx = Loading(path, opened.meta, self.cfg, world_size=self.env.world_size)
         for part in self.parts:
             part.load_state_dict(opened.state_of(part, self.env.rank), ctx)
         return ctx.notes

@@ -22,11 +22,14 @@ PIN_MEMORY = ("auto", "on", "off")
 AMP_CHOICES = ("none", "bf16", "fp16")
 REQUEUE_BY = ("auto", "scontrol", "launcher")
 NONFINITE_CHOICES = ("stop", "skip")
+STRATEGIES = ("ddp", "fsdp")  # hpc_ddp.run.strategy.STRATEGIES builds them (torch), named here for --help
+CHECKPOINT_FORMATS = ("auto", "full", "sharded")  # auto: sharded under fsdp, full under ddp
+TRUE_FALSE = ("true", "false")
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch's generators take (a signed 64-bit integer)
 MAX_TIMEOUT_S = 30 * 86400.0  # timedelta and faulthandler overflow on absurd values (1e12 s)
 # Fields that must match for an exact resume (the checkpoint's, and a local run's default folder: a rerun with
 # other values is another run); the others (epochs, lr schedule length, logging) may change.
-MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp", "lr_schedule", "warmup_steps")
+MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp", "lr_schedule", "warmup_steps", "strategy")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,37 @@ class TrainConfig:
         },
     )
     clip_grad: float = field(default=0.0, metadata={"help": "clip the gradient norm to this value (0: off)"})
+    strategy: str = field(
+        default="ddp",
+        metadata={
+            "help": "ddp: a full replica of the model on every rank; fsdp: FSDP2, parameters, gradients and "
+            "optimizer state sharded over the ranks (for models bigger than one GPU)",
+            "choices": STRATEGIES,
+        },
+    )
+    reshard_after_forward: str = field(
+        default="true",
+        metadata={
+            "help": "--strategy fsdp: free the gathered parameters after each block's forward (true: least "
+            "memory, gathered again for backward) or keep them until backward (false: one gather less)",
+            "choices": TRUE_FALSE,
+        },
+    )
+    checkpoint_format: str = field(
+        default="auto",
+        metadata={
+            "help": "full: one file rank 0 writes; sharded: every rank writes its own shards (Distributed "
+            "Checkpoint), in the background; auto: sharded under --strategy fsdp, full under ddp",
+            "choices": CHECKPOINT_FORMATS,
+        },
+    )
+    allow_resize: bool = field(
+        default=False,
+        metadata={
+            "help": "resume a sharded checkpoint on another number of ranks (resharded on load; the global "
+            "batch changes unless --grad-accum absorbs it)"
+        },
+    )
     max_steps: int = field(
         default=0, metadata={"help": "stop after this many optimizer steps in total (0: no limit)"}
     )
@@ -254,6 +288,28 @@ class TrainConfig:
             raise UsageError(f"--num-workers {self.num_workers}: use -1 (auto) or a count >= 0")
         if self.amp not in AMP_CHOICES:
             raise UsageError(f"--amp {self.amp}: choose one of {', '.join(AMP_CHOICES)}")
+        for name, value, choices in (
+            ("strategy", self.strategy, STRATEGIES),
+            ("reshard_after_forward", self.reshard_after_forward, TRUE_FALSE),
+            ("checkpoint_format", self.checkpoint_format, CHECKPOINT_FORMATS),
+        ):
+            if value not in choices:
+                raise UsageError(f"--{_flag(name)} {value}: choose one of {', '.join(choices)}")
+        if self.strategy == "fsdp" and self.amp == "fp16":
+            raise UsageError(
+                "--amp fp16 with --strategy fsdp: fp16 needs a sharded gradient scaler, which the kit does not "
+                "have. Fix: --amp bf16 (FSDP's mixed precision: bf16 parameters, fp32 reductions)"
+            )
+        if self.strategy == "ddp" and self.checkpoint_format == "sharded":
+            raise UsageError(
+                "--checkpoint-format sharded needs --strategy fsdp (DDP's replicas are the same on every rank: "
+                "rank 0's full checkpoint holds them). Fix: --strategy fsdp, or --checkpoint-format full"
+            )
+        if self.strategy == "ddp" and self.reshard_after_forward != "true":
+            raise UsageError(
+                f"--reshard-after-forward {self.reshard_after_forward} applies to --strategy fsdp only. "
+                "Fix: add --strategy fsdp, or drop the flag"
+            )
         if self.requeue_by not in REQUEUE_BY:
             raise UsageError(f"--requeue-by {self.requeue_by}: choose one of {', '.join(REQUEUE_BY)}")
         if self.nonfinite_loss not in NONFINITE_CHOICES:
@@ -303,6 +359,12 @@ class TrainConfig:
             )
         return seconds
 
+    def format_name(self) -> str:
+        """The checkpoint format this run writes: --checkpoint-format, auto resolved by --strategy."""
+        if self.checkpoint_format != "auto":
+            return self.checkpoint_format
+        return "sharded" if self.strategy == "fsdp" else "full"
+
     def best_rule(self) -> tuple[str, str] | None:
         """--keep-best as (metric name, "min" or "max"), or None when off (raises UsageError when malformed)."""
         if not self.keep_best:
@@ -339,13 +401,13 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-def differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
+def differences(saved: dict[str, Any], cfg: TrainConfig, skip: tuple[str, ...] = ()) -> list[str]:
     """The MUST_MATCH fields where `saved` (a run's recorded config) differs from `cfg`, each as
     "--seed 0 (now 1)"; empty when `cfg` continues that run."""
     return [
         f"--{_flag(k)} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
         for k in MUST_MATCH
-        if k in saved and saved[k] != getattr(cfg, k)
+        if k in saved and saved[k] != getattr(cfg, k) and k not in skip
     ]
 
 

@@ -265,9 +265,17 @@ class Recorder:
         )
 
     def start(
-        self, pos: Position, job: str, restart: int, resumed: bool, world_size: int, startup_s: float
+        self,
+        pos: Position,
+        job: str,
+        restart: int,
+        resumed: bool,
+        world_size: int,
+        startup_s: float,
+        resized: dict[str, Any] | None = None,
     ) -> None:
-        """This process starts training (rank 0, right before its first step)."""
+        """This process starts training (rank 0, right before its first step). `resized`: a checkpoint of
+        another world size was resharded (--allow-resize): from, to, the global batch before and after."""
         self.last_step_end = (
             time.monotonic()
         )  # the first step's time is that step's, not the resume before it
@@ -286,6 +294,7 @@ class Recorder:
                 "resumed": resumed,
                 "world_size": world_size,
                 "startup_s": round(startup_s, 3),
+                **({"resized": resized} if resized else {}),
             }
         )
 

@@ -143,7 +143,13 @@ class PositionPart(Part):
         return asdict(self.get())
 
     def load_state_dict(self, state: Any, ctx: Loading) -> None:
-        self.set(Position(**state))
+        pos = Position(**state)
+        saved = int(ctx.meta.get("world_size") or 0)
+        if saved and ctx.world_size and saved != ctx.world_size:
+            # Resharded (--allow-resize): the epoch's shuffle is the same, split over other ranks; the samples
+            # it already trained on are `batch` per rank times the old ranks, so each new rank skips its share.
+            pos.batch = pos.batch * saved // ctx.world_size
+        self.set(pos)
 
 
 class StreamPart(Part):

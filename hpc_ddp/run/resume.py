@@ -22,7 +22,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -197,10 +197,16 @@ def check_compatible(
     """A checkpoint from another model or an incompatible config fails here with both values shown. `meta` is
     what the checkpoint was written with (its world_size and config); whether another world size can load it
     is its format's to say (`fmt`: the full format refuses, naming both sizes)."""
-    diffs = differences(meta.get("config", {}), cfg)
+    saved = meta.get("config", {})
     resized = fmt.world_size_change(meta.get("world_size"), world_size)
-    if resized:
-        diffs.append(resized)
+    reshards = bool(getattr(fmt, "reshards", False))
+    allowed = bool(resized) and cfg.allow_resize and reshards
+    # Resized, the global batch changes anyway: --grad-accum may change to keep it (see `resize`).
+    diffs = differences(saved, cfg, skip=("grad_accum",) if allowed else ())
+    if resized and not allowed:
+        diffs.append(
+            resized + (" (a sharded checkpoint reshards: --allow-resize loads it)" if reshards else "")
+        )
     if diffs:
         raise CheckpointError(
             f"checkpoint {path} was written with {', '.join(diffs)}; an exact resume needs the "
@@ -236,3 +242,53 @@ def reapply_lr(
 
 def _rates(values: list[Any]) -> list[float | None]:
     return [None if v is None else float(v) for v in values]
+
+
+@dataclass(frozen=True)
+class Resize:
+    """A sharded checkpoint of `saved` ranks resumed on `now` (--allow-resize), and its global batch."""
+
+    saved: int
+    now: int
+    batch_before: int  # samples per optimizer step over all ranks, as the checkpoint trained
+    batch_after: int
+    grad_accum: int  # what this run uses
+
+    def describe(self) -> str:
+        kept = (
+            f"kept at {self.batch_after} by --grad-accum {self.grad_accum}"
+            if self.batch_before == self.batch_after
+            else f"{self.batch_before} -> {self.batch_after} (no --grad-accum keeps it: "
+            f"{self.batch_before} is not a multiple of {self.now} x --batch-size)"
+        )
+        return (
+            f"--allow-resize: the checkpoint of {self.saved} ranks is resharded onto {self.now}; the global "
+            f"batch is {kept}; bitwise equality with an uninterrupted run does not hold across a resize"
+        )
+
+    def record(self) -> dict[str, int]:
+        return {
+            "from": self.saved,
+            "to": self.now,
+            "global_batch": self.batch_after,
+            "was": self.batch_before,
+        }
+
+
+def resize(cfg: TrainConfig, start: Path | None, world_size: int) -> tuple[TrainConfig, Resize | None]:
+    """Every rank, before the model is built: with --allow-resize and a sharded checkpoint of another world
+    size, the --grad-accum that keeps the global batch (the checkpoint's --grad-accum x its ranks, divided by
+    the ranks now, when that divides evenly and --grad-accum was left as the checkpoint had it)."""
+    if start is None or not cfg.allow_resize or not start.is_dir():
+        return cfg, None
+    meta = formats.open_checkpoint(start, verify=False).meta
+    saved, config = int(meta.get("world_size") or world_size), meta.get("config", {})
+    if saved == world_size:
+        return cfg, None
+    accum = int(config.get("grad_accum", cfg.grad_accum))
+    before = cfg.batch_size * accum * saved
+    if cfg.grad_accum == accum and (accum * saved) % world_size == 0:
+        cfg = replace(cfg, grad_accum=accum * saved // world_size)
+    return cfg, Resize(
+        saved, world_size, before, cfg.batch_size * cfg.grad_accum * world_size, cfg.grad_accum
+    )

@@ -172,6 +172,7 @@ def _train(
     task = tasks.build(cfg)  # the user's code and --task are checked before anything in the folder changes
     plan = _rank0(env, lambda: resume.plan(cfg, folder, environ, log.warn))  # looks; changes nothing
     start = plan.start
+    cfg, resized = resume.resize(cfg, start, env.world_size)  # --allow-resize: --grad-accum keeps the batch
     # Leaving the block closes the trainer on every path, errors included: the checkpoint in flight is
     # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed. The
     # watchdog is stopped first, and covers everything up to then: training, saves, the final barriers.
@@ -194,6 +195,8 @@ def _train(
             log.main(note)
         if start is not None:
             log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
+        if resized is not None:
+            log.main(resized.describe())
         trainer.metrics.start(
             trainer.pos,
             env.job_id or "",
@@ -201,6 +204,7 @@ def _train(
             start is not None,
             env.world_size,
             _since_process_start(),
+            resized.record() if resized is not None else None,
         )
         preemption.arm()  # from here on a stop signal is saved for at the next agreed step
         outcome = trainer.run()

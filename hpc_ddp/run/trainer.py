@@ -47,7 +47,7 @@ from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import metrics, preemption, progress, schedules, stragglers
 from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.beacon import Beacon
-from hpc_ddp.run.checkpoint import content, full
+from hpc_ddp.run.checkpoint import content, formats, full
 from hpc_ddp.run.checkpointer import SAVING_OK, Checkpointer
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.evaluator import Evaluator
@@ -173,7 +173,7 @@ class Trainer:
                 f"each rank gets {len(self.sampler)} samples of the dataset ({count(env.world_size, 'rank')}), "
                 f"fewer than --batch-size {cfg.batch_size}. Fix: a smaller --batch-size or fewer ranks"
             )
-        self.strategy = strategy or strategies.create("ddp", cfg, env, device, comm_hook=comm_hook)
+        self.strategy = strategy or strategies.for_run(cfg, env, device, task, comm_hook)
         try:
             # Wrap first, then the optimizer over what the strategy says it steps (FSDP needs this order).
             self.strategy.setup(
@@ -258,7 +258,7 @@ class Trainer:
             StreamPart(lambda: self._stream_state, self._set_stream),
             RngPart(device),
         ]
-        fmt = full.Full(self.folder, env, cfg.keep, commit=commit)
+        fmt = formats.for_run(cfg, self.folder, env, commit)
         self.checkpointer = Checkpointer(
             cfg, env, self.folder, parts, fmt, self.log, self.metrics.save, self.beacon
         )

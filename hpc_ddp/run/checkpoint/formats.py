@@ -13,8 +13,18 @@ from hpc_ddp.errors import CheckpointError
 from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.full import Full
+from hpc_ddp.run.checkpoint.sharded import Sharded
 
-FORMATS: tuple[type[Format], ...] = (Full,)
+FORMATS: tuple[type[Format], ...] = (Full, Sharded)
+
+
+def for_run(cfg: Any, folder: Path, env: Any, commit: Any = None) -> Format:
+    """The format this run writes (--checkpoint-format, auto resolved by --strategy). `commit`: the full
+    format's (see full.Commit)."""
+    kind = named(cfg.format_name())
+    if kind is Full:
+        return Full(folder, env, cfg.keep, **({"commit": commit} if commit is not None else {}))
+    return kind(folder, env, cfg.keep)
 
 
 def named(name: str) -> type[Format]:

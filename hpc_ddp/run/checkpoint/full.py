@@ -87,13 +87,16 @@ class Full(Format):
         everyone: list[Any] = [None] * self.env.world_size
         if mine:
             dist.all_gather_object(everyone, mine)
+        # Asked on every rank, in the same order: a strategy that shards (FSDP) gathers a whole state with a
+        # collective, which rank 0 gets (the others get nothing, at the cost of a few references under DDP).
+        whole = {p.key: p.state_dict() for p in parts if p.kind == REPLICATED}
         if not self.env.is_main:
             return None
         self.on_own_work()
         state: dict[str, Any] = {}
         for part in parts:
             if part.kind == REPLICATED:
-                state[part.key] = part.state_dict()
+                state[part.key] = whole[part.key]
             elif part.kind == PER_RANK:
                 state[part.key] = [_unpack(rank_states[part.key]) for rank_states in everyone]
             else:

@@ -33,6 +33,7 @@ class Loading:
     meta: Mapping[str, Any]  # the checkpoint's world_size, config (as TrainConfig.as_dict()) and version
     cfg: TrainConfig
     notes: list[str] = field(default_factory=list)  # what a resume changed, said once training starts
+    world_size: int = 0  # the ranks loading it (0: unknown)
 
 
 class Part(ABC):

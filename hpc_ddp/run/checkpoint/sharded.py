@@ -1,0 +1,356 @@
+"""The "sharded" format: `checkpoints/ckpt-<step>/`, a folder every rank writes its own shards into (DCP).
+
+    ckpt-00000120/
+        __0_0.distcp, __1_0.distcp, ...   each rank's tensors (Distributed Checkpoint, one file or more a rank)
+        .metadata                         DCP's index of them, written by rank 0 once every rank's are written
+        rank-00000.pt, rank-00001.pt      each rank's parts that are not sharded tensors (a torch file)
+        hpc_ddp-manifest.json             rank 0, last: the SHA-256 of every file above, and what it was
+                                          written with (world_size, config, version)
+
+A SHARDED part's tensors go to DCP and the rest of its state (an optimizer's param_groups, numbers) to the
+rank file, so nothing DCP would unpickle with `weights_only=False` is ever written; DCP's `.metadata` is read
+with an unpickler that takes only DCP's own index classes (`safe_metadata`). Every other part goes whole into
+each rank's file: a REPLICATED part is loaded from rank 0's, a PER_RANK part from the loading rank's own.
+
+Saving: `stage` (training thread, the loop's stall) takes each part's state and copies the tensors to CPU
+(DCP's DefaultStager); the job (each rank's background writer) writes them with `dcp.save` over a gloo group
+of its own, created once at start by every rank, so that the writers' collectives never mix with the training
+thread's. The job's collectives are made so that every rank reaches the same verdict: the rank files and the
+finite check are agreed on before DCP writes, and DCP reports a failure to every rank; an OSError anywhere is
+an OSError everywhere, so all ranks retry together (writer.py's rules). After the write every rank checksums
+its own files and all-gathers the sums; rank 0 writes the manifest, renames `.ckpt-<step>.tmp-sharded/` to
+`ckpt-<step>/` (so a listed checkpoint is a complete one, as for every format) and promotes it (`latest`,
+rotation). A rank killed mid-save leaves only the temporary folder: the newest complete checkpoint stands.
+
+Loading needs no rank to hold the whole model: each rank reads the shards it needs for its own layout, which
+is also how a checkpoint of N ranks loads on M (`reshards`: with --allow-resize).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import shutil
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.tensor import DTensor
+
+from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused, NonFinite
+from hpc_ddp.run.checkpoint import content, durable, store, torchfile
+from hpc_ddp.run.checkpoint.format import Format
+from hpc_ddp.run.checkpoint.part import PER_RANK, SHARDED, Part
+from hpc_ddp.run.checkpoint.writer import Job
+from hpc_ddp.run.folder import atomic_write_bytes, fsync_dir
+
+MANIFEST = "hpc_ddp-manifest.json"
+METADATA = ".metadata"
+TEMP_SUFFIX = ".tmp-sharded"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+# ----- a state split into DCP's tensors and the rest ---------------------------------------------------------
+def split(state: Any) -> tuple[Any, Any]:
+    """(the tensors of `state`, nested as in it; everything else). Dicts are walked; a tensor is DCP's; any
+    other value (a list, a number) goes whole to the rest."""
+    if isinstance(state, torch.Tensor):
+        return state, None
+    if not isinstance(state, dict):
+        return None, state
+    tensors, rest = {}, {}
+    for key, value in state.items():
+        t, r = split(value)
+        if t is not None:
+            tensors[key] = t
+        if r is not None or t is None:
+            rest[key] = r
+    return (tensors or None), rest
+
+
+def merge(tensors: Any, rest: Any) -> Any:
+    """`split`'s inverse."""
+    if not isinstance(tensors, dict):
+        return tensors if tensors is not None else rest
+    out = dict(rest or {})
+    for key, value in tensors.items():
+        out[key] = merge(value, out.get(key))
+    return out
+
+
+def _local(state: Any) -> Any:
+    """This rank's shards as plain tensors (checks on the writer thread must not run DTensor collectives)."""
+    if isinstance(state, DTensor):
+        return state.to_local()
+    if isinstance(state, dict):
+        return {k: _local(v) for k, v in state.items()}
+    return state
+
+
+# ----- reading -----------------------------------------------------------------------------------------------
+class _Unpickler(pickle.Unpickler):
+    """DCP's `.metadata` is a pickle: only its own index classes (and torch's dtypes and sizes) may be in it."""
+
+    ALLOWED = ("torch.distributed.checkpoint.", "torch.distributed.tensor.")
+    PLAIN = {
+        ("collections", "OrderedDict"),
+        ("torch", "Size"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("torch.serialization", "_get_layout"),  # a layout by its name
+        ("pathlib", "PosixPath"),  # DCP's storage metadata names the folder it was written to
+        ("pathlib._local", "PosixPath"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if module.startswith(self.ALLOWED) or (module, name) in self.PLAIN or dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def safe_metadata(path: Path) -> None:
+    """CheckpointRefused unless `path/.metadata` holds only DCP's index (DCP itself unpickles it freely)."""
+    try:
+        with open(path / METADATA, "rb") as f:
+            _Unpickler(f).load()
+    except pickle.UnpicklingError as e:
+        raise CheckpointRefused(
+            f"checkpoint {path}: its {METADATA} holds {e}, which only DCP's index classes may be: it could run "
+            "code when loaded, so it is not loaded. Fix: --resume PATH of a checkpoint written by this kit"
+        ) from e
+    except OSError as e:
+        raise CheckpointCorrupt(f"checkpoint {path} cannot be read ({e.strerror or e})") from e
+
+
+class _Lazy:
+    """A SHARDED part's tensors, read by `fill(template)` into this rank's layout (a collective: every rank
+    loads at the same time); the rest of its state merged back."""
+
+    def __init__(self, path: Path, key: str, rest: Any) -> None:
+        self.path, self.key, self.rest = path, key, rest
+
+    def fill(self, template: Any) -> Any:
+        tensors, _ = split(template)
+        if tensors is None:  # no tensor in this part's state (SGD without momentum): all of it is in `rest`
+            return self.rest
+        box = {self.key: tensors}
+        dcp.load(box, storage_reader=dcp.FileSystemReader(str(self.path)))
+        return merge(box[self.key], self.rest)
+
+
+class Opened:
+    def __init__(self, path: Path, manifest: Mapping[str, Any], verify: bool) -> None:
+        self.path, self.meta, self.verify = path, manifest["meta"], verify
+        self._files: dict[int, Any] = {}
+
+    def _rank(self, rank: int) -> Any:
+        if rank not in self._files:
+            self._files[rank] = torchfile.load_file(self.path / rank_file(rank), verify=False)
+        return self._files[rank]
+
+    def state_of(self, part: Part, rank: int) -> Any:
+        saved = int(self.meta.get("world_size") or 0)
+        if part.kind == PER_RANK:
+            return self._rank(rank).get(part.key) if rank < saved else None  # a new rank: none of its own
+        entry = self._rank(0).get(part.key)
+        if part.kind == SHARDED:
+            return _Lazy(self.path, part.key, entry)
+        return entry
+
+
+def read_manifest(path: Path, verify: bool) -> dict[str, Any]:
+    """The manifest, after checking every file it names (`verify`); CheckpointCorrupt for a torn or damaged
+    checkpoint."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        files: dict[str, str] = manifest["files"]
+        manifest["meta"]  # noqa: B018
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointCorrupt(
+            f"checkpoint {path} cannot be loaded safely: it is torn (no readable {MANIFEST}: {e})"
+        ) from e
+    if verify:
+        for name, expected in sorted(files.items()):
+            try:
+                actual = durable.file_sha256(path / name)
+            except OSError as e:
+                raise CheckpointCorrupt(
+                    f"checkpoint {path} cannot be loaded safely: its shard {name} cannot be read "
+                    f"({e.strerror or e})"
+                ) from e
+            if actual != expected:
+                raise CheckpointCorrupt(
+                    f"checkpoint {path} cannot be loaded safely: its shard {name} is corrupt (SHA-256 "
+                    f"{actual[:16]}..., the manifest recorded {expected[:16]}... when it was written)"
+                )
+        safe_metadata(path)
+    return manifest
+
+
+# ----- the format --------------------------------------------------------------------------------------------
+class Sharded(Format):
+    name = "sharded"
+    reshards = True  # a checkpoint of N ranks loads on M (--allow-resize)
+
+    def __init__(self, folder: Path, env: Any, keep: int) -> None:
+        super().__init__(folder, env, keep)
+        # The background writers' own group: created once, by every rank in the same order (a collective).
+        self.group = dist.new_group(backend="gloo")
+
+    @classmethod
+    def owns(cls, path: Path) -> bool:
+        """A folder with a manifest, DCP's index or a shard: a sharded checkpoint (torn if the manifest is
+        missing); any other folder is no checkpoint this kit reads."""
+        if not path.is_dir():
+            return False
+        return any((path / n).exists() for n in (MANIFEST, METADATA, rank_file(0))) or any(
+            path.glob("*.distcp")
+        )
+
+    def stage(self, parts: Sequence[Part], meta: Mapping[str, Any], step: int) -> Job | None:
+        tensors: dict[str, Any] = {}
+        rest: dict[str, Any] = {}
+        checks = []
+        for part in parts:
+            state = part.state_dict()
+            if part.kind == SHARDED:
+                tensors[part.key], rest[part.key] = split(state)
+            else:
+                rest[part.key] = state
+            checks.append((part.check, part.key))
+        self.on_own_work()
+        # A CPU copy of this rank's shards (DTensors stay DTensors): training may change its own at once.
+        opts = StagingOptions(False, False, False, False)  # pinned, shared, async staging, non-blocking
+        staged = DefaultStager(opts).stage({k: v for k, v in tensors.items() if v is not None})
+        extras = content.to_cpu(rest, "the checkpoint state")
+        return self._job(staged, extras, checks, dict(meta), step)
+
+    def _job(
+        self, staged: dict[str, Any], extras: Any, checks: list[Any], meta: dict[str, Any], step: int
+    ) -> Job:
+        rank, world, group = self.env.rank, self.env.world_size, self.group
+        directory = store.ckpt_dir(self.folder)
+        final = directory / store.ckpt_name(step, suffix="")
+        temp = directory / f".{final.name}{TEMP_SUFFIX}"
+        folder, keep = self.folder, self.keep
+        done: dict[str, Any] = {}  # what a retry on rank 0 need not do again
+
+        def agree(mine: Any) -> list[Any]:
+            everyone: list[Any] = [None] * world
+            dist.all_gather_object(everyone, mine, group=group)
+            return everyone
+
+        def verdict(everyone: list[Any]) -> None:
+            """The same error on every rank, from what every rank reported (None: fine)."""
+            for report in everyone:
+                if report is not None and report[0] == "nonfinite":
+                    raise NonFinite(report[1])
+            for report in everyone:
+                if report is not None:
+                    done.clear()  # every rank starts the whole save again
+                    raise OSError(report[1], report[2], report[3])
+
+        def attempt(fn: Any) -> Any:
+            try:
+                fn()
+            except NonFinite as e:
+                return ("nonfinite", str(e))
+            except OSError as e:
+                return ("oserror", e.errno or errno.EIO, e.strerror or str(e), e.filename or str(temp))
+            return None
+
+        def write_rank_file() -> None:
+            local = _local(staged)
+            for check, key in checks:
+                check(merge(local.get(key), extras.get(key)) if key in local else extras.get(key), step)
+            temp.mkdir(parents=True, exist_ok=True)
+            torchfile.atomic_save(extras, temp / rank_file(rank))
+
+        def write() -> tuple[Path, int]:
+            if "sums" not in done:
+                verdict(agree(attempt(write_rank_file)))
+                try:
+                    dcp.save(staged, storage_writer=dcp.FileSystemWriter(str(temp)), process_group=group)
+                except BaseException as e:  # DCP tells every rank the same: an OSError on any is one on all
+                    cause = _oserror(e)
+                    if cause is None:
+                        raise
+                    done.clear()
+                    raise OSError(cause.errno or errno.EIO, cause.strerror or str(cause), str(temp)) from e
+
+                def checksum() -> None:
+                    names = [
+                        n for n in os.listdir(temp) if n.startswith(f"__{rank}_") or n == rank_file(rank)
+                    ]
+                    if rank == 0:
+                        names.append(METADATA)
+                    done["mine"] = {n: durable.file_sha256(temp / n) for n in names}
+
+                everyone = agree(attempt(checksum) or ("sums", done.get("mine")))
+                verdict([r if r[0] != "sums" else None for r in everyone])
+                done["sums"] = {name: sum_ for r in everyone for name, sum_ in r[1].items()}
+            if rank != 0:
+                return temp, 0
+            sums = done["sums"]
+            if temp.is_dir():
+                atomic_write_bytes(temp / MANIFEST, json.dumps({"files": sums, "meta": meta}).encode())
+                fsync_dir(temp)
+                os.replace(temp, final)  # the name is given to a complete checkpoint only
+                fsync_dir(directory)
+            store.promote(folder, final, keep)
+            # An older save that failed and was superseded by this one (writer.py) left its temporary folder.
+            for old in directory.glob(f".ckpt-*{TEMP_SUFFIX}"):
+                if 0 <= store.ckpt_step(Path(old.name[1 : -len(TEMP_SUFFIX)])) < step:
+                    shutil.rmtree(old, ignore_errors=True)
+            return final, sum((final / n).stat().st_size for n in sums)
+
+        return write
+
+    @classmethod
+    def open(cls, path: Path, verify: bool = True) -> Opened:
+        return Opened(path, read_manifest(path, verify), verify)
+
+    @classmethod
+    def world_size_change(cls, saved: int | None, now: int) -> str | None:
+        return None if saved == now else f"world size {saved} (now {now})"
+
+
+def _oserror(error: BaseException) -> OSError | None:
+    """The OSError behind DCP's CheckpointException (any rank's), if there is one."""
+    if isinstance(error, OSError):
+        return error
+    for failure in getattr(error, "failures", {}).values():
+        exc = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(exc, OSError):
+            return exc
+    return None
+
+
+def export(path: Path, out: Path) -> int:
+    """Write the model of sharded checkpoint `path` as a plain state dict (`model.pth`: loadable with
+    torch.load(weights_only=True) into the bare model), with its checksum, in one process. Returns its size."""
+    read_manifest(path, verify=True)
+    state: dict[str, Any] = {}
+    reader = dcp.FileSystemReader(str(path))
+    metadata = reader.read_metadata()
+    for key, item in metadata.state_dict_metadata.items():
+        if key.startswith("model.") and hasattr(item, "size"):
+            state[key[len("model.") :]] = torch.empty(item.size, dtype=item.properties.dtype)
+    if not state:
+        raise CheckpointError(f"checkpoint {path} holds no model tensors")
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    extras = torchfile.load_file(path / rank_file(0), verify=False).get("model") or {}
+    return torchfile.atomic_save(merge(state, extras), out)

@@ -1,0 +1,191 @@
+"""FSDP2: every rank holds a shard of each parameter, its gradient and its optimizer state (`--strategy fsdp`).
+
+`fully_shard` goes on each block (the modules of the model's `nn.ModuleList`s, or what `Task.shard(model)`
+returns), then on the root: a block's parameters are all-gathered just before its forward (and again before
+its backward with `--reshard-after-forward true`), and its gradients are reduce-scattered as soon as its
+backward ends, so a rank never holds more than a few blocks in full.
+
+The mesh is always given: without one, `fully_shard` picks a CUDA mesh whenever CUDA exists, which breaks a
+gloo group on a GPU machine (pytorch#132471). `--amp bf16` is FSDP's mixed precision (bf16 parameters for the
+compute, fp32 gradient reductions and fp32 sharded weights), not autocast.
+
+State: the model's and the optimizer's states are sharded DTensor state dicts (`get_model_state_dict`,
+`get_optimizer_state_dict`); a sharded checkpoint format saves each rank's own shards. With the full format,
+`full_states` makes them full CPU state dicts gathered from every rank (a collective on every rank), which is
+also what `model.pth` holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.autograd import Variable
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from hpc_ddp.cluster.env import DistEnv
+from hpc_ddp.errors import CheckpointError, NonFinite, UsageError
+from hpc_ddp.log import RankLog
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.strategy.base import Strategy
+
+Shard = Callable[[nn.Module], Iterable[nn.Module]]
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 gets it all, on CPU; others: {}
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The default blocks: the modules of every nn.ModuleList in `model`, innermost first (FSDP2 shards from
+    the leaves up: a block inside a sharded block must be sharded before it)."""
+    found: list[nn.Module] = []
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList):
+            found.extend(module)
+    return list(reversed(found))
+
+
+class FSDPStrategy(Strategy):
+    name = "fsdp"
+
+    def __init__(
+        self, cfg: TrainConfig, env: DistEnv, device: torch.device, shard: Shard | None = None
+    ) -> None:
+        super().__init__(cfg, env, device)
+        self.shard = shard
+        self.full_states = cfg.format_name() == "full"  # the checkpoint holds whole states, not shards
+        self.shards_state = not self.full_states  # type: ignore[misc]
+        self.autocast_dtype = None  # the mixed-precision policy casts; autocast stays off
+        self.policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if cfg.amp == "bf16"
+            else MixedPrecisionPolicy()
+        )
+        self.blocks: list[nn.Module] = []
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        self.model = model = model.to(self.device)
+        mesh = init_device_mesh(self.device.type, (self.env.world_size,))
+        chosen = list(self.shard(model)) if self.shard is not None else blocks(model)
+        for module in chosen:
+            if not isinstance(module, nn.Module) or module is model:
+                raise UsageError(
+                    f"Task.shard returned {type(module).__name__}: expected submodules of the model (the "
+                    "root is sharded last by the kit). Fix: return the model's blocks, e.g. model.layers"
+                )
+        reshard = self.cfg.reshard_after_forward == "true"
+        for module in chosen:
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=self.policy)
+        self.blocks = chosen
+        # The root gathers what no block holds (embeddings, the head); it never reshards after forward, since
+        # its backward comes at once (FSDP2 does the same by default).
+        self.wrapped = fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=self.policy)
+        return self.wrapped
+
+    def no_sync(self) -> contextlib.AbstractContextManager[Any]:
+        return self._no_sync()
+
+    @contextlib.contextmanager
+    def _no_sync(self) -> Iterator[None]:
+        """FSDP2's counterpart of DDP's no_sync: gradients of the micro-batch stay unsharded and accumulate;
+        the step's last backward reduce-scatters the sum."""
+        model = self.wrapped
+        assert model is not None, "the strategy was closed"
+        model.set_requires_gradient_sync(False)  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+    def on_backward_end(self, loss: torch.Tensor, callback: Callable[[], None]) -> None:
+        # As under DDP: queued when backward starts, before FSDP's own end-of-backward callback (queued by the
+        # root's pre-backward), so it runs first: from then on the rank waits for the last reduce-scatters.
+        loss.register_hook(lambda grad: Variable._execution_engine.queue_callback(callback))
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        # The norm of sharded gradients is a DTensor: the total over every rank's shards (a collective).
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    # ----- state --------------------------------------------------------------------------------------------
+    def model_state(self) -> dict[str, Any]:
+        """A collective: this rank's shards (DTensors), or with the full format the whole CPU state on rank 0
+        (an empty dict elsewhere)."""
+        return get_model_state_dict(self.model, options=FULL if self.full_states else None)
+
+    def load_model_state(self, state: Any, path: Path) -> None:
+        if callable(getattr(state, "fill", None)):  # a sharded checkpoint's entry: read into our own shards
+            state = state.fill(get_model_state_dict(self.model))
+        try:
+            set_model_state_dict(
+                self.model, state, options=StateDictOptions(full_state_dict=self.full_states)
+            )
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(
+                f"checkpoint {path} is for a different model: {str(e).splitlines()[-1].strip()[:300]}. "
+                "Fix: the same --task, or another --folder"
+            ) from e
+
+    def optimizer_state(self) -> dict[str, Any]:
+        assert self.optimizer is not None, "the strategy was closed"
+        return get_optimizer_state_dict(
+            self.model, self.optimizer, options=FULL if self.full_states else None
+        )
+
+    def load_optimizer_state(self, state: Any) -> None:
+        assert self.optimizer is not None, "the strategy was closed"
+        if callable(getattr(state, "fill", None)):
+            state = state.fill(get_optimizer_state_dict(self.model, self.optimizer))
+        set_optimizer_state_dict(
+            self.model, self.optimizer, state, options=StateDictOptions(full_state_dict=self.full_states)
+        )
+
+    def full_model_state(self) -> dict[str, Any] | None:
+        """A collective: every shard gathered, block by block, into rank 0's CPU memory (never the whole model
+        on one GPU)."""
+        state = get_model_state_dict(self.model, options=FULL)
+        return state if self.env.is_main else None
+
+    def _local(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, p in self.model.named_parameters():
+            yield name, (p.to_local() if isinstance(p, DTensor) else p).detach()
+
+    def nonfinite_parameters(self) -> list[str]:
+        with torch.no_grad():
+            mine = [
+                n for n, t in self._local() if t.is_floating_point() and not bool(torch.isfinite(t).all())
+            ]
+        everyone: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(everyone, mine)  # a shard lives on one rank only: the union is the answer
+        return sorted({name for names in everyone for name in names})
+
+    def check_in_sync(self, log: RankLog) -> None:
+        """Under FSDP no two ranks hold the same weights, so there are no replicas to compare: every shard is
+        stepped by its own rank only. What can still go wrong is non-finite weights: checked on every shard."""
+        with torch.no_grad():
+            mine = sum(float(t.double().sum()) for _, t in self._local())
+        everyone: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(everyone, mine)
+        broken = [r for r, total in enumerate(everyone) if not math.isfinite(total)]
+        if broken:
+            raise NonFinite(
+                f"the weights are not finite at the end of training (the shards of ranks {broken}): model.pth "
+                "was not written. Fix: a smaller --lr or --clip-grad, then resume from the last good checkpoint"
+            )
+        log.main(
+            f"Parameters sharded over {self.env.world_size} ranks (fsdp): no replicas to compare; every "
+            "shard is finite"
+        )

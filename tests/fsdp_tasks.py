@@ -1,0 +1,84 @@
+"""Tasks for the --strategy fsdp tests (`--task fsdp_tasks:NAME`, tests/ on PYTHONPATH): a tiny model whose
+blocks sit in an nn.ModuleList (what fsdp shards by default), with dropout (its RNG must resume too), momentum
+(optimizer state) and a scheduler."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import nn
+
+from hpc_ddp import Task
+from hpc_ddp.run.tasks import _synthetic_regression
+
+
+class Blocks(nn.Module):
+    def __init__(self, width: int = 16, depth: int = 3) -> None:
+        super().__init__()
+        self.inp = nn.Linear(10, width)
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, width), nn.Dropout(0.1), nn.ReLU()) for _ in range(depth)
+        )
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.out(x)
+
+
+def blocks(config):  # type: ignore[no-untyped-def]
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        time.sleep(float(os.environ.get("STEP_SLEEP_S", "0")))  # lets a test's signal land mid-run
+        return nn.functional.mse_loss(out, y)
+
+    return Task(
+        model=Blocks(),
+        dataset=_synthetic_regression(256, 10, 1, config.seed),
+        loss_fn=loss,
+        optimizer=lambda params: torch.optim.SGD(params, lr=config.lr, momentum=0.9),
+        scheduler=lambda opt, total: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.95**s),
+    )
+
+
+def no_dropout(config):  # type: ignore[no-untyped-def]
+    """The same without dropout: fsdp and ddp draw the same numbers only where no RNG is involved."""
+    task = blocks(config)
+    for layer in task.model.layers:
+        layer[1].p = 0.0
+    return task
+
+
+def big(config):  # type: ignore[no-untyped-def]
+    """Wide blocks (about 17 M parameters, a checkpoint of ~130 MB with momentum): a save lasts long enough
+    for a test to kill a rank in the middle of it."""
+    task = blocks(config)
+    task.model = Blocks(width=1024, depth=8)
+    return task
+
+
+def flaky_rank(config):  # type: ignore[no-untyped-def]
+    """On rank $FLAKY_RANK only, the first $FLAKY_SAVES checkpoint writes fail with ENOSPC (a full local
+    disk freed later): every rank must agree to retry, or the others would wait in DCP for it."""
+    import errno
+
+    from hpc_ddp.run.checkpoint import torchfile
+
+    failures = [
+        int(os.environ.get("FLAKY_SAVES", "0"))
+        if os.environ.get("RANK") == os.environ.get("FLAKY_RANK")
+        else 0
+    ]
+    real = torchfile._save_stream
+
+    def save_stream(obj, out):  # type: ignore[no-untyped-def]
+        if failures[0] > 0 and "ckpt-" in out.name:
+            failures[0] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device", out.name)
+        return real(obj, out)
+
+    torchfile._save_stream = save_stream
+    return blocks(config)
