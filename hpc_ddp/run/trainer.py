@@ -44,6 +44,7 @@ from hpc_ddp.errors import NonFinite, UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import batches as batching
 from hpc_ddp.run import beacon as phase
+from hpc_ddp.run import best as best_of
 from hpc_ddp.run import metrics, preemption, progress, schedules, stragglers
 from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.beacon import Beacon
@@ -53,6 +54,7 @@ from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.evaluator import Evaluator
 from hpc_ddp.run.folder import MODEL
 from hpc_ddp.run.parts import (
+    BestPart,
     ModelPart,
     OptimizerPart,
     PositionPart,
@@ -136,8 +138,7 @@ class Trainer:
         # Every rank's host and pid, once, at start: the straggler report and the hang verdict name hosts.
         self.peers: list[tuple[str, int]] = [("", 0)] * env.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
-        if cfg.keep_best:
-            raise UsageError(f"--keep-best {cfg.keep_best}: not supported yet. Fix: drop --keep-best")
+        self.best = _best(cfg, task)  # --keep-best (hpc_ddp.run.best)
         self.dataset = task.dataset
         # A stream (hpc_ddp.run.streams): no sampler, no length; its epoch ends when some rank's stream does.
         self.iterable = isinstance(task.dataset, IterableDataset)
@@ -256,6 +257,7 @@ class Trainer:
             SchedulerPart(lambda: self.scheduler),
             PositionPart(lambda: self.pos, self._set_pos),
             StreamPart(lambda: self._stream_state, self._set_stream),
+            BestPart(self.best),
             RngPart(device),
         ]
         fmt = full.Full(self.folder, env, cfg.keep, commit=commit)
@@ -320,7 +322,8 @@ class Trainer:
         """Checkpoint at the current position (a collective; see Checkpointer.save). `final` also waits until
         it is durable."""
         self.save_due = False
-        self.checkpointer.save(self.pos, final)
+        best = self.best is not None and self.best.step == self.pos.step
+        self.checkpointer.save(self.pos, final, best=best)
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         """Load a full checkpoint's state (model, optimizer, scaler, position, this rank's RNG). A --lr that
@@ -677,6 +680,13 @@ class Trainer:
             return Outcome(False, result.requeue, result.stop)
         pos.eval_pending = False
         self._evaluated = pos.step
+        if self.best is not None and self.best.offer(pos.step, result.means):
+            # The save at this step is due (it comes right after, at the same step) and will be the best. A
+            # checkpoint of this step written before its evaluation (the resume of one stopped during it) is
+            # written again: it then holds the finished evaluation and its best value.
+            self.save_due = True
+            if self.checkpointer.saved_step == pos.step:
+                self.checkpointer.saved_step = -1
         self.metrics.eval(pos, result.samples, result.means)
         shown = " | ".join(f"{name} {value:.4f}" for name, value in result.means.items())
         self.log.main(f"Eval at step {pos.step} (epoch {pos.epoch}, {result.samples} samples): {shown}")
@@ -727,6 +737,7 @@ class Trainer:
             stopped = self.evaluate()
             if stopped is not None:
                 return stopped
+            self._periodic_save(False)  # --keep-best: a new best is saved at its step
         if self.finished():  # never one more step than --max-steps, also after a resume
             return Outcome(True)
         while self.pos.epoch < self.cfg.epochs:
@@ -794,6 +805,22 @@ def loader_options(cfg: TrainConfig, device: torch.device, workers: int) -> dict
     if workers and cfg.prefetch_factor:
         options["prefetch_factor"] = cfg.prefetch_factor
     return options
+
+
+def _best(cfg: TrainConfig, task: Task) -> best_of.Best | None:
+    """--keep-best's tracker; a usage error now when the task cannot report NAME (known before training)."""
+    rule = cfg.best_rule()
+    if rule is None:
+        return None
+    best = best_of.Best(*rule)
+    if task.eval_dataset is None:
+        raise UsageError(
+            f"{best.flag}: the task has no evaluation (no Task.eval_dataset). Fix: drop --keep-best, or give "
+            "the task an eval_dataset"
+        )
+    if task.eval_step is None:  # the evaluation reports the loss only
+        best.check_names(["loss"])
+    return best
 
 
 def _scheduler(task: Task, cfg: TrainConfig, optimizer: Any, total: int) -> Any | None:
