@@ -211,6 +211,28 @@ def test_evaluation_counts_each_sample_exactly_once(
     assert f"Eval at step {expected[-1]} (epoch 2, 37 samples): id_mean 18.0000" in out
 
 
+@pytest.mark.deadline(240)
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_an_iterable_evaluation_set_counts_each_sample_once_over_uneven_parts(
+    tmp_path: Path, ranks: int
+) -> None:
+    # 37 samples in parts of 12 + 25 (2 ranks: 2 and 4 batches of 8) or 12 + 25 + 0 (3 ranks: one has none);
+    # --eval-batch-size 8 under --batch-size 16.
+    args = ("--task", "model_tasks:stream_eval", "--nodes", "1", "--gpus-per-node", str(ranks))
+    flags = ("--batch-size", "16", "--eval-batch-size", "8", "--max-steps", "4", "--eval-every-steps", "2")
+    code, out = finish(start(tmp_path, *args, *flags), timeout=200)
+    assert code == 0, out
+    evals = records(tmp_path, "eval")
+    assert [r["step"] for r in evals] == [2, 4]
+    parts = [12, 25] if ranks > 1 else [37]  # the third rank's part is empty
+    sizes = [min(8, part - k) for part in parts for k in range(0, part, 8)]  # batches of --eval-batch-size
+    for r in evals:
+        assert r["samples"] == 37
+        assert r["metrics"]["size"] == pytest.approx(sum(b * b for b in sizes) / 37)
+        assert r["metrics"]["id_mean"] == pytest.approx(18.0)
+        assert r["metrics"]["id_sq"] == pytest.approx(sum(i * i for i in range(37)) / 37)
+
+
 def evals_of(folder: Path) -> list[tuple]:
     return [(r["step"], r["epoch"], r["samples"], r["metrics"]) for r in records(folder, "eval")]
 
@@ -344,3 +366,20 @@ def test_a_stream_with_state_preempted_twice_ends_bitwise_equal(tmp_path: Path) 
     assert first % 5 != 0, "the first signal should land mid-epoch"  # the stream's state is what resumes
     assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
     assert [r["step"] for r in records(tmp_path / "twice", "epoch")] == [5, 10, 15]
+
+
+@pytest.mark.deadline(300)
+def test_a_stream_with_state_read_by_two_workers_preempted_twice_ends_bitwise_equal(tmp_path: Path) -> None:
+    # torchdata's StatefulDataLoader holds every worker's state. 4 readers (2 ranks x 2 workers) of 40, 48, 56
+    # and 64 samples: rank 0 has 5 + 6 batches of 8, rank 1 more; every epoch ends after 11 steps.
+    args = ("--task", "model_tasks:stateful_stream", *TWO, "--epochs", "3", "--batch-size", "8")
+    args += ("--num-workers", "2")
+    slow = {"STEP_SLEEP_S": "0.3"}
+    code, out = finish(start(tmp_path / "straight", *args, **slow), timeout=200)
+    assert code == 0, out
+    out = preempted_twice(tmp_path / "twice", *args, **slow)
+    assert "cannot be resumed mid-epoch" not in out
+    first = int(out.split("Resuming from ")[1].split(", step ")[1].split()[0])
+    assert first % 11 != 0, "the first signal should land mid-epoch"  # the workers' states are what resume
+    assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
+    assert [r["step"] for r in records(tmp_path / "twice", "epoch")] == [11, 22, 33]

@@ -7,7 +7,8 @@
     position   where the run is: epoch, batch, step, the epoch's loss so far
     rng        every rank's own RNG (PER_RANK): torch's CPU (and CUDA) generator and Python's `random`
     stream     every rank's IterableDataset state_dict() (PER_RANK) at the start of its next step, when it
-               has one (and no DataLoader workers); None otherwise
+               has one: the dataset's own without DataLoader workers, the StatefulDataLoader's (every
+               worker's) with them (hpc_ddp.run.loaders); None otherwise
     best       --keep-best: the best evaluation value so far and its step (hpc_ddp.run.best); None without
 
 Their keys are the entries of every checkpoint written since 0.1.0: never rename one.

@@ -48,12 +48,18 @@ class Task:
     step          step(model, batch) -> loss, or (loss, {"name": value, ...}): one micro-batch, your own forward.
                   The loss must be a scalar tensor; the extra values are averaged over ranks at each record and
                   shown in the progress line, metrics.jsonl, TensorBoard (train/<name>) and the report.
-    optimizer     optimizer(params) -> Optimizer; default SGD(lr=--lr).
+    optimizer     optimizer(params) -> Optimizer; default SGD(lr=--lr). Your own sets its own rate: --lr
+                  reaches it only if your factory reads config.lr (the built-in tasks do). A schedule
+                  (--lr-schedule or Task.scheduler) scales the rate the optimizer starts with, whatever set it.
+                  A --lr changed on resume is applied (and scales the schedule by new/old) when the optimizer
+                  takes it, and refused (exit 2) when it does not: it would not apply.
     scheduler     scheduler(optimizer, total_steps) -> LRScheduler, stepped once per optimizer step that was
                   applied; default --lr-schedule. Its state is in every checkpoint.
     collate_fn    for the training and the evaluation loaders (e.g. padding, dict batches).
-    eval_dataset  map-style (iterable: not supported yet); evaluated every --eval-every-epochs/--eval-every-steps and at the end,
-                  each sample exactly once over all ranks, in model.eval() under torch.no_grad().
+    eval_dataset  map-style (rank r evaluates samples r, r + world, ...) or an IterableDataset (each rank reads
+                  its own part: hpc_ddp.run.streams.reader, as for training); evaluated every
+                  --eval-every-epochs/--eval-every-steps and at the end, in batches of --eval-batch-size, each
+                  sample exactly once over all ranks, in model.eval() under torch.no_grad().
     eval_step     eval_step(model, batch) -> {"name": value}: means over the batch, weighted by its samples
                   across ranks. Without it the evaluation reports the loss (`loss_fn` or `step`'s).
     shard         --strategy fsdp: shard(model) -> the modules to shard one by one (default: the modules of
