@@ -69,7 +69,9 @@ def test_a_resume_one_batch_into_the_second_epoch_goes_on_from_there(persistent:
     resumed = _loader(persistent)
     resumed.load_state_dict(state)
     rest, _ = _first_of_each(resumed)
-    if persistent:  # torchdata 0.11: worker 1's state is epoch 0's end (fails once fixed: then drop the workaround)
+    if (
+        persistent
+    ):  # torchdata 0.11: worker 1's state is epoch 0's end (fails once fixed: then drop the workaround)
         assert took + rest != whole
     else:
         assert took + rest == whole
