@@ -42,8 +42,10 @@ class Task:
                   the *wrapped* model (DDP or FSDP): call it, its forward is the synchronised one.
     dataset       a map-style Dataset (split across ranks by a DistributedSampler, reshuffled each epoch), or an
                   IterableDataset (each rank and worker reads its own part: hpc_ddp.run.streams.reader; the epoch
-                  ends on every rank after the same step, when some rank's stream ends; a resume restarts a
-                  stream's epoch, and says so). Its set_epoch(epoch), if any, is called each epoch.
+                  ends on every rank after the same step, when some rank's stream ends; one with
+                  state_dict()/load_state_dict() resumes mid-epoch exactly, with DataLoader workers through
+                  torchdata's StatefulDataLoader; any other restarts its epoch on resume, and says so). Its
+                  set_epoch(epoch), if any, is called each epoch.
     loss_fn       loss_fn(output, target) for `(input, target)` batches: output = model(input).
     step          step(model, batch) -> loss, or (loss, {"name": value, ...}): one micro-batch, your own forward.
                   The loss must be a scalar tensor; the extra values are averaged over ranks at each record and
