@@ -116,6 +116,7 @@ def lrs(folder: Path) -> list[float]:
     return [r["lr"] for r in records(folder, "step")]
 
 
+@pytest.mark.deadline(300)  # three runs in a row
 def test_lr_schedule_steps_per_optimizer_step_and_a_new_lr_on_resume_scales_it(tmp_path: Path) -> None:
     args = ("--task", "model_tasks:dicts", *TWO, "--log-every-s", "0", "--lr-schedule", "cosine")
     code, out = finish(start(tmp_path, *args, "--warmup-steps", "2", "--epochs", "2"), timeout=100)
