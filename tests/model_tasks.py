@@ -62,7 +62,13 @@ def eval_step(model: nn.Module, batch: dict) -> dict:
     out = model(batch["x"])
     # `id_mean`: the mean of the evaluated sample ids; over a dataset of n samples, each once, it is (n - 1) / 2
     ids = batch["id"].double()
-    return {"mse": nn.functional.mse_loss(out, batch["y"]), "id_mean": ids.mean(), "id_sq": (ids**2).mean()}
+    # `size`: the batch's size; its mean over samples is sum(size^2) / n, which tells the batches apart
+    return {
+        "mse": nn.functional.mse_loss(out, batch["y"]),
+        "id_mean": ids.mean(),
+        "id_sq": (ids**2).mean(),
+        "size": float(len(ids)),
+    }
 
 
 def dicts(config):  # type: ignore[no-untyped-def]
@@ -178,3 +184,26 @@ def stateful_stream(config):  # type: ignore[no-untyped-def]
         collate_fn=collate,
         optimizer=lambda params: torch.optim.SGD(params, lr=config.lr, momentum=0.9),
     )
+
+
+class EvalStream(torch.utils.data.IterableDataset):
+    """An evaluation stream of `samples` Pairs whose readers' parts are uneven on purpose: sample i goes to
+    reader min(i // 12, last), where `last` is the last reader but one when there are 3 or more (the last
+    reader's part is then empty). 37 samples: 1 reader 37; 2 readers 12 + 25; 3 readers 12 + 25 + 0."""
+
+    def __init__(self, seed: int, samples: int) -> None:
+        self.pairs = Pairs(seed, samples)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        index, count = streams.reader()
+        last = count - 2 if count >= 3 else count - 1
+        for i in range(len(self.pairs)):
+            if min(i // 12, last) == index:
+                yield self.pairs[i]
+
+
+def stream_eval(config):  # type: ignore[no-untyped-def]
+    """The dicts task with its evaluation set as a stream of uneven parts."""
+    task = dicts(config)
+    task.eval_dataset = EvalStream(config.seed + 1, int(os.environ.get("EVAL_SAMPLES", "37")))
+    return task

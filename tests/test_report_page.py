@@ -129,3 +129,40 @@ def test_table_cells_never_break_inside_a_word_in_chromium(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
     words = broken_words(folder / "report.html", width=1100)
     assert words == [], words
+
+
+def evaluation(t: float, s: int, **metrics: Any) -> dict[str, Any]:
+    return {"event": "eval", "time": t, "step": s, "epoch": s // 32, "samples": 37, "metrics": metrics}
+
+
+def test_evaluations_are_compiled_one_a_step_the_replayed_one_kept_and_garbage_left_out() -> None:
+    """Attempt 1 evaluated at 10 and 20, then failed; attempt 2 resumed at 10 and evaluated 20 again (other
+    weights: the replayed steps): the table and the plot have each step once, the kept line's value."""
+    records = [start(10, 0, 0, 1), step(11, 1, 2.0), evaluation(12, 10, loss=1.5, accuracy=0.5)]
+    records += [evaluation(13, 20, loss=1.2, accuracy=0.6), {"event": "eval", "time": 14, "step": 25}]
+    records += [start(100, 1, 10, 1), evaluation(101, 20, loss=1.1, accuracy="x", f1=None)]
+    records += [evaluation(102, 30, loss=1.0, accuracy=0.7), {**evaluation(103, 0, loss=9.0), "step": "bad"}]
+    run = compile_records(records)
+    table = run.evaluations()
+    assert [(e.step, e.epoch, e.samples) for e in table] == [(10, 0, 37), (20, 0, 37), (30, 0, 37)]
+    assert table[1].metrics == (("loss", 1.1),)  # attempt 2's; its non-numbers left out
+    assert run.eval_series() == {"accuracy": ([10, 30], [0.5, 0.7]), "loss": ([10, 20, 30], [1.5, 1.1, 1.0])}
+    html_table = page.evaluations_table(table)
+    assert "<th>step</th><th>epoch</th><th>samples</th><th>accuracy</th><th>loss</th>" in html_table
+    assert "<tr><td>20</td><td>0</td><td>37</td><td>n/a</td><td>1.1</td></tr>" in html_table
+    assert page.evaluations_table([]) == ""
+
+
+def test_the_page_shows_an_evaluation_plot_and_table_only_for_a_run_that_evaluated() -> None:
+    pytest.importorskip("matplotlib")
+    records = [start(10, 0, 0, 1)] + [step(10 + k, k, 1.0 / k) for k in range(1, 9)]
+    plain = compile_records(records)
+    s = timeline.summarize(plain, running=False)
+    assert "evaluation.png" not in plots.draw(plain, s)
+    html = page.render("r", s, plots.draw(plain, s), 0.0, "metrics.jsonl", plain.evaluations())
+    assert "Evaluations" not in html and "evaluation.png" not in html
+    evaluated = compile_records(records + [evaluation(20, 4, loss=0.5), evaluation(21, 8, loss=0.25)])
+    pngs = plots.draw(evaluated, s)
+    assert pngs["evaluation.png"].startswith(b"\x89PNG")
+    html = page.render("r", s, pngs, 0.0, "metrics.jsonl", evaluated.evaluations())
+    assert "<h2>Evaluations</h2>" in html and 'alt="evaluation.png"' in html and "<td>0.25</td>" in html

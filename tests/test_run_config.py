@@ -60,6 +60,7 @@ def test_defaults_are_the_articles() -> None:
         ({"lr_schedule": "step"}, r"--lr-schedule step: choose one of constant, linear, cosine"),
         ({"warmup_steps": -1}, r"--warmup-steps -1: must be 0 or more"),
         ({"eval_every_steps": -3}, r"--eval-every-steps -3: must be 0 or more"),
+        ({"eval_batch_size": -8}, r"--eval-batch-size -8: must be 0 or more"),
         ({"keep_best": "accuracy"}, r"--keep-best 'accuracy': expected NAME:min or NAME:max"),
         ({"keep_best": "accuracy:up"}, r"--keep-best 'accuracy:up': expected NAME:min or NAME:max"),
         ({"pin_memory": "yes"}, r"--pin-memory yes: choose one of auto, on, off"),

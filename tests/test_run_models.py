@@ -44,12 +44,40 @@ def test_bad_input_is_one_line_exit_2_never_retried(tmp_path: Path, task: str, m
     assert "restarting" not in out and "retry" not in out.lower()
 
 
-def test_dict_batches_and_a_step_with_metrics_record_them_averaged(tmp_path: Path) -> None:
-    code, out = finish(
-        start(tmp_path, "--task", "model_tasks:dicts", *TWO, "--epochs", "2", "--log-every-s", "0"),
-        timeout=100,
-    )
+# One run of the dicts task serves several tests (same task, same flags): dict batches and a step's metrics,
+# the exact evaluation at 2 ranks, and the uninterrupted reference of the preemption tests. --keep-best mse:max
+# there: the first evaluation's error is the largest, so the best checkpoint is an early one that every later
+# save would rotate away (--keep 1) and that every resume must keep comparing against.
+DICTS = (
+    "--task",
+    "model_tasks:dicts",
+    *TWO,
+    "--epochs",
+    "3",
+    "--batch-size",
+    "8",
+    "--eval-every-steps",
+    "5",
+    "--log-every-s",
+    "0",
+    "--keep",
+    "1",
+    "--keep-best",
+    "mse:max",
+)
+
+
+@pytest.fixture(scope="module")
+def dicts_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    folder = tmp_path_factory.mktemp("dicts") / "straight"
+    code, out = finish(start(folder, *DICTS), timeout=200)
     assert code == 0, out
+    return folder, out
+
+
+@pytest.mark.deadline(240)
+def test_dict_batches_and_a_step_with_metrics_record_them_averaged(dicts_run: tuple[Path, str]) -> None:
+    tmp_path, out = dicts_run
     steps = records(tmp_path, "step")
     assert steps and all(set(r["metrics"]) == {"half", "mae"} for r in steps)
     assert all(
@@ -60,10 +88,35 @@ def test_dict_batches_and_a_step_with_metrics_record_them_averaged(tmp_path: Pat
     assert "set_epoch calls: [0, 1]" in out  # the dataset's set_epoch, once an epoch
 
 
+def best_of(folder: Path) -> tuple[int, int]:
+    """(the step the `best` pointer names, the step of the largest evaluated mse): --keep-best mse:max."""
+    evals = records(folder, "eval")
+    top = max(evals, key=lambda r: (r["metrics"]["mse"], -r["step"]))
+    best = store.read_best(folder)
+    assert best is not None and best.is_file(), sorted(p.name for p in (folder / "checkpoints").iterdir())
+    return store.ckpt_step(best), top["step"]
+
+
+def test_keep_best_names_the_best_evaluation_and_survives_rotation(dicts_run: tuple[Path, str]) -> None:
+    folder, _ = dicts_run
+    named, expected = best_of(folder)
+    assert named == expected
+    latest = store.read_latest(folder)
+    assert latest is not None and store.ckpt_step(latest) == 48 != named  # 3 epochs of 16 steps
+    assert [store.ckpt_step(p) for p in store.list_checkpoints(folder)] == [48, named]  # --keep 1, plus best
+    assert full.load(store.read_best(folder))["best"] == {  # type: ignore[arg-type]
+        "name": "mse",
+        "mode": "max",
+        "value": max(r["metrics"]["mse"] for r in records(folder, "eval")),
+        "step": named,
+    }
+
+
 def lrs(folder: Path) -> list[float]:
     return [r["lr"] for r in records(folder, "step")]
 
 
+@pytest.mark.deadline(300)  # three runs in a row
 def test_lr_schedule_steps_per_optimizer_step_and_a_new_lr_on_resume_scales_it(tmp_path: Path) -> None:
     args = ("--task", "model_tasks:dicts", *TWO, "--log-every-s", "0", "--lr-schedule", "cosine")
     code, out = finish(start(tmp_path, *args, "--warmup-steps", "2", "--epochs", "2"), timeout=100)
@@ -134,88 +187,135 @@ def test_a_task_scheduler_preempted_twice_ends_bitwise_equal(tmp_path: Path) -> 
     assert final(tmp_path / "twice")[1]["scheduler"]["last_epoch"] == 3 * 16
 
 
+@pytest.mark.deadline(240)
 @pytest.mark.parametrize("ranks", [1, 2, 3])
-def test_evaluation_counts_each_sample_exactly_once(tmp_path: Path, ranks: int) -> None:
-    args = ("--task", "model_tasks:dicts", "--nodes", "1", "--gpus-per-node", str(ranks), "--batch-size", "8")
-    code, out = finish(start(tmp_path, *args, "--epochs", "2", "--eval-every-steps", "5", EVAL_SAMPLES="37"))
-    assert code == 0, out
+def test_evaluation_counts_each_sample_exactly_once(
+    tmp_path: Path, ranks: int, request: pytest.FixtureRequest
+) -> None:
+    if ranks == 2:  # the shared run (EVAL_SAMPLES defaults to 37)
+        tmp_path, out = request.getfixturevalue("dicts_run")
+    else:
+        args = [a for a in DICTS if a != "--deterministic"]
+        code, out = finish(
+            start(tmp_path, *args, "--gpus-per-node", str(ranks), EVAL_SAMPLES="37"), timeout=200
+        )
+        assert code == 0, out
     evals = records(tmp_path, "eval")
     steps_per_epoch = 256 // ranks // 8
-    expected = sorted({*range(5, 2 * steps_per_epoch + 1, 5), steps_per_epoch, 2 * steps_per_epoch})
+    expected = sorted({*range(5, 3 * steps_per_epoch + 1, 5), *(e * steps_per_epoch for e in (1, 2, 3))})
     assert [r["step"] for r in evals] == expected  # every 5 steps, each epoch's end, once each
     for r in evals:  # 37 samples over 1, 2 or 3 ranks: each id once (its mean and mean square prove it)
         assert r["samples"] == 37
         assert r["metrics"]["id_mean"] == pytest.approx(18.0)
         assert r["metrics"]["id_sq"] == pytest.approx(sum(i * i for i in range(37)) / 37)
     assert evals[-1]["metrics"]["mse"] < evals[0]["metrics"]["mse"]
-    assert f"Eval at step {expected[-1]} (epoch 1, 37 samples): id_mean 18.0000" in out
+    assert f"Eval at step {expected[-1]} (epoch 2, 37 samples): id_mean 18.0000" in out
 
 
 @pytest.mark.deadline(240)
-def test_evaluation_preempted_twice_ends_bitwise_equal_with_equal_eval_records(tmp_path: Path) -> None:
-    args = (
-        "--task",
-        "model_tasks:dicts",
-        *TWO,
-        "--epochs",
-        "3",
-        "--batch-size",
-        "8",
-        "--eval-every-steps",
-        "5",
-    )
-    slow = {**SLOW, "EVAL_SLEEP_S": "0.05"}
-    code, out = finish(start(tmp_path / "straight", *args, **slow))
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_an_iterable_evaluation_set_counts_each_sample_once_over_uneven_parts(
+    tmp_path: Path, ranks: int
+) -> None:
+    # 37 samples in parts of 12 + 25 (2 ranks: 2 and 4 batches of 8) or 12 + 25 + 0 (3 ranks: one has none);
+    # --eval-batch-size 8 under --batch-size 16.
+    args = ("--task", "model_tasks:stream_eval", "--nodes", "1", "--gpus-per-node", str(ranks))
+    flags = ("--batch-size", "16", "--eval-batch-size", "8", "--max-steps", "4", "--eval-every-steps", "2")
+    code, out = finish(start(tmp_path, *args, *flags), timeout=200)
     assert code == 0, out
-    preempted_twice(tmp_path / "twice", *args, **slow)
-    assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
+    evals = records(tmp_path, "eval")
+    assert [r["step"] for r in evals] == [2, 4]
+    parts = [12, 25] if ranks > 1 else [37]  # the third rank's part is empty
+    sizes = [min(8, part - k) for part in parts for k in range(0, part, 8)]  # batches of --eval-batch-size
+    for r in evals:
+        assert r["samples"] == 37
+        assert r["metrics"]["size"] == pytest.approx(sum(b * b for b in sizes) / 37)
+        assert r["metrics"]["id_mean"] == pytest.approx(18.0)
+        assert r["metrics"]["id_sq"] == pytest.approx(sum(i * i for i in range(37)) / 37)
 
-    def evals(folder: Path) -> list[tuple]:
-        return [(r["step"], r["epoch"], r["samples"], r["metrics"]) for r in records(folder, "eval")]
 
-    assert evals(tmp_path / "twice") == evals(tmp_path / "straight")
+def evals_of(folder: Path) -> list[tuple]:
+    return [(r["step"], r["epoch"], r["samples"], r["metrics"]) for r in records(folder, "eval")]
 
 
-@pytest.mark.deadline(240)
-def test_a_signal_during_an_evaluation_stops_there_and_the_resume_evaluates_again(tmp_path: Path) -> None:
-    args = (
-        "--task",
-        "model_tasks:dicts",
-        *TWO,
-        "--epochs",
-        "2",
-        "--batch-size",
-        "8",
-        "--eval-every-steps",
-        "5",
-    )
-    code, out = finish(start(tmp_path / "straight", *args))
-    assert code == 0, out
+@pytest.mark.deadline(300)
+def test_evaluation_preempted_twice_ends_bitwise_equal_with_equal_eval_records(
+    tmp_path: Path, dicts_run: tuple[Path, str]
+) -> None:
+    straight, _ = dicts_run
+    preempted_twice(tmp_path / "twice", *DICTS, **SLOW, EVAL_SLEEP_S="0.05")
+    assert_bitwise_equal(straight, tmp_path / "twice")
+    assert evals_of(tmp_path / "twice") == evals_of(straight)
+    # --keep-best: the best value survived both resumes (else a later evaluation would have taken its place).
+    assert best_of(tmp_path / "twice") == best_of(straight)
+
+
+@pytest.mark.deadline(300)
+def test_a_signal_during_an_evaluation_stops_there_and_the_resume_evaluates_again(
+    tmp_path: Path, dicts_run: tuple[Path, str]
+) -> None:
+    straight, _ = dicts_run
     mark = tmp_path / "evaluating"
-    proc = start(tmp_path / "signalled", *args, EVAL_SLEEP_S="0.3", EVAL_MARK=str(mark))
+    proc = start(tmp_path / "signalled", *DICTS, EVAL_SLEEP_S="0.3", EVAL_MARK=str(mark))
     deadline = time.monotonic() + 100
     while not mark.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     proc.send_signal(signal.SIGUSR2)  # rank 0 is inside the evaluation at step 5 (3 batches of 0.3 s)
-    code, out = finish(proc)
+    code, out = finish(proc, timeout=200)
     assert code == 0, out
     assert "at epoch 0, step 5" in out
     assert "the evaluation at step 5 was stopped by the signal: it runs again first" in out
-    assert_bitwise_equal(tmp_path / "straight", tmp_path / "signalled")
+    assert_bitwise_equal(straight, tmp_path / "signalled")
+    assert evals_of(tmp_path / "signalled") == evals_of(straight)  # step 5's once, not repeated
+    # The checkpoint of step 5 was written before its evaluation ended; as the best it is written again.
+    assert best_of(tmp_path / "signalled") == best_of(straight)
 
-    def evals(folder: Path) -> list[tuple]:
-        return [(r["step"], r["epoch"], r["samples"], r["metrics"]) for r in records(folder, "eval")]
 
-    assert evals(tmp_path / "signalled") == evals(tmp_path / "straight")  # step 5's once, not repeated
+CNN = ("--task", "cnn", *TWO, "--epochs", "1", "--eval-every-steps", "8", "--keep", "1", "--keep-best")
+
+
+@pytest.fixture(scope="module")
+def cnn_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("cnn")
+    code, out = finish(start(folder, *CNN, "accuracy:max"), timeout=220)
+    assert code == 0, out
+    return folder
+
+
+@pytest.mark.deadline(240)
+def test_builtin_cnn_trains_to_eval_accuracy_well_above_chance(cnn_run: Path) -> None:
+    evals = records(cnn_run, "eval")
+    assert [r["step"] for r in evals] == list(range(8, 65, 8))  # 4096 images / 2 ranks / 32: 64 steps
+    assert all(r["samples"] == 512 for r in evals)
+    assert evals[-1]["metrics"]["accuracy"] > 0.5  # 4 shapes: chance is 0.25
 
 
 @pytest.mark.deadline(150)
-def test_builtin_cnn_trains_to_eval_accuracy_well_above_chance(tmp_path: Path) -> None:
-    code, out = finish(start(tmp_path, "--task", "cnn", *TWO, "--epochs", "1"))
-    assert code == 0, out
-    (last,) = records(tmp_path, "eval")
-    assert last["samples"] == 512
-    assert last["metrics"]["accuracy"] > 0.5  # 4 shapes: chance is 0.25
+def test_builtin_cnn_keep_best_points_at_the_most_accurate_checkpoint_beside_the_latest(
+    cnn_run: Path,
+) -> None:
+    evals = records(cnn_run, "eval")
+    top = max(evals, key=lambda r: (r["metrics"]["accuracy"], -r["step"]))
+    best, latest = store.read_best(cnn_run), store.read_latest(cnn_run)
+    assert best is not None and latest is not None
+    assert store.ckpt_step(best) == top["step"]
+    assert store.ckpt_step(latest) == 64
+    # --keep 1: the latest, and the best beside it (here an earlier one, which every later save left alone).
+    assert [store.ckpt_step(p) for p in store.list_checkpoints(cnn_run)] == sorted(
+        {64, top["step"]}, reverse=True
+    )
+    assert full.load(best)["best"]["value"] == top["metrics"]["accuracy"]
+
+
+@pytest.mark.deadline(150)
+def test_keep_best_of_a_name_the_evaluation_lacks_is_one_line_exit_2(tmp_path: Path) -> None:
+    code, out = finish(start(tmp_path, *CNN, "f1:max"), timeout=120)
+    assert code == exitcodes.USAGE, out
+    assert "--keep-best f1:max: the evaluation reports accuracy, loss, not 'f1'." in out
+    assert "Traceback" not in out and not store.list_checkpoints(tmp_path)
+    code, out = finish(start(tmp_path / "noeval", "--task", "linear", *TWO, "--keep-best", "loss:min"))
+    assert code == exitcodes.USAGE, out
+    assert "--keep-best loss:min: the task has no evaluation (no Task.eval_dataset)" in out
 
 
 @pytest.mark.deadline(150)
@@ -267,3 +367,20 @@ def test_a_stream_with_state_preempted_twice_ends_bitwise_equal(tmp_path: Path) 
     assert first % 5 != 0, "the first signal should land mid-epoch"  # the stream's state is what resumes
     assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
     assert [r["step"] for r in records(tmp_path / "twice", "epoch")] == [5, 10, 15]
+
+
+@pytest.mark.deadline(300)
+def test_a_stream_with_state_read_by_two_workers_preempted_twice_ends_bitwise_equal(tmp_path: Path) -> None:
+    # torchdata's StatefulDataLoader holds every worker's state. 4 readers (2 ranks x 2 workers) of 40, 48, 56
+    # and 64 samples: rank 0 has 5 + 6 batches of 8, rank 1 more; every epoch ends after 11 steps.
+    args = ("--task", "model_tasks:stateful_stream", *TWO, "--epochs", "3", "--batch-size", "8")
+    args += ("--num-workers", "2")
+    slow = {"STEP_SLEEP_S": "0.3"}
+    code, out = finish(start(tmp_path / "straight", *args, **slow), timeout=200)
+    assert code == 0, out
+    out = preempted_twice(tmp_path / "twice", *args, **slow)
+    assert "cannot be resumed mid-epoch" not in out
+    first = int(out.split("Resuming from ")[1].split(", step ")[1].split()[0])
+    assert first % 11 != 0, "the first signal should land mid-epoch"  # the workers' states are what resume
+    assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
+    assert [r["step"] for r in records(tmp_path / "twice", "epoch")] == [11, 22, 33]

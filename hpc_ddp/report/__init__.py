@@ -1,4 +1,5 @@
-"""Where a run's allocation went, in one HTML file: loss, throughput, per-rank step times, attempts, goodput.
+"""Where a run's allocation went, in one HTML file: loss, throughput, per-rank step times, evaluations,
+attempts, goodput.
 
     python -m hpc_ddp.report runs/local-12345                  # writes runs/local-12345/report.html
     python -m hpc_ddp.report /shared/runs/exp1 --out exp1.html  # and the PNGs beside it

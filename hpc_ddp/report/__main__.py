@@ -45,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, data in pngs.items():
             atomic_write_bytes(out.with_name(name), data)
         atomic_write_bytes(
-            out, page.render(title, summary, pngs, now, sources.described(run, slurm)).encode()
+            out,
+            page.render(
+                title, summary, pngs, now, sources.described(run, slurm), run.records.evaluations()
+            ).encode(),
         )
     except OSError as e:
         raise UsageError(f"cannot write {out} ({e.strerror or e}). Fix: --out a path you can write") from None

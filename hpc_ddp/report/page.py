@@ -5,8 +5,9 @@ from __future__ import annotations
 import base64
 import html
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from hpc_ddp.report.recorded import Evaluation
 from hpc_ddp.report.timeline import Summary
 
 CAPTIONS = {
@@ -18,7 +19,10 @@ CAPTIONS = {
     'hatched, marked "start" or "restart" and left out of the color scale.',
     "time-breakdown.png": "Where each attempt's time went, from the time before it (a queue wait, or the time "
     'between attempts; not allocated) to its end; "all" sums the attempts.',
+    "evaluation.png": "Each evaluation metric (the mean over every evaluated sample, all ranks) at the step it "
+    "was evaluated at.",
 }
+OPTIONAL = {"evaluation.png"}  # a run without an evaluation set has none: no "missing" line for it
 
 DEFINITIONS = """
 <h2>Definitions</h2>
@@ -175,9 +179,35 @@ def _clock(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
-def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float, read: str) -> str:
+def evaluations_table(evals: Sequence[Evaluation]) -> str:
+    """The "eval" records as a table: step, epoch, samples, one column per metric; empty without any."""
+    if not evals:
+        return ""
+    names = sorted({name for e in evals for name, _ in e.metrics})
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ("step", "epoch", "samples", *names))
+    rows = []
+    for e in evals:
+        values = dict(e.metrics)
+        cells = [
+            str(e.step),
+            "" if e.epoch is None else str(e.epoch),
+            "" if e.samples is None else str(e.samples),
+        ]
+        cells += [number(values.get(name)) for name in names]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    return f"<h2>Evaluations</h2>\n<table class=evals><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def render(
+    title: str,
+    s: Summary,
+    pngs: Mapping[str, bytes],
+    generated: float,
+    read: str,
+    evals: Sequence[Evaluation] = (),
+) -> str:
     """The whole page. `pngs`: file name -> PNG bytes, each shown inline in CAPTIONS order; `read`: what the
-    numbers come from (the files, and sacct when it answered)."""
+    numbers come from (the files, and sacct when it answered); `evals`: the evaluations' table (one a step)."""
     goodput = "n/a" if s.goodput is None else f"{s.goodput:.1%}"
     attempts = f"{len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}"
     lead = (
@@ -195,7 +225,7 @@ def render(title: str, s: Summary, pngs: Mapping[str, bytes], generated: float, 
                 f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}">'
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>"
             )
-        else:
+        elif name not in OPTIONAL:
             figures.append(f"<p class=missing>{html.escape(name)}: no records for it in this run.</p>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -218,6 +248,7 @@ figcaption, .missing {{ font-size: 13px; color: #555; }}
 <p>Generated {html.escape(_clock(generated))} from {html.escape(read)}.</p>
 <div class=summary>{tables}</div>
 <div class=grid>{"".join(figures)}</div>
+{evaluations_table(evals)}
 <h2>Attempts</h2>
 {_attempts_table(s)}
 {DEFINITIONS}

@@ -216,6 +216,29 @@ def breakdown_png(summary: Summary) -> bytes | None:
     return _png(fig)
 
 
+MAX_EVAL_PANELS = 6  # evaluation metrics drawn (in name order); the table has them all
+
+
+def evaluation_png(run: Recorded) -> bytes | None:
+    """Each evaluation metric against the step, one panel each; None for a run without evaluations."""
+    series = list(run.eval_series().items())[:MAX_EVAL_PANELS]
+    if not series:
+        return None
+    plt = pyplot()
+    columns = min(len(series), 3)
+    rows = -(-len(series) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.8 * rows), squeeze=False)
+    for ax in axes.flat[len(series) :]:
+        ax.set_visible(False)
+    for ax, (name, (steps, values)) in zip(axes.flat, series, strict=False):
+        ax.plot(steps, values, marker="." if len(steps) < 60 else None)
+        ax.set_title(f"eval {name}")
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
 def draw(run: Recorded, summary: Summary) -> dict[str, bytes]:
     """Every plot there is data for, by file name (a run without "ranks" records has no heat map)."""
     pngs = {
@@ -223,5 +246,6 @@ def draw(run: Recorded, summary: Summary) -> dict[str, bytes]:
         "throughput.png": throughput_png(run),
         "step-time-heatmap.png": heatmap_png(run),
         "time-breakdown.png": breakdown_png(summary),
+        "evaluation.png": evaluation_png(run),
     }
     return {name: png for name, png in pngs.items() if png is not None}

@@ -5,7 +5,9 @@ A run of a million steps has a million records or more (older versions wrote one
 the records' dicts (a dict a record was 1.8 GB for a million). `compile_records` cuts rank 0's records into
 process starts (`Segment`: at each "start" record; in a folder written before start records existed, after
 each "end" record) and keeps, per start, the points the plots draw and the timeline needs, and for the run,
-the per-rank step times of the heat map.
+the per-rank step times of the heat map. Evaluations ("eval" records) are few: each is kept whole
+(`Evaluation`), and `Recorded.evaluations()` gives one per step, the latest (a step evaluated again after a
+resume replayed it: the line the run kept).
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ class Series:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One "eval" record: at `step` (end of `epoch`, or inside it), over `samples` samples, the means."""
+
+    step: int
+    epoch: int | None
+    samples: int | None
+    metrics: tuple[tuple[str, float], ...]  # (name, mean) in name order; a value that is no number left out
 
 
 @dataclass(frozen=True)
@@ -123,6 +135,23 @@ class Recorded:
     heat: Heat = field(default_factory=Heat)
     step_times: array = field(default_factory=lambda: array("d"))  # "step" records' step_time_s
     end_step_times: list[float] = field(default_factory=list)  # "end" records' median_step_time_s > 0
+    evals: list[Evaluation] = field(default_factory=list)  # "eval" records, in the order of the file
+
+    def evaluations(self) -> list[Evaluation]:
+        """One evaluation per step, in step order: the last record of each step (a resume that replays steps
+        after its checkpoint evaluates them again; the later record is the kept line's)."""
+        by_step = {e.step: e for e in self.evals}
+        return [by_step[step] for step in sorted(by_step)]
+
+    def eval_series(self) -> dict[str, tuple[list[int], list[float]]]:
+        """Each evaluation metric's (steps, values) over `evaluations()`, by name in name order."""
+        series: dict[str, tuple[list[int], list[float]]] = {}
+        for e in self.evaluations():
+            for name, value in e.metrics:
+                steps, values = series.setdefault(name, ([], []))
+                steps.append(e.step)
+                values.append(value)
+        return dict(sorted(series.items()))
 
     @property
     def saves(self) -> list[Save]:
@@ -191,7 +220,15 @@ def _add(run: Recorded, seg: Segment, r: Mapping[str, Any], event: Any, t: float
         return
     seg.point_times.append(t)
     seg.point_steps.append(step)
-    if event == "ranks" and isinstance(r.get("step_time_s"), list):
+    if event == "eval":
+        metrics = r.get("metrics")
+        if isinstance(metrics, Mapping):
+            found = ((str(k), num(v)) for k, v in metrics.items())
+            means = tuple(sorted((k, v) for k, v in found if v is not None))
+            run.evals.append(
+                Evaluation(step, int_or_none(r.get("epoch")), int_or_none(r.get("samples")), means)
+            )
+    elif event == "ranks" and isinstance(r.get("step_time_s"), list):
         if seg.first_ranks is None:
             seg.first_ranks = len(run.heat.steps)
         run.heat.add(step, r["step_time_s"])

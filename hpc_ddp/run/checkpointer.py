@@ -82,10 +82,11 @@ class Checkpointer:
             content.check_savable(part.state_dict(), part.describe())
 
     # ----- saving ---------------------------------------------------------------------------------------------
-    def save(self, pos: Position, final: bool = False) -> None:
+    def save(self, pos: Position, final: bool = False, best: bool = False) -> None:
         """Checkpoint at `pos` (a collective): the format snapshots the parts now, the writer makes it durable
         in the background. `final` also waits until it is durable (retrying a failed write). A position already
-        saved is not written twice."""
+        saved is not written twice. `best` (--keep-best): once it is durable and promoted, rank 0 points the
+        store's `best` at it, on the writer thread (so after `latest`, in the same order)."""
         began = time.monotonic()
         if self.saved_step != pos.step:
             # The gather of every rank's share is a collective (a peer frozen there is found at the steady
@@ -99,6 +100,8 @@ class Checkpointer:
                 def write() -> tuple[Path, int]:  # on the writer thread
                     timing.setdefault("began", time.monotonic())  # a retry counts from the first attempt
                     done = job()
+                    if best and self.env.is_main:  # the format's job returned: durable and promoted
+                        store.point_best(self.folder, done[0], self.format.keep)
                     timing["write_s"] = time.monotonic() - timing["began"]
                     return done
 

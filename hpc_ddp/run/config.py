@@ -188,6 +188,12 @@ class TrainConfig:
     eval_every_steps: int = field(
         default=0, metadata={"help": "evaluate every N optimizer steps instead (0: off)"}
     )
+    eval_batch_size: int = field(
+        default=0,
+        metadata={
+            "help": "samples per rank per evaluation batch (0: --batch-size); no gradients, so it can be larger"
+        },
+    )
     keep_best: str = field(
         default="",
         metadata={
@@ -273,7 +279,13 @@ class TrainConfig:
         self.hang_setting()  # validates --hang-timeout-s
         if self.lr_schedule not in LR_SCHEDULES:
             raise UsageError(f"--lr-schedule {self.lr_schedule}: choose one of {', '.join(LR_SCHEDULES)}")
-        for name in ("warmup_steps", "eval_every_epochs", "eval_every_steps", "prefetch_factor"):
+        for name in (
+            "warmup_steps",
+            "eval_every_epochs",
+            "eval_every_steps",
+            "eval_batch_size",
+            "prefetch_factor",
+        ):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{_flag(name)} {getattr(self, name)}: must be 0 or more")
         self.best_rule()  # validates --keep-best

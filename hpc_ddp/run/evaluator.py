@@ -7,6 +7,15 @@ during an evaluation stops every rank at the same point, right after it, with th
 position says it is pending, and the resume evaluates again before training on: no finished training step is
 repeated).
 
+An `IterableDataset` (a stream) has no length to shard or to agree on: each rank evaluates its own part of it
+(the dataset reads hpc_ddp.run.streams.reader(), as for training), each sample once, and the ranks go in
+lockstep, one small all-reduce per batch saying which ranks still have one. A rank whose part has ended
+evaluates a padding batch (its own first, dropped) until every part has; a rank whose part is empty from the
+start gets the first batch of the lowest rank that has one (one broadcast, only then). Uneven parts end together,
+and no rank waits in a collective for a peer that left.
+
+Batches of --eval-batch-size samples (0: --batch-size): no gradients are kept, so it may be larger.
+
 Model: `model.eval()` under `torch.no_grad()` (and the strategy's autocast), back to `train()` after. The
 evaluation loader has its own generator: it never draws from the global RNG, so evaluating changes nothing of
 the training's random streams (dropout, the loader's shuffles), and an interrupted run stays bitwise equal.
@@ -14,6 +23,7 @@ the training's random streams (dropout, the loader's shuffles), and an interrupt
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -52,23 +62,16 @@ class Evaluator:
         options: dict[str, Any],
     ) -> None:
         dataset = task.eval_dataset
-        if isinstance(dataset, IterableDataset):
-            raise UsageError(
-                "Task.eval_dataset is an IterableDataset: not supported yet. Fix: a map-style Dataset (with "
-                "__len__ and __getitem__) for the evaluation"
-            )
         assert dataset is not None
         self.env, self.device, self.strategy, self.beacon = env, device, strategy, beacon
         self.eval_step, self.loss_of = task.eval_step, loss_of
-        size = len(dataset)  # type: ignore[arg-type]
-        mine = evaluation.shard(size, env.rank, env.world_size)
-        # Rank 0's shard is the largest: every rank knows the agreed number of batches without a collective.
-        self.batches = evaluation.batches_of(len(evaluation.shard(size, 0, env.world_size)), cfg.batch_size)
+        batch_size = cfg.eval_batch_size or cfg.batch_size
+        self.stream = isinstance(dataset, IterableDataset)
 
-        def loader(indices: Any) -> DataLoader[Any]:
+        def loader(data: Any) -> DataLoader[Any]:
             return DataLoader(
-                Subset(dataset, indices),  # type: ignore[arg-type]
-                batch_size=cfg.batch_size,
+                data,
+                batch_size=batch_size,
                 shuffle=False,
                 drop_last=False,
                 collate_fn=task.collate_fn,
@@ -76,8 +79,16 @@ class Evaluator:
                 **options,
             )
 
-        self.loader = loader(mine)
-        self.padding = loader(range(min(size, 1)))  # the dataset's first sample, for a rank with none
+        if self.stream:  # the dataset shards itself (streams.reader); the ranks agree batch by batch
+            self.loader = loader(dataset)
+            self.batches = 0
+        else:
+            size = len(dataset)  # type: ignore[arg-type]
+            mine = evaluation.shard(size, env.rank, env.world_size)
+            # Rank 0's shard is the largest: every rank knows the agreed number of batches without a collective.
+            self.batches = evaluation.batches_of(len(evaluation.shard(size, 0, env.world_size)), batch_size)
+            self.loader = loader(Subset(dataset, mine))  # type: ignore[arg-type]
+            self.padding = loader(Subset(dataset, range(min(size, 1))))  # type: ignore[arg-type]
         self.names: list[str] | None = None
 
     def run(self, step: int) -> Result:
@@ -89,18 +100,10 @@ class Evaluator:
         names: list[str] = []
         try:
             with torch.no_grad():
-                done = 0
-                first: Any = None
-                for batch in self.loader:
-                    self.beacon.set(phase.EVALUATION, step)
-                    first = batch if first is None else first
-                    names = self._add(model, batch, means, weight=None)
-                    done += 1
-                while done < self.batches:  # padding: the same number of forwards on every rank
-                    self.beacon.set(phase.EVALUATION, step)
-                    batch = first if first is not None else next(iter(self.padding))
-                    names = self._add(model, batch, means, weight=0)
-                    done += 1
+                if self.stream:
+                    names = self._stream(model, means, step)
+                else:
+                    names = self._shard(model, means, step)
         finally:
             model.train(was_training)
         if self.names is None:
@@ -114,6 +117,55 @@ class Evaluator:
         values = packet.tolist()
         samples, result = evaluation.Means.result(names, values[:-2])
         return Result(samples, result, values[-2], values[-1])
+
+    def _shard(self, model: Any, means: evaluation.Means, step: int) -> list[str]:
+        """A map-style dataset: this rank's shard, then padding batches up to the agreed number."""
+        names: list[str] = []
+        done = 0
+        first: Any = None
+        for batch in self.loader:
+            self.beacon.set(phase.EVALUATION, step)
+            first = batch if first is None else first
+            names = self._add(model, batch, means, weight=None)
+            done += 1
+        while done < self.batches:  # padding: the same number of forwards on every rank
+            self.beacon.set(phase.EVALUATION, step)
+            batch = first if first is not None else next(iter(self.padding))
+            names = self._add(model, batch, means, weight=0)
+            done += 1
+        return names
+
+    def _stream(self, model: Any, means: evaluation.Means, step: int) -> list[str]:
+        """An IterableDataset: batch by batch in lockstep, until no rank has one (see the module docstring)."""
+        names: list[str] = []
+        batches = iter(self.loader)
+        first: Any = None
+        rank, world = self.env.rank, self.env.world_size
+        for round_ in itertools.count():
+            self.beacon.set(phase.EVALUATION, step)
+            batch = next(batches, None)
+            have = torch.zeros(world, dtype=torch.float32, device=self.device)
+            have[rank] = float(batch is not None)
+            self.beacon.set(phase.EVAL_ALLREDUCE, step)
+            dist.all_reduce(have)  # which ranks still have a batch: the same answer everywhere
+            flags = have.tolist()
+            self.beacon.set(phase.EVALUATION, step)
+            if not any(flags):
+                return names
+            if round_ == 0 and not all(flags):
+                # Some rank's part is empty: every rank knows it from the same flags and joins the broadcast of
+                # the lowest such rank's first batch, its padding. Once: after it every rank has a `first`.
+                self.beacon.set(phase.EVAL_ALLREDUCE, step)
+                box = [batch if rank == flags.index(1.0) else None]
+                dist.broadcast_object_list(box, src=flags.index(1.0))
+                self.beacon.set(phase.EVALUATION, step)
+                first = box[0]
+            if batch is not None:
+                first = batch if round_ == 0 else first
+                names = self._add(model, batch, means, weight=None)
+            else:
+                names = self._add(model, first, means, weight=0)
+        return names  # never reached: the loop ends when no rank has a batch
 
     def _add(self, model: Any, batch: Any, means: evaluation.Means, weight: float | None) -> list[str]:
         batch = batching.to_device(batch, self.device)

@@ -7,7 +7,9 @@
     position   where the run is: epoch, batch, step, the epoch's loss so far
     rng        every rank's own RNG (PER_RANK): torch's CPU (and CUDA) generator and Python's `random`
     stream     every rank's IterableDataset state_dict() (PER_RANK) at the start of its next step, when it
-               has one (and no DataLoader workers); None otherwise
+               has one: the dataset's own without DataLoader workers, the StatefulDataLoader's (every
+               worker's) with them (hpc_ddp.run.loaders); None otherwise
+    best       --keep-best: the best evaluation value so far and its step (hpc_ddp.run.best); None without
 
 Their keys are the entries of every checkpoint written since 0.1.0: never rename one.
 """
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from hpc_ddp.run import resume, schedules
+from hpc_ddp.run.best import Best
 from hpc_ddp.run.checkpoint import content
 from hpc_ddp.run.checkpoint.part import PER_RANK, REPLICATED, SHARDED, Loading, Part
 from hpc_ddp.run.position import Position
@@ -163,6 +166,21 @@ class StreamPart(Part):
 
     def load_state_dict(self, state: Any, ctx: Loading) -> None:
         self.set(state)  # used when the stream's epoch goes on (trainer._stream_epoch)
+
+
+class BestPart(Part):
+    key, kind = "best", REPLICATED
+
+    def __init__(self, best: Best | None) -> None:
+        self.best = best
+
+    def state_dict(self) -> Any:
+        return self.best.state_dict() if self.best is not None else None
+
+    def load_state_dict(self, state: Any, ctx: Loading) -> None:
+        note = self.best.load_state_dict(state) if self.best is not None else None
+        if note:
+            ctx.notes.append(note)
 
 
 class RngPart(Part):

@@ -42,18 +42,26 @@ class Task:
                   the *wrapped* model (DDP or FSDP): call it, its forward is the synchronised one.
     dataset       a map-style Dataset (split across ranks by a DistributedSampler, reshuffled each epoch), or an
                   IterableDataset (each rank and worker reads its own part: hpc_ddp.run.streams.reader; the epoch
-                  ends on every rank after the same step, when some rank's stream ends; a resume restarts a
-                  stream's epoch, and says so). Its set_epoch(epoch), if any, is called each epoch.
+                  ends on every rank after the same step, when some rank's stream ends; one with
+                  state_dict()/load_state_dict() resumes mid-epoch exactly, with DataLoader workers through
+                  torchdata's StatefulDataLoader; any other restarts its epoch on resume, and says so). Its
+                  set_epoch(epoch), if any, is called each epoch.
     loss_fn       loss_fn(output, target) for `(input, target)` batches: output = model(input).
     step          step(model, batch) -> loss, or (loss, {"name": value, ...}): one micro-batch, your own forward.
                   The loss must be a scalar tensor; the extra values are averaged over ranks at each record and
                   shown in the progress line, metrics.jsonl, TensorBoard (train/<name>) and the report.
-    optimizer     optimizer(params) -> Optimizer; default SGD(lr=--lr).
+    optimizer     optimizer(params) -> Optimizer; default SGD(lr=--lr). Your own sets its own rate: --lr
+                  reaches it only if your factory reads config.lr (the built-in tasks do). A schedule
+                  (--lr-schedule or Task.scheduler) scales the rate the optimizer starts with, whatever set it.
+                  A --lr changed on resume is applied (and scales the schedule by new/old) when the optimizer
+                  takes it, and refused (exit 2) when it does not: it would not apply.
     scheduler     scheduler(optimizer, total_steps) -> LRScheduler, stepped once per optimizer step that was
                   applied; default --lr-schedule. Its state is in every checkpoint.
     collate_fn    for the training and the evaluation loaders (e.g. padding, dict batches).
-    eval_dataset  map-style (iterable: not supported yet); evaluated every --eval-every-epochs/--eval-every-steps and at the end,
-                  each sample exactly once over all ranks, in model.eval() under torch.no_grad().
+    eval_dataset  map-style (rank r evaluates samples r, r + world, ...) or an IterableDataset (each rank reads
+                  its own part: hpc_ddp.run.streams.reader, as for training); evaluated every
+                  --eval-every-epochs/--eval-every-steps and at the end, in batches of --eval-batch-size, each
+                  sample exactly once over all ranks, in model.eval() under torch.no_grad().
     eval_step     eval_step(model, batch) -> {"name": value}: means over the batch, weighted by its samples
                   across ranks. Without it the evaluation reports the loss (`loss_fn` or `step`'s).
     shard         --strategy fsdp: shard(model) -> the modules to shard one by one (default: the modules of

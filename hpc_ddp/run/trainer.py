@@ -44,7 +44,8 @@ from hpc_ddp.errors import NonFinite, UsageError
 from hpc_ddp.log import RankLog, count
 from hpc_ddp.run import batches as batching
 from hpc_ddp.run import beacon as phase
-from hpc_ddp.run import metrics, preemption, progress, schedules, stragglers
+from hpc_ddp.run import best as best_of
+from hpc_ddp.run import loaders, metrics, preemption, progress, schedules, stragglers
 from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.checkpoint import content, formats, full
@@ -53,6 +54,7 @@ from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.evaluator import Evaluator
 from hpc_ddp.run.folder import MODEL
 from hpc_ddp.run.parts import (
+    BestPart,
     ModelPart,
     OptimizerPart,
     PositionPart,
@@ -136,16 +138,13 @@ class Trainer:
         # Every rank's host and pid, once, at start: the straggler report and the hang verdict name hosts.
         self.peers: list[tuple[str, int]] = [("", 0)] * env.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
-        if cfg.keep_best:
-            raise UsageError(f"--keep-best {cfg.keep_best}: not supported yet. Fix: drop --keep-best")
+        self.best = _best(cfg, task)  # --keep-best (hpc_ddp.run.best)
         self.dataset = task.dataset
         # A stream (hpc_ddp.run.streams): no sampler, no length; its epoch ends when some rank's stream does.
         self.iterable = isinstance(task.dataset, IterableDataset)
+        if self.iterable or isinstance(task.eval_dataset, IterableDataset):  # streams.reader, in every worker
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
         if self.iterable:
-            os.environ["RANK"], os.environ["WORLD_SIZE"] = (
-                str(env.rank),
-                str(env.world_size),
-            )  # streams.reader
             if cfg.lr_schedule != "constant" and not cfg.max_steps:
                 raise UsageError(
                     f"--lr-schedule {cfg.lr_schedule} over an IterableDataset needs --max-steps: a stream has "
@@ -203,13 +202,21 @@ class Trainer:
         # resumed run's dropout would see a different random stream than the uninterrupted run.
         self.loader_gen = torch.Generator()
         options = loader_options(cfg, device, workers)
-        self.loader = DataLoader(
+        # A stream with state_dict()/load_state_dict(): read in this process, the loop saves and loads its state
+        # (`stateful`); read by workers, torchdata's StatefulDataLoader does, if installed (`loader_states`;
+        # hpc_ddp.run.loaders). Either way its state before each step's fetch is saved, and a resume goes on
+        # from it; without either its epoch restarts on resume, and says so.
+        stream_state = self.iterable and loaders.has_state(task.dataset)
+        self.stateful = stream_state and workers == 0
+        stateful_loader = loaders.stateful_loader() if stream_state and workers > 0 else None
+        self.loader_states = stateful_loader is not None
+        self.loader = (stateful_loader or DataLoader)(
             task.dataset,
             batch_size=cfg.batch_size,
             sampler=self.skip if not self.iterable else None,
             drop_last=True,
             collate_fn=task.collate_fn,
-            **options,
+            **(loaders.stateful_options(options) if stateful_loader else options),
             generator=self.loader_gen,
         )
         self._step_loss = torch.zeros((), device=device)  # this step's micro-batch losses, on the device
@@ -222,13 +229,6 @@ class Trainer:
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.step_data_s = 0.0  # this step's wait for data (rank 0 records it)
         self._prefetch: Any = None  # a stream's fetch of its next step's batches (see _stream_epoch)
-        # A stream with state_dict()/load_state_dict(), read in this process (no workers: their copies of the
-        # dataset are out of reach): its state before each step's fetch is saved, and a resume goes on from it.
-        self.stateful = (
-            self.iterable
-            and workers == 0
-            and all(callable(getattr(task.dataset, m, None)) for m in ("state_dict", "load_state_dict"))
-        )
         self._stream_state: Any = None
         self._stream_loaded: Any = None
         self.step_lr = 0.0  # the rate this step was taken with (recorded: the scheduler moved on since)
@@ -256,6 +256,7 @@ class Trainer:
             SchedulerPart(lambda: self.scheduler),
             PositionPart(lambda: self.pos, self._set_pos),
             StreamPart(lambda: self._stream_state, self._set_stream),
+            BestPart(self.best),
             RngPart(device),
         ]
         fmt = formats.for_run(cfg, self.folder, env, commit)
@@ -320,7 +321,8 @@ class Trainer:
         """Checkpoint at the current position (a collective; see Checkpointer.save). `final` also waits until
         it is durable."""
         self.save_due = False
-        self.checkpointer.save(self.pos, final)
+        best = self.best is not None and self.best.step == self.pos.step
+        self.checkpointer.save(self.pos, final, best=best)
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         """Load a full checkpoint's state (model, optimizer, scaler, position, this rank's RNG). A --lr that
@@ -568,13 +570,22 @@ class Trainer:
         all-reduce: every rank ends the epoch after the same step, and none waits for a peer that left."""
         cfg, pos = self.cfg, self.pos
         loaded, self._stream_loaded = self._stream_loaded, None
-        if pos.batch and self.stateful and loaded is not None:
+        by_loader = loaders.saved_by_loader(loaded)  # the state of a StatefulDataLoader, or of the dataset
+        if pos.batch and self.stateful and loaded is not None and not by_loader:
             self.dataset.load_state_dict(loaded)  # type: ignore[union-attr]  # where its next step begins
+        elif pos.batch and self.loader_states and by_loader:
+            self.loader.load_state_dict(loaders.unwrap(loaded))  # every worker's, where its next step begins
         elif pos.batch:  # resumed mid-epoch: a stream without a state cannot be positioned
+            why = (
+                "it has no state_dict()/load_state_dict()"
+                if not loaders.has_state(self.dataset)
+                else "it is read by DataLoader workers and torchdata is not installed (pip install 'hpc-ddp[data]')"
+                if not self.stateful and not self.loader_states
+                else "its state was saved with another --num-workers (0 or not)"
+            )
             self.log.main(
                 f"the IterableDataset cannot be resumed mid-epoch: epoch {epoch} restarts from its beginning "
-                f"(at step {pos.step}; its first {pos.batch} batches per rank are trained on again): it has no "
-                "state_dict()/load_state_dict(), or it is read by DataLoader workers"
+                f"(at step {pos.step}; its first {pos.batch} batches per rank are trained on again): {why}"
             )
             pos.batch, pos.loss_sum, pos.loss_count = 0, 0.0, 0.0
         self.loader_gen.manual_seed((cfg.seed * 1_000_003 + epoch) % 2**64)
@@ -610,6 +621,8 @@ class Trainer:
         the current step holds (the batches fetched ahead are not trained on yet)."""
         if self.stateful:
             self._stream_state = copy.deepcopy(self.dataset.state_dict())  # type: ignore[union-attr]
+        elif self.loader_states:  # every worker's, as of the last batch this process took
+            self._stream_state = loaders.wrap(copy.deepcopy(self.loader.state_dict()))
 
     def _after_step(self, agreed: Agreed, size: int, last: bool = False) -> Outcome | None:
         """What every rank does after an optimizer step of `size` micro-batches, the same way; an Outcome if
@@ -677,6 +690,13 @@ class Trainer:
             return Outcome(False, result.requeue, result.stop)
         pos.eval_pending = False
         self._evaluated = pos.step
+        if self.best is not None and self.best.offer(pos.step, result.means):
+            # The save at this step is due (it comes right after, at the same step) and will be the best. A
+            # checkpoint of this step written before its evaluation (the resume of one stopped during it) is
+            # written again: it then holds the finished evaluation and its best value.
+            self.save_due = True
+            if self.checkpointer.saved_step == pos.step:
+                self.checkpointer.saved_step = -1
         self.metrics.eval(pos, result.samples, result.means)
         shown = " | ".join(f"{name} {value:.4f}" for name, value in result.means.items())
         self.log.main(f"Eval at step {pos.step} (epoch {pos.epoch}, {result.samples} samples): {shown}")
@@ -727,6 +747,7 @@ class Trainer:
             stopped = self.evaluate()
             if stopped is not None:
                 return stopped
+            self._periodic_save(False)  # --keep-best: a new best is saved at its step
         if self.finished():  # never one more step than --max-steps, also after a resume
             return Outcome(True)
         while self.pos.epoch < self.cfg.epochs:
@@ -794,6 +815,22 @@ def loader_options(cfg: TrainConfig, device: torch.device, workers: int) -> dict
     if workers and cfg.prefetch_factor:
         options["prefetch_factor"] = cfg.prefetch_factor
     return options
+
+
+def _best(cfg: TrainConfig, task: Task) -> best_of.Best | None:
+    """--keep-best's tracker; a usage error now when the task cannot report NAME (known before training)."""
+    rule = cfg.best_rule()
+    if rule is None:
+        return None
+    best = best_of.Best(*rule)
+    if task.eval_dataset is None:
+        raise UsageError(
+            f"{best.flag}: the task has no evaluation (no Task.eval_dataset). Fix: drop --keep-best, or give "
+            "the task an eval_dataset"
+        )
+    if task.eval_step is None:  # the evaluation reports the loss only
+        best.check_names(["loss"])
+    return best
 
 
 def _scheduler(task: Task, cfg: TrainConfig, optimizer: Any, total: int) -> Any | None:

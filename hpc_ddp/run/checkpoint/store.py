@@ -6,6 +6,10 @@ whose ranks each write their own shards). A name is only ever given to a complet
 under a temporary name (`.<name>.tmp-...`, never listed) and renames it into place when it is whole, then
 `promote` points `latest` at it and rotates. So "listed" means "complete", for files and directories alike.
 
+`best` (--keep-best) names the checkpoint with the best evaluation value so far, beside `latest`: written the
+same way (atomically, once the checkpoint it names is durable and promoted), and rotation never deletes the
+checkpoint it names; the `keep` newest are kept besides it.
+
 Supervisors (the local launcher, the Slurm batch step) import this module for `latest_step`, so it and its
 package's `__init__` import no torch (tests/test_run_checkpoint_store.py checks it in a fresh interpreter).
 """
@@ -22,6 +26,7 @@ from hpc_ddp.run.checkpoint.durable import checksum_path
 from hpc_ddp.run.folder import CHECKPOINTS, atomic_write_bytes
 
 LATEST = "latest"
+BEST = "best"
 FILE_SUFFIX = ".pt"
 _NAME = re.compile(r"^ckpt-(\d{8,})(\.pt)?$")
 
@@ -62,7 +67,18 @@ def list_checkpoints(folder: str | os.PathLike[str]) -> list[Path]:
 def read_latest(folder: str | os.PathLike[str], warn: Callable[[str], None] | None = None) -> Path | None:
     """The checkpoint `latest` points to, if the pointer exists and names an existing checkpoint. A pointer that
     cannot be read (not UTF-8, a directory, an I/O error) counts as none; `warn` hears about it."""
-    pointer = ckpt_dir(folder) / LATEST
+    return _read_pointer(folder, LATEST, warn)
+
+
+def read_best(folder: str | os.PathLike[str]) -> Path | None:
+    """The checkpoint `best` points to (--keep-best), if the pointer exists and names an existing checkpoint."""
+    return _read_pointer(folder, BEST, None)
+
+
+def _read_pointer(
+    folder: str | os.PathLike[str], name: str, warn: Callable[[str], None] | None
+) -> Path | None:
+    pointer = ckpt_dir(folder) / name
     try:
         text = pointer.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -72,13 +88,13 @@ def read_latest(folder: str | os.PathLike[str], warn: Callable[[str], None] | No
             reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
             warn(f"{pointer} is unreadable ({reason}); using the newest checkpoint that loads instead")
         return None
-    name = text.strip()
-    path = ckpt_dir(folder) / name
-    if name and "/" not in name and is_checkpoint(path):
+    target = text.strip()
+    path = ckpt_dir(folder) / target
+    if target and "/" not in target and is_checkpoint(path):
         return path
-    if warn is not None and name:
+    if warn is not None and target:
         warn(
-            f"{pointer} names {name[:80]!r}, which is not a checkpoint of this folder; using the newest "
+            f"{pointer} names {target[:80]!r}, which is not a checkpoint of this folder; using the newest "
             "checkpoint that loads instead"
         )
     return None
@@ -104,14 +120,31 @@ def point_latest(folder: str | os.PathLike[str], path: Path) -> None:
 
 def promote(folder: str | os.PathLike[str], path: Path, keep: int) -> None:
     """`path` is complete and durable under its final name: point `latest` at it, then drop all but the newest
-    `keep` of its line.
+    `keep` of its line (and the one `best` names, which is never dropped).
 
     Rotation keeps this checkpoint and the `keep - 1` newest before it. It never deletes one with a higher step:
     such a checkpoint is no part of the line this run continues (a start from an earlier checkpoint sets those
     aside first, `resume.apply`), and deleting by step number alone once deleted the file just written."""
     point_latest(folder, path)
-    step = ckpt_step(path)
-    for old in [p for p in list_checkpoints(folder) if ckpt_step(p) < step][keep - 1 :]:
+    rotate(folder, ckpt_step(path), keep)
+
+
+def point_best(folder: str | os.PathLike[str], path: Path, keep: int) -> None:
+    """`path` (complete, durable, promoted) has the best evaluation value so far: make `best` name it
+    (atomically), then rotate again, so that the checkpoint it named before goes if it is no longer among the
+    `keep` newest."""
+    atomic_write_bytes(ckpt_dir(folder) / BEST, (path.name + "\n").encode())
+    latest = read_latest(folder)
+    if latest is not None:
+        rotate(folder, ckpt_step(latest), keep)
+
+
+def rotate(folder: str | os.PathLike[str], newest: int, keep: int) -> None:
+    """Drop the checkpoints before step `newest` beyond the `keep - 1` newest of them, except the one `best`
+    names (--keep-best: beside the `keep` ones, not one of them)."""
+    best = read_best(folder)
+    older = [p for p in list_checkpoints(folder) if ckpt_step(p) < newest and p != best]
+    for old in older[keep - 1 :]:
         remove(old)
 
 

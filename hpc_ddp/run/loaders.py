@@ -1,0 +1,63 @@
+"""The training loader's class: torch's DataLoader, or torchdata's StatefulDataLoader for a stream whose state
+lives in DataLoader workers.
+
+A stream (an IterableDataset) with `state_dict()`/`load_state_dict()` read in the rank's own process (no
+workers) is saved and resumed by the loop itself (hpc_ddp.run.parts.StreamPart). Read by workers, each worker
+holds its own copy of the dataset, out of the loop's reach: torchdata's `StatefulDataLoader` (the optional
+dependency `hpc_ddp[data]`, torchdata >= 0.11) collects every worker's state with the batches it yields, so its
+`state_dict()` is the exact position of every worker, prefetched batches excluded, and `load_state_dict()` puts
+every worker back there. Checked with torch 2.13: mid-epoch resumes with 2 workers are bitwise exact
+(tests/test_run_models.py). Without torchdata such a stream restarts its epoch on resume, and says so once.
+
+Not with persistent workers: torchdata 0.11's state of a persistent worker that has not yet yielded a batch in
+the current epoch is its state at the end of the previous epoch (a worker's state is taken with each batch it
+yields), so a checkpoint early in any epoch after the first resumed that worker as finished, and the epoch
+ended early (the same defect as huggingface/datasets#7447, "Epochs shortened after resuming mid-epoch with
+Iterable dataset+StatefulDataloader(persistent_workers=True)"). Fresh workers each epoch have no such stale
+state (tests/test_run_loaders.py); the price is the workers' start at each epoch.
+
+torchdata 0.11 calls `torch.set_vital`, which torch 2.13 deprecates with a UserWarning at every new iterator:
+that one warning is filtered (it says nothing about the user's run).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+
+def stateful_loader() -> Any | None:
+    """torchdata's StatefulDataLoader class, or None when torchdata is not installed."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        return None
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+    return StatefulDataLoader
+
+
+def has_state(dataset: Any) -> bool:
+    """A dataset that can say where it is and go back there."""
+    return all(callable(getattr(dataset, m, None)) for m in ("state_dict", "load_state_dict"))
+
+
+def stateful_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The loader options for a StatefulDataLoader: the same, without persistent workers (see above)."""
+    return {**options, "persistent_workers": False}
+
+
+BY_LOADER = "StatefulDataLoader"  # the checkpoint's stream entry holds the loader's state under this key
+
+
+def wrap(state: Any) -> dict[str, Any]:
+    """A StatefulDataLoader's state as the checkpoint's `stream` entry holds it: marked, so that a resume with
+    another --num-workers (0: the dataset's own state) tells the two apart."""
+    return {BY_LOADER: state}
+
+
+def saved_by_loader(state: Any) -> bool:
+    return isinstance(state, dict) and set(state) == {BY_LOADER}
+
+
+def unwrap(state: dict[str, Any]) -> Any:
+    return state[BY_LOADER]
