@@ -3,6 +3,7 @@
 #
 #   bash env/test.sh                 # everything (needs root for the local Slurm cluster)
 #   HPC_DDP_NO_SLURM=1 bash env/test.sh   # without the Slurm cluster: its tests are skipped, not passed
+#   bash env/test.sh -n 0            # in one process instead of 3 pytest-xdist workers
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -25,6 +26,6 @@ if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
 fi
 # Workers (pytest-xdist): the suite mostly waits (ranks, watchdogs, slurmctld), so 3 workers on 2 cores finish
 # it in about half the time; tests/workers.py keeps the Slurm tests on one worker, one after the other, and each
-# shared run on one worker. `bash env/test.sh -n 0` runs it in one process. Each run ends with the wall and CPU
+# shared run on one worker. `bash env/test.sh -n 0` runs it in one process (a later -n wins). Each run ends with the wall and CPU
 # seconds per test file (tests/costs.py); --durations adds the slowest tests.
-exec .venv/bin/python -m pytest -n "${HPC_DDP_TEST_WORKERS:-3}" --dist loadgroup --durations=20 "$@"
+exec .venv/bin/python -m pytest -n 3 --dist loadgroup --durations=20 "$@"
