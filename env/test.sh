@@ -26,6 +26,6 @@ if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
 fi
 # Workers (pytest-xdist): the suite mostly waits (ranks, watchdogs, slurmctld), so 3 workers on 2 cores finish
 # it in about half the time; tests/workers.py keeps the Slurm tests on one worker, one after the other, and each
-# shared run on one worker. `bash env/test.sh -n 0` runs it in one process (a later -n wins). Each run ends with the wall and CPU
-# seconds per test file (tests/costs.py); --durations adds the slowest tests.
+# shared run on one worker. `bash env/test.sh -n 0`: one process (a later -n wins). Each run ends with the wall
+# and CPU seconds per test file (tests/costs.py); --durations adds the slowest tests.
 exec .venv/bin/python -m pytest -n 3 --dist loadgroup --durations=20 "$@"
