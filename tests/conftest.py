@@ -23,7 +23,7 @@ CLUSTER = ROOT / "env" / "slurm" / "cluster.sh"
 # commands fail unless the test is marked slurm or brings its own fakes; tests/costs.py: every test has a cost
 # marker (unit, process, ranks, slurm, scenario), and each run ends with the seconds per test file;
 # tests/workers.py: who may run beside whom under pytest-xdist.
-pytest_plugins = ["deadline", "standins", "costs", "workers"]
+pytest_plugins = ["deadline", "standins", "workers", "costs"]
 
 _PYTEST_PID = os.getpid()
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: no dlopen between fork and exec

@@ -16,6 +16,7 @@ import standins
 from conftest import ROOT, clean_environ, die_with_test
 
 BOUND_S = 60
+XDIST_BOUND_S = 180  # pytest with two workers, and one started again after a deadline: three pytest start-ups
 
 # ----- this run ---------------------------------------------------------------------------------------------
 
@@ -273,7 +274,7 @@ def run_xdist(tmp_path: Path, name: str, source: str, *args: str) -> subprocess.
     (tmp_path / "out").mkdir()
     (tmp_path / "pytest.ini").write_text(PYTEST_INI + "    alone: x\n    deadline(seconds): x\n")
     (tmp_path / name).write_text(source)
-    plugins = ["-p", "xdist", "-p", "deadline", "-p", "standins", "-p", "costs", "-p", "workers"]
+    plugins = ["-p", "xdist", "-p", "deadline", "-p", "standins", "-p", "workers", "-p", "costs"]
     return subprocess.run(
         [sys.executable, "-m", "pytest", *plugins, "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"]
         + [*args, name],
@@ -281,12 +282,13 @@ def run_xdist(tmp_path: Path, name: str, source: str, *args: str) -> subprocess.
         env=env,
         capture_output=True,
         text=True,
-        timeout=BOUND_S,
+        timeout=XDIST_BOUND_S,
         preexec_fn=die_with_test,
     )
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(XDIST_BOUND_S + 30)
 def test_under_xdist_slurm_tests_share_a_worker_a_shared_run_is_made_once_and_every_file_is_counted(
     tmp_path: Path,
 ) -> None:
@@ -306,6 +308,7 @@ def test_under_xdist_slurm_tests_share_a_worker_a_shared_run_is_made_once_and_ev
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(XDIST_BOUND_S + 30)
 def test_under_xdist_a_deadline_in_a_worker_names_the_test_shows_the_stacks_and_fails_the_run(
     tmp_path: Path,
 ) -> None:
