@@ -16,7 +16,7 @@ import standins
 from conftest import ROOT, clean_environ, die_with_test
 
 BOUND_S = 60
-XDIST_BOUND_S = 180  # pytest with two workers, and one started again after a deadline: three pytest start-ups
+XDIST_BOUND_S = 180  # pytest with two workers: three pytest start-ups (they take seconds on a busy machine)
 
 # ----- this run ---------------------------------------------------------------------------------------------
 
@@ -317,5 +317,5 @@ def test_under_xdist_a_deadline_in_a_worker_names_the_test_shows_the_stacks_and_
     out = proc.stdout + proc.stderr
     assert "[deadline] test_stuck.py::test_stuck: passed its 3 s deadline" in out
     assert "in test_stuck" in out  # the stuck test's frame, from faulthandler's dump
-    assert out.count("[deadline]") == 1, out
-    assert "1 failed, 1 passed" in proc.stdout
+    assert out.count("[deadline]") == 1, out  # the stuck test ran once: the run stopped there
+    assert "worker restarting disabled" in proc.stdout and "1 failed" in proc.stdout, out

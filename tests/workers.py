@@ -33,9 +33,16 @@ ALONE = "alone"
 ORDER = ("slurm", "scenario", "ranks", "process", "unit")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the options below
 def pytest_configure(config: pytest.Config) -> None:
-    if _grouping(config) and hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False  # the controller's scheduler: keep the order given below
+    if not _grouping(config) or not hasattr(config.option, "loadscopereorder"):
+        return
+    config.option.loadscopereorder = False  # the controller's scheduler: keep the order given below
+    if config.option.maxworkerrestart is None:
+        # A worker ends only when a test passes its deadline (tests/deadline.py: every stack, then _exit(1)).
+        # Then the run stops, as it does in one process: xdist would start a worker again and hand it the
+        # rest of that group, the stuck test first, up to 4 times per worker.
+        config.option.maxworkerrestart = "0"
 
 
 def _grouping(config: pytest.Config) -> bool:
