@@ -7,8 +7,9 @@ may run beside what, decided here at collection, on every worker alike (they mus
   group "slurm"       every test marked slurm: they share the one local cluster (a test takes a node away,
                       fills the partition, waits for a requeue), so one worker runs them one after the other
   group "alone"       tests marked `alone`: timing-sensitive ones (a short watchdog limit that must not fire, a
-                      straggler ratio) that a busy machine can fail: one after the other on one worker, so
-                      never two of them load the machine at once (each still runs beside other tests)
+                      straggler ratio, a signal that must land during a restart) and the CPU-bound benchmark
+                      runs: one after the other on one worker, so none of them runs beside another (each
+                      still runs beside the other groups' tests)
   group "<fixture>"   every test that reads a run shared through a module- or session-scoped fixture of the
                       suite's own (tests/*.py) runs on one worker, so the shared run happens once
 
