@@ -3,6 +3,7 @@
 #
 #   bash env/test.sh                 # everything (needs root for the local Slurm cluster)
 #   HPC_DDP_NO_SLURM=1 bash env/test.sh   # without the Slurm cluster: its tests are skipped, not passed
+#   bash env/test.sh -n 0            # in one process instead of 3 pytest-xdist workers
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -23,5 +24,8 @@ if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
   bash env/slurm/cluster.sh start
   export HPC_DDP_REQUIRE_SLURM=1  # a Slurm test that cannot reach the cluster fails instead of skipping
 fi
-# Each run ends with the seconds per test file (tests/costs.py); --durations adds the slowest tests.
-exec .venv/bin/python -m pytest --durations=20 "$@"
+# Workers (pytest-xdist): the suite mostly waits (ranks, watchdogs, slurmctld), so 3 workers on 2 cores finish
+# it in about half the time; tests/workers.py keeps the Slurm tests on one worker, one after the other, and each
+# shared run on one worker. `bash env/test.sh -n 0`: one process (a later -n wins). Each run ends with the wall
+# and CPU seconds per test file (tests/costs.py); --durations adds the slowest tests.
+exec .venv/bin/python -m pytest -n 3 --dist loadgroup --durations=20 "$@"

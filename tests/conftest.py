@@ -21,8 +21,9 @@ CLUSTER = ROOT / "env" / "slurm" / "cluster.sh"
 
 # tests/deadline.py: every test has a deadline (pyproject's deadline_s, the marker); tests/standins.py: Slurm's
 # commands fail unless the test is marked slurm or brings its own fakes; tests/costs.py: every test has a cost
-# marker (unit, process, ranks, slurm, scenario), and each run ends with the seconds per test file.
-pytest_plugins = ["deadline", "standins", "costs"]
+# marker (unit, process, ranks, slurm, scenario), and each run ends with the seconds per test file;
+# tests/workers.py: who may run beside whom under pytest-xdist.
+pytest_plugins = ["deadline", "standins", "workers", "costs"]
 
 _PYTEST_PID = os.getpid()
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: no dlopen between fork and exec
@@ -59,6 +60,35 @@ def run_module(
         timeout=timeout,
         preexec_fn=die_with_test,
     )
+
+
+# A deterministic 2 x 2 local run (tests/slow_tasks.py:slow: dropout, momentum), --deterministic: an interrupted
+# and resumed run of these arguments must end bitwise equal to it, whatever its per-step sleep.
+DETERMINISTIC_2X2 = (
+    "--task",
+    "slow_tasks:slow",
+    "--epochs",
+    "3",
+    "--batch-size",
+    "8",
+    "--deterministic",
+    "--lr",
+    "0.005",
+)
+STEPS_PER_EPOCH_2X2 = 512 // 4 // 8  # slow_tasks' 512 samples over 4 ranks, batch 8
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_2x2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DETERMINISTIC_2X2 run once, uninterrupted: the folder of the reference end that every test interrupting
+    a run of those arguments compares with (tests/test_run_preemption.py, tests/test_launch_local_retry.py);
+    one run for all of them (under pytest-xdist, tests/workers.py puts its readers on one worker)."""
+    from test_launch_local import finish, start  # a test module's helpers: imported when first needed
+
+    folder = tmp_path_factory.mktemp("uninterrupted_2x2")
+    code, out = finish(start(folder, *DETERMINISTIC_2X2, SLOW_TASK_SLEEP_S="0"))
+    assert code == 0, out
+    return folder
 
 
 @pytest.fixture(scope="session")

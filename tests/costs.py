@@ -21,9 +21,12 @@ Loaded by tests/conftest.py (`pytest_plugins`).
 
 from __future__ import annotations
 
+import resource
 from collections import defaultdict
+from collections.abc import Generator
 
 import pytest
+import workers
 
 COSTS = ("unit", "process", "ranks", "slurm", "scenario")
 SLOW_COSTS = ("ranks", "slurm", "scenario")
@@ -190,19 +193,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     stale = _stale_tests(items)
     if stale:
         raise pytest.UsageError(f"tests/costs.py: TESTS names tests that are gone: {', '.join(stale)}")
+    workers.group(config, items)  # under pytest-xdist: who may run beside whom, the costliest first
 
 
 # ----- seconds per test file, at the end of every run ---------------------------------------------------
+#
+# Wall seconds and CPU seconds (this process and every child it waited for: the ranks, the launchers, nested
+# pytest) side by side: a file whose CPU is far below its wall waits (sleeps, timeouts, Slurm), one whose CPU
+# is near or above its wall computes, and only waiting files gain from more pytest-xdist workers on 2 cores.
+# Each phase's CPU seconds travel in the report's user_properties, so under pytest-xdist the controller, which
+# prints the table, gets every worker's figures.
 
+_CPU_MARK = pytest.StashKey[float]()
 _seconds: defaultdict[str, float] = defaultdict(float)
+_cpu: defaultdict[str, float] = defaultdict(float)
 _tests: defaultdict[str, int] = defaultdict(int)
 _cost_seconds: defaultdict[str, float] = defaultdict(float)
 
 
+def cpu_s() -> float:
+    """CPU seconds (user + system) of this process and of the children it has waited for, so far."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    item.stash[_CPU_MARK] = cpu_s()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+    outcome = yield
+    report = outcome.get_result()
+    now = cpu_s()
+    report.user_properties = [*report.user_properties, ("cpu_s", now - item.stash.get(_CPU_MARK, now))]
+    item.stash[_CPU_MARK] = now
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     file = report.nodeid.split("::")[0]
+    properties = dict(report.user_properties)
     _seconds[file] += report.duration
-    _cost_seconds[dict(report.user_properties).get("cost", "?")] += report.duration
+    _cpu[file] += properties.get("cpu_s", 0.0)
+    _cost_seconds[properties.get("cost", "?")] += report.duration
     if report.when == "teardown":
         _tests[file] += 1
 
@@ -212,10 +247,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _seconds:
         return
     tr = terminalreporter
-    tr.write_sep("=", "seconds per test file (setup + call + teardown, slowest first)")
+    tr.write_sep("=", "seconds per test file (setup + call + teardown, slowest first; wall, then CPU)")
     for file, seconds in sorted(_seconds.items(), key=lambda kv: -kv[1]):
-        tr.write_line(f"{seconds:8.1f} s {_tests[file]:5d} tests  {file}")
+        tr.write_line(f"{seconds:8.1f} s {_cpu[file]:8.1f} cpu-s {_tests[file]:5d} tests  {file}")
     total = sum(_seconds.values())
-    tr.write_line(f"{total:8.1f} s {sum(_tests.values()):5d} tests  in all")
+    tr.write_line(f"{total:8.1f} s {sum(_cpu.values()):8.1f} cpu-s {sum(_tests.values()):5d} tests  in all")
     by_cost = sorted(_cost_seconds.items(), key=lambda kv: -kv[1])
     tr.write_line("by cost: " + ", ".join(f"{cost} {seconds:.1f} s" for cost, seconds in by_cost))

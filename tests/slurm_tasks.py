@@ -1,4 +1,4 @@
-"""A user task for the Slurm time-limit test, loaded as `--task slurm_tasks:slow_until_requeued`.
+"""User tasks for the Slurm tests, loaded as `--task slurm_tasks:NAME` (the time-limit test's first).
 
 Slurm checks time limits every 30 s, so a `--signal` ahead of a 1-minute limit lands anywhere in a 30-s window
 of the run. To be sure the signal finds the first run still training, that run must be slow; to finish in
@@ -8,9 +8,11 @@ per step) on a job's first run, the same model and data without the sleep once S
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import slow_tasks
+from torch import nn
 
 
 def slow_until_requeued(config):  # type: ignore[no-untyped-def]
@@ -28,3 +30,18 @@ def without_scontrol(config):  # type: ignore[no-untyped-def]
         if d and not os.path.exists(os.path.join(d, "scontrol"))
     )
     return slow_until_requeued(config)
+
+
+def slow_until_released(config):  # type: ignore[no-untyped-def]
+    """`slow_tasks.slow` whose per-step sleep ends once the file $RELEASE_FILE exists: a job that stays busy
+    exactly as long as its test needs it (another job's whole life), then finishes at full speed."""
+    release = os.environ["RELEASE_FILE"]
+    task = slow_tasks.slow(config)
+    slow_loss = task.loss_fn
+
+    def loss_fn(output, target):  # type: ignore[no-untyped-def]
+        if os.path.exists(release):
+            return nn.functional.mse_loss(output, target)
+        return slow_loss(output, target)
+
+    return dataclasses.replace(task, loss_fn=loss_fn)

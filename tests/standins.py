@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 COMMANDS = ("sinfo", "scontrol", "squeue", "sacct", "sbatch", "srun")
+PREFIX = "hpc-ddp-standins-"  # the folder's name starts so
 EXIT = 1
 
 _folder: Path | None = None
@@ -49,13 +50,16 @@ def with_standins(path: str) -> str:
 
 
 def without_standins(path: str) -> str:
-    """PATH without the stand-ins' folder."""
-    return os.pathsep.join(p for p in path.split(os.pathsep) if p and p != str(_folder))
+    """PATH without the stand-ins' folder, nor one inherited from an enclosing pytest (a pytest-xdist worker's
+    controller made its own before starting the worker)."""
+    return os.pathsep.join(
+        p for p in path.split(os.pathsep) if p and p != str(_folder) and not Path(p).name.startswith(PREFIX)
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     global _folder, _saved_path
-    _folder = Path(tempfile.mkdtemp(prefix="hpc-ddp-standins-"))
+    _folder = Path(tempfile.mkdtemp(prefix=PREFIX))
     for command in COMMANDS:
         (_folder / command).write_text(script(command))
         (_folder / command).chmod(0o755)

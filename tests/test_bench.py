@@ -28,6 +28,7 @@ SETTINGS = Settings(trials=3, steps=60, world_size=2, batch_size=32, work=Path("
 
 @pytest.mark.slow  # about a minute: six short real runs (kit, hand loops, torchrun), two saves, a 2-rank job
 @pytest.mark.deadline(200)  # 40 s measured, and about 10 s for the watchdog section
+@pytest.mark.alone  # CPU-bound runs: never beside a timing-sensitive test (tests/workers.py)
 def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_module(
@@ -66,6 +67,7 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
 
 @pytest.mark.slow  # a 2-rank job: about 10 s
 @pytest.mark.deadline(120)
+@pytest.mark.alone  # CPU-bound runs: never beside a timing-sensitive test (tests/workers.py)
 def test_quick_watchdog_section_alone_reports_its_ratio(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_module("hpc_ddp.bench", "watchdog", "--quick", "--json", str(out), timeout=120)

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from conftest import DETERMINISTIC_2X2, STEPS_PER_EPOCH_2X2
 from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
@@ -21,15 +22,16 @@ from hpc_ddp.ledger import attempts
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(120)]
 
-DETERMINISTIC = ("--task", "slow_tasks:slow", "--epochs", "4", "--deterministic", "--batch-size", "64")
 
-
-def test_a_rank_killed_mid_run_resumes_from_its_checkpoint_and_ends_bitwise_equal(tmp_path: Path) -> None:
-    reference = tmp_path / "uninterrupted"
-    code, out = finish(start(reference, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0"))
-    assert code == 0, out
+def test_a_rank_killed_mid_run_resumes_from_its_checkpoint_and_ends_bitwise_equal(
+    tmp_path: Path, uninterrupted_2x2: Path
+) -> None:
+    """The reference end is conftest's uninterrupted_2x2 (the same arguments, no sleep, shared with
+    tests/test_run_preemption.py)."""
+    reference = uninterrupted_2x2
     folder = tmp_path / "killed"
-    proc = start(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.05")
+    # 0.1 s a step: epoch 2 lasts 1.6 s or more, time enough for the kill to land in it on a busy machine
+    proc = start(folder, *DETERMINISTIC_2X2, SLOW_TASK_SLEEP_S="0.1")
     read_until(proc, "Epoch 1,")  # a checkpoint of epoch 1 is being written; the kill lands in epoch 2
     by_rank = {int(c.environ()["SLURM_PROCID"]): c for c in psutil.Process(proc.pid).children()}
     by_rank[2].send_signal(signal.SIGKILL)
@@ -49,7 +51,7 @@ def test_a_rank_killed_mid_run_resumes_from_its_checkpoint_and_ends_bitwise_equa
         "signal SIGKILL",
     )
     assert first.exclude == ()  # locally blame is recorded, nothing is excluded
-    assert first.checkpoint is not None and first.checkpoint >= 2  # 2 steps an epoch (512 samples, 4 x 64)
+    assert first.checkpoint is not None and first.checkpoint >= STEPS_PER_EPOCH_2X2  # epoch 0's at least
     assert (second.restart, second.outcome, second.decision) == (1, "completed", "done")
     assert second.resumed_from == first.checkpoint
     assert second.ranks == ("127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2")

@@ -320,9 +320,13 @@ def test_a_job_refused_another_jobs_folder_stops_and_leaves_it_alone(
     the folder lock (rank 0 exits 2). B stops at once, not requeued, and writes nothing in A's folder."""
     wait_all_idle()
     folder = tmp_path / "run"
+    # 1 s a step until the test releases it (tests/slurm_tasks.py): running at B's end whatever the load (30
+    # epochs of 4 steps), then quick
+    release = tmp_path / "release"
+    task = ("--task", "slurm_tasks:slow_until_released", "--epochs", "30")
     proc, job_a = start_submit(
-        folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="1"
-    )  # ~30 s: still running at B's end
+        folder, *DETERMINISTIC, *task, SLOW_TASK_SLEEP_S="1", RELEASE_FILE=str(release)
+    )
     deadline = time.monotonic() + HANG_GUARD_S
     while not (folder / "checkpoints" / "latest").is_file():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
@@ -354,5 +358,7 @@ def test_a_job_refused_another_jobs_folder_stops_and_leaves_it_alone(
     assert sacct_records(job_b) == ["FAILED"]  # never requeued
     assert all(a.job == job_a for a in attempts.read(folder))
     assert not list((folder / "exits").glob(f"{job_b}-*")), before
+    assert proc.poll() is None, proc.communicate()[0]  # A was running all along
+    release.touch()
     out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, out  # A is unharmed

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from conftest import DETERMINISTIC_2X2, STEPS_PER_EPOCH_2X2
 from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
@@ -22,11 +23,11 @@ from hpc_ddp.run.checkpoint import full, store
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.deadline(150),
-]  # 7-29 s each, + 8 s for `uninterrupted` (measured)
+]  # 7-29 s each, + 8 s for conftest's `uninterrupted_2x2` (measured)
 
-ARGS = ("--task", "slow_tasks:slow", "--epochs", "3", "--batch-size", "8", "--deterministic", "--lr", "0.005")
+ARGS = DETERMINISTIC_2X2  # conftest's uninterrupted_2x2 is the same run, uninterrupted
 SLOW = {"SLOW_TASK_SLEEP_S": "0.03"}
-STEPS_PER_EPOCH = 512 // 4 // 8  # slow_tasks' 512 samples over 4 ranks, batch 8
+STEPS_PER_EPOCH = STEPS_PER_EPOCH_2X2
 
 
 def final_state(folder: Path) -> tuple[dict, dict]:
@@ -45,16 +46,8 @@ def assert_bitwise_equal(a: Path, b: Path) -> None:
     assert ckpt_a["position"] == ckpt_b["position"]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    code, out = finish(start(folder, *ARGS, **SLOW))
-    assert code == 0, out
-    return folder
-
-
 def test_usr2_to_the_launcher_saves_restarts_and_ends_bitwise_equal(
-    tmp_path: Path, uninterrupted: Path
+    tmp_path: Path, uninterrupted_2x2: Path
 ) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
@@ -68,10 +61,10 @@ def test_usr2_to_the_launcher_saves_restarts_and_ends_bitwise_equal(
     assert "Resuming from " in out and "at epoch 1, step " in out
     step = int(out.split("at epoch 1, step ")[1].split()[0])
     assert step % STEPS_PER_EPOCH != 0, "the signal should land mid-epoch"  # exercised: mid-epoch resume
-    assert_bitwise_equal(tmp_path, uninterrupted)
+    assert_bitwise_equal(tmp_path, uninterrupted_2x2)
 
 
-def test_usr2_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path: Path, uninterrupted: Path) -> None:
+def test_usr2_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path: Path, uninterrupted_2x2: Path) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
     rank3 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "3")
@@ -79,11 +72,11 @@ def test_usr2_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path: Path, unint
     code, out = finish(proc)
     assert code == 0, out
     assert "Resuming from " in out
-    assert_bitwise_equal(tmp_path, uninterrupted)
+    assert_bitwise_equal(tmp_path, uninterrupted_2x2)
 
 
 def test_sigterm_saves_and_does_not_restart_then_the_same_command_resumes(
-    tmp_path: Path, uninterrupted: Path
+    tmp_path: Path, uninterrupted_2x2: Path
 ) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
@@ -116,7 +109,7 @@ def test_sigterm_saves_and_does_not_restart_then_the_same_command_resumes(
     code, out = finish(start(tmp_path, *ARGS, **SLOW))
     assert code == 0, out
     assert "Resuming from " in out
-    assert_bitwise_equal(tmp_path, uninterrupted)
+    assert_bitwise_equal(tmp_path, uninterrupted_2x2)
 
 
 def test_max_requeue_0_ends_cleanly_with_the_checkpoint(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import standins
 from conftest import ROOT, clean_environ, die_with_test
 
 BOUND_S = 60
+XDIST_BOUND_S = 180  # pytest with two workers: three pytest start-ups (they take seconds on a busy machine)
 
 # ----- this run ---------------------------------------------------------------------------------------------
 
@@ -185,6 +186,139 @@ def test_costly_tests_leave_the_quick_lane_and_each_run_ends_with_seconds_per_fi
     assert "1 passed, 1 deselected" in proc.stdout
     lines = proc.stdout.splitlines()
     title = next(i for i, line in enumerate(lines) if "seconds per test file" in line)
-    assert lines[title + 1].split()[1:] == ["s", "1", "tests", "test_costed.py"], proc.stdout
-    assert lines[title + 2].split()[1:] == ["s", "1", "tests", "in", "all"], proc.stdout
+    # wall seconds, CPU seconds, tests, file
+    assert lines[title + 1].split()[1:] == [
+        "s",
+        lines[title + 1].split()[2],
+        "cpu-s",
+        "1",
+        "tests",
+        "test_costed.py",
+    ]
+    assert lines[title + 2].split()[1:] == [
+        "s",
+        lines[title + 2].split()[2],
+        "cpu-s",
+        "1",
+        "tests",
+        "in",
+        "all",
+    ]
+    assert float(lines[title + 1].split()[2]) >= 0, proc.stdout
     assert lines[title + 3].startswith("by cost: unit "), proc.stdout
+
+
+# Under pytest-xdist (env/test.sh): the slurm tests on one worker, one after the other; a shared run made once;
+# the table of seconds per file from every worker; a deadline that fires in a worker still shows its stacks.
+SPREAD = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+OUT = Path(os.environ["SPREAD_OUT"])
+
+
+def note(name):
+    (OUT / f"{name}.{time.monotonic_ns()}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+
+@pytest.fixture(scope="module")
+def shared_run():
+    note("shared_run")
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("i", range(3))
+def test_on_the_cluster(i):
+    note("slurm")
+    for folder in os.environ["PATH"].split(os.pathsep):  # no stand-in, not even the controller's
+        command = Path(folder, "sbatch")
+        assert not command.is_file() or "tests/standins.py" not in command.read_text(errors="replace")
+    time.sleep(0.3)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("i", range(3))
+def test_reads_the_shared_run(shared_run, i):
+    note("shared")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("i", range(6))
+def test_anywhere(i):
+    time.sleep(0.2)
+"""
+
+STUCK_IN_A_WORKER = """
+import time
+
+import pytest
+
+
+@pytest.mark.unit
+def test_fine():
+    pass
+
+
+@pytest.mark.unit
+def test_stuck():
+    time.sleep(600)
+"""
+
+
+def run_xdist(tmp_path: Path, name: str, source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest -n 2 --dist loadgroup with the suite's plugins, xdist as the test process found it."""
+    xdist = pytest.importorskip("xdist", reason="pytest-xdist is in env/requirements-test.txt")
+    site = str(Path(xdist.__file__).resolve().parent.parent)
+    env = clean_environ(PATH=standins.without_standins(os.environ["PATH"]), SPREAD_OUT=str(tmp_path / "out"))
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], site])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "pytest.ini").write_text(PYTEST_INI + "    alone: x\n    deadline(seconds): x\n")
+    (tmp_path / name).write_text(source)
+    plugins = ["-p", "xdist", "-p", "deadline", "-p", "standins", "-p", "workers", "-p", "costs"]
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *plugins, "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"]
+        + [*args, name],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=XDIST_BOUND_S,
+        preexec_fn=die_with_test,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(XDIST_BOUND_S + 30)
+def test_under_xdist_slurm_tests_share_a_worker_a_shared_run_is_made_once_and_every_file_is_counted(
+    tmp_path: Path,
+) -> None:
+    proc = run_xdist(tmp_path, "test_spread.py", SPREAD, "-v")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "12 passed" in proc.stdout
+    notes = sorted((tmp_path / "out").iterdir(), key=lambda p: int(p.suffix[1:]))
+    by = {
+        kind: [p.read_text() for p in notes if p.stem == kind] for kind in ("slurm", "shared_run", "shared")
+    }
+    assert len(by["slurm"]) == 3 and len(set(by["slurm"])) == 1, by  # one worker, one after the other
+    assert len(by["shared_run"]) == 1 and set(by["shared"]) == set(by["shared_run"]), by
+    assert "@slurm" in proc.stdout  # xdist's group suffix on the node ids
+    lines = proc.stdout.splitlines()
+    title = next(i for i, line in enumerate(lines) if "seconds per test file" in line)
+    assert lines[title + 1].split()[3:] == ["cpu-s", "12", "tests", "test_spread.py"], proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(XDIST_BOUND_S + 30)
+def test_under_xdist_a_deadline_in_a_worker_names_the_test_shows_the_stacks_and_fails_the_run(
+    tmp_path: Path,
+) -> None:
+    proc = run_xdist(tmp_path, "test_stuck.py", STUCK_IN_A_WORKER, "-o", "deadline_s=3")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "[deadline] test_stuck.py::test_stuck: passed its 3 s deadline" in out
+    assert "in test_stuck" in out  # the stuck test's frame, from faulthandler's dump
+    assert out.count("[deadline]") == 1, out  # the stuck test ran once: the run stopped there
+    assert "worker restarting disabled" in proc.stdout and "1 failed" in proc.stdout, out
