@@ -166,3 +166,27 @@ def test_the_page_shows_an_evaluation_plot_and_table_only_for_a_run_that_evaluat
     assert pngs["evaluation.png"].startswith(b"\x89PNG")
     html = page.render("r", s, pngs, 0.0, "metrics.jsonl", evaluated.evaluations())
     assert "<h2>Evaluations</h2>" in html and 'alt="evaluation.png"' in html and "<td>0.25</td>" in html
+
+
+def test_a_steps_own_values_are_compiled_one_a_step_and_drawn_only_when_there_are_some() -> None:
+    """Issue 19 item 3: the values a Task.step returns besides its loss ("step" records' `metrics`) reach the
+    report: one point a step (a resume's replayed step keeps the later value), non-numbers left out."""
+    pytest.importorskip("matplotlib")
+    records = [start(10, 0, 0, 1)] + [
+        dict(step(10 + k, k, 1.0), metrics={"acc": k / 10}) for k in range(1, 5)
+    ]
+    records += [start(100, 1, 2, 1), dict(step(101, 3, 1.0), metrics={"acc": 0.9, "tag": "x", "f1": None})]
+    records += [dict(step(102, 4, 1.0), metrics="garbage")]
+    run = compile_records(records)
+    assert run.extra_series() == {"acc": ([1, 2, 3, 4], [0.1, 0.2, 0.9, 0.4])}
+    s = timeline.summarize(run, running=False)
+    pngs = plots.draw(run, s)
+    assert pngs["train-metrics.png"].startswith(b"\x89PNG")
+    html = page.render("r", s, pngs, 0.0, "metrics.jsonl", run.evaluations())
+    assert 'alt="train-metrics.png"' in html
+    plain = compile_records([start(10, 0, 0, 1)] + [step(10 + k, k, 1.0) for k in range(1, 5)])
+    assert plain.extra_series() == {}
+    drawn = plots.draw(plain, timeline.summarize(plain, running=False))
+    assert "train-metrics.png" not in drawn
+    html = page.render("r", s, drawn, 0.0, "metrics.jsonl", plain.evaluations())
+    assert "train-metrics.png" not in html

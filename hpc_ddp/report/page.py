@@ -19,10 +19,13 @@ CAPTIONS = {
     'hatched, marked "start" or "restart" and left out of the color scale.',
     "time-breakdown.png": "Where each attempt's time went, from the time before it (a queue wait, or the time "
     'between attempts; not allocated) to its end; "all" sums the attempts.',
+    "train-metrics.png": "Each value the task's step returns besides its loss (the mean over the step's "
+    "micro-batches and all ranks) at each recorded step.",
     "evaluation.png": "Each evaluation metric (the mean over every evaluated sample, all ranks) at the step it "
     "was evaluated at.",
 }
-OPTIONAL = {"evaluation.png"}  # a run without an evaluation set has none: no "missing" line for it
+# A run without an evaluation set, or whose step returns nothing but its loss, has none: no "missing" line.
+OPTIONAL = {"evaluation.png", "train-metrics.png"}
 
 DEFINITIONS = """
 <h2>Definitions</h2>

@@ -221,7 +221,16 @@ MAX_EVAL_PANELS = 6  # evaluation metrics drawn (in name order); the table has t
 
 def evaluation_png(run: Recorded) -> bytes | None:
     """Each evaluation metric against the step, one panel each; None for a run without evaluations."""
-    series = list(run.eval_series().items())[:MAX_EVAL_PANELS]
+    return _panels(run.eval_series(), "eval")
+
+
+def train_metrics_png(run: Recorded) -> bytes | None:
+    """Each value a Task.step returns besides its loss, against the step; None for a run without any."""
+    return _panels(run.extra_series(), "train")
+
+
+def _panels(by_name: dict[str, tuple[list[int], list[float]]], kind: str) -> bytes | None:
+    series = list(by_name.items())[:MAX_EVAL_PANELS]
     if not series:
         return None
     plt = pyplot()
@@ -232,7 +241,7 @@ def evaluation_png(run: Recorded) -> bytes | None:
         ax.set_visible(False)
     for ax, (name, (steps, values)) in zip(axes.flat, series, strict=False):
         ax.plot(steps, values, marker="." if len(steps) < 60 else None)
-        ax.set_title(f"eval {name}")
+        ax.set_title(f"{kind} {name}")
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -246,6 +255,7 @@ def draw(run: Recorded, summary: Summary) -> dict[str, bytes]:
         "throughput.png": throughput_png(run),
         "step-time-heatmap.png": heatmap_png(run),
         "time-breakdown.png": breakdown_png(summary),
+        "train-metrics.png": train_metrics_png(run),
         "evaluation.png": evaluation_png(run),
     }
     return {name: png for name, png in pngs.items() if png is not None}

@@ -136,6 +136,8 @@ class Recorded:
     step_times: array = field(default_factory=lambda: array("d"))  # "step" records' step_time_s
     end_step_times: list[float] = field(default_factory=list)  # "end" records' median_step_time_s > 0
     evals: list[Evaluation] = field(default_factory=list)  # "eval" records, in the order of the file
+    # A Task.step's own values (the "step" records' `metrics`), by name: (step, time, value) in file order.
+    extras: dict[str, Series] = field(default_factory=dict)
 
     def evaluations(self) -> list[Evaluation]:
         """One evaluation per step, in step order: the last record of each step (a resume that replays steps
@@ -152,6 +154,16 @@ class Recorded:
                 steps.append(e.step)
                 values.append(value)
         return dict(sorted(series.items()))
+
+    def extra_series(self) -> dict[str, tuple[list[int], list[float]]]:
+        """Each of a Task.step's own values, (steps, values) by name in name order: one point a step, the
+        last recorded (a resume that replays steps records them again; the later is the kept line's)."""
+        series: dict[str, tuple[list[int], list[float]]] = {}
+        for name, points in sorted(self.extras.items()):
+            by_step = dict(zip(points.steps, points.values, strict=True))
+            steps = sorted(by_step)
+            series[name] = (steps, [by_step[k] for k in steps])
+        return series
 
     @property
     def saves(self) -> list[Save]:
@@ -206,6 +218,11 @@ def compile_records(records: Iterable[Mapping[str, Any]]) -> Recorded:
                 run.step_times.append(step_time)
             elif (step_time := duration_or_none(step_time)) is not None:
                 run.step_times.append(step_time)
+            extras = r.get("metrics")  # absent unless the task's step returns its own values
+            if extras is not None and isinstance(extras, Mapping):
+                for name, value in extras.items():
+                    if (value := num(value)) is not None:
+                        run.extras.setdefault(str(name), Series()).add(step, t, value)
         else:
             _add(run, seg, r, event, t, step)
     return run
