@@ -3,7 +3,7 @@
 #
 #   bash env/test.sh                 # everything (needs root for the local Slurm cluster)
 #   HPC_DDP_NO_SLURM=1 bash env/test.sh   # without the Slurm cluster: its tests are skipped, not passed
-#   bash env/test.sh -n 0            # in one process instead of 3 pytest-xdist workers
+#   bash env/test.sh -n 3 --dist loadgroup   # on 3 pytest-xdist workers instead of one process
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -24,8 +24,9 @@ if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
   bash env/slurm/cluster.sh start
   export HPC_DDP_REQUIRE_SLURM=1  # a Slurm test that cannot reach the cluster fails instead of skipping
 fi
-# Workers (pytest-xdist): the suite mostly waits (ranks, watchdogs, slurmctld), so 3 workers on 2 cores finish
-# it in about half the time; tests/workers.py keeps the Slurm tests on one worker, one after the other, and each
-# shared run on one worker. `bash env/test.sh -n 0`: one process (a later -n wins). Each run ends with the wall
-# and CPU seconds per test file (tests/costs.py); --durations adds the slowest tests.
-exec .venv/bin/python -m pytest -n 3 --dist loadgroup --durations=20 "$@"
+# One process by default: on this 2-core machine the Slurm tests alone take about 12 minutes end to end, and
+# CPU-bound runs beside two other workers passed their deadlines. `bash env/test.sh -n 3 --dist loadgroup`
+# runs on pytest-xdist workers; tests/workers.py then keeps the Slurm tests on one worker, one after the other,
+# and each shared run on one worker. Each run ends with the wall and CPU seconds per test file
+# (tests/costs.py); --durations adds the slowest tests.
+exec .venv/bin/python -m pytest -n 0 --durations=20 "$@"
