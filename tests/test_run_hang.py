@@ -35,6 +35,7 @@ def hung_run(tmp_path: Path, task: str, *args: str, **env: str) -> tuple[int, st
         str(THRESHOLD_S),
         "--max-restarts",
         "0",
+        "--all-ranks",  # rank 1's "stuck now" is read from the console
         *args,
         **env,
     )  # the hang alone

@@ -87,12 +87,15 @@ class Full(Format):
         everyone: list[Any] = [None] * self.env.world_size
         if mine:
             dist.all_gather_object(everyone, mine)
+        # The writer's own work starts here: its state_dict() calls may be long (a big model to CPU); a rank
+        # waiting for it in a collective is then waiting for a busy peer, not for a hung one (run/beacon.py).
+        if self.env.is_main:
+            self.on_own_work()
         # Asked on every rank, in the same order: a strategy that shards (FSDP) gathers a whole state with a
         # collective, which rank 0 gets (the others get nothing, at the cost of a few references under DDP).
         whole = {p.key: p.state_dict() for p in parts if p.kind == REPLICATED}
         if not self.env.is_main:
             return None
-        self.on_own_work()
         state: dict[str, Any] = {}
         for part in parts:
             if part.kind == REPLICATED:
