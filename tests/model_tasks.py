@@ -117,6 +117,16 @@ def nonscalar(config):  # type: ignore[no-untyped-def]
     return Task(model=_model(), dataset=Pairs(config.seed), step=per_sample, collate_fn=collate)
 
 
+def names_differ(config):  # type: ignore[no-untyped-def]
+    """Rank 1's step returns another metric name than rank 0's: the values would be summed by position."""
+
+    def uneven(model: nn.Module, batch: dict):  # type: ignore[no-untyped-def]
+        loss = nn.functional.mse_loss(model(batch["x"]), batch["y"])
+        return loss, {"mae" if os.environ.get("RANK") == "0" else "mse": loss.detach()}
+
+    return Task(model=_model(), dataset=Pairs(config.seed), step=uneven, collate_fn=collate)
+
+
 def both(config):  # type: ignore[no-untyped-def]
     return Task(
         model=_model(),

@@ -34,6 +34,10 @@ def records(folder: Path, event: str) -> list[dict]:
         ("nonscalar", "error: the training step returned a tensor of shape [32, 1] as its loss; expected a "),
         ("both", "Task has both of loss_fn and step; give exactly one"),
         ("scheduler_raises", "error: Task.scheduler(optimizer, 8) raised ValueError: warm-up longer than"),
+        (
+            "names_differ",
+            "Task.step returned the metrics ['mae'] on rank 0 but ['mse'] on rank 1. Fix: return",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_never_retried(tmp_path: Path, task: str, message: str) -> None:

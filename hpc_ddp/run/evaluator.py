@@ -187,12 +187,23 @@ class Evaluator:
         return sorted(values)
 
     def _agree_names(self, names: list[str]) -> None:
-        everyone: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(everyone, names)
-        for rank, theirs in enumerate(everyone):
-            if theirs != names:
-                raise UsageError(
-                    f"the evaluation returned {names} on rank {self.env.rank} but {theirs} on rank {rank}. Fix: "
-                    "return the same names for every batch"
-                )
+        agree_names(
+            names,
+            self.env,
+            lambda theirs, rank: (
+                f"the evaluation returned {names} on rank {self.env.rank} but {theirs} on rank "
+                f"{rank}. Fix: return the same names for every batch"
+            ),
+        )
         self.names = names
+
+
+def agree_names(names: list[str], env: DistEnv, mismatch: Callable[[Any, int], str]) -> None:
+    """Every rank returned the same value names (a step's extras, an evaluation's means): their values ride in
+    an all-reduce by position, so a rank with other names would add up unrelated numbers. One all-gather; a
+    mismatch is the user's to fix (`mismatch(their names, their rank)` says how), on every rank alike."""
+    everyone: list[Any] = [None] * env.world_size
+    dist.all_gather_object(everyone, names)
+    for rank, theirs in enumerate(everyone):
+        if theirs != names:
+            raise UsageError(mismatch(theirs, rank))

@@ -51,7 +51,7 @@ from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.checkpoint import content, formats, full
 from hpc_ddp.run.checkpointer import SAVING_OK, Checkpointer
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.evaluator import Evaluator
+from hpc_ddp.run.evaluator import Evaluator, agree_names
 from hpc_ddp.run.folder import MODEL
 from hpc_ddp.run.parts import (
     BestPart,
@@ -429,14 +429,14 @@ class Trainer:
     def _agree_names(self, names: list[str]) -> None:
         """Once, at the first micro-batch: every rank's step must return the same extra metrics (they ride in
         the per-step all-reduce by position)."""
-        everyone: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(everyone, names)
-        for rank, theirs in enumerate(everyone):
-            if theirs != names:
-                raise UsageError(
-                    f"Task.step returned the metrics {names} on rank {self.env.rank} but {theirs} on rank "
-                    f"{rank}. Fix: return the same names on every rank and every step"
-                )
+        agree_names(
+            names,
+            self.env,
+            lambda theirs, rank: (
+                f"Task.step returned the metrics {names} on rank {self.env.rank} but {theirs} "
+                f"on rank {rank}. Fix: return the same names on every rank and every step"
+            ),
+        )
         self.metric_names = names
 
     def _optimizer_step(self) -> None:
