@@ -8,6 +8,8 @@ from its path; a new module outside the known places fails until it is given one
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -198,7 +200,22 @@ def test_the_check_sees_the_imports_that_are_there() -> None:
     assert "hpc_ddp.run.trainer" in graph["hpc_ddp.run.session"]  # inside a function
     assert "hpc_ddp.run.position" in graph["hpc_ddp.run.metrics"]  # under TYPE_CHECKING
     assert "hpc_ddp.launch.slurm.submitter" in graph["hpc_ddp.slurm_job"]
-    assert "hpc_ddp.run.strategy.ddp" in graph["hpc_ddp.run.strategy"]
+    assert "hpc_ddp.run.strategy.base" in graph["hpc_ddp.run.strategy"]
+    assert "hpc_ddp.run.strategy.ddp" in graph["hpc_ddp.run.trainer"]
+
+
+def test_every_strategy_the_registry_names_loads_lazily_from_its_own_layer() -> None:
+    """run/strategy's registry names modules by string (imported when a run asks for one): each must exist,
+    sit under run/strategy, and not be imported by the registry itself (a ddp run must not pay for fsdp)."""
+    from hpc_ddp.run import strategy
+
+    graph = import_graph()
+    for name, where in strategy.STRATEGIES.items():
+        module = where.partition(":")[0]
+        assert module.startswith("hpc_ddp.run.strategy."), where
+        assert module in graph, where
+        assert strategy.kind(name).name == name
+    assert "hpc_ddp.run.strategy.fsdp" not in graph["hpc_ddp.run.strategy"]
     assert "hpc_ddp.run.checkpoint.durable" in graph["hpc_ddp.run.checkpoint.store"]
 
 
@@ -333,3 +350,20 @@ def test_the_ledger_and_the_supervisors_rules_need_no_torch() -> None:
                 )
                 torch_users += [f"{name}: {n}" for n in names if n == "torch" or n.startswith("torch.")]
     assert torch_users == []
+
+
+def test_a_ddp_rank_does_not_import_dcp_dtensor_or_sympy() -> None:
+    """What every ddp rank imports at start leaves FSDP's dependencies alone: DCP, DTensor and sympy cost
+    about 2 s of start-up per rank on this machine, paid only by a run that shards."""
+    code = (
+        "import sys, hpc_ddp.run.session, hpc_ddp.run.trainer, hpc_ddp.run.resume, hpc_ddp.run.tasks\n"
+        "from hpc_ddp.run import strategy\n"
+        "from hpc_ddp.run.checkpoint import formats\n"
+        "strategy.kind('ddp')\n"
+        "print(sorted(m for m in ('torch.distributed.checkpoint', 'torch.distributed.tensor', 'sympy') "
+        "if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -24,6 +24,9 @@ rotation). A rank killed mid-save leaves only the temporary folder: the newest c
 
 Loading needs no rank to hold the whole model: each rank reads the shards it needs for its own layout, which
 is also how a checkpoint of N ranks loads on M (`reshards`: with --allow-resize).
+
+DCP and DTensor are imported where they are used: every run imports this module to tell formats apart, and
+they cost about 2 s of start-up on every rank (sympy comes with them).
 """
 
 from __future__ import annotations
@@ -40,9 +43,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.tensor import DTensor
 
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused, NonFinite
 from hpc_ddp.run.checkpoint import content, durable, store, torchfile
@@ -90,6 +90,8 @@ def merge(tensors: Any, rest: Any) -> Any:
 
 def _local(state: Any) -> Any:
     """This rank's shards as plain tensors (checks on the writer thread must not run DTensor collectives)."""
+    from torch.distributed.tensor import DTensor
+
     if isinstance(state, DTensor):
         return state.to_local()
     if isinstance(state, dict):
@@ -144,6 +146,8 @@ class _Lazy:
         tensors, _ = split(template)
         if tensors is None:  # no tensor in this part's state (SGD without momentum): all of it is in `rest`
             return self.rest
+        import torch.distributed.checkpoint as dcp
+
         box = {self.key: tensors}
         dcp.load(box, storage_reader=dcp.FileSystemReader(str(self.path)))
         return merge(box[self.key], self.rest)
@@ -230,6 +234,8 @@ class Sharded(Format):
                 rest[part.key] = state
             checks.append((part.check, part.key))
         self.on_own_work()
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
         # A CPU copy of this rank's shards (DTensors stay DTensors): training may change its own at once.
         opts = StagingOptions(False, False, False, False)  # pinned, shared, async staging, non-blocking
         staged = DefaultStager(opts).stage({k: v for k, v in tensors.items() if v is not None})
@@ -278,6 +284,8 @@ class Sharded(Format):
             torchfile.atomic_save(extras, temp / rank_file(rank))
 
         def write() -> tuple[Path, int]:
+            import torch.distributed.checkpoint as dcp
+
             if "sums" not in done:
                 verdict(agree(attempt(write_rank_file)))
                 try:
@@ -340,6 +348,8 @@ def _oserror(error: BaseException) -> OSError | None:
 def export(path: Path, out: Path) -> int:
     """Write the model of sharded checkpoint `path` as a plain state dict (`model.pth`: loadable with
     torch.load(weights_only=True) into the bare model), with its checksum, in one process. Returns its size."""
+    import torch.distributed.checkpoint as dcp
+
     read_manifest(path, verify=True)
     state: dict[str, Any] = {}
     reader = dcp.FileSystemReader(str(path))

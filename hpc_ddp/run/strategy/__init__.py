@@ -4,26 +4,38 @@
     fsdp  FSDP2: parameters, gradients and optimizer state sharded over the ranks (fsdp.py)
 
 Adding one is its module and one entry in STRATEGIES (and its name in run/config.py's STRATEGIES).
+
+A strategy's module is imported only when a run asks for it: fsdp.py pulls in DTensor and Distributed
+Checkpoint (and through them sympy), about 2 s of start-up on every rank that a ddp run would pay for nothing.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run.strategy.base import Strategy
-from hpc_ddp.run.strategy.ddp import DDPStrategy
-from hpc_ddp.run.strategy.fsdp import FSDPStrategy
 
-STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (DDPStrategy, FSDPStrategy)}
+STRATEGIES: dict[str, str] = {  # name -> "module:class", imported on first use
+    "ddp": "hpc_ddp.run.strategy.ddp:DDPStrategy",
+    "fsdp": "hpc_ddp.run.strategy.fsdp:FSDPStrategy",
+}
+
+
+def kind(name: str) -> type[Strategy]:
+    """The class of the strategy called `name` (its module imported now)."""
+    where = STRATEGIES.get(name)
+    if where is None:
+        raise UsageError(f"--strategy {name}: no such strategy. Use one of: {', '.join(STRATEGIES)}")
+    module, _, cls = where.partition(":")
+    found: type[Strategy] = getattr(importlib.import_module(module), cls)
+    return found
 
 
 def create(name: str, *args: Any, **options: Any) -> Strategy:
     """The strategy called `name`, built with (cfg, env, device, **its own options)."""
-    kind = STRATEGIES.get(name)
-    if kind is None:
-        raise UsageError(f"--strategy {name}: no such strategy. Use one of: {', '.join(STRATEGIES)}")
-    return kind(*args, **options)
+    return kind(name)(*args, **options)
 
 
 def for_run(cfg: Any, env: Any, device: Any, task: Any, comm_hook: Any = None) -> Strategy:
