@@ -77,7 +77,10 @@ class FSDPStrategy(Strategy):
         self.blocks: list[nn.Module] = []
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        self.model = model = model.to(self.device)
+        # No model.to(device) first: that would put the whole model on every GPU, which is what fsdp is for
+        # avoiding. `fully_shard` moves each block's parameters to the mesh's device as it shards them, one
+        # block at a time, so a rank's device never holds more than one whole block plus its shards.
+        self.model = model
         mesh = init_device_mesh(self.device.type, (self.env.world_size,))
         chosen = list(self.shard(model)) if self.shard is not None else blocks(model)
         for module in chosen:
