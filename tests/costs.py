@@ -93,6 +93,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_progress.py": "unit",
     "test_run_progress_runs.py": ("process", "ranks"),
     "test_run_retry_rules.py": "unit",
+    "test_run_rng.py": "unit",
     "test_run_save_retry.py": "process",
     "test_run_tasks.py": "unit",
     "test_run_teardown.py": ("unit", "process"),

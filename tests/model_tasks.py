@@ -4,8 +4,10 @@ collate_fn, a step of one's own with extra metrics, schedules, evaluation, and t
 from __future__ import annotations
 
 import os
+import random
 import time
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -84,14 +86,23 @@ def dicts(config):  # type: ignore[no-untyped-def]
     )
 
 
+def step_with_draws(model: nn.Module, batch: dict):  # type: ignore[no-untyped-def]
+    """`step`, plus one draw from Python's `random` and one from NumPy's global generator, recorded: what a
+    transform or a step of a user's own would draw (the kit seeds both with --seed and checkpoints both)."""
+    loss, metrics = step(model, batch)
+    return loss, {**metrics, "py_draw": random.random(), "np_draw": float(np.random.rand())}
+
+
 def scheduled(config):  # type: ignore[no-untyped-def]
-    """The task's own scheduler (warm-up then step decay), dict batches."""
+    """The task's own scheduler (warm-up then step decay), dict batches, a step that draws from Python's and
+    NumPy's generators."""
 
     def scheduler(optimizer, total):  # type: ignore[no-untyped-def]
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4) * 0.9 ** (s // 8))
 
     task = dicts(config)
     task.scheduler = scheduler
+    task.step = step_with_draws
     return task
 
 
@@ -143,6 +154,7 @@ def scheduler_raises(config):  # type: ignore[no-untyped-def]
 
     task = dicts(config)
     task.scheduler = scheduler
+    task.step = step_with_draws
     return task
 
 

@@ -90,9 +90,8 @@ def everything(checkpoint: Path) -> dict:
         extras = torch.load(checkpoint / sharded.rank_file(rank), weights_only=True)
         for key in ("position", "scheduler", "optimizer"):
             state[f"{rank}:{key}"] = extras[key]
-        # torch's generator (dropout draws from it); Python's `random` is not compared: the kit's own start-up
-        # draws from it in a resumed process (under ddp too), and no training draws from it here.
-        state[f"{rank}:rng"] = extras["rng"]["cpu"]
+        # Every generator of the rank: torch's (dropout draws from it), Python's `random` and NumPy's.
+        state[f"{rank}:rng"] = extras["rng"]
     return state
 
 

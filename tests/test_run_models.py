@@ -183,12 +183,22 @@ def test_a_task_scheduler_preempted_twice_ends_bitwise_equal(tmp_path: Path) -> 
         "8",
         "--eval-every-epochs",
         "0",
+        "--log-every-s",
+        "0",
     )
     code, out = finish(start(tmp_path / "straight", *args, **SLOW))
     assert code == 0, out
     preempted_twice(tmp_path / "twice", *args, **SLOW)
     assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
     assert final(tmp_path / "twice")[1]["scheduler"]["last_epoch"] == 3 * 16
+    # The step's draws from Python's `random` and NumPy's generator (seeded by --seed, restored on resume):
+    # each step drew the same numbers in both runs, across both resumes.
+    straight, twice = (
+        {r["step"]: (r["metrics"]["py_draw"], r["metrics"]["np_draw"]) for r in records(tmp_path / f, "step")}
+        for f in ("straight", "twice")
+    )
+    assert straight == twice and len(straight) == 3 * 16
+    assert len({draws for draws in straight.values()}) == 3 * 16  # really drawn, not a constant
 
 
 @pytest.mark.deadline(240)

@@ -5,7 +5,8 @@
     scaler     the fp16 GradScaler's state (None without one)
     scheduler  the LR scheduler's state (None without one); a changed --lr scales its rates on resume
     position   where the run is: epoch, batch, step, the epoch's loss so far
-    rng        every rank's own RNG (PER_RANK): torch's CPU (and CUDA) generator and Python's `random`
+    rng        every rank's own RNG (PER_RANK): torch's CPU (and CUDA) generator, Python's `random`, NumPy's
+               (hpc_ddp.run.rng)
     stream     every rank's IterableDataset state_dict() (PER_RANK) at the start of its next step, when it
                has one: the dataset's own without DataLoader workers, the StatefulDataLoader's (every
                worker's) with them (hpc_ddp.run.loaders); None otherwise
@@ -16,14 +17,13 @@ Their keys are the entries of every checkpoint written since 0.1.0: never rename
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import torch
 
-from hpc_ddp.run import resume, schedules
+from hpc_ddp.run import resume, rng, schedules
 from hpc_ddp.run.best import Best
 from hpc_ddp.run.checkpoint import content
 from hpc_ddp.run.checkpoint.part import PER_RANK, REPLICATED, SHARDED, Loading, Part
@@ -190,24 +190,9 @@ class RngPart(Part):
         self.device = device
 
     def state_dict(self) -> Any:
-        state: dict[str, Any] = {"cpu": torch.get_rng_state(), "python": _to_lists(random.getstate())}
-        if self.device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.device)
-        return state
+        return rng.state(self.device)
 
     def load_state_dict(self, state: Any, ctx: Loading) -> None:
         if state is None:
             return  # no RNG of this rank in the checkpoint: the run goes on with the seed's stream
-        torch.set_rng_state(state["cpu"])
-        random.setstate(_to_tuples(state["python"]))
-        if self.device.type == "cuda" and state.get("cuda") is not None:
-            torch.cuda.set_rng_state(state["cuda"], self.device)
-
-
-def _to_lists(obj: Any) -> Any:
-    """random.getstate() as nested lists: plain data that loads under weights_only=True."""
-    return [_to_lists(x) for x in obj] if isinstance(obj, (tuple, list)) else obj
-
-
-def _to_tuples(obj: Any) -> Any:
-    return tuple(_to_tuples(x) for x in obj) if isinstance(obj, list) else obj
+        rng.load(state, self.device)

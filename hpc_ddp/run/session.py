@@ -158,12 +158,12 @@ def _train(
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp.run import resume, tasks
+    from hpc_ddp.run import resume, rng, tasks
     from hpc_ddp.run.trainer import Trainer
 
     if device.type == "cuda":
         _check_gpus(env, device)
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    rng.seed(cfg.seed)  # every generator; the same initial weights on every rank (DDP broadcasts rank 0's)
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
