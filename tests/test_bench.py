@@ -185,3 +185,14 @@ def test_a_miss_within_the_trials_spread_is_noisy_and_a_clear_one_is_missed() ->
     [target] = [t for t in report.targets(met) if "default" in t.name]
     assert target.verdict(9.0, 2) == "met"
     assert report.Target("x", 0.5, ">=", 0.8).verdict(9.0, 2) == f"{report.NOISY} (load 9.0 on 2 CPUs)"
+
+
+def test_the_header_names_the_fsdp_sections_own_task_and_batch() -> None:
+    header = report.header
+    s = Settings(trials=1, steps=6, world_size=4, batch_size=32, work=Path("."), quick=False)
+    assert header(s, ["fsdp"]).startswith(
+        "hpc_ddp.bench: task hpc_ddp.bench.sharding:wide, 4 ranks x batch 4, 6"
+    )
+    assert "task mlp, 4 ranks x batch 32" in header(s, ["overhead", "fsdp"])
+    assert "fsdp: its own model and batch" in header(s, ["overhead", "fsdp"])
+    assert "fsdp" not in header(s, ["overhead"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,8 +220,16 @@ def table(results: dict[str, dict[str, Any]], s: Settings, load: float = 0.0, cp
     return "\n".join(lines)
 
 
-def header(s: Settings) -> str:
-    return (
-        f"hpc_ddp.bench: task {TASK}, {s.world_size} ranks x batch {s.batch_size}, {s.steps} steps, "
-        f"{s.trials} interleaved trial(s), {len(os.sched_getaffinity(0))} CPUs"
-    )
+def header(s: Settings, sections: Sequence[str] = ()) -> str:
+    """The settings line. The fsdp section runs its own model and batch (bench/sharding.py), so a run of it
+    alone names those, and a run with others says that its rows name theirs."""
+    runs = f"{s.trials} interleaved trial(s), {len(os.sched_getaffinity(0))} CPUs"
+    if sections and set(sections) == {"fsdp"}:
+        from hpc_ddp.bench import sharding
+
+        return (
+            f"hpc_ddp.bench: task {sharding.TASK}, {s.world_size} ranks x batch {sharding.batch(s)}, "
+            f"{sharding.steps(s)} steps, {runs}"
+        )
+    other = " (fsdp: its own model and batch, in its rows)" if "fsdp" in sections else ""
+    return f"hpc_ddp.bench: task {TASK}, {s.world_size} ranks x batch {s.batch_size}, {s.steps} steps{other}, {runs}"

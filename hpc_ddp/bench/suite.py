@@ -57,7 +57,7 @@ def run(
         trials=trials, steps=steps, world_size=world_size, batch_size=batch_size, work=work, quick=quick
     )
     load_before = load_average()
-    progress(f"{header(s)}; load {load_before:.1f}; runs in {work}")
+    progress(f"{header(s, sections)}; load {load_before:.1f}; runs in {work}")
     started = time.monotonic()
     try:
         results = run_sections(s, sections)
@@ -67,7 +67,7 @@ def run(
     finally:
         if not keep_in:
             shutil.rmtree(work, ignore_errors=True)
-    print(header(s), flush=True)
+    print(header(s, sections), flush=True)
     cpus = len(os.sched_getaffinity(0))
     print(table(results, s, load_before, cpus), flush=True)
     if json_path:
