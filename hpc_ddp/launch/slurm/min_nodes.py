@@ -12,7 +12,7 @@ idle cluster got 1; measured on Slurm 22.05). So the job is submitted with --nod
 excludes the bad nodes also lowers NumNodes and NumTasks (hpc_ddp.launch.slurm.client.requeue_steps). The
 batch environment still carries the task count sbatch computed at submission (SLURM_NTASKS, SLURM_NPROCS),
 which srun would start on the nodes left: the batch scripts set it from the allocation first
-(hpc_ddp.launch.slurm.request.TASK_COUNT). Pure, but for nothing: every function here is a table's.
+(hpc_ddp.launch.slurm.request.TASK_COUNT). Everything here is pure (tests/test_launch_slurm_min_nodes.py).
 """
 
 from __future__ import annotations
