@@ -7,19 +7,30 @@ job from the start (`--slurm exclude=node3`), so one usable node is left for a 2
 --min-nodes it would stop there (tests/test_launch_slurm_survive.py); with `--min-nodes 1` the batch shell
 requeues it on node1 alone, 2 ranks instead of 4, the sharded checkpoint resharded (--allow-resize, the
 global batch kept by --grad-accum 2), and it finishes.
+
+The second job is the same story through the other entry point, `slurm/ddp.sbatch`, without the preemption.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import clean_environ, die_with_test
-from test_launch_slurm_submit import HANG_GUARD_S, sacct_records, start_submit, wait_for_line
+from test_launch_slurm_submit import (
+    DDP_SBATCH,
+    HANG_GUARD_S,
+    sacct_records,
+    start_submit,
+    wait_for_line,
+    wait_job,
+)
 from test_launch_slurm_survive import wait_all_idle
 
 from hpc_ddp.launch.slurm import submitter
@@ -58,8 +69,6 @@ def step_losses(folder: Path) -> dict[int, list[float]]:
 
 def uninterrupted(folder: Path) -> dict[int, list[float]]:
     """The same 2 x 2 run, never interrupted, on this machine (`submit --local`: the same 4 ranks, gloo)."""
-    import sys
-
     proc = subprocess.run(
         [sys.executable, "-m", "hpc_ddp.submit", "--local", "--nodes", "2", "--tasks-per-node", "2"]
         + ["--folder", str(folder), *ARGS],
@@ -133,3 +142,43 @@ def test_a_preempted_fsdp_job_resumes_and_with_min_nodes_goes_on_without_a_bad_n
     assert re.search(
         rf"\[submit\] job {job_id} completed; run folder {re.escape(str(folder))}$", out.rstrip()
     )
+
+
+def test_ddp_sbatch_with_min_nodes_goes_on_without_a_bad_node(slurm_cluster: str, tmp_path: Path) -> None:
+    """The other entry point: `sbatch --exclude=node3 slurm/ddp.sbatch --min-nodes 1 ...`, node2's tasks raise
+    a GPU hardware error. The script's own steps requeue the job on node1 alone, and its srun starts 2 tasks
+    there, not the 4 that sbatch counted at submission."""
+    wait_all_idle()
+    folder = tmp_path / "run"
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--exclude=node3", "--nodes=2"]
+        + ["--gpus-per-node=0", "--ntasks-per-node=2", "--cpus-per-task=1", str(DDP_SBATCH)]
+        + ["--folder", str(folder), "--task", "retry_tasks:node_fault", "--epochs", "2", "--strategy", "fsdp"]
+        + ["--save-every-steps", "2", "--allow-resize", "--min-nodes", "1"],
+        cwd=tmp_path,
+        env=clean_environ(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", RETRY_BAD_NODE="node2"),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    job_id = submitted.stdout.strip().split(";")[0]
+    assert wait_job(job_id) == "COMPLETED"
+    log = (tmp_path / f"hpc_ddp-{job_id}.out").read_text()
+    assert sacct_records(job_id) == ["REQUEUED", "COMPLETED"], log
+    failed, finished = attempts.read(folder)
+    assert (failed.node, failed.blamed, failed.decision, set(failed.exclude)) == (
+        "node2",
+        True,
+        "requeue",
+        {"node2", "node3"},
+    ), log
+    assert (finished.nodes, finished.outcome) == (("node1",), "completed"), log
+    assert f"requeued job {job_id} on 1 node(s), 2 task(s); it will not run on node3,node2" in log
+    assert f"[ddp.sbatch] job {job_id} (restart 1): 1 node(s) node1, tasks per node 2," in log
+    assert "--allow-resize: the checkpoint of 4 ranks is resharded onto 2" in log
+    starts = [
+        r
+        for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+        if r["event"] == "start"
+    ]
+    assert [s["world_size"] for s in starts] == [4, 2]
