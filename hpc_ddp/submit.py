@@ -21,7 +21,7 @@ from typing import NoReturn
 from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import UsageError, run_main
 from hpc_ddp.launch.shape import job_shape
-from hpc_ddp.run.config import add_train_arguments, from_namespace
+from hpc_ddp.run.config import add_train_arguments, check_min_nodes, from_namespace
 
 PROG = "python -m hpc_ddp.submit"
 
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_argparser().parse_args(argv)
     shape = job_shape(ns.nodes, ns.gpus_per_node, ns.tasks_per_node)
     cfg = from_namespace(ns)
+    check_min_nodes(cfg, shape.nodes, shape.tasks_per_node)
     module = "hpc_ddp.doctor" if ns.doctor else "hpc_ddp.train"
     if ns.collective and not ns.doctor:
         raise UsageError("--collective is a doctor option: add --doctor (or drop --collective)")

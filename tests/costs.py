@@ -66,6 +66,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_checkpoint_sharded.py": "unit",
     "test_launch_slurm_client.py": "unit",
     "test_launch_slurm_batch.py": "unit",
+    "test_launch_slurm_min_nodes.py": "unit",
     "test_launch_faults.py": "unit",
     "test_launch_slurm_start.py": "process",
     "test_launch_slurm_runtime.py": ("unit", "process"),
@@ -77,6 +78,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_launch_slurm_submit.py": "slurm",
     "test_launch_slurm_survive.py": "slurm",
     "test_launch_slurm_early_signal.py": "slurm",
+    "test_launch_slurm_fsdp.py": "slurm",
     "test_report.py": "unit",
     "test_report_run.py": "ranks",
     "test_report_scenario.py": "scenario",
@@ -134,6 +136,7 @@ TESTS: dict[str, str] = {
         "scenario"
     ),
     "test_run_teardown.py::test_any_error_on_rank0_reaches_every_rank_at_once": "ranks",
+    "test_launch_slurm_min_nodes.py::test_the_batch_scripts_take_the_task_count_from_the_allocation": "process",
 }
 
 # Files out of the quick lane whatever their cost: pytest run inside pytest.

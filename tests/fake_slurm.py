@@ -29,6 +29,7 @@ class FakeJob:
     reason: str = "None"
     restarts: int = 0
     num_nodes: str = "2-2"
+    num_tasks: int = 4
     partition: str = "debug"
     excluded: str = ""
     node_list: str = ""
@@ -43,7 +44,7 @@ class FakeJob:
             f"Account=(null) QOS=normal JobState={self.state} Reason={self.reason} Dependency=(null) "
             f"Requeue=1 Restarts={self.restarts} BatchFlag=1 Reboot=0 ExitCode={self.exit_code} "
             f"RunTime=00:00:05 TimeLimit=00:10:00 Partition={self.partition} "
-            f"NodeList={self.node_list or '(null)'} NumNodes={self.num_nodes} NumCPUs=4 NumTasks=4 "
+            f"NodeList={self.node_list or '(null)'} NumNodes={self.num_nodes} NumCPUs=4 NumTasks={self.num_tasks} "
             f"ReqNodeList=(null) ExcNodeList={self.excluded or '(null)'} Command=(null) WorkDir=/tmp\n"
         )
 
@@ -153,6 +154,8 @@ class FakeSlurm:
             if job.state not in ("PENDING",):
                 return proc.Output("", f"Job is no longer pending execution for job {job.id}")
             job.excluded = fields.get("ExcNodeList", job.excluded)
+            job.num_nodes = fields.get("NumNodes", job.num_nodes)
+            job.num_tasks = int(fields.get("NumTasks", job.num_tasks))
             return proc.Output("")
         job = self.jobs[args[1]]
         if verb in ("requeue", "requeuehold"):

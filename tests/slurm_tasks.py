@@ -45,3 +45,28 @@ def slow_until_released(config):  # type: ignore[no-untyped-def]
         return slow_loss(output, target)
 
     return dataclasses.replace(task, loss_fn=loss_fn)
+
+
+def fsdp_bad_node_after_requeue(config):  # type: ignore[no-untyped-def]
+    """fsdp_tasks.blocks, slow on the job's first run (a sleep of $STEP_SLEEP_S a step: a preemption signal
+    finds it training); on its second (after one requeue), the tasks on $RETRY_BAD_NODE raise a GPU hardware
+    error at their third step (the node is blamed and excluded); no sleep from the second run on."""
+    import fsdp_tasks
+    import torch
+
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if restart > 0:
+        os.environ["STEP_SLEEP_S"] = "0"
+    task = fsdp_tasks.blocks(config)
+    if restart != 1 or os.environ.get("SLURMD_NODENAME") != os.environ.get("RETRY_BAD_NODE"):
+        return task
+    calls = [0]
+    inner = task.loss_fn
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
+        return inner(output, target)
+
+    return dataclasses.replace(task, loss_fn=loss_fn)

@@ -58,6 +58,8 @@ SUBMIT_CASES = [
     (["--resume", "auto", "--overwrite"], ["--overwrite only applies with --resume never"]),
     (["--timeout-s", "0"], ["--timeout-s 0.0: must be positive"]),
     (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
+    (["--min-nodes", "3"], ["--min-nodes 3 is more than the job's 2 node(s) (--nodes)"]),
+    (["--min-nodes", "1"], ["ddp's full checkpoint resumes only", "Fix: --strategy fsdp --allow-resize"]),
     (
         ["--requeue-by", "scontrol"],
         ["--requeue-by scontrol: a local run is no Slurm job", "drop --requeue-by"],

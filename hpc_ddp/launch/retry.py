@@ -266,6 +266,7 @@ class Decision:
     message: str
     exclude: tuple[str, ...] = field(default_factory=tuple)  # every node blamed in this job so far
     crash_loop: bool = False
+    nodes: int | None = None  # the nodes a requeued job goes on with, fewer than it ran on (--min-nodes)
 
 
 def blamed_nodes(history: Sequence[Attempt]) -> tuple[str, ...]:

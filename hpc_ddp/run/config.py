@@ -98,6 +98,15 @@ class TrainConfig:
             "batch changes unless --grad-accum absorbs it)"
         },
     )
+    min_nodes: int = field(
+        default=0,
+        metadata={
+            "help": "Slurm: when excluding bad nodes leaves fewer usable nodes than the job ran on, requeue it "
+            "on the rest as long as at least this many remain, instead of stopping (a smaller world size: "
+            "needs --allow-resize and a sharded checkpoint, --strategy fsdp). 0: every node it ran on "
+            "(default: 0)"
+        },
+    )
     max_steps: int = field(
         default=0, metadata={"help": "stop after this many optimizer steps in total (0: no limit)"}
     )
@@ -263,6 +272,7 @@ class TrainConfig:
             "save_every_steps": self.save_every_steps,
             "max_requeue": self.max_requeue,
             "max_restarts": self.max_restarts,
+            "min_nodes": self.min_nodes,
             "clip_grad": self.clip_grad,
             "log_every_s": self.log_every_s,
         }
@@ -411,6 +421,48 @@ class TrainConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check_min_nodes(cfg: TrainConfig, nodes: int, tasks_per_node: int | None) -> None:
+    """--min-nodes against the job's node count (`nodes`: --nodes at submission, what Slurm allocated in the
+    batch shell); raises UsageError for a combination that cannot work. Below `nodes`, the job may go on with
+    fewer ranks: the checkpoint must load on another world size (a sharded one, resharded) and the user must
+    accept what a resize changes (--allow-resize: the global batch, bitwise equality). A full checkpoint
+    (ddp's) holds one RNG state and data position per rank of its world size: it cannot resume on fewer.
+    `tasks_per_node` is None when the batch shell does not know it (no --ntasks-per-node): the requeue could
+    not say how many tasks the smaller job runs."""
+    least = cfg.min_nodes
+    if least == 0 or least == nodes:
+        return
+    if least > nodes:
+        raise UsageError(
+            f"--min-nodes {least} is more than the job's {nodes} node(s) (--nodes). Fix: --min-nodes between 1 "
+            f"and {nodes}, or drop it"
+        )
+    if cfg.format_name() != "sharded":
+        raise UsageError(
+            f"--min-nodes {least} below --nodes {nodes} lets the job go on with fewer ranks, but "
+            f"{'ddp' if cfg.strategy == 'ddp' else '--checkpoint-format full'}'s full checkpoint resumes "
+            "only on the world size that wrote it (one RNG state and data position per rank). Fix: "
+            "--strategy fsdp --allow-resize (sharded checkpoints reshard), or drop --min-nodes"
+        )
+    if not cfg.allow_resize:
+        raise UsageError(
+            f"--min-nodes {least} below --nodes {nodes} lets the job go on with fewer ranks, which changes the "
+            "world size: add --allow-resize (the sharded checkpoint is resharded; the global batch changes "
+            "unless --grad-accum absorbs it; no bitwise equality across the resize), or drop --min-nodes"
+        )
+    if tasks_per_node is None:
+        raise UsageError(
+            f"--min-nodes {least}: the job has no --ntasks-per-node, so a requeue on fewer nodes could not "
+            "say how many tasks to run. Fix: submit with --ntasks-per-node (one task per GPU)"
+        )
+
+
+def accum_for(grad_accum: int, saved: int, now: int) -> int | None:
+    """The --grad-accum that keeps the global batch of `grad_accum` micro-batches on `saved` ranks once on
+    `now` ranks, or None when none does (it does not divide evenly). Pure: the batch steps use it too."""
+    return grad_accum * saved // now if (grad_accum * saved) % now == 0 else None
 
 
 def differences(saved: dict[str, Any], cfg: TrainConfig, skip: tuple[str, ...] = ()) -> list[str]:

@@ -32,7 +32,7 @@ from hpc_ddp.ledger.attempts import ATTEMPTS
 from hpc_ddp.run.checkpoint import durable, formats, store
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.full import Full
-from hpc_ddp.run.config import TrainConfig, differences
+from hpc_ddp.run.config import TrainConfig, accum_for, differences
 from hpc_ddp.run.folder import METRICS, MODEL, TENSORBOARD, atomic_write_bytes, fsync_dir
 
 
@@ -278,17 +278,22 @@ class Resize:
 def resize(cfg: TrainConfig, start: Path | None, world_size: int) -> tuple[TrainConfig, Resize | None]:
     """Every rank, before the model is built: with --allow-resize and a sharded checkpoint of another world
     size, the --grad-accum that keeps the global batch (the checkpoint's --grad-accum x its ranks, divided by
-    the ranks now, when that divides evenly and --grad-accum was left as the checkpoint had it)."""
+    the ranks now, when that divides evenly and --grad-accum was left as the checkpoint had it).
+
+    At the checkpoint's own world size, with --allow-resize, the run goes on with the checkpoint's
+    --grad-accum: a resize before may have adjusted it (a job that went on with fewer nodes, --min-nodes, then
+    requeued again), and the command line, unchanged since, still says the first value."""
     if start is None or not cfg.allow_resize or not start.is_dir():
         return cfg, None
     meta = formats.open_checkpoint(start, verify=False).meta
     saved, config = int(meta.get("world_size") or world_size), meta.get("config", {})
-    if saved == world_size:
-        return cfg, None
     accum = int(config.get("grad_accum", cfg.grad_accum))
+    if saved == world_size:
+        return replace(cfg, grad_accum=accum), None
     before = cfg.batch_size * accum * saved
-    if cfg.grad_accum == accum and (accum * saved) % world_size == 0:
-        cfg = replace(cfg, grad_accum=accum * saved // world_size)
+    kept = accum_for(accum, saved, world_size)
+    if cfg.grad_accum == accum and kept is not None:
+        cfg = replace(cfg, grad_accum=kept)
     return cfg, Resize(
         saved, world_size, before, cfg.batch_size * cfg.grad_accum * world_size, cfg.grad_accum
     )

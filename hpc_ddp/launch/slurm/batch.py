@@ -17,7 +17,9 @@ attempts.jsonl, and acts:
   points at a node, the requeued job excludes every node blamed so far. Slurm 22.05 refuses ExcNodeList on a
   running job, so: `scontrol requeuehold` (the job pends, held), `scontrol update ExcNodeList=...`,
   `scontrol release`, with SIGTERM blocked meanwhile (the requeue ends this very shell). If the job no longer
-  fits on the partition's usable nodes, it stops instead of pending forever.
+  fits on the partition's usable nodes, it stops instead of pending forever; with --min-nodes M, it goes on
+  with the usable nodes left while there are at least M (the same update lowers its node and task counts:
+  a smaller world size, which the tasks' sharded checkpoint reshards, --allow-resize).
 - otherwise: stop, with the first error's traceback once and the attempts so far.
 
 `begin` closes the previous attempt when its batch shell died before `end` could (its node went down: Slurm
@@ -44,13 +46,14 @@ from hpc_ddp.cli import build_parser
 from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.errors import UsageError, run_main
 from hpc_ddp.launch import retry, supervisor
-from hpc_ddp.launch.slurm.client import SlurmClient
+from hpc_ddp.launch.slurm import min_nodes
+from hpc_ddp.launch.slurm.client import Size, SlurmClient
 from hpc_ddp.launch.slurm.parse import JobInfo, hosts
 from hpc_ddp.ledger import attempts as record
 from hpc_ddp.ledger import exits, outcomes, preemption
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, check_min_nodes, from_namespace
 from hpc_ddp.variables import FOLDER_FILE
 
 PROG = "python -m hpc_ddp.launch.slurm.batch"
@@ -208,6 +211,9 @@ def _no_budgets() -> supervisor.Budgets:
 def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: SlurmClient) -> int:
     cfg, folder = _resolve(argv, environ)
     job, restart = _identity(environ)
+    # Here, not only at submission: slurm/ddp.sbatch takes the options as they come. The node count is what
+    # Slurm allocated (fewer than asked once the job went on without bad nodes: M is still at most that).
+    check_min_nodes(cfg, job_size(environ, None), min_nodes.tasks_per_node(environ))
     journal = supervisor.Journal(folder)
     if other_job(folder, job) is None:
         _close_other_jobs(journal, job, client)
@@ -366,7 +372,7 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
         _budgets(cfg),
         began=began,
         checkpoint=supervisor.latest_step(folder),
-        adjust=lambda _this, decision: _fits(client, decision, info, size),
+        adjust=lambda _this, decision: _fits(client, decision, info, size, min_nodes.smaller(cfg, environ)),
         exclude=lambda decision: _excluded(decision, info),
     )
     this, decision, ending = closed.attempt, closed.decision, closed.ending
@@ -379,7 +385,8 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
         return exitcodes.OK
     if decision.action == outcomes.REQUEUE:
         # Rank 0 requeued the job itself after an agreed save (--requeue-by scontrol): nothing left to do here.
-        code = _requeue(client, job, this.exclude, info, already=requeued) if not by_rank0 else exitcodes.OK
+        resize = min_nodes.size(decision, environ)
+        code = _requeue(client, job, this.exclude, info, requeued, resize) if not by_rank0 else exitcodes.OK
         return status if code == exitcodes.OK else code  # a requeued job's shell ends as its tasks did
     _stop(job, ending, decision, journal.history(job))
     if requeued:
@@ -412,9 +419,17 @@ def _excluded(decision: retry.Decision, info: JobInfo | None) -> tuple[str, ...]
     return tuple(dict.fromkeys([*(info.excluded if info else ()), *decision.exclude]))
 
 
-def _fits(client: SlurmClient, decision: retry.Decision, info: JobInfo | None, needed: int) -> retry.Decision:
+def _fits(
+    client: SlurmClient,
+    decision: retry.Decision,
+    info: JobInfo | None,
+    needed: int,
+    rule: min_nodes.Smaller = min_nodes.EVERY_NODE,
+) -> retry.Decision:
     """A requeue that excludes nodes must leave the job enough usable ones, or it would pend forever: stop.
-    `needed` is the size the job asked for (`job_size`), never the controller's NumNodes of the moment."""
+    `needed` is the size the job ran on (`job_size`), never the controller's NumNodes of the moment. With
+    --min-nodes (`rule.least`), fewer will do: the job goes on with every usable node left, if at least
+    that many remain (`Decision.nodes`)."""
     exclude = _excluded(decision, info)
     if decision.action != outcomes.REQUEUE or not exclude:
         return decision
@@ -422,9 +437,13 @@ def _fits(client: SlurmClient, decision: retry.Decision, info: JobInfo | None, n
     usable = retry.usable(client.nodes(partition), exclude)
     if len(usable) >= needed:
         return decision
+    least = min_nodes.least(needed, rule)
+    if len(usable) >= least:
+        return min_nodes.go_on(decision, needed, len(usable), exclude, rule)
+    minimum = f" (at least {least}, --min-nodes)" if least < needed else ""
     return retry.Decision(
         outcomes.STOP,
-        f"cannot requeue: the job needs {needed} node(s) and only "
+        f"cannot requeue: the job needs {needed} node(s){minimum} and only "
         f"{len(usable)} usable one(s) remain in partition "
         f"{partition or '?'} once {','.join(exclude)} are "
         "excluded (the others are down, drained or excluded)",
@@ -433,12 +452,17 @@ def _fits(client: SlurmClient, decision: retry.Decision, info: JobInfo | None, n
 
 
 def _requeue(
-    client: SlurmClient, job: str, exclude: Sequence[str], info: JobInfo | None, already: bool
+    client: SlurmClient,
+    job: str,
+    exclude: Sequence[str],
+    info: JobInfo | None,
+    already: bool,
+    size: Size | None = None,
 ) -> int:
-    """Requeue the job (unless Slurm did), excluding `exclude`. The requeue ends this shell with SIGTERM, then
-    SIGKILL after KillWait: SIGTERM is blocked until the job is released again."""
+    """Requeue the job (unless Slurm did), excluding `exclude`, on `size` if given. The requeue ends this shell
+    with SIGTERM, then SIGKILL after KillWait: SIGTERM is blocked until the job is released again."""
     signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP))
-    done = client.requeue_excluding(job, exclude, info.excluded if info else (), already)
+    done = client.requeue_excluding(job, exclude, info.excluded if info else (), already, size)
     say(done.message)
     return exitcodes.OK if done.ok else exitcodes.FAILED
 

@@ -45,24 +45,36 @@ class Requeue:
     message: str
 
 
+@dataclass(frozen=True)
+class Size:
+    """A smaller size for a requeued job (--min-nodes): `nodes` nodes, `tasks` tasks in all."""
+
+    nodes: int
+    tasks: int
+
+
 def requeue_steps(
-    job: str, exclude: Sequence[str], excluded: Iterable[str], already: bool
+    job: str, exclude: Sequence[str], excluded: Iterable[str], already: bool, size: Size | None = None
 ) -> list[tuple[str, ...]]:
     """The scontrol commands that requeue `job` (unless Slurm did: `already`) so that it will not run on
     `exclude` (pure). Slurm 22.05 refuses ExcNodeList on a running job, so a job with nodes to exclude is
     requeued held, updated, then released; one Slurm already requeued is held first, unless every node to
-    exclude is excluded already (`excluded`)."""
+    exclude is excluded already (`excluded`). With `size`, the same update lowers the job's node and task
+    counts: Slurm keeps the ones of its first start (even for `--nodes=M-N`: a requeued 1-2 job that ran on 2
+    nodes pends with BadConstraints once one is left, measured on 22.05), and NumNodes alone is held up by
+    the task count."""
     new = set(exclude) - set(excluded)
+    change = bool(exclude) and (bool(new) or not already) or size is not None
     steps: list[tuple[str, ...]] = []
-    if already and new:
+    if already and change:
         steps = [("scontrol", "hold", job)]
     elif not already:
-        steps = [("scontrol", "requeuehold" if exclude else "requeue", job)]
-    if exclude and (new or not already):
-        steps += [
-            ("scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(exclude)}"),
-            ("scontrol", "release", job),
-        ]
+        steps = [("scontrol", "requeuehold" if change else "requeue", job)]
+    if change:
+        update = [f"ExcNodeList={','.join(exclude)}"] if exclude else []
+        if size is not None:
+            update += [f"NumNodes={size.nodes}", f"NumTasks={size.tasks}"]
+        steps += [("scontrol", "update", f"JobId={job}", *update), ("scontrol", "release", job)]
     return steps
 
 
@@ -134,21 +146,27 @@ class SlurmClient:
         return self.call("scancel", *([f"--signal={signal}"] if signal else []), job)
 
     def requeue_excluding(
-        self, job: str, exclude: Sequence[str], excluded: Iterable[str] = (), already: bool = False
+        self,
+        job: str,
+        exclude: Sequence[str],
+        excluded: Iterable[str] = (),
+        already: bool = False,
+        size: Size | None = None,
     ) -> Requeue:
-        """Requeue the job (unless Slurm did) so that it will not run on `exclude` (`requeue_steps`). A step
-        that fails stops the sequence, and the job is released: never left held."""
+        """Requeue the job (unless Slurm did) so that it will not run on `exclude`, on `size` if given
+        (`requeue_steps`). A step that fails stops the sequence, and the job is released: never left held."""
         listed = ",".join(exclude)
-        for argv in requeue_steps(job, exclude, excluded, already):
+        for argv in requeue_steps(job, exclude, excluded, already, size):
             out = self.call(*argv)
             if not out.ok:
                 if argv[1] != "release":
                     self.release(job)
                 return Requeue(False, f"{' '.join(argv)} failed: {out.error}")
+        smaller = f" on {size.nodes} node(s), {size.tasks} task(s)" if size is not None else ""
         if exclude:
             return Requeue(
                 True,
-                f"requeued job {job}; it will not run on {listed} (clear that with: scontrol update "
+                f"requeued job {job}{smaller}; it will not run on {listed} (clear that with: scontrol update "
                 f"JobId={job} ExcNodeList=)",
             )
         return Requeue(True, f"requeued job {job}" if not already else f"job {job} was requeued by Slurm")

@@ -186,6 +186,17 @@ USR_TRAP = (
 )
 
 
+# A job that went on with fewer nodes (--min-nodes, hpc_ddp.launch.slurm.min_nodes) still has the task count
+# sbatch computed at submission in its environment, and srun would start that many tasks on the nodes left
+# (4 on one node of a 2 x 2 job, measured on Slurm 22.05): a count above what the allocation holds at
+# --ntasks-per-node comes from the allocation instead. Any other count is the user's, and stays.
+TASK_COUNT = (
+    "if [[ ${SLURM_NTASKS_PER_NODE:-} =~ ^[0-9]+$ ]] && (( ${SLURM_NTASKS:-0} > SLURM_NTASKS_PER_NODE * "
+    "${SLURM_JOB_NUM_NODES:-0} )); then export SLURM_NTASKS=$((SLURM_NTASKS_PER_NODE * SLURM_JOB_NUM_NODES)); "
+    "export SLURM_NPROCS=$SLURM_NTASKS; fi"
+)
+
+
 def with_batch_steps(
     params: dict[str, Any], python: str, argv: Sequence[str], submitit_dir: str
 ) -> dict[str, Any]:
@@ -204,6 +215,7 @@ def with_batch_steps(
         "export HPC_DDP_BATCH=1  # the tasks leave requeueing to this shell's `end` step",
         f"{module} begin --log {log} {options} || exit $?",
         TRAP,
+        TASK_COUNT,
     ]
     teardown = ["status=$?  # srun's", f'{module} end --status "$status" {options}', "exit $?"]
     return {**params, "setup": setup, "teardown": teardown}

@@ -1,0 +1,90 @@
+"""--min-nodes: a job that excluded bad nodes goes on with the usable nodes left instead of stopping.
+
+Without it, the batch shell's `end` step stops a job that no longer fits once its blamed nodes are excluded
+(it would pend forever). With `--min-nodes M`, it requeues the job on every usable node left, as long as at
+least M remain: a smaller world size, which a sharded checkpoint reshards (--allow-resize; `check_min_nodes`
+in hpc_ddp.run.config refuses what cannot work, at submission and in `begin`).
+
+Why not Slurm's own `--nodes=M-N`: Slurm pins a job's node and task counts to those of its first start (a
+requeued `--nodes=1-2` job that ran on 2 nodes pends with BadConstraints once one node is left), and at
+submission it may start a range job on fewer nodes than are free (`--nodes=1-2 --ntasks-per-node=1` on an
+idle cluster got 1; measured on Slurm 22.05). So the job is submitted with --nodes N, and the requeue that
+excludes the bad nodes also lowers NumNodes and NumTasks (hpc_ddp.launch.slurm.client.requeue_steps). The
+batch environment still carries the task count sbatch computed at submission (SLURM_NTASKS, SLURM_NPROCS),
+which srun would start on the nodes left: the batch scripts set it from the allocation first
+(hpc_ddp.launch.slurm.request.TASK_COUNT). Everything here is pure (tests/test_launch_slurm_min_nodes.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from hpc_ddp.launch import retry
+from hpc_ddp.launch.slurm.client import Size
+from hpc_ddp.run.config import TrainConfig, accum_for
+
+
+@dataclass(frozen=True)
+class Smaller:
+    """What lets a job go on with fewer nodes: the least it may run on, and what to tell about it."""
+
+    least: int = 0  # --min-nodes, or 0: every node it ran on
+    per_node: int = 0  # tasks per node (0: unknown, and `begin` refused --min-nodes below the job's nodes)
+    batch: int = 0  # samples per rank per micro-step
+    grad_accum: int = 1
+
+
+EVERY_NODE = Smaller()  # no --min-nodes: the job needs every node it ran on
+
+
+def tasks_per_node(environ: Mapping[str, str]) -> int | None:
+    """The job's --ntasks-per-node (SLURM_NTASKS_PER_NODE, which sbatch sets only when it was given)."""
+    text = environ.get("SLURM_NTASKS_PER_NODE", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def smaller(cfg: TrainConfig, environ: Mapping[str, str]) -> Smaller:
+    return Smaller(cfg.min_nodes, tasks_per_node(environ) or 0, cfg.batch_size, cfg.grad_accum)
+
+
+def least(needed: int, rule: Smaller) -> int:
+    """The fewest nodes the job may go on with, having run on `needed`."""
+    return rule.least if 0 < rule.least < needed and rule.per_node else needed
+
+
+def go_on(
+    decision: retry.Decision, ran: int, usable: int, exclude: Sequence[str], rule: Smaller
+) -> retry.Decision:
+    """A requeue on the `usable` nodes left, fewer than the `ran` it ran on, that --min-nodes allows (the
+    caller checked `usable >= least(ran, rule)`): the decision says so and carries the count."""
+    return replace(
+        decision, message=f"{decision.message}; {went_on(ran, usable, exclude, rule)}", nodes=usable
+    )
+
+
+def went_on(ran: int, left: int, exclude: Sequence[str], rule: Smaller) -> str:
+    """What going on with fewer nodes changes, as the attempt line says it: the nodes, the ranks, and the
+    global batch, or the --grad-accum that keeps it (hpc_ddp.run.resume.resize does the same arithmetic)."""
+    before, after = ran * rule.per_node, left * rule.per_node
+    kept = accum_for(rule.grad_accum, before, after)
+    total = rule.batch * rule.grad_accum * before
+    batch = (
+        f"the global batch stays {total} (--grad-accum {kept})"
+        if kept is not None
+        else f"the global batch goes from {total} to {rule.batch * rule.grad_accum * after} (no --grad-accum "
+        "keeps it)"
+    )
+    return (
+        f"--min-nodes {rule.least}: it goes on with the {left} usable node(s) left of the {ran} it ran on "
+        f"({','.join(exclude)} excluded), {after} rank(s) instead of {before}, its sharded checkpoint "
+        f"resharded (--allow-resize); {batch}"
+    )
+
+
+def size(decision: retry.Decision, environ: Mapping[str, str]) -> Size | None:
+    """The smaller size of a requeued job that goes on with fewer nodes, else None."""
+    per_node = tasks_per_node(environ)
+    if decision.nodes is None or per_node is None:
+        return None
+    return Size(decision.nodes, decision.nodes * per_node)
