@@ -15,7 +15,7 @@ from conftest import ROOT
 from fake_slurm import FakeSlurm
 
 from hpc_ddp import exitcodes
-from hpc_ddp.errors import UsageError
+from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.launch import retry
 from hpc_ddp.launch.slurm import batch, min_nodes
 from hpc_ddp.launch.slurm.client import Size, SlurmClient, requeue_steps
@@ -281,10 +281,12 @@ def test_the_batch_scripts_take_the_task_count_from_the_allocation(
 # ----- the tasks' resume after going on with fewer nodes --------------------------------------------------
 
 
-def fake_sharded(path: Path, world_size: int, grad_accum: int) -> Path:
-    """A sharded checkpoint's manifest alone: all that `resume.resize` reads (verify=False)."""
+def fake_sharded(path: Path, world_size: int, grad_accum: int, asked: int | None = None) -> Path:
+    """A sharded checkpoint's manifest alone: all that `resume.resize` reads (verify=False). `asked`: the
+    command line's --grad-accum when a resize chose `grad_accum` (the checkpointer writes both)."""
     path.mkdir(parents=True)
     meta = {"world_size": world_size, "config": {"grad_accum": grad_accum, "batch_size": 32}}
+    meta["asked_grad_accum"] = asked or grad_accum
     (path / sharded.MANIFEST).write_text(json.dumps({"files": {}, "meta": meta}))
     return path
 
@@ -298,8 +300,30 @@ def test_a_resized_run_requeued_again_keeps_the_grad_accum_the_resize_chose(tmp_
     assert (
         first.grad_accum == 2 and resized is not None and resized.batch_after == resized.batch_before == 128
     )
-    again, resized = resume.resize(cfg, fake_sharded(tmp_path / "b", 2, 2), 2)
-    assert (again.grad_accum, resized) == (2, None)
+    again, resized = resume.resize(cfg, fake_sharded(tmp_path / "b", 2, 2, asked=1), 2)
+    assert again.grad_accum == 2 and resized is not None and (resized.saved, resized.now) == (2, 2)
+    assert "goes on with the checkpoint's --grad-accum 2, which an earlier resize chose" in resized.describe()
     resume.check_compatible(
         {"world_size": 2, "config": again.as_dict()}, tmp_path / "b", again, 2, sharded.Sharded
     )
+
+
+def test_a_second_shrink_keeps_the_global_batch_the_first_kept(tmp_path: Path) -> None:
+    """4 ranks -> 2 (--grad-accum 1 -> 2) -> 1: the command line still says 1, which is what the checkpoint's
+    run was asked, so the kit goes on keeping the batch (4)."""
+    cfg = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1)
+    third, resized = resume.resize(cfg, fake_sharded(tmp_path / "c", 2, 2, asked=1), 1)
+    assert third.grad_accum == 4 and resized is not None
+    assert resized.batch_before == resized.batch_after == 32 * 4
+
+
+def test_a_grad_accum_the_user_changed_at_the_same_size_is_refused_not_replaced(tmp_path: Path) -> None:
+    """--allow-resize at the checkpoint's own size with a new --grad-accum: the user's change, refused as any
+    must-match change (never silently replaced by the checkpoint's)."""
+    cfg = TrainConfig(strategy="fsdp", allow_resize=True, grad_accum=3)
+    same, resized = resume.resize(cfg, fake_sharded(tmp_path / "d", 2, 2), 2)
+    assert (same.grad_accum, resized) == (3, None)
+    with pytest.raises(CheckpointError, match=r"--grad-accum 2 \(now 3\)"):
+        resume.check_compatible(
+            {"world_size": 2, "config": {"grad_accum": 2}}, tmp_path / "d", same, 2, sharded.Sharded
+        )

@@ -65,6 +65,7 @@ class Checkpointer:
     ) -> None:
         self.cfg, self.env, self.folder, self.parts, self.format = cfg, env, folder, list(parts), fmt
         self.log, self.record, self.beacon = log, record, beacon
+        self.asked_grad_accum = cfg.grad_accum  # the session sets the command line's after a resize
         fmt.on_own_work = lambda: beacon.set(phase.CHECKPOINT)
         self.pending: _PendingSave | None = None  # before the writer: close() records what it wrote
         self.writer = AsyncWriter(warn=log.warn)
@@ -73,7 +74,13 @@ class Checkpointer:
 
     def meta(self) -> dict[str, Any]:
         """What every checkpoint holds beside its parts: what a resume checks."""
-        return {"world_size": self.env.world_size, "config": self.cfg.as_dict(), "version": __version__}
+        return {
+            "world_size": self.env.world_size,
+            "config": self.cfg.as_dict(),
+            # The --grad-accum the command line gave, when a resize chose another (resume.resize reads it).
+            "asked_grad_accum": self.asked_grad_accum,
+            "version": __version__,
+        }
 
     def check_savable(self) -> None:
         """Every part's state, checked on every rank before the first step: a state that a weights_only load

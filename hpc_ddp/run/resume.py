@@ -255,6 +255,12 @@ class Resize:
     grad_accum: int  # what this run uses
 
     def describe(self) -> str:
+        if self.saved == self.now:  # no new size: a resize before chose this --grad-accum (see `resize`)
+            return (
+                f"--allow-resize: the run goes on with the checkpoint's --grad-accum {self.grad_accum}, which an "
+                f"earlier resize chose to keep the global batch at {self.batch_after} (the command line still "
+                "says the value it was first given)"
+            )
         kept = (
             f"kept at {self.batch_after} by --grad-accum {self.grad_accum}"
             if self.batch_before == self.batch_after
@@ -278,21 +284,26 @@ class Resize:
 def resize(cfg: TrainConfig, start: Path | None, world_size: int) -> tuple[TrainConfig, Resize | None]:
     """Every rank, before the model is built: with --allow-resize and a sharded checkpoint of another world
     size, the --grad-accum that keeps the global batch (the checkpoint's --grad-accum x its ranks, divided by
-    the ranks now, when that divides evenly and --grad-accum was left as the checkpoint had it).
+    the ranks now, when that divides evenly and --grad-accum was left as it was asked).
 
-    At the checkpoint's own world size, with --allow-resize, the run goes on with the checkpoint's
-    --grad-accum: a resize before may have adjusted it (a job that went on with fewer nodes, --min-nodes, then
-    requeued again), and the command line, unchanged since, still says the first value."""
+    "Left as asked": the command line's --grad-accum is the one the checkpoint's run was given
+    (`asked_grad_accum` in its meta; a checkpoint without it: its own --grad-accum). So a run that a resize
+    moved to another --grad-accum (a job that went on with fewer nodes, --min-nodes) keeps the resize's choice
+    when it is requeued at that size, or resized again, from the same command line; a --grad-accum the user
+    changed is theirs (at the same size, refused as any must-match change)."""
     if start is None or not cfg.allow_resize or not start.is_dir():
         return cfg, None
     meta = formats.open_checkpoint(start, verify=False).meta
     saved, config = int(meta.get("world_size") or world_size), meta.get("config", {})
     accum = int(config.get("grad_accum", cfg.grad_accum))
-    if saved == world_size:
-        return replace(cfg, grad_accum=accum), None
+    left = cfg.grad_accum == int(meta.get("asked_grad_accum") or accum)
     before = cfg.batch_size * accum * saved
+    if saved == world_size:
+        if not left or accum == cfg.grad_accum:
+            return cfg, None
+        return replace(cfg, grad_accum=accum), Resize(saved, world_size, before, before, accum)
     kept = accum_for(accum, saved, world_size)
-    if cfg.grad_accum == accum and kept is not None:
+    if left and kept is not None:
         cfg = replace(cfg, grad_accum=kept)
     return cfg, Resize(
         saved, world_size, before, cfg.batch_size * cfg.grad_accum * world_size, cfg.grad_accum

@@ -172,6 +172,7 @@ def _train(
     task = tasks.build(cfg)  # the user's code and --task are checked before anything in the folder changes
     plan = _rank0(env, lambda: resume.plan(cfg, folder, environ, log.warn))  # looks; changes nothing
     start = plan.start
+    asked_grad_accum = cfg.grad_accum
     cfg, resized = resume.resize(cfg, start, env.world_size)  # --allow-resize: --grad-accum keeps the batch
     # Leaving the block closes the trainer on every path, errors included: the checkpoint in flight is
     # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed. The
@@ -181,6 +182,7 @@ def _train(
         _watchdog(cfg, env, folder, log, trainer, environ),
     ):
         beacon.set(STARTUP)  # the user's setup is done; the kit resumes and prepares the folder (rank 0)
+        trainer.checkpointer.asked_grad_accum = asked_grad_accum  # what a later resize compares with
         if start is not None:
             trainer.resume_from(start)  # rank 0 verified it in plan()
             if trainer.finished():
