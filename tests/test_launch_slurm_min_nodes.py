@@ -327,3 +327,22 @@ def test_a_grad_accum_the_user_changed_at_the_same_size_is_refused_not_replaced(
         resume.check_compatible(
             {"world_size": 2, "config": {"grad_accum": 2}}, tmp_path / "d", same, 2, sharded.Sharded
         )
+
+
+def test_the_batch_step_takes_the_grad_accum_of_a_resized_checkpoint(tmp_path: Path) -> None:
+    """Second shrink, as `end` tells it (one task a node): 4 nodes went on as 2, whose latest checkpoint has
+    --grad-accum 2 (a resize chose it; the command line says 1). That is what the tasks go on from, so going
+    on with 1 node keeps the batch at 128 with --grad-accum 4."""
+    from hpc_ddp.run.checkpoint import store
+
+    assert min_nodes.MANIFEST == sharded.MANIFEST
+    cfg = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1)
+    environ = {"SLURM_NTASKS_PER_NODE": "1"}
+    assert min_nodes.smaller(cfg, environ, tmp_path).grad_accum == 1  # no checkpoint yet: the command line
+    ckpt = fake_sharded(tmp_path / "checkpoints" / "ckpt-00000010", 2, 2, asked=1)
+    store.point_latest(tmp_path, ckpt)
+    rule = min_nodes.smaller(cfg, environ, tmp_path)
+    assert rule.grad_accum == 2
+    assert "the global batch stays 128 (--grad-accum 4)" in min_nodes.went_on(2, 1, ["node2"], rule)
+    changed = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1, grad_accum=3)
+    assert min_nodes.smaller(changed, environ, tmp_path).grad_accum == 3  # the user's own value

@@ -372,7 +372,9 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
         _budgets(cfg),
         began=began,
         checkpoint=supervisor.latest_step(folder),
-        adjust=lambda _this, decision: _fits(client, decision, info, size, min_nodes.smaller(cfg, environ)),
+        adjust=lambda _this, decision: _fits(
+            client, decision, info, size, min_nodes.smaller(cfg, environ, folder)
+        ),
         exclude=lambda decision: _excluded(decision, info),
     )
     this, decision, ending = closed.attempt, closed.decision, closed.ending

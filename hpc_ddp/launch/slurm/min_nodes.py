@@ -17,12 +17,17 @@ which srun would start on the nodes left: the batch scripts set it from the allo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from hpc_ddp.launch import retry
 from hpc_ddp.launch.slurm.client import Size
+from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.config import TrainConfig, accum_for
+
+MANIFEST = "hpc_ddp-manifest.json"  # hpc_ddp.run.checkpoint.sharded.MANIFEST (that module needs torch)
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,27 @@ def tasks_per_node(environ: Mapping[str, str]) -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def smaller(cfg: TrainConfig, environ: Mapping[str, str]) -> Smaller:
-    return Smaller(cfg.min_nodes, tasks_per_node(environ) or 0, cfg.batch_size, cfg.grad_accum)
+def smaller(cfg: TrainConfig, environ: Mapping[str, str], folder: Path | None = None) -> Smaller:
+    """The rule for this job. Its --grad-accum is the one its latest checkpoint trains with when a resize
+    chose it (a job that already went on with fewer nodes) and the command line still says what that run was
+    asked: what the tasks will go on from (hpc_ddp.run.resume.resize)."""
+    accum = cfg.grad_accum
+    saved = _saved_accum(folder) if folder is not None else None
+    if saved is not None and saved[1] == cfg.grad_accum:
+        accum = saved[0]
+    return Smaller(cfg.min_nodes, tasks_per_node(environ) or 0, cfg.batch_size, accum)
+
+
+def _saved_accum(folder: Path) -> tuple[int, int] | None:
+    """(--grad-accum, the command line's when it was written) of the folder's latest sharded checkpoint, read
+    from its manifest (JSON: no torch in the batch shell); None without one."""
+    latest = store.read_latest(folder)
+    try:
+        meta = json.loads((latest / MANIFEST).read_text())["meta"] if latest is not None else None
+        accum = int(meta["config"]["grad_accum"])
+        return accum, int(meta.get("asked_grad_accum") or accum)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def least(needed: int, rule: Smaller) -> int:
