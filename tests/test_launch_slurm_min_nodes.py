@@ -335,7 +335,7 @@ def test_the_batch_step_takes_the_grad_accum_of_a_resized_checkpoint(tmp_path: P
     on with 1 node keeps the batch at 128 with --grad-accum 4."""
     from hpc_ddp.run.checkpoint import store
 
-    assert min_nodes.MANIFEST == sharded.MANIFEST
+    assert store.MANIFEST == sharded.MANIFEST
     cfg = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1)
     environ = {"SLURM_NTASKS_PER_NODE": "1"}
     assert min_nodes.smaller(cfg, environ, tmp_path).grad_accum == 1  # no checkpoint yet: the command line

@@ -17,7 +17,6 @@ which srun would start on the nodes left: the batch scripts set it from the allo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,8 +25,6 @@ from hpc_ddp.launch import retry
 from hpc_ddp.launch.slurm.client import Size
 from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.config import TrainConfig, accum_for
-
-MANIFEST = "hpc_ddp-manifest.json"  # hpc_ddp.run.checkpoint.sharded.MANIFEST (that module needs torch)
 
 
 @dataclass(frozen=True)
@@ -62,13 +59,13 @@ def smaller(cfg: TrainConfig, environ: Mapping[str, str], folder: Path | None = 
 
 def _saved_accum(folder: Path) -> tuple[int, int] | None:
     """(--grad-accum, the command line's when it was written) of the folder's latest sharded checkpoint, read
-    from its manifest (JSON: no torch in the batch shell); None without one."""
+    from its manifest (no torch in the batch shell); None without one."""
     latest = store.read_latest(folder)
+    meta = store.written_with(latest) if latest is not None else None
     try:
-        meta = json.loads((latest / MANIFEST).read_text())["meta"] if latest is not None else None
-        accum = int(meta["config"]["grad_accum"])
-        return accum, int(meta.get("asked_grad_accum") or accum)
-    except (OSError, ValueError, KeyError, TypeError):
+        accum = int(meta["config"]["grad_accum"])  # type: ignore[index]
+        return accum, int(meta.get("asked_grad_accum") or accum)  # type: ignore[union-attr]
+    except (KeyError, TypeError, ValueError):
         return None
 
 

@@ -51,7 +51,7 @@ from hpc_ddp.run.checkpoint.part import PER_RANK, SHARDED, Part
 from hpc_ddp.run.checkpoint.writer import Job
 from hpc_ddp.run.folder import atomic_write_bytes, fsync_dir
 
-MANIFEST = "hpc_ddp-manifest.json"
+MANIFEST = store.MANIFEST
 METADATA = ".metadata"
 TEMP_SUFFIX = ".tmp-sharded"
 

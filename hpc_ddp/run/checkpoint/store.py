@@ -16,17 +16,22 @@ package's `__init__` import no torch (tests/test_run_checkpoint_store.py checks 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hpc_ddp.run.checkpoint.durable import checksum_path
 from hpc_ddp.run.folder import CHECKPOINTS, atomic_write_bytes
 
 LATEST = "latest"
 BEST = "best"
+# A directory checkpoint's manifest (the sharded format writes it last): every file's checksum and `meta`,
+# what the checkpoint was written with. JSON, so a supervisor reads `meta` without torch (`written_with`).
+MANIFEST = "hpc_ddp-manifest.json"
 FILE_SUFFIX = ".pt"
 _NAME = re.compile(r"^ckpt-(\d{8,})(\.pt)?$")
 
@@ -194,3 +199,13 @@ def newest_size(folder: str | os.PathLike[str]) -> int:
         return newest.stat().st_size
     except OSError:
         return 0
+
+
+def written_with(path: Path) -> dict[str, Any] | None:
+    """The `meta` a directory checkpoint's manifest records (world size, config), or None when `path` has no
+    readable one (a one-file checkpoint, a torn one). No torch, no checksum check: for what a supervisor tells."""
+    try:
+        meta = json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("meta")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return meta if isinstance(meta, dict) else None
