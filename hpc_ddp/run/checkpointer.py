@@ -62,10 +62,12 @@ class Checkpointer:
         log: RankLog,
         record: Record,
         beacon: Beacon,
+        asked_grad_accum: int | None = None,
     ) -> None:
         self.cfg, self.env, self.folder, self.parts, self.format = cfg, env, folder, list(parts), fmt
         self.log, self.record, self.beacon = log, record, beacon
-        self.asked_grad_accum = cfg.grad_accum  # the session sets the command line's after a resize
+        # The command line's --grad-accum, when a resize (--allow-resize) chose the one `cfg` has.
+        self.asked_grad_accum = cfg.grad_accum if asked_grad_accum is None else asked_grad_accum
         fmt.on_own_work = lambda: beacon.set(phase.CHECKPOINT)
         self.pending: _PendingSave | None = None  # before the writer: close() records what it wrote
         self.writer = AsyncWriter(warn=log.warn)

@@ -178,11 +178,12 @@ def _train(
     # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed. The
     # watchdog is stopped first, and covers everything up to then: training, saves, the final barriers.
     with (
-        Trainer(cfg, env, device, task, folder, log, beacon=beacon) as trainer,
+        Trainer(
+            cfg, env, device, task, folder, log, beacon=beacon, asked_grad_accum=asked_grad_accum
+        ) as trainer,
         _watchdog(cfg, env, folder, log, trainer, environ),
     ):
         beacon.set(STARTUP)  # the user's setup is done; the kit resumes and prepares the folder (rank 0)
-        trainer.checkpointer.asked_grad_accum = asked_grad_accum  # what a later resize compares with
         if start is not None:
             trainer.resume_from(start)  # rank 0 verified it in plan()
             if trainer.finished():

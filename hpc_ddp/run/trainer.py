@@ -125,8 +125,10 @@ class Trainer:
         comm_hook: CommHook | None = None,
         mark_grads: bool = True,
         strategy: Strategy | None = None,
+        asked_grad_accum: int | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.folder, self.log = cfg, env, device, folder, log
+        self.asked_grad_accum = asked_grad_accum  # --allow-resize chose cfg's: the command line said this
         self.beacon = beacon or Beacon()  # what this rank does, for the hang watchdog (run/watchdog.py)
         self.window = stragglers.Window()  # this rank's time split since the last straggler check
         self.judge = stragglers.Judge()
@@ -261,7 +263,7 @@ class Trainer:
         ]
         fmt = formats.for_run(cfg, self.folder, env, commit)
         self.checkpointer = Checkpointer(
-            cfg, env, self.folder, parts, fmt, self.log, self.metrics.save, self.beacon
+            cfg, env, self.folder, parts, fmt, self.log, self.metrics.save, self.beacon, self.asked_grad_accum
         )
         self.checkpointer.check_savable()
 
