@@ -11,7 +11,6 @@ seed's stream instead of going on with it. (DataLoader workers seed their own fr
 from __future__ import annotations
 
 import random
-import sys
 from typing import Any
 
 import torch
@@ -40,7 +39,7 @@ def state(device: torch.device) -> dict[str, Any]:
     out: dict[str, Any] = {"cpu": torch.get_rng_state(), "python": _to_lists(random.getstate())}
     if device.type == "cuda":
         out["cuda"] = torch.cuda.get_rng_state(device)
-    np = sys.modules.get("numpy")
+    np = _numpy()
     if np is not None:
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         out["numpy"] = [str(kind), [int(k) for k in keys], int(pos), int(has_gauss), float(gauss)]
