@@ -92,6 +92,39 @@ def test_quick_watchdog_section_alone_reports_its_ratio(tmp_path):
     assert watch["with_cpu_ms_per_step"] > 0 and watch["cpu_with_vs_without"] > 0
 
 
+@pytest.mark.slow  # four 2-rank runs of a tiny model: about 20 s
+@pytest.mark.deadline(300)  # beside other workers, 4-5 times that (see above)
+@pytest.mark.alone  # CPU-bound runs: never beside a timing-sensitive test (tests/workers.py)
+def test_quick_fsdp_section_measures_memory_twice_and_applies_the_target_to_held_memory(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run_module(
+        "hpc_ddp.bench", "fsdp", "--quick", "--world-size", "2", "--json", str(out),
+        "--folder", str(tmp_path / "runs"), timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert list(report["sections"]) == ["fsdp"]
+    f = report["sections"]["fsdp"]
+    assert f["ranks"] == 2 and f["returned_env"] == {"MALLOC_MMAP_THRESHOLD_": str(4 * 2**20)}
+    for key in ("samples_per_s", "peak_rss_bytes", "held_rss_bytes", "stall_s"):
+        ratio = f[f"{key}_ratio"]
+        assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0, key
+        assert f["trials"][key] == [ratio]
+        assert f[f"fsdp_{key}"] / f[f"ddp_{key}"] == pytest.approx(ratio)
+    assert f["fsdp_held_rss_bytes"] > 2**20 and f["fsdp_write_s"] > 0 and f["fsdp_interval_s"] > 0
+    names = [t["name"] for t in report["targets"]]
+    assert names == [
+        "fsdp / ddp peak memory per rank, freed memory returned",
+        "fsdp async / ddp rank-0 save stall",
+    ]
+    assert report["targets"][0]["value"] == f["held_rss_bytes_ratio"]
+    # Four runs per trial, each in its own folder: both contenders with glibc's defaults, then both again.
+    runs = sorted(p.name for p in (tmp_path / "runs").glob("*/*") if p.is_dir() and p.name[:3].isdigit())
+    assert [r[4:] for r in runs] == ["ddp", "fsdp", "ddp-returned", "fsdp-returned"], runs
+    assert "peak RSS fsdp / ddp (glibc defaults)" in proc.stdout
+    assert "trial 1/1 fsdp, freed memory returned:" in proc.stderr
+
+
 def test_watchdog_baseline_has_no_comm_hook_and_trains_the_same_steps(tmp_path):
     """Neither variant has a comm hook (DDP's built-in all-reduce); the default marks the end of backward for
     the beacon, Trainer(mark_grads=False) (the section's `without`) does not; the same parameters after the

@@ -46,9 +46,16 @@ Sections:
               2 x --trials trials; the ratio is the median of the per-trial ratios. Also rank 0's CPU time
               per step in each (its process, every thread): steadier than throughput on a busy machine, it
               shows what the hang watch adds in work alone (no target).
+  fsdp        Only when named (minutes, gigabytes; use --world-size 4): a ~100 M-parameter model
+              (24 blocks of Linear(2048, 2048), AdamW) trained by ddp with rank 0's full checkpoints and by
+              fsdp with sharded asynchronous ones, interleaved: samples/s, the loop's stall per periodic save,
+              the background write against the save interval, and each rank's peak RSS, measured twice: with
+              glibc's defaults (its cache of fsdp's freed gathers counts) and again with freed blocks returned
+              at once (MALLOC_MMAP_THRESHOLD_ fixed at 4 MiB, both contenders), the figure its target uses.
 
 Targets (this 2-CPU machine): kit / default-threads loop >= 1.8x; kit / tuned loop >= 0.97x; checkpoint
->= 0.8x of the raw write; launch <= 1.0x of torchrun; hang watch on / off >= 0.99x (at most 1 % slower).
+>= 0.8x of the raw write; launch <= 1.0x of torchrun; hang watch on / off >= 0.99x (at most 1 % slower);
+fsdp / ddp peak memory per rank, freed memory returned, <= 0.5x; fsdp / ddp save stall <= 0.1x.
 The table and the JSON say which were met. A target missed on a busy machine (its load before the bench
 above its CPU count) or by less than the spread of its trials is "noisy: rerun on a quiet machine", with the
 trials' range, not MISSED. The exit code is 0 whenever the bench ran (1 if a measured run failed, 2 for a

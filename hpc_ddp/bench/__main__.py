@@ -18,7 +18,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         "sections",
         nargs="*",
         metavar="SECTION",
-        help=f"sections to run: {', '.join(SECTIONS)} (default: all)",
+        help=f"sections to run: {', '.join(SECTIONS)} (default: all of these), {', '.join(OPTIONAL)} (by name only)",
     )
     parser.add_argument(
         "--trials",

@@ -106,9 +106,14 @@ def progress(message: str) -> None:
 
 # ----- running things -----------------------------------------------------------------------------------
 def run_cmd(
-    cmd: list[str], log: Path, preexec: Callable[[], None] | None = None, timeout: float = 600
+    cmd: list[str],
+    log: Path,
+    preexec: Callable[[], None] | None = None,
+    timeout: float = 600,
+    extra_env: dict[str, str] | None = None,
 ) -> float:
-    """Run `cmd` with its output in `log`; returns the wall-clock time just before it started."""
+    """Run `cmd` with its output in `log` (`extra_env` on top of `child_env()`); returns the wall-clock time
+    just before it started."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         start = time.time()
@@ -118,7 +123,7 @@ def run_cmd(
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=child_env(),
+                env={**child_env(), **(extra_env or {})},
                 preexec_fn=preexec,
                 timeout=timeout,
                 check=False,
