@@ -80,9 +80,12 @@ wide_quick = wide
 
 
 def _watch_rss(path: Path) -> None:
+    # Written aside, then renamed: a rank that leaves (os._exit) during a write leaves the last whole figure.
+    temp = path.with_suffix(".tmp")
     while True:
         try:
-            path.write_text(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))  # Linux: KiB
+            temp.write_text(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))  # Linux: KiB
+            os.replace(temp, path)
         except OSError:
             pass
         time.sleep(0.5)
