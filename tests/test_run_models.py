@@ -48,13 +48,15 @@ def test_bad_input_is_one_line_exit_2_never_retried(tmp_path: Path, task: str, m
     assert "restarting" not in out and "retry" not in out.lower()
 
 
-# One run of the dicts task serves several tests (same task, same flags): dict batches and a step's metrics,
-# the exact evaluation at 2 ranks, and the uninterrupted reference of the preemption tests. --keep-best mse:max
-# there: the first evaluation's error is the largest, so the best checkpoint is an early one that every later
-# save would rotate away (--keep 1) and that every resume must keep comparing against.
+# One run of the scheduled task (dict batches, a step of its own with metrics and draws from Python's and
+# NumPy's generators, its own LR scheduler, an evaluation set) serves several tests (same task, same flags):
+# dict batches and a step's metrics, the exact evaluation at 2 ranks, and the uninterrupted reference of the
+# preemption tests (scheduler, draws, evaluation). --keep-best mse:max there: the first evaluation's error is
+# the largest, so the best checkpoint is an early one that every later save would rotate away (--keep 1) and
+# that every resume must keep comparing against.
 DICTS = (
     "--task",
-    "model_tasks:dicts",
+    "model_tasks:scheduled",
     *TWO,
     "--epochs",
     "3",
@@ -83,7 +85,7 @@ def dicts_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_dict_batches_and_a_step_with_metrics_record_them_averaged(dicts_run: tuple[Path, str]) -> None:
     tmp_path, out = dicts_run
     steps = records(tmp_path, "step")
-    assert steps and all(set(r["metrics"]) == {"half", "mae"} for r in steps)
+    assert steps and all(set(r["metrics"]) == {"half", "mae", "py_draw", "np_draw"} for r in steps)
     assert all(
         r["metrics"]["half"] == 0.5 for r in steps
     )  # a constant: averaged over ranks and micro-batches
@@ -172,36 +174,6 @@ SLOW = {"STEP_SLEEP_S": "0.03"}
 
 
 @pytest.mark.deadline(240)
-def test_a_task_scheduler_preempted_twice_ends_bitwise_equal(tmp_path: Path) -> None:
-    args = (
-        "--task",
-        "model_tasks:scheduled",
-        *TWO,
-        "--epochs",
-        "3",
-        "--batch-size",
-        "8",
-        "--eval-every-epochs",
-        "0",
-        "--log-every-s",
-        "0",
-    )
-    code, out = finish(start(tmp_path / "straight", *args, **SLOW))
-    assert code == 0, out
-    preempted_twice(tmp_path / "twice", *args, **SLOW)
-    assert_bitwise_equal(tmp_path / "straight", tmp_path / "twice")
-    assert final(tmp_path / "twice")[1]["scheduler"]["last_epoch"] == 3 * 16
-    # The step's draws from Python's `random` and NumPy's generator (seeded by --seed, restored on resume):
-    # each step drew the same numbers in both runs, across both resumes.
-    straight, twice = (
-        {r["step"]: (r["metrics"]["py_draw"], r["metrics"]["np_draw"]) for r in records(tmp_path / f, "step")}
-        for f in ("straight", "twice")
-    )
-    assert straight == twice and len(straight) == 3 * 16
-    assert len({draws for draws in straight.values()}) == 3 * 16  # really drawn, not a constant
-
-
-@pytest.mark.deadline(240)
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_evaluation_counts_each_sample_exactly_once(
     tmp_path: Path, ranks: int, request: pytest.FixtureRequest
@@ -253,15 +225,25 @@ def evals_of(folder: Path) -> list[tuple]:
 
 
 @pytest.mark.deadline(300)
-def test_evaluation_preempted_twice_ends_bitwise_equal_with_equal_eval_records(
+def test_a_scheduler_draws_and_evaluation_preempted_twice_end_bitwise_equal_with_equal_eval_records(
     tmp_path: Path, dicts_run: tuple[Path, str]
 ) -> None:
-    straight, _ = dicts_run
-    preempted_twice(tmp_path / "twice", *DICTS, **SLOW, EVAL_SLEEP_S="0.05")
-    assert_bitwise_equal(straight, tmp_path / "twice")
-    assert evals_of(tmp_path / "twice") == evals_of(straight)
+    straight, twice = dicts_run[0], tmp_path / "twice"
+    preempted_twice(twice, *DICTS, **SLOW, EVAL_SLEEP_S="0.05")
+    assert_bitwise_equal(straight, twice)  # the scheduler's state among the rest
+    assert final(twice)[1]["scheduler"]["last_epoch"] == 3 * 16  # the task's own scheduler, once a step
+    assert evals_of(twice) == evals_of(straight)
     # --keep-best: the best value survived both resumes (else a later evaluation would have taken its place).
-    assert best_of(tmp_path / "twice") == best_of(straight)
+    assert best_of(twice) == best_of(straight)
+    # The step's draws from Python's `random` and NumPy's generator (seeded by --seed, restored on resume):
+    # each step drew the same numbers in both runs, across both resumes.
+    draws = (
+        {r["step"]: (r["metrics"]["py_draw"], r["metrics"]["np_draw"]) for r in records(folder, "step")}
+        for folder in (straight, twice)
+    )
+    straight_draws, twice_draws = draws
+    assert straight_draws == twice_draws and len(straight_draws) == 3 * 16
+    assert len(set(straight_draws.values())) == 3 * 16  # really drawn, not a constant
 
 
 @pytest.mark.deadline(300)
