@@ -31,19 +31,26 @@ CommHook = Callable[[Any, Any], "torch.futures.Future[torch.Tensor]"]
 def ordered_mean_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
     """--deterministic: all-gather each bucket and sum in rank order, so the result doesn't depend on how
     DDP laid out its buckets. DDP rebuilds buckets after a process's first backward; a resumed process would
-    otherwise sum its first step in a different grouping than the uninterrupted run did."""
+    otherwise sum its first step in a different grouping than the uninterrupted run did.
+
+    The all-gather is waited for here and the sum done on this thread, not chained with `future.then(...)`:
+    that callback would run Python on gloo's own thread, which creates and deletes a Python thread state
+    each time, and a DataLoader worker forked at that moment deadlocks in CPython 3.11's fork (gh-112275).
+    --deterministic gives up the overlap of this all-gather with the rest of the backward; it is for
+    exactness, not speed."""
     buffer = bucket.buffer()
     world = dist.get_world_size()
     parts = [torch.empty_like(buffer) for _ in range(world)]
-    future = dist.all_gather(parts, buffer, async_op=True).get_future()
-
-    def ordered_sum(_: Any) -> torch.Tensor:
-        total = parts[0].clone()
-        for part in parts[1:]:
-            total.add_(part)
-        return total.div_(world)
-
-    return future.then(ordered_sum)
+    dist.all_gather(parts, buffer)
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total.add_(part)
+    # A CUDA result needs a future that knows its device (DDP waits on it from its stream).
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future(
+        devices=[buffer.device] if buffer.device.type == "cuda" else None
+    )
+    done.set_result(total.div_(world))
+    return done
 
 
 class DDPStrategy(Strategy):
