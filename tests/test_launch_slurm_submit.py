@@ -540,7 +540,11 @@ def test_a_job_cancelled_while_pending_after_a_requeue_is_reported_as_cancelled(
         f"[submit] job {job_id} was cancelled; the ranks saved a checkpoint first: run the same command to "
         f"resume from {folder}"
     )
-    assert sacct_records(job_id) == ["REQUEUED", "CANCELLED"]
+    # slurmctld sends the cancellation to slurmdbd on its own time: sacct may lag the --wait's scontrol.
+    deadline = time.monotonic() + 20
+    while (records := sacct_records(job_id)) != ["REQUEUED", "CANCELLED"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert records == ["REQUEUED", "CANCELLED"]
 
 
 @pytest.fixture(scope="module")
