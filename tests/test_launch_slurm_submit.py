@@ -22,7 +22,7 @@ import torch
 from conftest import DATA, ROOT, clean_environ, die_with_test
 
 from hpc_ddp import exitcodes
-from hpc_ddp.launch.slurm import submitter
+from hpc_ddp.launch.slurm import states, submitter
 from hpc_ddp.launch.slurm.client import SlurmClient
 from hpc_ddp.launch.slurm.states import JobState
 
@@ -116,15 +116,24 @@ def wait_job(job_id: str) -> str:
         time.sleep(0.5)
 
 
-def sacct_records(job_id: str) -> list[str]:
-    """Every record of the job, requeued runs included: e.g. ['REQUEUED', 'COMPLETED']."""
-    out = subprocess.run(
-        ["sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", job_id],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
+def sacct_records(job_id: str, settle_s: float = 20) -> list[str]:
+    """Every record of an ended job, requeued runs included: e.g. ['REQUEUED', 'COMPLETED'].
+
+    slurmctld sends a job's end to slurmdbd on its own time, so accounting may lag the controller that said the
+    job is over: read again, up to `settle_s`, until the last record ends a run (states.Kind.terminal)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        out = subprocess.run(
+            ["sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", job_id],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        records = [line.split()[0] for line in out.splitlines() if line.strip()]
+        settled = bool(records) and states.meaning(states.state_word(records[-1])).kind.terminal
+        if settled or time.monotonic() >= deadline:
+            return records
+        time.sleep(0.5)
 
 
 def rank_logs(folder: Path, job_id: str) -> list[str]:
@@ -540,11 +549,7 @@ def test_a_job_cancelled_while_pending_after_a_requeue_is_reported_as_cancelled(
         f"[submit] job {job_id} was cancelled; the ranks saved a checkpoint first: run the same command to "
         f"resume from {folder}"
     )
-    # slurmctld sends the cancellation to slurmdbd on its own time: sacct may lag the --wait's scontrol.
-    deadline = time.monotonic() + 20
-    while (records := sacct_records(job_id)) != ["REQUEUED", "CANCELLED"] and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert records == ["REQUEUED", "CANCELLED"]
+    assert sacct_records(job_id) == ["REQUEUED", "CANCELLED"]
 
 
 @pytest.fixture(scope="module")
