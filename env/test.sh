@@ -25,7 +25,7 @@ if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
   export HPC_DDP_REQUIRE_SLURM=1  # a Slurm test that cannot reach the cluster fails instead of skipping
 fi
 # 3 pytest-xdist workers by default (tests/workers.py decides who runs beside whom): the Slurm chain, which
-# mostly waits on slurmctld, on one, the local runs on the other two; measured here, 2 cores: pytest 1052-1191 s
+# mostly waits on slurmctld, on one, the local runs on the other two; measured here, 2 cores: pytest 1052-1390 s
 # against 2119 s in one process. `bash env/test.sh -n 0` runs it in one process (later -n wins). Each run ends
 # with the wall and CPU seconds per test file (tests/costs.py); --durations adds the slowest tests.
 exec .venv/bin/python -m pytest -n 3 --dist loadgroup --durations=20 "$@"
