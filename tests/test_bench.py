@@ -47,6 +47,9 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
         sections["checkpoint"]["kit_vs_raw"],
         sections["checkpoint"]["stall_ms"],
         sections["launch"]["local_vs_torchrun"],
+        sections["launch"]["import_rank_cpu_s"],
+        sections["launch"]["import_plain_cpu_s"],
+        sections["launch"]["import_rank_vs_plain"],
         sections["watchdog"]["with_vs_without"],
         sections["watchdog"]["with_samples_per_s"],
         sections["watchdog"]["without_samples_per_s"],
@@ -57,6 +60,7 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
         "kit / hand loop, tuned threads",
         "checkpoint / raw write",
         "launch / torchrun",
+        "rank import CPU paused / plain",
         "hang watch on / off",
     ]
     assert all(isinstance(t["met"], bool) for t in report["targets"])
@@ -64,6 +68,7 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     assert "samples/s" in proc.stdout and "target  launch / torchrun" in proc.stdout  # the table
     assert "[bench] trial 1/1 launch-torchrun:" in proc.stderr  # a progress line per run
     assert "[bench] trial 1/1 watchdog: with" in proc.stderr
+    assert "[bench] trial 1/1 import_rank:" in proc.stderr and "paused / plain" in proc.stdout
     assert [len(x) for x in sections["watchdog"]["trials"].values()] == [1, 1]
 
 

@@ -1,11 +1,17 @@
-"""The launch section: command start to the first training step, `submit --local` against torchrun."""
+"""The launch section: command start to the first training step, `submit --local` against torchrun; and the
+CPU a rank spends importing torch, as a rank does it (run/startup.py: the collector paused) against plainly."""
 
 from __future__ import annotations
 
+import resource
 import sys
 from typing import Any
 
-from hpc_ddp.bench.runs import TASK, Runner, Settings, median, ratios, torchrun_cmd
+from hpc_ddp.bench.runs import TASK, Runner, Settings, median, ratios, run_cmd, torchrun_cmd
+
+# What every training rank imports (run/startup.py says why torch._dynamo is among them).
+PLAIN_IMPORT = "import torch, torch._dynamo, torch.distributed"
+RANK_IMPORT = "from hpc_ddp.run.startup import import_torch; import_torch()"
 
 
 def launch_section(s: Settings) -> dict[str, Any]:
@@ -43,16 +49,34 @@ def launch_section(s: Settings) -> dict[str, Any]:
         "hpc_ddp.train",
         *train,
     ]
-    times: dict[str, list[float]] = {"local": [], "torchrun": []}
+    times: dict[str, list[float]] = {"local": [], "torchrun": [], "import_rank": [], "import_plain": []}
     order = [("local", "launch-submit-local", local), ("torchrun", "launch-torchrun", torchrun)]
+    imports = [("import_rank", RANK_IMPORT), ("import_plain", PLAIN_IMPORT)]
     for trial in range(s.trials):
         for name, label, cmd in order if trial % 2 == 0 else order[::-1]:
             times[name].append(runner.first_step(label, cmd, trial))
+        for name, code in imports if trial % 2 == 0 else imports[::-1]:
+            times[name].append(import_cpu(runner, name, code, trial))
     return {
         "local_s": median(times["local"]),
         "torchrun_s": median(times["torchrun"]),
         "local_vs_torchrun": median(ratios(times["local"], times["torchrun"])),
+        "import_rank_cpu_s": median(times["import_rank"]),
+        "import_plain_cpu_s": median(times["import_plain"]),
+        "import_rank_vs_plain": median(ratios(times["import_rank"], times["import_plain"])),
         "trials": times,
         "first_step": "wall-clock time on rank 0's metrics.jsonl record of step 1 (--log-every-s 0), "
         "minus the time just before the command started",
+        "import_cpu": "user + system CPU seconds of a fresh python that imports what a rank imports, as a rank "
+        f"does ({RANK_IMPORT}) and plainly ({PLAIN_IMPORT})",
     }
+
+
+def import_cpu(runner: Runner, label: str, code: str, trial: int) -> float:
+    """CPU seconds (user + system) of a fresh `python -c code`: the imports alone, no rank around them."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run_cmd([sys.executable, "-c", code], runner.folder(label).with_suffix(".log"))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    runner.done(trial, label, f"{seconds:.2f} CPU s")
+    return seconds

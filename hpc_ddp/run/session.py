@@ -73,6 +73,10 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
 
 
 def _run_holding(cfg: TrainConfig, env: DistEnv, folder: Path, environ: Mapping[str, str]) -> int:
+    from hpc_ddp.run import startup
+
+    startup.import_torch()  # the first import of torch in this rank: most of its start-up (run/startup.py)
+
     from hpc_ddp.cluster import placement
     from hpc_ddp.cluster.group import nccl_defaults, process_group
 
