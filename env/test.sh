@@ -22,6 +22,10 @@ if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
   # 3 nodes (cluster.sh's default): the retry tests take one away, or exclude one, and finish a 2-node job
   # on the other two
   bash env/slurm/cluster.sh start
+  # A second cluster beside it: the Slurm test files are split over the two (tests/workers.py), so the
+  # chain of Slurm tests, which mostly waits on slurmctld, runs as two chains side by side.
+  export HPC_DDP_SLURM_DIR_2=${HPC_DDP_SLURM_DIR_2:-/var/tmp/hpc-ddp-slurm-2}
+  HPC_DDP_SLURM_DIR=$HPC_DDP_SLURM_DIR_2 HPC_DDP_SLURM_BESIDE=1 bash env/slurm/cluster.sh start
   export HPC_DDP_REQUIRE_SLURM=1  # a Slurm test that cannot reach the cluster fails instead of skipping
 fi
 # 3 pytest-xdist workers by default (tests/workers.py decides who runs beside whom): the Slurm chain, which

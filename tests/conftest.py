@@ -8,9 +8,11 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import workers
 
 from hpc_ddp.cluster.env import without_launcher
 from hpc_ddp.cluster.placement import THREAD_VARS
@@ -91,18 +93,29 @@ def uninterrupted_2x2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> str:
-    """The real local Slurm cluster (env/slurm/cluster.sh), started by env/test.sh; its partition name."""
-    required = os.environ.get("HPC_DDP_REQUIRE_SLURM") == "1"
-    ok = (
-        shutil.which("sbatch") is not None
-        and subprocess.run(["bash", str(CLUSTER), "status"], capture_output=True, text=True).returncode == 0
-    )
-    if not ok:
-        if required:
-            pytest.fail(
-                "the local Slurm cluster is not running: `bash env/slurm/cluster.sh start` (see its log)"
-            )
-        pytest.skip("no local Slurm cluster (start it with `bash env/slurm/cluster.sh start`)")
-    return "debug"
+@pytest.fixture(scope="module")
+def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The real local Slurm cluster (env/slurm/cluster.sh), started by env/test.sh; its partition name.
+
+    For the files tests/workers.py puts on the second cluster (when env/test.sh started one), SLURM_CONF points
+    there while the module runs: every Slurm command the tests and their processes run reaches it. Module
+    scope, so that the module's own shared fixtures (a job run once for several tests) see it too."""
+    state = workers.second_cluster(request.path)
+    with pytest.MonkeyPatch.context() as patch:
+        if state:
+            patch.setenv("HPC_DDP_SLURM_DIR", state)
+            patch.setenv("SLURM_CONF", str(Path(state) / "etc" / "slurm.conf"))
+        required = os.environ.get("HPC_DDP_REQUIRE_SLURM") == "1"
+        ok = (
+            shutil.which("sbatch") is not None
+            and subprocess.run(["bash", str(CLUSTER), "status"], capture_output=True, text=True).returncode
+            == 0
+        )
+        if not ok:
+            where = f"HPC_DDP_SLURM_DIR={state} HPC_DDP_SLURM_BESIDE=1 " if state else ""
+            if required:
+                pytest.fail(
+                    f"the local Slurm cluster is not running: `{where}bash env/slurm/cluster.sh start` (see its log)"
+                )
+            pytest.skip(f"no local Slurm cluster (start it with `{where}bash env/slurm/cluster.sh start`)")
+        yield "debug"

@@ -6,6 +6,9 @@ may run beside what, decided here at collection, on every worker alike (they mus
 
   group "slurm"       every test marked slurm: they share the one local cluster (a test takes a node away,
                       fills the partition, waits for a requeue), so one worker runs them one after the other
+  group "slurm2"      where env/test.sh started a second cluster (HPC_DDP_SLURM_DIR_2): the slurm tests of
+                      the files in SECOND_CLUSTER, on that cluster (conftest's `slurm_cluster` points
+                      SLURM_CONF there for the module), one after the other on another worker
   group "alone"       tests marked `alone`: timing-sensitive ones (a short watchdog limit that must not fire, a
                       straggler ratio, a signal that must land during a restart) and the CPU-bound benchmark
                       runs: one after the other on one worker, so none of them runs beside another (each
@@ -24,11 +27,25 @@ test has its cost marker.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 SLURM = "slurm"
+SLURM_2 = "slurm2"
+# The Slurm files that run on the second cluster when there is one: about half the Slurm chain's time (in the
+# last whole run: submit 383 s + fsdp 183 s against survive 511 s + early signal 70 s + doctor's srun runs).
+SECOND_CLUSTER = ("test_launch_slurm_submit.py", "test_launch_slurm_fsdp.py")
+SECOND_CLUSTER_DIR = "HPC_DDP_SLURM_DIR_2"  # its state folder, exported by env/test.sh
+
+
+def second_cluster(path: Path) -> str | None:
+    """The state folder of the cluster the slurm tests of this file use, if not the machine's first one."""
+    state = os.environ.get(SECOND_CLUSTER_DIR)
+    return state if state and path.name in SECOND_CLUSTER else None
+
+
 ALONE = "alone"
 # The costliest first; a unit's rank is its costliest test's.
 ORDER = ("slurm", "scenario", "ranks", "process", "unit")
@@ -77,7 +94,7 @@ def shared_fixture(item: pytest.Item) -> str | None:
 def group_of(item: pytest.Item) -> str | None:
     """The xdist group the test runs in, or None to be spread on its own."""
     if item.get_closest_marker("slurm") is not None:
-        return SLURM
+        return SLURM_2 if second_cluster(item.path) else SLURM
     if item.get_closest_marker(ALONE) is not None:
         return ALONE
     return shared_fixture(item)
@@ -94,6 +111,13 @@ def group(config: pytest.Config, items: list[pytest.Item]) -> None:
     units: dict[str, int] = {}
     for item in items:
         name = group_of(item)
+        if name == SLURM_2 and "slurm_cluster" not in getattr(item, "fixturenames", ()):
+            # Only that fixture points SLURM_CONF at the second cluster: without it the test would use the
+            # first one, beside the tests that worker runs there.
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked slurm in a file of tests/workers.py's SECOND_CLUSTER but does not "
+                "request the slurm_cluster fixture. Fix: add slurm_cluster to its arguments"
+            )
         if name is not None:
             item.add_marker(pytest.mark.xdist_group(name))
         unit = name or item.nodeid

@@ -7,6 +7,12 @@
 # Settings (environment):
 #   HPC_DDP_SLURM_DIR    state dir (conf, logs, pids, database, spool)   default /var/tmp/hpc-ddp-slurm
 #   HPC_DDP_SLURM_NODES  number of emulated nodes      default: the running cluster's, else 3
+#   HPC_DDP_SLURM_BESIDE 1: a second cluster beside the machine's first (started before it, with the same node
+#                        count): its own state dir, daemons and ports; the first one's node names and addresses,
+#                        /etc/hosts lines and /etc/slurm/slurm.conf link are left alone, so reach it with
+#                        `eval "$(HPC_DDP_SLURM_DIR=... bash env/slurm/cluster.sh env)"`. Its job ids start at
+#                        FIRST_JOB_ID_BESIDE, so the rendezvous ports its jobs derive (hpc_ddp.cluster.env:
+#                        10000 + id % 22768) are not the first one's. The test suite runs its Slurm files on two.
 #
 # Only processes this script started (recorded under $STATE/pids) are ever stopped; nothing is killed by name.
 # See env/slurm/README.md.
@@ -14,6 +20,8 @@ set -euo pipefail
 
 STATE=${HPC_DDP_SLURM_DIR:-/var/tmp/hpc-ddp-slurm}
 NODES=${HPC_DDP_SLURM_NODES:-}
+BESIDE=${HPC_DDP_SLURM_BESIDE:-0}
+FIRST_JOB_ID_BESIDE=12000
 CLUSTER=hpcddp
 PARTITION=debug
 NODE_CPUS=4
@@ -285,6 +293,7 @@ EOF
         "CPUs=$NODE_CPUS RealMemory=$NODE_MEM_MB State=UNKNOWN"
     done
     echo "PartitionName=$PARTITION Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP"
+    if [[ $BESIDE == 1 ]]; then echo "FirstJobId=$FIRST_JOB_ID_BESIDE"; fi
   } >"$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
 
@@ -453,7 +462,11 @@ healthy() {
 summary() {
   say "cluster '$CLUSTER' ready: nodes $(node_names | paste -sd, -) in partition '$PARTITION' (Default)," \
     "$NODE_CPUS CPUs each"
-  say "  conf:  $CONF (linked from /etc/slurm/slurm.conf)"
+  if [[ $BESIDE == 1 ]]; then
+    say "  conf:  $CONF (a second cluster: export SLURM_CONF=$CONF to use it; job ids from $FIRST_JOB_ID_BESIDE)"
+  else
+    say "  conf:  $CONF (linked from /etc/slurm/slurm.conf)"
+  fi
   say "  state: $STATE  (logs in $LOG)"
   say "  ports: slurmctld $CTLD_PORT, slurmdbd $DBD_PORT, mariadb $DB_PORT, slurmd $(
     for ((i = 1; i <= NODES; i++)); do p=NODE_PORT_$i; printf '%s ' "node$i=$(node_addr "$i"):${!p}"; done)"
@@ -476,8 +489,15 @@ cmd_start() {
   mkdir -p "$CONF_DIR" "$LOG" "$PIDS" "$STATE/run" "$STATE/ctld" "$STATE/spool" "$DB_DIR"
   choose_ports
   if ! any_daemon_running; then write_conf; say "wrote $CONF"; fi
-  link_etc_conf
-  update_hosts add
+  if [[ $BESIDE == 1 ]]; then
+    # The first cluster's /etc/hosts lines give these nodes their addresses (each slurmd here listens on its own
+    # port); without them a job's MASTER_ADDR=node1 would not resolve.
+    getent hosts "node$NODES" >/dev/null \
+      || die "HPC_DDP_SLURM_BESIDE=1 needs the first cluster's node names: start it first, with $NODES nodes"
+  else
+    link_etc_conf
+    update_hosts add
+  fi
   start_munge
   start_mariadb
   start_slurmdbd
@@ -506,7 +526,7 @@ cmd_stop() {
     [[ " $names " == *" $(basename "$d") "* ]] || names="$(basename "$d") $names"
   done
   for d in $names; do stop_one "$d"; done
-  update_hosts remove
+  [[ $BESIDE == 1 ]] || update_hosts remove  # a second cluster's nodes use the first one's lines
   say "stopped (state kept in $STATE; remove it for a fresh cluster: job ids restart at 1)"
 }
 
