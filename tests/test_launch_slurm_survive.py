@@ -1,8 +1,10 @@
 """On the real local Slurm cluster (3 emulated nodes): failures that are not preemption.
 
 A node that Slurm takes away under a running job, a rank that raises a GPU hardware error on one node, and a
-task that fails everywhere. Each job is a real 2-node x 2-task submitit job followed by `submit --wait`; the
-batch shell's `end` step (hpc_ddp.launch.slurm.batch) decides after every attempt. This module sorts after
+task that fails everywhere. Each job is a real 2-node x 1-task submitit job followed by `submit --wait`; the
+batch shell's `end` step (hpc_ddp.launch.slurm.batch) decides after every attempt. One task per node: what
+these tests need is more than one node (test_launch_slurm_submit.py runs 2 x 2), and every rank is a process
+that spends seconds of CPU importing torch. This module sorts after
 test_launch_slurm_submit.py, whose background time-limit job must not be on a node these tests take away.
 """
 
@@ -36,8 +38,10 @@ from hpc_ddp.ledger import attempts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(240)]
 
-# 512 samples / 4 ranks / batch 32 = 4 steps an epoch; a checkpoint every 4 steps.
-DETERMINISTIC = ["--task", "slow_tasks:slow", "--deterministic", "--save-every-steps", "4", "--epochs", "8"]
+ONE_TASK = ["--tasks-per-node", "1"]  # after submit_argv's own "--tasks-per-node 2": the last one counts
+# 512 samples / 2 ranks / batch 32 = 8 steps an epoch; a checkpoint every 4 steps.
+TRAINING = ["--task", "slow_tasks:slow", "--deterministic", "--save-every-steps", "4", "--epochs", "4"]
+DETERMINISTIC = [*ONE_TASK, *TRAINING]  # submit's options
 
 
 def job_nodes(job_id: str) -> list[str]:
@@ -122,6 +126,7 @@ def submit_node_fault(
     wait_all_idle()
     proc = run_submit(
         folder,
+        *ONE_TASK,
         "--task",
         "retry_tasks:node_fault",
         "--epochs",
@@ -160,7 +165,7 @@ def test_a_task_that_fails_everywhere_stops_after_two_attempts_with_one_tracebac
     slurm_cluster: str, tmp_path: Path
 ) -> None:
     folder = tmp_path / "run"
-    proc = run_submit(folder, "--task", "retry_tasks:fails_everywhere", "--epochs", "2", "--wait")
+    proc = run_submit(folder, *ONE_TASK, "--task", "retry_tasks:fails_everywhere", "--epochs", "2", "--wait")
     assert proc.returncode == 1, proc.stdout
     job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
     assert sacct_records(job_id) == ["REQUEUED", "FAILED"]
@@ -173,7 +178,7 @@ def test_a_task_that_fails_everywhere_stops_after_two_attempts_with_one_tracebac
     assert out.count("ValueError: bad batch at call 3 (tests/retry_tasks.py:fails_everywhere)") >= 1
     assert out.index("Traceback (most recent call last)") < out.index(f"[hpc_ddp] job {job_id} stops")
     assert f"[submit] job {job_id} ended FAILED" in out
-    assert "[submit] rank 1 failed first (on node1)" in out
+    assert "[submit] rank 1 failed first (on node2)" in out  # one task per node: rank 1 is node2's
     log = submitter._read(submitter.log_path(folder, job_id, 0))
     assert log.count("Traceback (most recent call last)") >= 1  # the ranks' own logs keep everything
 
@@ -320,10 +325,10 @@ def test_a_job_refused_another_jobs_folder_stops_and_leaves_it_alone(
     the folder lock (rank 0 exits 2). B stops at once, not requeued, and writes nothing in A's folder."""
     wait_all_idle()
     folder = tmp_path / "run"
-    # 1 s a step until the test releases it (tests/slurm_tasks.py): running at B's end whatever the load (30
-    # epochs of 4 steps), then quick
+    # 1 s a step until the test releases it (tests/slurm_tasks.py): running at B's end whatever the load (15
+    # epochs of 8 steps), then quick
     release = tmp_path / "release"
-    task = ("--task", "slurm_tasks:slow_until_released", "--epochs", "30")
+    task = ("--task", "slurm_tasks:slow_until_released", "--epochs", "15")
     proc, job_a = start_submit(
         folder, *DETERMINISTIC, *task, SLOW_TASK_SLEEP_S="1", RELEASE_FILE=str(release)
     )
@@ -343,7 +348,7 @@ def test_a_job_refused_another_jobs_folder_stops_and_leaves_it_alone(
             str(DDP_SBATCH),
             "--folder",
             str(folder),
-            *DETERMINISTIC,
+            *TRAINING,  # the sbatch options above give its shape
         ],
         cwd=tmp_path,
         env=clean_environ(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
