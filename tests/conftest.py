@@ -64,31 +64,35 @@ def run_module(
     )
 
 
-# A deterministic 2 x 2 local run (tests/slow_tasks.py:slow: dropout, momentum), --deterministic: an interrupted
-# and resumed run of these arguments must end bitwise equal to it, whatever its per-step sleep.
-DETERMINISTIC_2X2 = (
+# A deterministic 2 x 1 local run (tests/slow_tasks.py:slow: dropout, momentum), --deterministic: an interrupted
+# and resumed run of these arguments must end bitwise equal to it, whatever its per-step sleep. Two nodes of one
+# rank: what the tests need is ranks on more than one node; a third and fourth rank would only cost seconds of
+# CPU each (a rank's start-up is mostly importing torch).
+DETERMINISTIC_2X1 = (
+    "--tasks-per-node",
+    "1",
     "--task",
     "slow_tasks:slow",
     "--epochs",
     "3",
     "--batch-size",
-    "8",
+    "16",
     "--deterministic",
     "--lr",
     "0.005",
 )
-STEPS_PER_EPOCH_2X2 = 512 // 4 // 8  # slow_tasks' 512 samples over 4 ranks, batch 8
+STEPS_PER_EPOCH_2X1 = 512 // 2 // 16  # slow_tasks' 512 samples over 2 ranks, batch 16
 
 
 @pytest.fixture(scope="session")
-def uninterrupted_2x2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """DETERMINISTIC_2X2 run once, uninterrupted: the folder of the reference end that every test interrupting
+def uninterrupted_2x1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DETERMINISTIC_2X1 run once, uninterrupted: the folder of the reference end that every test interrupting
     a run of those arguments compares with (tests/test_run_preemption.py, tests/test_launch_local_retry.py);
     one run for all of them (under pytest-xdist, tests/workers.py puts its readers on one worker)."""
     from test_launch_local import finish, start  # a test module's helpers: imported when first needed
 
-    folder = tmp_path_factory.mktemp("uninterrupted_2x2")
-    code, out = finish(start(folder, *DETERMINISTIC_2X2, SLOW_TASK_SLEEP_S="0"))
+    folder = tmp_path_factory.mktemp("uninterrupted_2x1")
+    code, out = finish(start(folder, *DETERMINISTIC_2X1, SLOW_TASK_SLEEP_S="0"))
     assert code == 0, out
     return folder
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import DETERMINISTIC_2X2, STEPS_PER_EPOCH_2X2
+from conftest import DETERMINISTIC_2X1, STEPS_PER_EPOCH_2X1
 from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
@@ -24,37 +24,37 @@ pytestmark = [pytest.mark.slow, pytest.mark.deadline(120)]
 
 
 def test_a_rank_killed_mid_run_resumes_from_its_checkpoint_and_ends_bitwise_equal(
-    tmp_path: Path, uninterrupted_2x2: Path
+    tmp_path: Path, uninterrupted_2x1: Path
 ) -> None:
-    """The reference end is conftest's uninterrupted_2x2 (the same arguments, no sleep, shared with
+    """The reference end is conftest's uninterrupted_2x1 (the same arguments, no sleep, shared with
     tests/test_run_preemption.py)."""
-    reference = uninterrupted_2x2
+    reference = uninterrupted_2x1
     folder = tmp_path / "killed"
     # 0.1 s a step: epoch 2 lasts 1.6 s or more, time enough for the kill to land in it on a busy machine
-    proc = start(folder, *DETERMINISTIC_2X2, SLOW_TASK_SLEEP_S="0.1")
+    proc = start(folder, *DETERMINISTIC_2X1, SLOW_TASK_SLEEP_S="0.1")
     read_until(proc, "Epoch 1,")  # a checkpoint of epoch 1 is being written; the kill lands in epoch 2
     by_rank = {int(c.environ()["SLURM_PROCID"]): c for c in psutil.Process(proc.pid).children()}
-    by_rank[2].send_signal(signal.SIGKILL)
+    by_rank[1].send_signal(signal.SIGKILL)  # the second node's
     code, out = finish(proc)
     assert code == 0, out
     assert (
-        "attempt 1 failed on node 1 (127.0.0.2) (points at the node): rank 2 was killed by SIGKILL; restarting from "
+        "attempt 1 failed on node 1 (127.0.0.2) (points at the node): rank 1 was killed by SIGKILL; restarting from "
         "the checkpoint at step" in out
     ), out
     first, second = attempts.read(folder)
     assert (first.outcome, first.rank, first.node, first.blamed, first.decision, first.signature) == (
         "failed",
-        2,
+        1,
         "127.0.0.2",
         True,
         "restart",
         "signal SIGKILL",
     )
     assert first.exclude == ()  # locally blame is recorded, nothing is excluded
-    assert first.checkpoint is not None and first.checkpoint >= STEPS_PER_EPOCH_2X2  # epoch 0's at least
+    assert first.checkpoint is not None and first.checkpoint >= STEPS_PER_EPOCH_2X1  # epoch 0's at least
     assert (second.restart, second.outcome, second.decision) == (1, "completed", "done")
     assert second.resumed_from == first.checkpoint
-    assert second.ranks == ("127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2")
+    assert second.ranks == ("127.0.0.1", "127.0.0.2")
     assert f"Resuming from {folder / 'checkpoints'}" in out
     expected = torch.load(reference / "model.pth", weights_only=True)
     got = torch.load(folder / "model.pth", weights_only=True)

@@ -1,4 +1,4 @@
-"""Preemption of a real 2 x 2 local run: an agreed save, a restart, and a bitwise-equal end.
+"""Preemption of a real 2 x 1 local run (two nodes of one rank): an agreed save, a restart, and a bitwise-equal end.
 
 Each run uses tests/slow_tasks.py:slow (dropout, momentum, a short sleep per step) with --deterministic, so the
 interrupted-and-resumed run must reproduce model, optimizer state and data order exactly.
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import DETERMINISTIC_2X2, STEPS_PER_EPOCH_2X2
+from conftest import DETERMINISTIC_2X1, STEPS_PER_EPOCH_2X1
 from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
@@ -23,11 +23,11 @@ from hpc_ddp.run.checkpoint import full, store
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.deadline(150),
-]  # 7-29 s each, + 8 s for conftest's `uninterrupted_2x2` (measured)
+]  # 7-29 s each, + 8 s for conftest's `uninterrupted_2x1` (measured)
 
-ARGS = DETERMINISTIC_2X2  # conftest's uninterrupted_2x2 is the same run, uninterrupted
+ARGS = DETERMINISTIC_2X1  # conftest's uninterrupted_2x1 is the same run, uninterrupted
 SLOW = {"SLOW_TASK_SLEEP_S": "0.03"}
-STEPS_PER_EPOCH = STEPS_PER_EPOCH_2X2
+STEPS_PER_EPOCH = STEPS_PER_EPOCH_2X1
 
 
 def final_state(folder: Path) -> tuple[dict, dict]:
@@ -47,7 +47,7 @@ def assert_bitwise_equal(a: Path, b: Path) -> None:
 
 
 def test_usr2_to_the_launcher_saves_restarts_and_ends_bitwise_equal(
-    tmp_path: Path, uninterrupted_2x2: Path
+    tmp_path: Path, uninterrupted_2x1: Path
 ) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
@@ -61,22 +61,22 @@ def test_usr2_to_the_launcher_saves_restarts_and_ends_bitwise_equal(
     assert "Resuming from " in out and "at epoch 1, step " in out
     step = int(out.split("at epoch 1, step ")[1].split()[0])
     assert step % STEPS_PER_EPOCH != 0, "the signal should land mid-epoch"  # exercised: mid-epoch resume
-    assert_bitwise_equal(tmp_path, uninterrupted_2x2)
+    assert_bitwise_equal(tmp_path, uninterrupted_2x1)
 
 
-def test_usr2_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path: Path, uninterrupted_2x2: Path) -> None:
+def test_usr2_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path: Path, uninterrupted_2x1: Path) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
-    rank3 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "3")
-    rank3.send_signal(signal.SIGUSR2)
+    rank1 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "1")
+    rank1.send_signal(signal.SIGUSR2)  # the last rank, on the second node
     code, out = finish(proc)
     assert code == 0, out
     assert "Resuming from " in out
-    assert_bitwise_equal(tmp_path, uninterrupted_2x2)
+    assert_bitwise_equal(tmp_path, uninterrupted_2x1)
 
 
 def test_sigterm_saves_and_does_not_restart_then_the_same_command_resumes(
-    tmp_path: Path, uninterrupted_2x2: Path
+    tmp_path: Path, uninterrupted_2x1: Path
 ) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
@@ -109,7 +109,7 @@ def test_sigterm_saves_and_does_not_restart_then_the_same_command_resumes(
     code, out = finish(start(tmp_path, *ARGS, **SLOW))
     assert code == 0, out
     assert "Resuming from " in out
-    assert_bitwise_equal(tmp_path, uninterrupted_2x2)
+    assert_bitwise_equal(tmp_path, uninterrupted_2x1)
 
 
 def test_max_requeue_0_ends_cleanly_with_the_checkpoint(tmp_path: Path) -> None:
