@@ -106,6 +106,11 @@ def test_the_stop_names_the_checkpoint_whose_write_was_still_in_flight(tmp_path:
         "(the last checkpoint, ckpt-00000003.pt, is kept)" in out and "no checkpoint was written" not in out
     )
     assert store.list_checkpoints(tmp_path) == [tmp_path / "checkpoints" / "ckpt-00000003.pt"]
+    # The stop's record is the run's last, after that save's (before, the save was recorded at close, after it)
+    events = [strict_json(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    saves = [i for i, r in enumerate(events) if r["event"] == "save" and r["step"] == 3]
+    assert events[-1]["event"] == "nonfinite" and events[-1]["action"] == "stop", events[-1]
+    assert len(saves) == 1 and saves[0] < len(events) - 1, events
 
 
 @pytest.fixture(scope="module")

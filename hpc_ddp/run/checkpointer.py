@@ -187,9 +187,12 @@ class Checkpointer:
 
     def last_durable(self) -> Path | None:
         """The newest checkpoint, once the write in flight has ended (its failure, if any, is reported by
-        `check`, `save` or `close`)."""
+        `check`, `save` or `close`) and its "save" record is written: a stop's own record then comes after it,
+        the last of the run."""
         with contextlib.suppress(Exception):
             self.writer.wait()
+        with contextlib.suppress(OSError):  # a record lost to a full disk must not hide the stop
+            self.record_ended()
         return store.read_latest(self.folder)
 
     # ----- loading --------------------------------------------------------------------------------------------

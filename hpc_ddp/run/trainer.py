@@ -495,8 +495,9 @@ class Trainer:
                     f"{MAX_SKIPPED + 1})"
                 )
             return
-        self.metrics.nonfinite(self.pos, step, "stop")  # the run stops here, whatever --nonfinite-loss says
-        kept = self._kept()
+        kept = self._kept()  # waits for the save in flight, and records it
+        # The run stops here, whatever --nonfinite-loss says: the run's last record, after that save's.
+        self.metrics.nonfinite(self.pos, step, "stop")
         if self.skipped:
             broken = self.strategy.nonfinite_parameters()  # every rank is here, at this step
             names = ", ".join(broken[:3]) + (", ..." if len(broken) > 3 else "")
