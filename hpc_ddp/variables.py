@@ -114,6 +114,18 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "HPC_DDP_SLURM_NODES", "test", "env/slurm/cluster.sh: how many nodes the local cluster emulates"
     ),
+    Variable(
+        "HPC_DDP_SLURM_BESIDE",
+        "test",
+        "env/slurm/cluster.sh: 1 starts a second local cluster beside the machine's first (own daemons and "
+        "ports, the first one's node names; /etc/hosts and /etc/slurm/slurm.conf left alone)",
+    ),
+    Variable(
+        "HPC_DDP_SLURM_DIR_2",
+        "test",
+        "env/test.sh: the second local cluster's state directory; set, tests/workers.py runs the files in "
+        "its SECOND_CLUSTER there",
+    ),
 )
 
 BY_NAME = {v.name: v for v in VARIABLES}

@@ -194,6 +194,10 @@ def reference(
         "MASTER_PORT": "1",
     }
     outer.update(json.loads((DATA / "slurm_env" / "batch_2x2.json").read_text()))
+    # Except SLURM_CONF: a site's, not a job's (hpc_ddp.cluster.env.SITE_VARS); the recorded one names the
+    # machine's first cluster, and this module may run on the second (tests/workers.py, conftest's slurm_cluster).
+    if "SLURM_CONF" in os.environ:
+        outer["SLURM_CONF"] = os.environ["SLURM_CONF"]
     args = [
         *DETERMINISTIC,
         "--partition",
