@@ -70,21 +70,11 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     assert "[bench] trial 1/1 watchdog: with" in proc.stderr
     assert "[bench] trial 1/1 import_rank:" in proc.stderr and "paused / plain" in proc.stdout
     assert [len(x) for x in sections["watchdog"]["trials"].values()] == [1, 1]
-
-
-@pytest.mark.slow  # a 2-rank job: about 10 s
-@pytest.mark.deadline(300)  # beside other workers, 4-5 times that (see above)
-@pytest.mark.alone  # CPU-bound runs: never beside a timing-sensitive test (tests/workers.py)
-def test_quick_watchdog_section_alone_reports_its_ratio(tmp_path):
-    out = tmp_path / "bench.json"
-    proc = run_module("hpc_ddp.bench", "watchdog", "--quick", "--json", str(out), timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
-    watch = report["sections"]["watchdog"]
-    assert list(report["sections"]) == ["watchdog"] and watch["ranks"] == 2
+    # The watchdog section's own figures and target (a test of its own before; the run is the same).
+    watch = sections["watchdog"]
+    assert watch["ranks"] == 2
     ratio = watch["with_vs_without"]
-    assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0
-    [target] = report["targets"]
+    [target] = [t for t in report["targets"] if t["name"] == "hang watch on / off"]
     assert {k: target[k] for k in ("name", "value", "op", "threshold", "met")} == {
         "name": "hang watch on / off",
         "value": ratio,

@@ -45,6 +45,7 @@ def test_gpu_check_runs_its_cpu_steps(tmp_path: Path) -> None:
     assert "doctor: 0 FAIL" in (out / "doctor.log").read_text()
     report = json.loads((out / "bench.json").read_text())
     assert list(report["sections"]) == ["overhead"] and report["settings"]["quick"] is True
+    assert report["settings"]["world_size"] == 1
     assert "target  kit / hand loop, tuned threads" in (out / "bench.log").read_text()
 
 

@@ -107,9 +107,20 @@ def test_a_rank_that_raises_fails_the_run_and_shows_its_error(tmp_path: Path) ->
 
 
 def test_killing_the_launcher_leaves_no_process(tmp_path: Path) -> None:
-    proc = start(tmp_path, "--task", "slow_tasks:slow", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05")
+    # 2 nodes x 1 rank: a rank on each emulated node, as few rank processes as that takes
+    proc = start(
+        tmp_path,
+        "--task",
+        "slow_tasks:slow",
+        "--epochs",
+        "100",
+        "--tasks-per-node",
+        "1",
+        SLOW_TASK_SLEEP_S="0.05",
+    )
     read_until(proc, "Epoch 0,")
     children = psutil.Process(proc.pid).children()
+    assert len(children) == 2
     proc.kill()  # SIGKILL: no cleanup code runs in the launcher
     proc.wait()
     gone, alive = psutil.wait_procs(children, timeout=15)

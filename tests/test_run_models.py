@@ -41,7 +41,11 @@ def records(folder: Path, event: str) -> list[dict]:
     ],
 )
 def test_bad_input_is_one_line_exit_2_never_retried(tmp_path: Path, task: str, message: str) -> None:
-    code, out = finish(start(tmp_path, "--task", f"model_tasks:{task}", *TWO, "--epochs", "2"), timeout=100)
+    # One rank where one says it. names_differ needs two ranks to disagree (and there the other rank's end is
+    # checked too: one line, no traceback, no retry); scheduler_raises names the run's 8 steps at two ranks.
+    two = task in ("names_differ", "scheduler_raises")
+    shape = TWO if two else (*TWO, "--tasks-per-node", "1")
+    code, out = finish(start(tmp_path, "--task", f"model_tasks:{task}", *shape, "--epochs", "2"), timeout=100)
     assert code == exitcodes.USAGE, out
     assert message in out
     assert "Traceback" not in out
