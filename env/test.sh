@@ -3,7 +3,7 @@
 #
 #   bash env/test.sh                 # everything (needs root for the local Slurm cluster)
 #   HPC_DDP_NO_SLURM=1 bash env/test.sh   # without the Slurm cluster: its tests are skipped, not passed
-#   bash env/test.sh -n 0            # in one process instead of 3 pytest-xdist workers
+#   bash env/test.sh -n 0            # in one process instead of 4 pytest-xdist workers
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -28,8 +28,8 @@ if [ "${HPC_DDP_NO_SLURM:-0}" != 1 ]; then
   HPC_DDP_SLURM_DIR=$HPC_DDP_SLURM_DIR_2 HPC_DDP_SLURM_BESIDE=1 bash env/slurm/cluster.sh start
   export HPC_DDP_REQUIRE_SLURM=1  # a Slurm test that cannot reach the cluster fails instead of skipping
 fi
-# 3 pytest-xdist workers by default (tests/workers.py decides who runs beside whom): the Slurm chain, which
-# mostly waits on slurmctld, on one, the local runs on the other two; measured here, 2 cores: pytest 1052-1390 s
-# against 2119 s in one process. `bash env/test.sh -n 0` runs it in one process (later -n wins). Each run ends
-# with the wall and CPU seconds per test file (tests/costs.py); --durations adds the slowest tests.
-exec .venv/bin/python -m pytest -n 3 --dist loadgroup --durations=20 "$@"
+# 4 pytest-xdist workers by default (tests/workers.py decides who runs beside whom): the two Slurm chains, which
+# mostly wait on slurmctld, on two, the local runs on the others (all four once the chains end); README's "Suite
+# time" has the figures measured here. `bash env/test.sh -n 0` runs it in one process (later -n wins). Each run
+# ends with the wall and CPU seconds per test file (tests/costs.py); --durations adds the slowest tests.
+exec .venv/bin/python -m pytest -n 4 --dist loadgroup --durations=20 "$@"
