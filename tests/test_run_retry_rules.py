@@ -94,6 +94,27 @@ def test_judge_names_the_first_cause(evidence: retry.Evidence, expected: tuple) 
     assert (ending.outcome, ending.rank, ending.node, ending.blamed) == expected
 
 
+CAUSE_1 = retry.Ending("failed", "RuntimeError: boom", rank=1)
+
+
+@pytest.mark.parametrize(
+    ("seen", "ending", "codes", "named"),
+    [
+        # rank 1 raised, rank 0 failed only because of it; one poll saw both ended, rank 0 first (in rank order)
+        (0, CAUSE_1, [1, 1, -15, -15], 1),
+        (1, CAUSE_1, [1, 1, -15, -15], 1),  # seen in the right order: the same
+        (0, CAUSE_1, [1, None, None, None], 0),  # the cause has not ended: the rank seen is named
+        (0, CAUSE_1, [1, 0, 0, 0], 0),  # a cause that ended well is no cause here
+        (2, retry.Ending("failed", "killed", rank=None), [-15, -15, -9, -15], 2),  # no note: the rank seen
+        (0, retry.Ending("failed", "x", rank=7), [1, 1], 0),  # a rank out of range: the rank seen
+    ],
+)
+def test_the_failure_line_names_the_first_cause_when_it_ended(
+    seen: int, ending: retry.Ending, codes: list[int | None], named: int
+) -> None:
+    assert retry.named_first(seen, ending, codes) == named
+
+
 def test_signatures_mask_numbers_addresses_and_paths() -> None:
     assert retry.signature("ValueError", "bad batch at step 17 (0x7f3a) in '/data/x.bin'") == retry.signature(
         "ValueError", "bad batch at step 40 (0x1) in '/other/y.bin'"

@@ -138,6 +138,21 @@ def judge(ev: Evidence) -> Ending:
     return ending
 
 
+def named_first(seen: int, ending: Ending, codes: Sequence[int | None]) -> int:
+    """The rank a local launcher's failure line names (pure): the first cause (`judge`'s rank, from the ranks'
+    exit notes) when its process ended with a failure too, else the rank it saw end first (`seen`). A poll sees
+    ranks that ended within one interval in rank order, so under load a rank that failed only because the cause
+    ended (gloo's "Connection closed by peer") can be seen first."""
+    cause = ending.rank
+    if (
+        cause is None
+        or not 0 <= cause < len(codes)
+        or codes[cause] in (None, exitcodes.OK, exitcodes.PREEMPTED)
+    ):
+        return seen
+    return cause
+
+
 def _judge(ev: Evidence) -> Ending:
     if ev.code == exitcodes.OK and not ev.node_fail:
         return Ending(record.COMPLETED, "finished")

@@ -385,9 +385,11 @@ class Launcher:
                     return code
                 outcome = self._supervise()  # they all exited just before the kill: as if in time
             if outcome < len(self.ranks):
-                code = self.ranks[outcome].proc.returncode  # not None: _supervise saw it end
                 evidence = self._failure(outcome)
-                self._show_failure(outcome, code if code is not None else exitcodes.FAILED)
+                codes = [r.proc.returncode for r in self.ranks]
+                named = retry.named_first(outcome, retry.judge(evidence), codes)  # the cause, if it ended so
+                code = codes[named]  # not None: _supervise saw it end, or named_first checked it
+                self._show_failure(named, code if code is not None else exitcodes.FAILED)
                 closed = self._end_attempt(evidence)
                 self._show_error(closed.ending, outcome)
                 self._show_consequences(closed.ending.rank if closed.ending.rank is not None else outcome)
