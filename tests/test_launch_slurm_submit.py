@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+import workers
 from conftest import DATA, ROOT, clean_environ, die_with_test
 
 from hpc_ddp import exitcodes
@@ -233,6 +234,8 @@ def test_submit_wait_runs_4_ranks_on_2_nodes(reference: dict[str, Any]) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
     assert placements(rank_logs(folder, job_id)) == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    if workers.second_cluster(Path(__file__)):  # the job went to that cluster (conftest's slurm_cluster)
+        assert int(job_id) >= 12000, job_id  # its ids start there (env/slurm/cluster.sh FIRST_JOB_ID_BESIDE)
     assert f"Model saved by rank 0 to {folder / 'model.pth'}" in proc.stdout
     assert list(folder.rglob("model.pth")) == [folder / "model.pth"]
     curve = losses(proc.stdout)  # --wait showed rank 0's log

@@ -13,6 +13,7 @@ from pathlib import Path
 import costs
 import pytest
 import standins
+import workers
 from conftest import ROOT, clean_environ, die_with_test
 
 BOUND_S = 60
@@ -322,3 +323,17 @@ def test_under_xdist_a_deadline_in_a_worker_names_the_test_shows_the_stacks_and_
     assert "in test_stuck" in out  # the stuck test's frame, from faulthandler's dump
     assert out.count("[deadline]") == 1, out  # the stuck test ran once: the run stopped there
     assert "worker restarting disabled" in proc.stdout and "1 failed" in proc.stdout, out
+
+
+def test_the_second_clusters_files_are_its_own_group_only_when_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """env/test.sh starts a second local cluster and exports its folder; without it (a single cluster, or
+    HPC_DDP_NO_SLURM=1), every slurm test runs on the one cluster, in one group."""
+    submit, survive = Path("tests/test_launch_slurm_submit.py"), Path("tests/test_launch_slurm_survive.py")
+    monkeypatch.delenv(workers.SECOND_CLUSTER_DIR, raising=False)
+    assert workers.second_cluster(submit) is None and workers.second_cluster(survive) is None
+    monkeypatch.setenv(workers.SECOND_CLUSTER_DIR, "/var/tmp/second")
+    assert workers.second_cluster(submit) == "/var/tmp/second" and workers.second_cluster(survive) is None
+    files = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    assert set(workers.SECOND_CLUSTER) <= files  # no stale name

@@ -32,6 +32,12 @@ PACKAGES=(slurm-wlm slurmctld slurmd slurm-client slurmdbd munge mariadb-server 
 
 CONF_DIR=$STATE/etc
 CONF=$CONF_DIR/slurm.conf
+# A second cluster stays one (its stop must leave the first one's /etc/hosts lines): remembered in its state.
+if [[ $BESIDE == 1 ]]; then
+  mkdir -p "$CONF_DIR" && touch "$CONF_DIR/beside"
+elif [[ -f $CONF_DIR/beside ]]; then
+  BESIDE=1
+fi
 DBD_CONF=$CONF_DIR/slurmdbd.conf
 PORTS=$CONF_DIR/ports.env
 if [[ -z $NODES ]]; then  # the count the cluster was started with (status, stop), else 3
