@@ -250,9 +250,12 @@ class Launcher:
         record = preemption.read(self.job.folder)  # cleared before each start: this attempt's own
         return retry.Evidence(code=exitcodes.PREEMPTED, requeue=record is not None and record.requeue)
 
-    def _end_attempt(self, found: retry.Evidence | retry.Ending) -> supervisor.Closed:
+    def _end_attempt(
+        self, found: retry.Evidence | retry.Ending, seen: int | None = None
+    ) -> supervisor.Closed:
         """The supervisor core ends the attempt (both budgets; a stop asked of the launcher wins over a restart);
-        a failure's end is said in one line."""
+        a failure's end is said in one line. `seen`: the failing rank the launcher saw end first; the line
+        naming who ended comes first (retry.named_first: the first cause, when its process ended failing)."""
 
         def adjust(_this: object, decision: retry.Decision) -> retry.Decision:
             if self.stop_requested and decision.action == outcomes.RESTART:
@@ -270,6 +273,11 @@ class Launcher:
             adjust=adjust,
             exclude=lambda _decision: (),  # locally blame is recorded, nothing excluded: every node is this one
         )
+        if seen is not None:
+            codes = [r.proc.returncode for r in self.ranks]
+            named = retry.named_first(seen, closed.ending, codes)
+            code = codes[named]  # not None: _supervise saw it end, or named_first checked it
+            self._show_failure(named, code if code is not None else exitcodes.FAILED)
         if closed.attempt.outcome == outcomes.HANG:  # the verdict's line, once, then what comes next
             self.say(f"{closed.attempt.reason}; every rank's report: {hang_verdict.path(self.job.folder)}")
         if closed.attempt.failed:
@@ -385,12 +393,7 @@ class Launcher:
                     return code
                 outcome = self._supervise()  # they all exited just before the kill: as if in time
             if outcome < len(self.ranks):
-                evidence = self._failure(outcome)
-                codes = [r.proc.returncode for r in self.ranks]
-                named = retry.named_first(outcome, retry.judge(evidence), codes)  # the cause, if it ended so
-                code = codes[named]  # not None: _supervise saw it end, or named_first checked it
-                self._show_failure(named, code if code is not None else exitcodes.FAILED)
-                closed = self._end_attempt(evidence)
+                closed = self._end_attempt(self._failure(outcome), seen=outcome)
                 self._show_error(closed.ending, outcome)
                 self._show_consequences(closed.ending.rank if closed.ending.rank is not None else outcome)
                 if closed.decision.action != outcomes.RESTART:
