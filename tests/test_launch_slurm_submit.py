@@ -117,7 +117,7 @@ def wait_job(job_id: str) -> str:
         time.sleep(0.5)
 
 
-def sacct_records(job_id: str, settle_s: float = 20) -> list[str]:
+def sacct_records(job_id: str, settle_s: float = 60) -> list[str]:
     """Every record of an ended job, requeued runs included: e.g. ['REQUEUED', 'COMPLETED'].
 
     slurmctld sends a job's end to slurmdbd on its own time, so accounting may lag the controller that said the
