@@ -46,6 +46,20 @@ def read_until(proc: subprocess.Popen[str], needle: str, timeout: float = 120) -
     raise AssertionError(f"{needle!r} never appeared; output:\n" + "\n".join(lines))
 
 
+def ranks_of(launcher: int) -> dict[int, psutil.Process]:
+    """The launcher's ranks by rank: its children but the fork server, which has none. A rank forked by the
+    server is named for its rank (its /proc environment is the server's); one started the plain way has its
+    SLURM_PROCID there."""
+    found = {}
+    for child in psutil.Process(launcher).children():
+        name, env = child.name(), child.environ()
+        if name.startswith("hpc_ddp rank "):
+            found[int(name.split()[-1])] = child
+        elif "SLURM_PROCID" in env:
+            found[int(env["SLURM_PROCID"])] = child
+    return found
+
+
 def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str]:
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
@@ -67,9 +81,9 @@ def test_sigkill_of_one_rank_stops_everything_within_seconds(tmp_path: Path) -> 
         SLOW_TASK_SLEEP_S="0.05",
     )
     read_until(proc, "Epoch 0,")
-    children = psutil.Process(proc.pid).children()
-    assert len(children) == 4
-    by_rank = {int(c.environ()["SLURM_PROCID"]): c for c in children}
+    children = psutil.Process(proc.pid).children()  # the 4 ranks and the fork server
+    by_rank = ranks_of(proc.pid)
+    assert sorted(by_rank) == [0, 1, 2, 3] and len(children) == 5
     by_rank[2].send_signal(signal.SIGKILL)
     code, out = finish(proc, timeout=30)  # a hang here fails the test
     assert code == 1, out
@@ -119,8 +133,8 @@ def test_killing_the_launcher_leaves_no_process(tmp_path: Path) -> None:
         SLOW_TASK_SLEEP_S="0.05",
     )
     read_until(proc, "Epoch 0,")
-    children = psutil.Process(proc.pid).children()
-    assert len(children) == 2
+    children = psutil.Process(proc.pid).children()  # the 2 ranks and the fork server: all must go
+    assert len(ranks_of(proc.pid)) == 2 and len(children) == 3
     proc.kill()  # SIGKILL: no cleanup code runs in the launcher
     proc.wait()
     gone, alive = psutil.wait_procs(children, timeout=15)

@@ -11,11 +11,10 @@ import json
 import signal
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from conftest import DETERMINISTIC_2X1, STEPS_PER_EPOCH_2X1
-from test_launch_local import finish, read_until, start
+from test_launch_local import finish, ranks_of, read_until, start
 
 from hpc_ddp import exitcodes
 from hpc_ddp.ledger import attempts
@@ -33,7 +32,7 @@ def test_a_rank_killed_mid_run_resumes_from_its_checkpoint_and_ends_bitwise_equa
     # 0.1 s a step: epoch 2 lasts 1.6 s or more, time enough for the kill to land in it on a busy machine
     proc = start(folder, *DETERMINISTIC_2X1, SLOW_TASK_SLEEP_S="0.1")
     read_until(proc, "Epoch 1,")  # a checkpoint of epoch 1 is being written; the kill lands in epoch 2
-    by_rank = {int(c.environ()["SLURM_PROCID"]): c for c in psutil.Process(proc.pid).children()}
+    by_rank = ranks_of(proc.pid)
     by_rank[1].send_signal(signal.SIGKILL)  # the second node's
     code, out = finish(proc)
     assert code == 0, out

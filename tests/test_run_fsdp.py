@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_launch_local import finish, start
+from test_launch_local import finish, ranks_of, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(200)]
 
@@ -210,8 +210,6 @@ def test_a_rank_killed_during_an_async_save_resumes_from_the_newest_complete_che
     import signal
     import time
 
-    import psutil
-
     args = ("--task", "fsdp_tasks:big", "--nodes", "1", *ranks(2), "--strategy", "fsdp", "--log-every-s", "0")
     proc = start(
         tmp_path, *args, "--batch-size", "8", "--lr", "0.0001", "--max-steps", "6", "--save-every-steps", "2"
@@ -224,11 +222,9 @@ def test_a_rank_killed_during_an_async_save_resumes_from_the_newest_complete_che
     while not in_flight.is_dir() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert in_flight.is_dir(), "the second save never started"
-    rank1 = [
-        p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("SLURM_PROCID") == "1"
-    ]
+    rank1 = ranks_of(proc.pid).get(1)
     assert rank1
-    rank1[0].send_signal(signal.SIGKILL)  # mid-write: its shards (or DCP's index, or the manifest) never come
+    rank1.send_signal(signal.SIGKILL)  # mid-write: its shards (or DCP's index, or the manifest) never come
     code, out = finish(proc, timeout=240)
     assert code == 0, out
     assert f"Resuming from {ckpts / 'ckpt-00000002'} at epoch 0, step 2" in out

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import clean_environ, die_with_test
-from test_launch_local import finish, read_until, start
+from test_launch_local import finish, ranks_of, read_until, start
 
 from hpc_ddp import exitcodes
 
@@ -107,7 +107,7 @@ def test_a_frozen_rank_is_named_unresponsive_with_its_host(tmp_path: Path) -> No
         SLOW_TASK_SLEEP_S="0.01",
     )
     read_until(proc, "Epoch 0,", timeout=90)
-    rank1 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "1")
+    rank1 = ranks_of(proc.pid)[1]
     rank1.send_signal(signal.SIGSTOP)
     frozen_at = time.monotonic()
     code, out = finish(proc, timeout=90)

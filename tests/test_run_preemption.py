@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 from conftest import DETERMINISTIC_2X1, STEPS_PER_EPOCH_2X1
-from test_launch_local import finish, read_until, start
+from test_launch_local import finish, ranks_of, read_until, start
 
 from hpc_ddp import exitcodes
 from hpc_ddp.run.checkpoint import full, store
@@ -67,7 +67,7 @@ def test_usr2_to_the_launcher_saves_restarts_and_ends_bitwise_equal(
 def test_usr2_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path: Path, uninterrupted_2x1: Path) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
-    rank1 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "1")
+    rank1 = ranks_of(proc.pid)[1]
     rank1.send_signal(signal.SIGUSR2)  # the last rank, on the second node
     code, out = finish(proc)
     assert code == 0, out
@@ -80,7 +80,7 @@ def test_sigterm_saves_and_does_not_restart_then_the_same_command_resumes(
 ) -> None:
     proc = start(tmp_path, *ARGS, **SLOW)
     read_until(proc, "Epoch 0,")
-    rank0 = next(c for c in psutil.Process(proc.pid).children() if c.environ()["SLURM_PROCID"] == "0")
+    rank0 = ranks_of(proc.pid)[0]
     proc.send_signal(signal.SIGTERM)
     # More SIGTERMs straight to rank 0, every few ms until it is gone: some land during its save, which rank 0
     # reports (below), and none may tear anything.

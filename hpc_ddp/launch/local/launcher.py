@@ -29,7 +29,7 @@ from typing import TextIO
 
 from hpc_ddp import exitcodes
 from hpc_ddp.launch import retry, supervisor
-from hpc_ddp.launch.local import processes
+from hpc_ddp.launch.local import forkserver, processes
 from hpc_ddp.launch.local.console import TAIL_LINES, Console, RankOutput
 from hpc_ddp.launch.local.srun_env import LocalJob, child_environ, slurm_env
 from hpc_ddp.ledger import attempts, exits, outcomes, preemption
@@ -70,6 +70,9 @@ class Launcher:
         self.shown: set[str] = set()  # signatures of the errors whose traceback was shown already
         # attempts.jsonl, for training runs only; anything else keeps nothing (the budgets then count nothing).
         self.journal = supervisor.Journal(job.folder, attempts.append if job.records else _keep)
+        # Training ranks are forked from one process that imported torch once (forkserver), kept across
+        # restarts; where it cannot serve, each rank starts the plain way (processes.start).
+        self.forks = forkserver.Server(job.module, self.say)
 
     def say(self, message: str) -> None:
         self.console.line(f"[launcher] {message}")
@@ -87,7 +90,7 @@ class Launcher:
             env = child_environ(dict(os.environ), self.job, rank, restarts)
             if self.lock is not None:
                 env[run_folder.LOCK_VAR] = self.lock.token
-            proc = processes.start(cmd, env, hold)
+            proc = self.forks.start(self.job.train_argv, env, hold) or processes.start(cmd, env, hold)
             self.ranks.append(
                 RankOutput(
                     rank, proc, logs / f"rank{rank}.log", self.console, self.job.all_ranks, self._stopped_by
@@ -361,8 +364,9 @@ class Launcher:
                 self.lock = run_folder.hold_folder(self.job.folder, "launcher", self.job.job_id, 0)
             return self._attempts()
         finally:
-            # Every path, an exception in the launcher included, ends every rank it started.
+            # Every path, an exception in the launcher included, ends every rank it started, and the fork server.
             self._report_stuck(self._stop_all())
+            self.forks.close()
             if self.lock is not None:
                 self.lock.release()
             for s, handler in previous.items():

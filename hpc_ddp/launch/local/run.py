@@ -144,3 +144,4 @@ def _standard_fds() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
+            os.set_inheritable(fd, True)  # as a standard descriptor is: os.open's are not (PEP 446)
