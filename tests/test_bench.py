@@ -47,6 +47,7 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
         sections["checkpoint"]["kit_vs_raw"],
         sections["checkpoint"]["stall_ms"],
         sections["launch"]["local_vs_torchrun"],
+        sections["launch"]["local_vs_torchrun_cpu"],
         sections["launch"]["import_rank_cpu_s"],
         sections["launch"]["import_plain_cpu_s"],
         sections["launch"]["import_rank_vs_plain"],
@@ -60,6 +61,7 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
         "kit / hand loop, tuned threads",
         "checkpoint / raw write",
         "launch / torchrun",
+        "launch CPU / torchrun",
         "rank import CPU paused / plain",
         "hang watch on / off",
     ]

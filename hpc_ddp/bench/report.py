@@ -94,6 +94,8 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
         la, t = results["launch"], results["launch"].get("trials", {})
         trials = ratios(t.get("local", []), t.get("torchrun", []))
         target("launch / torchrun", la["local_vs_torchrun"], "<=", 1.0, trials)
+        trials = ratios(t.get("local_cpu", []), t.get("torchrun_cpu", []))
+        target("launch CPU / torchrun", la["local_vs_torchrun_cpu"], "<=", 0.75, trials)
         trials = ratios(t.get("import_rank", []), t.get("import_plain", []))
         target("rank import CPU paused / plain", la["import_rank_vs_plain"], "<=", 0.95, trials)
     if "fsdp" in results:
@@ -158,6 +160,9 @@ def rows(results: dict[str, dict[str, Any]], s: Settings) -> list[tuple[str, str
             ("launch", "submit --local: start to first step", f"{la['local_s']:.2f} s"),
             ("", "torchrun --standalone: start to first step", f"{la['torchrun_s']:.2f} s"),
             ("", "submit --local / torchrun", f"{la['local_vs_torchrun']:.2f}x"),
+            ("", "submit --local: CPU, the whole run", f"{la['local_cpu_s']:.2f} CPU s"),
+            ("", "torchrun --standalone: CPU, the whole run", f"{la['torchrun_cpu_s']:.2f} CPU s"),
+            ("", "CPU submit --local / torchrun", f"{la['local_vs_torchrun_cpu']:.2f}x"),
             ("", "rank's torch import, collector paused", f"{la['import_rank_cpu_s']:.2f} CPU s"),
             ("", "the same imports, plainly", f"{la['import_plain_cpu_s']:.2f} CPU s"),
             ("", "paused / plain", f"{la['import_rank_vs_plain']:.2f}x"),

@@ -2,6 +2,7 @@
 
     srun_env    the emulated srun step: LocalJob, slurm_env, child_environ, nodelist, fresh_job_id
     processes   process control: start with signals held, die with the launcher, signal, stop and kill
+    forkserver  training ranks forked from one process that imported torch once (processes.start: fallback)
     console     console pumping: each rank's pipe drained to its log, the one terminal (Console)
     launcher    the Launcher: start, pass signals on, supervise, end each attempt (launch/supervisor), restart
     run         run_local: `python -m hpc_ddp.submit --local`
