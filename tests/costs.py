@@ -107,6 +107,7 @@ FILES: dict[str, str | tuple[str, str]] = {
 # tests/<file>::<function>: a test whose cost differs from its file's entry (a stale name fails collection).
 TESTS: dict[str, str] = {
     "test_launch_local_forkserver.py::test_a_forked_rank_is_the_starters_child_and_exits_as_python_would": "process",
+    "test_launch_local_forkserver.py::test_a_forked_rank_sees_what_python_m_would_give_it": "process",
     "test_bench.py::test_help_explains_each_section": "process",
     "test_bench.py::test_bad_arguments_are_one_line_usage_errors": "process",
     "test_cluster_placement.py::test_apply_cpu_plan_pins_and_sizes_threads": "process",

@@ -7,6 +7,7 @@ one, and kills the launcher and sees every rank and the server go."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import psutil
@@ -14,7 +15,7 @@ import pytest
 from conftest import clean_environ
 
 from hpc_ddp import exitcodes
-from hpc_ddp.launch.local import forkserver
+from hpc_ddp.launch.local import forkserver, processes
 
 SERVER = {"PATH": "/usr/bin", "PYTHONPATH": "/repo", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
 
@@ -80,3 +81,34 @@ def test_a_forked_rank_is_the_starters_child_and_exits_as_python_would(tmp_path)
         assert servers == []
     finally:
         server.close()
+
+
+@pytest.mark.deadline(150)
+def test_a_forked_rank_sees_what_python_m_would_give_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forkserver, "SERVED", ("forked_probe",))  # tests/forked_probe.py, in place of a rank
+    said: list[str] = []
+    server = forkserver.Server("forked_probe", said.append)
+    env = clean_environ(SLURM_PROCID="1", PROBE="x")
+    try:
+        ranks = [
+            server.start(["a", "b c"], env, hold=True),
+            server.start([], {**env, "PROBE_EXIT": "3"}, hold=False),
+            server.start([], {**env, "PROBE_EXIT": "no space left"}, hold=False),
+        ]
+        outs = []
+        for rank in ranks:
+            assert rank is not None
+            outs.append(rank.stdout.read().decode())
+        assert [rank.wait(timeout=60) for rank in ranks] == [0, 3, 1], outs  # type: ignore[union-attr]
+    finally:
+        server.close()
+    seen = [json.loads(out.splitlines()[0]) for out in outs]
+    assert [s["argv"] for s in seen] == [["a", "b c"], [], []]
+    for s in seen:
+        assert (s["cwd"], s["probe"], s["parent"], s["stdin"]) == (os.getcwd(), "x", os.getpid(), "/dev/null")
+        assert s["session_leader"] and s["torch_imported"]
+    held = {int(signum) for signum in processes.HELD}
+    assert held <= set(seen[0]["blocked"]) and not held & set(seen[1]["blocked"])
+    assert len({s["draw"] for s in seen}) == 3  # NumPy's global generator seeded anew in each, as when fresh
+    assert all("to stderr" in out for out in outs)  # stderr is the same pipe
+    assert outs[2].rstrip().endswith("no space left") and said == []

@@ -302,6 +302,12 @@ def _become_rank(module: str, request: dict, out: int, sock: socket.socket, done
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        # A fresh interpreter seeds NumPy's global generator from the OS (torch imports numpy.random); forked
+        # ranks would all draw the server's numbers until the run seeds them. Python's `random` reseeds itself
+        # after a fork; torch's default generator starts from the same fixed seed in every process anyway.
+        numpy_random = sys.modules.get("numpy.random")
+        if numpy_random is not None:
+            numpy_random.seed()
         code = _run(module, request["args"])
     finally:
         os._exit(code)
