@@ -40,7 +40,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from hpc_ddp.launch.local import processes
@@ -128,9 +128,9 @@ class Forked:
 class Server:
     """The launcher's end: one server per run, started at the first rank, ended with the launcher."""
 
-    def __init__(self, module: str, say: object) -> None:
+    def __init__(self, module: str, say: Callable[[str], None]) -> None:
         self.module = module
-        self._say = say  # callable(str): the launcher's console line
+        self._say = say  # the launcher's console line
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._env: dict[str, str] = {}
@@ -205,16 +205,14 @@ class Server:
         return Forked(int(answer["pid"]), read, [sys.executable, "-u", "-m", self.module, *args])
 
     def close(self) -> None:
-        """End the server (its end of the socket closes, and it exits); its ranks are the launcher's."""
+        """End the server; its ranks are the launcher's children and go on. It holds nothing that needs an
+        orderly exit (no file, no lock; its interpreter's teardown would only cost the launcher's end time)."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
         if self._proc is not None:
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            self._proc.kill()
+            self._proc.wait()
             self._proc = None
 
 
