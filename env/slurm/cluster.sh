@@ -533,7 +533,7 @@ cmd_stop() {
   done
   for d in $names; do stop_one "$d"; done
   [[ $BESIDE == 1 ]] || update_hosts remove  # a second cluster's nodes use the first one's lines
-  say "stopped (state kept in $STATE; remove it for a fresh cluster: job ids restart at 1)"
+  say "stopped (state kept in $STATE; remove it for a fresh cluster: job ids restart at $([[ $BESIDE == 1 ]] && echo "$FIRST_JOB_ID_BESIDE" || echo 1))"
 }
 
 cmd_status() {
