@@ -6,7 +6,8 @@ FAKE_RANKS_STARTS (its SLURM_RESTART_COUNT), so a test counts the launcher's res
 - `preempted`: rank 0 writes the preemption record the way a training rank 0 does (the signals ask for a
   requeue) while fewer than FAKE_RANKS_ASK_MAX (default 4) starts happened, then one that asks for none; every
   rank exits PREEMPTED. A launcher that restarts while the record asks, without a budget, starts 4 times.
-- `fail`: rank 1 exits 1 at once (a crash with no exit note); the others wait to be stopped.
+- `fail`: rank 1 exits 1 once rank 0 has counted the start (a crash with no exit note); the others wait to be
+  stopped.
 - `usage`: rank 0 prints a usage error's one line, as `python -m hpc_ddp.train` does, and exits 2.
 """
 
@@ -38,6 +39,13 @@ def main() -> int:
         return exitcodes.PREEMPTED
     if what == "fail":
         if rank == 1:
+            # Not before rank 0 has counted this start: else, on a loaded machine, the launcher stops rank 0
+            # (rank 1 failed) before it writes its line, and the test counts one start too few.
+            starts, deadline = Path(os.environ["FAKE_RANKS_STARTS"]), time.monotonic() + 30
+            while not (starts.exists() and str(restart) in starts.read_text().split()):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
             return exitcodes.FAILED
         time.sleep(60)
         return exitcodes.OK
