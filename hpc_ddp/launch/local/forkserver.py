@@ -307,6 +307,11 @@ def _become_rank(module: str, request: dict, out: int, sock: socket.socket, done
         if numpy_random is not None:
             numpy_random.seed()
         code = _run(module, request["args"])
+    except BaseException:  # noqa: BLE001  (setting the rank up failed: say why on its output, exit 1)
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
     finally:
         os._exit(code)
 
