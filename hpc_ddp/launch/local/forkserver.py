@@ -68,11 +68,6 @@ ANSWER_S = 300.0  # the server's first answer waits for its import of torch: sec
 REPARENT_S = 10.0  # a forked rank waits this long at most for the launcher to become its parent
 _MESSAGE = 1 << 20  # the largest request (an environment) the server reads
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
-_PR_SET_CHILD_SUBREAPER = 36
-_prctl = ctypes.CDLL(None, use_errno=True).prctl
-
 
 def startup_differences(server: Mapping[str, str], rank: Mapping[str, str]) -> list[str]:
     """The start-up variables (STARTUP_PREFIXES) whose values differ between two environments (pure)."""
@@ -88,12 +83,12 @@ def name(rank: str) -> str:
 @contextmanager
 def subreaper() -> Iterator[None]:
     """Mark this process a child subreaper while the block runs: an orphan below it comes to it, not to init."""
-    if _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if processes.prctl(processes.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
     try:
         yield
     finally:
-        _prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        processes.prctl(processes.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 class Forked:
@@ -280,7 +275,7 @@ def _become_rank(module: str, request: dict, out: int, sock: socket.socket, done
         # Before the launcher learns the pid: it signals the rank's process group by it, and tells ranks by name.
         os.setsid()
         rank = name(request["env"].get("SLURM_PROCID", "?"))
-        _prctl(_PR_SET_NAME, ctypes.c_char_p(rank.encode()), 0, 0, 0)
+        processes.prctl(processes.PR_SET_NAME, ctypes.c_char_p(rank.encode()), 0, 0, 0)
         os.close(done)
         os.dup2(out, 1)
         os.dup2(out, 2)
@@ -294,9 +289,7 @@ def _become_rank(module: str, request: dict, out: int, sock: socket.socket, done
             if time.monotonic() > deadline:
                 os._exit(1)
             time.sleep(0.001)
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os._exit(1)
+        processes.die_with_parent(parent)  # its held signals are blocked already (_spawn)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])

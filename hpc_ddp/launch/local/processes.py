@@ -29,13 +29,15 @@ HOLDS_SIGNALS = ("hpc_ddp.train",)  # modules that unblock them first thing (pre
 
 # Looked up once, here: the launcher has threads (readers, console) when it forks a rank, and a dlopen/dlsym
 # between fork and exec can deadlock on a loader lock one of them held at the fork.
-_prctl = ctypes.CDLL(None, use_errno=True).prctl
+prctl = ctypes.CDLL(None, use_errno=True).prctl
+PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36
 
 
 def die_with_parent(parent: int, hold: bool = False) -> None:
-    """preexec_fn: runs in the child between fork and exec. SIGKILL it when the launcher dies, however it dies;
+    """preexec_fn: runs in the child between fork and exec (and in a rank forked by launch/local/forkserver, once
+    the launcher is its parent). SIGKILL it when the launcher dies, however it dies;
     with `hold`, block HELD (the mask survives exec: pending until preemption.install() has set handlers)."""
-    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the launcher died before prctl took effect
         os._exit(1)
     if hold:
