@@ -33,8 +33,9 @@ the epoch). Steps count optimizer steps from 1 over the whole run; `epoch` count
 
 A loss that is not finite is written as null (JSON has no NaN).
 
-The file only grows, and a crash can cut its last line. A writer therefore starts on a fresh line (a cut line
-stays cut, and is never glued to the next record), and `read_records` skips lines that are not whole records.
+Every record goes to every sink (hpc_ddp.run.sinks): metrics.jsonl (sinks/jsonl.py: a crash's cut last line
+stays alone on its line, and `read_records` skips it), and the destinations the options add (--tensorboard),
+which also get each step's scalars by tag.
 
 Beside it, `<folder>/step.json` says the last step rank 0 finished, rewritten after every step, for the
 supervisors: an attempt may die between two records (hpc_ddp.run.reached).
@@ -48,25 +49,23 @@ its live lines marked (`progress.LIVE`) for the launcher to show in place, and i
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
-from hpc_ddp.run import progress
+from hpc_ddp.run import progress, sinks
 from hpc_ddp.run.folder import METRICS
 from hpc_ddp.run.metrics_read import iter_records, read_records  # noqa: F401 (read here before)
 from hpc_ddp.run.reached import StepFile
+from hpc_ddp.run.sinks.jsonl import JsonLines, finite_or_none
 
 if TYPE_CHECKING:
     from hpc_ddp.cluster.env import DistEnv
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.run.position import Position
-    from hpc_ddp.run.tblog import Board
 
 LIVE_EVERY_S = 0.2  # a live line more often than this costs the terminal more than it tells anyone
 POINTS = 5000  # "step" records a run writes by the step cadence, at most (see the module docstring)
@@ -97,17 +96,26 @@ def ranks_every(total_steps: int) -> int:
 class Recorder:
     """Collects step timings on every rank; writes and prints on rank 0 only (folder is None elsewhere).
 
-    `total_steps` is the run's (see progress.total_steps). With --tensorboard, rank 0's TensorBoard writer
-    (run/tblog.py) is opened by `start`, once the folder is settled, and gets every step's scalars and those of
-    the "ranks" and "save" records; `close` flushes it."""
+    `total_steps` is the run's (see progress.total_steps). Every record goes to every sink (hpc_ddp.run.sinks):
+    metrics.jsonl from the first record on, the optional ones (--tensorboard) from `start`, once the folder is
+    settled; those also get every step's scalars by tag, and those of the "ranks", "save" and "eval" records.
+    `close` flushes them all. `warn` says that an optional sink failed and was dropped."""
 
-    def __init__(self, folder: Path | None, cfg: TrainConfig, env: DistEnv, total_steps: int = 0) -> None:
+    def __init__(
+        self,
+        folder: Path | None,
+        cfg: TrainConfig,
+        env: DistEnv,
+        total_steps: int = 0,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         self.folder = folder
+        self.cfg = cfg
         self.path = folder / METRICS if folder else None
         self.interval = cfg.log_every_s
         self.total_steps = total_steps
-        self.tensorboard = cfg.tensorboard
-        self.board: Board | None = None
+        self.sinks = sinks.Sinks([JsonLines(self.path)] if self.path else [], warn or _warn)
+        self.opened = False  # the optional sinks (opened by the first `start`)
         self.live = live_mode() if folder else ""
         self.tty = self.live == "tty"
         self.started = time.monotonic()
@@ -119,7 +127,6 @@ class Recorder:
         self.steps = 0
         self.step_times: list[float] = []
         self.data_sum, self.data_steps = 0.0, 0  # rank 0's data wait since the last "step" record
-        self.file: BinaryIO | None = None  # metrics.jsonl, opened at the first record
         self.reached = StepFile(folder) if folder else None
         # epoch, step, loss, step time, lr, Task.step's extras
         self.last: tuple[int, int, float, float, float, Mapping[str, float] | None] | None = None
@@ -131,22 +138,7 @@ class Recorder:
         if self.path is None:
             return
         record["time"] = round(time.time(), 3)
-        try:  # a record a step in a short run: the plain dump first, cheaper than cleaning every value
-            text = json.dumps(record, allow_nan=False)
-        except ValueError:  # a loss that is not finite: null (JSON has no NaN)
-            text = json.dumps({k: _finite_or_none(v) for k, v in record.items()}, allow_nan=False)
-        line = (text + "\n").encode()
-        if self.file is None:
-            # Unbuffered: every record is one write(2) of a whole line, in the file at once for readers.
-            self.file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
-            if self.file.tell() > 0 and not _ends_with_newline(self.path):
-                line = b"\n" + line  # a line cut by a crash stays as it is, on its own
-        view = memoryview(line)
-        while view:  # write(2) may write part of it (a signal); the rest follows at once
-            written = self.file.write(view)
-            if not written:
-                raise OSError(f"{self.path}: nothing written of a record")
-            view = view[written:]
+        self.sinks.record(record)
 
     def _show(self, text: str, live: bool) -> None:
         """A progress line: live (rewritten in place) or plain (kept: the log's periodic line)."""
@@ -181,8 +173,8 @@ class Recorder:
         self.last = (pos.epoch, pos.step, loss, step_time, lr, extras)  # pos changes in place: its values
         self.data_sum += data_s
         self.data_steps += 1
-        if self.board is not None:
-            self.board.scalars(
+        if self.sinks.curves:  # a sink that draws curves gets every step
+            self.sinks.scalars(
                 pos.step,
                 {
                     "train/loss": loss,
@@ -231,7 +223,7 @@ class Recorder:
             "eta_s": progress.eta_s(step, self.total_steps, recent),
         }
         if extras:  # Task.step's own values, averaged over ranks (and the step's micro-batches)
-            record["metrics"] = {name: _finite_or_none(value) for name, value in extras.items()}
+            record["metrics"] = {name: finite_or_none(value) for name, value in extras.items()}
         return record
 
     def _write_step(self, record: dict[str, Any]) -> None:
@@ -280,10 +272,9 @@ class Recorder:
             time.monotonic()
         )  # the first step's time is that step's, not the resume before it
         self.ranks_written = pos.step
-        if self.folder is not None and self.tensorboard and self.board is None:
-            from hpc_ddp.run.tblog import Board
-
-            self.board = Board(self.folder)
+        if self.folder is not None and not self.opened:
+            self.opened = True
+            self.sinks.add(sinks.optional(self.folder, self.cfg))
         self._write(
             {
                 "event": "start",
@@ -307,8 +298,7 @@ class Recorder:
             [(d + c) / s if s else 0.0 for d, c, _, s in rows],
             [d / s if s else 0.0 for d, _, _, s in rows],
         ]
-        if self.board is not None:
-            self.board.scalars(pos.step, {f"rank_step_time/{r}": v for r, v in enumerate(window[0])})
+        self.sinks.scalars(pos.step, {f"rank_step_time/{r}": v for r, v in enumerate(window[0])})
         pending = self.ranks_pending
         if pending is not None and len(pending[0]) == len(window[0]):
             window = [
@@ -337,11 +327,10 @@ class Recorder:
                 "epoch": pos.epoch,
                 "step": pos.step,
                 "samples": samples,
-                "metrics": {n: _finite_or_none(v) for n, v in means.items()},
+                "metrics": {n: finite_or_none(v) for n, v in means.items()},
             }
         )
-        if self.board is not None:
-            self.board.scalars(pos.step, {f"eval/{name}": value for name, value in means.items()})
+        self.sinks.scalars(pos.step, {f"eval/{name}": value for name, value in means.items()})
 
     def save(self, epoch: int, step: int, stall_s: float, write_s: float | None, final: bool) -> None:
         """A checkpoint rank 0 saved (see the module docstring)."""
@@ -355,8 +344,8 @@ class Recorder:
                 "final": final,
             }
         )
-        if self.board is not None:
-            self.board.scalars(step, {"time/checkpoint_stall_s": stall_s, "time/checkpoint_write_s": write_s})
+        if self.path is not None:
+            self.sinks.scalars(step, {"time/checkpoint_stall_s": stall_s, "time/checkpoint_write_s": write_s})
 
     def straggler(self, pos: Position, rank: int, host: str, phase: str, slower: float) -> None:
         """A rank named slower than the others (run/stragglers.py): rank 0 records it."""
@@ -401,28 +390,20 @@ class Recorder:
 
     def close(self) -> None:
         """On every path out of the Trainer: the last step's record if it is not written (a process stopped
-        by an error between two records), then the files and the TensorBoard writer flushed and closed.
-        Idempotent."""
-        board, self.board = self.board, None
+        by an error between two records), then every sink flushed and closed (an optional one that fails is
+        said and dropped; metrics.jsonl's error is raised). Idempotent."""
         try:
             if self.path is not None:
                 with contextlib.suppress(OSError):  # a full disk on the way out must not hide why it ended
                     self._write_last_step()
         finally:
-            file, self.file = self.file, None
-            if file is not None:
-                file.close()
-            if self.reached is not None:
-                self.reached.close()
-            if board is not None:
-                board.close()
+            try:
+                self.sinks.close()
+            finally:
+                if self.reached is not None:
+                    self.reached.close()
 
 
-def _finite_or_none(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, 2)
-        return f.read(1) == b"\n"
+def _warn(message: str) -> None:
+    sys.stderr.write(f"warning: {message}\n")
+    sys.stderr.flush()

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+
+from hpc_ddp.run.sinks.base import Sink
 
 RECORD = "logged.json"
 FLUSH_S = 10  # how often the writer's thread makes the events readable by a TensorBoard watching the folder
@@ -57,8 +60,10 @@ def _read_record(directory: Path) -> tuple[int, list[str]]:
         return -1, []
 
 
-class Board:
-    """Rank 0's TensorBoard writer for one start of the run."""
+class Board(Sink):
+    """Rank 0's TensorBoard writer for one start of the run: a sink of every step's scalars (run/sinks)."""
+
+    name = "TensorBoard"
 
     def __init__(self, folder: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -80,10 +85,10 @@ class Board:
         self.writer = SummaryWriter(log_dir=str(self.directory), flush_secs=FLUSH_S, filename_suffix=suffix)
         self.own = [p.name for p in self.directory.glob(f"events.out.tfevents.*{suffix}")]
 
-    def scalars(self, step: int, values: dict[str, float | None]) -> None:
+    def scalars(self, step: int, values: Mapping[str, float | None]) -> None:
         """Write `values` at `step` unless an earlier start wrote that step already (values that are None or
         not finite are left out)."""
-        if step <= self.after:
+        if step <= self.after or self.writer is None:
             return
         for tag, value in values.items():
             if value is not None and value == value and abs(value) != float("inf"):

@@ -240,7 +240,9 @@ class Trainer:
             if not self.iterable
             else cfg.max_steps
         )
-        self.metrics = metrics.Recorder(self.folder if env.is_main else None, cfg, env, total)
+        self.metrics = metrics.Recorder(
+            self.folder if env.is_main else None, cfg, env, total, warn=self.log.warn
+        )
         # Built before any state is loaded: a scheduler sets the groups' rates when it is made, and a resume's
         # optimizer and scheduler states then overwrite them (hpc_ddp.run.schedules).
         self.scheduler = _scheduler(task, cfg, self.optimizer, total)
@@ -292,9 +294,9 @@ class Trainer:
                 self.__dict__.pop(name, None)
             if "metrics" in self.__dict__:
                 try:
-                    self.metrics.close()  # TensorBoard's events flushed, on every path out
-                except Exception as e:  # the run's outcome stands; the curves lose their last events
-                    self.log.warn(f"TensorBoard's event file could not be flushed and closed: {e}")
+                    self.metrics.close()  # every sink flushed (run/sinks), on every path out
+                except Exception as e:  # the run's outcome stands; the records lose their last lines
+                    self.log.warn(f"metrics.jsonl could not be flushed and closed: {e}")
 
     def __enter__(self) -> Trainer:
         return self
