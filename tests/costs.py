@@ -65,6 +65,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_batches.py": "unit",
     "test_run_models.py": "ranks",
     "test_run_fsdp.py": "ranks",
+    "test_run_materialize.py": "unit",
     "test_run_checkpoint_sharded.py": "unit",
     "test_launch_slurm_client.py": "unit",
     "test_launch_slurm_batch.py": "unit",

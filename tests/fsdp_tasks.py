@@ -1,6 +1,7 @@
 """Tasks for the --strategy fsdp tests (`--task fsdp_tasks:NAME`, tests/ on PYTHONPATH): a tiny model whose
 blocks sit in an nn.ModuleList (what fsdp shards by default), with dropout (its RNG must resume too), momentum
-(optimizer state) and a scheduler."""
+(optimizer state) and a scheduler. The model is given as a factory (the class): fsdp builds it on the meta
+device and the kit sets its initial weights (hpc_ddp.run.materialize)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def blocks(config):  # type: ignore[no-untyped-def]
         return nn.functional.mse_loss(out, y)
 
     return Task(
-        model=Blocks(),
+        model=Blocks,
         dataset=_synthetic_regression(256, 10, 1, config.seed),
         loss_fn=loss,
         optimizer=lambda params: torch.optim.SGD(params, lr=config.lr, momentum=0.9),
@@ -44,11 +45,34 @@ def blocks(config):  # type: ignore[no-untyped-def]
     )
 
 
-def no_dropout(config):  # type: ignore[no-untyped-def]
-    """The same without dropout: fsdp and ddp draw the same numbers only where no RNG is involved."""
-    task = blocks(config)
-    for layer in task.model.layers:
+def without_dropout() -> Blocks:
+    model = Blocks()
+    for layer in model.layers:
         layer[1].p = 0.0
+    return model
+
+
+def no_dropout(config):  # type: ignore[no-untyped-def]
+    """The same without dropout: fsdp and ddp draw the same numbers only where no RNG is involved. With
+    $INITIAL_OUT, rank 0 writes there the initial parameters, whole, as the optimizer is built (in model order:
+    under fsdp each is gathered from every rank's shard, a collective every rank makes at that moment)."""
+    task = blocks(config)
+    task.model = without_dropout
+    out = os.environ.get("INITIAL_OUT")
+    if out:
+        optimizer = task.optimizer
+
+        def dumping(params):  # type: ignore[no-untyped-def]
+            import torch.distributed as dist
+            from torch.distributed.tensor import DTensor
+
+            params = list(params)
+            whole = [p.full_tensor() if isinstance(p, DTensor) else p for p in params]
+            if dist.get_rank() == 0:
+                torch.save([t.detach().cpu().clone() for t in whole], out)
+            return optimizer(params)
+
+        task.optimizer = dumping
     return task
 
 
@@ -56,7 +80,7 @@ def big(config):  # type: ignore[no-untyped-def]
     """Wide blocks (about 17 M parameters, a checkpoint of ~130 MB with momentum): a save lasts long enough
     for a test to kill a rank in the middle of it."""
     task = blocks(config)
-    task.model = Blocks(width=1024, depth=8)
+    task.model = lambda: Blocks(width=1024, depth=8)
     return task
 
 

@@ -30,13 +30,39 @@ def losses(folder: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, lines) if r["event"] == "step"]
 
 
+def initial(path: Path) -> list[torch.Tensor]:
+    """What fsdp_tasks:no_dropout wrote with $INITIAL_OUT: the initial parameters, whole, in model order."""
+    return torch.load(path, weights_only=True)
+
+
+def reference_initial(seed: int = 0) -> list[torch.Tensor]:
+    """The same factory's initial parameters built in this one process, for real, not on the meta device."""
+    from fsdp_tasks import without_dropout
+
+    from hpc_ddp.run import materialize
+
+    return [p.detach() for p in materialize.eager(without_dropout, seed, None).parameters()]
+
+
+def assert_bitwise(found: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    assert len(found) == len(expected)
+    for a, b in zip(found, expected, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b)
+
+
 def test_fsdp_loss_curve_matches_ddp_with_accumulation_and_clipping(tmp_path: Path) -> None:
+    """Both from the factory: ddp builds it for real, fsdp on the meta device; the same initial weights
+    (bitwise, and those of a one-process build), then the same curve."""
     n = 2
     args = (*TASK, *ranks(n), "--epochs", "2", "--grad-accum", "2", "--clip-grad", "0.5", "--batch-size", "8")
-    code, out = finish(start(tmp_path / "ddp", *args))
+    code, out = finish(start(tmp_path / "ddp", *args, INITIAL_OUT=str(tmp_path / "ddp.pt")))
     assert code == 0, out
-    code, out = finish(start(tmp_path / "fsdp", *args, "--strategy", "fsdp", "--checkpoint-format", "full"))
+    fsdp_args = (*args, "--strategy", "fsdp", "--checkpoint-format", "full")
+    code, out = finish(start(tmp_path / "fsdp", *fsdp_args, INITIAL_OUT=str(tmp_path / "fsdp.pt")))
     assert code == 0, out
+    expected = reference_initial()
+    assert_bitwise(initial(tmp_path / "ddp.pt"), expected)
+    assert_bitwise(initial(tmp_path / "fsdp.pt"), expected)
     assert f"Parameters sharded over {n} ranks (fsdp): no replicas to compare" in out
     ddp, fsdp = losses(tmp_path / "ddp"), losses(tmp_path / "fsdp")
     assert len(ddp) == len(fsdp) >= 4
@@ -48,6 +74,16 @@ def test_fsdp_loss_curve_matches_ddp_with_accumulation_and_clipping(tmp_path: Pa
     Blocks().load_state_dict(weights)
     reference = torch.load(tmp_path / "ddp" / "model.pth", weights_only=True)
     assert all(torch.allclose(weights[k], reference[k], rtol=1e-4, atol=1e-6) for k in reference)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_fsdp_starts_from_the_same_initial_weights_on_1_and_3_ranks(tmp_path: Path, n: int) -> None:
+    """3 ranks shard the blocks' 16 rows unevenly (6, 5, 5); 1 rank holds them all as one shard. 2 ranks, and
+    ddp: the loss-curve test above."""
+    args = (*TASK, *ranks(n), "--strategy", "fsdp", "--max-steps", "1", "--seed", "7")
+    code, out = finish(start(tmp_path, *args, INITIAL_OUT=str(tmp_path / "initial.pt")))
+    assert code == 0, out
+    assert_bitwise(initial(tmp_path / "initial.pt"), reference_initial(7))
 
 
 def test_fsdp_bf16_and_keeping_parameters_after_forward_train(tmp_path: Path) -> None:

@@ -38,8 +38,17 @@ from hpc_ddp.run.config import TrainConfig
 class Task:
     """What to train. `model` and `dataset` always; then exactly one of `loss_fn` and `step`.
 
-    model         an nn.Module, built the same on every rank (same seed). Inside `step` and `eval_step` you get
-                  the *wrapped* model (DDP or FSDP): call it, its forward is the synchronised one.
+    model         an nn.Module, built the same on every rank (same seed); or a function of no arguments that
+                  builds it (a factory, e.g. `model=lambda: GPT(cfg)`): then --strategy fsdp builds it on the
+                  meta device and allocates only each rank's shards (no rank holds the whole model), and the
+                  kit sets the initial weights itself, the same for a --seed under ddp and fsdp at any number
+                  of ranks: each module's reset_parameters(), then init_weights, on a generator keyed by the
+                  module's name (hpc_ddp.run.materialize). Inside `step` and `eval_step` you get the *wrapped*
+                  model (DDP or FSDP): call it, its forward is the synchronised one.
+    init_weights  with a factory: init_weights(module), called for every module that holds parameters or
+                  buffers itself, after its reset_parameters() (if any), on a CPU copy of that module's own
+                  tensors (its children are on the meta device then): it sets them in place. Needed when a
+                  module has tensors of its own and no reset_parameters() (refused at start otherwise).
     dataset       a map-style Dataset (split across ranks by a DistributedSampler, reshuffled each epoch), or an
                   IterableDataset (each rank and worker reads its own part: hpc_ddp.run.streams.reader; the epoch
                   ends on every rank after the same step, when some rank's stream ends; one with
@@ -73,7 +82,7 @@ class Task:
     every rank's RNG.
     """
 
-    model: nn.Module
+    model: nn.Module | Callable[[], nn.Module]
     dataset: Dataset[Any] | IterableDataset[Any]
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
@@ -83,6 +92,7 @@ class Task:
     eval_dataset: Dataset[Any] | IterableDataset[Any] | None = field(default=None, kw_only=True)
     eval_step: Callable[[nn.Module, Any], Any] | None = field(default=None, kw_only=True)
     shard: Callable[[nn.Module], Iterable[nn.Module]] | None = field(default=None, kw_only=True)
+    init_weights: Callable[[nn.Module], None] | None = field(default=None, kw_only=True)
 
 
 def _synthetic_regression(samples: int, features: int, outputs: int, seed: int) -> TensorDataset:
@@ -188,12 +198,16 @@ def build(config: TrainConfig) -> Task:
         raise UsageError(
             f"--task {config.task}: the function returned {type(task).__name__}, expected hpc_ddp.Task"
         )
-    if not isinstance(task.model, nn.Module):
+    if not callable(task.model):  # an nn.Module is callable too
         raise UsageError(
-            f"--task {config.task}: Task.model is {type(task.model).__name__}, expected an nn.Module"
+            f"--task {config.task}: Task.model is {type(task.model).__name__}, expected an nn.Module or a "
+            "function that builds one"
         )
     check(task, f"--task {config.task}")
     return task
+
+
+FUNCTIONS = ("loss_fn", "step", "optimizer", "scheduler", "collate_fn", "eval_step", "shard", "init_weights")
 
 
 def check(task: Task, where: str) -> None:
@@ -217,7 +231,13 @@ def check(task: Task, where: str) -> None:
         raise UsageError(
             f"{where}: Task.eval_step is given but Task.eval_dataset is not: give both, or neither"
         )
-    for name in ("loss_fn", "step", "optimizer", "scheduler", "collate_fn", "eval_step", "shard"):
+    if task.init_weights is not None and isinstance(task.model, nn.Module):
+        raise UsageError(
+            f"{where}: Task.init_weights is given with a model instance, whose weights are already set: it "
+            "would never be called. Fix: give the model as a factory (model=lambda: MyModel(...)), or drop "
+            "init_weights"
+        )
+    for name in FUNCTIONS:
         value = getattr(task, name)
         if value is not None and not callable(value):
             raise UsageError(f"{where}: Task.{name} is {type(value).__name__}, expected a function")

@@ -136,7 +136,8 @@ class Trainer:
         # What a checkpoint must hold, checked on every rank before the first step: a state that a weights_only
         # load would refuse is a usage error now, not a checkpoint that never loads. The model's before the first
         # collective: a slow state_dict() (a user hook) is then waited for before any rank's watchdog starts.
-        content.check_savable(task.model.state_dict(), "the model's state_dict()")
+        if isinstance(task.model, torch.nn.Module):  # a factory's model is checked once it is built
+            content.check_savable(task.model.state_dict(), "the model's state_dict()")
         # Every rank's host and pid, once, at start: the straggler report and the hang verdict name hosts.
         self.peers: list[tuple[str, int]] = [("", 0)] * env.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
@@ -180,6 +181,8 @@ class Trainer:
             self.strategy.setup(
                 task.model, task.optimizer or (lambda params: torch.optim.SGD(params, lr=cfg.lr))
             )
+            if not isinstance(task.model, torch.nn.Module):
+                content.check_savable(self.strategy.model.state_dict(), "the model's state_dict()")
             self._finish_init(cfg, env, device, task, commit, mark_grads)
         except BaseException:
             self.close()  # a user optimizer or the DataLoader raised: release DDP before the group goes

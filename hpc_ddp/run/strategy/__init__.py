@@ -39,7 +39,8 @@ def create(name: str, *args: Any, **options: Any) -> Strategy:
 
 
 def for_run(cfg: Any, env: Any, device: Any, task: Any, comm_hook: Any = None) -> Strategy:
-    """The strategy --strategy names, with its own options: DDP's comm hook, FSDP's `Task.shard`."""
+    """The strategy --strategy names, with its own options: DDP's comm hook, FSDP's `Task.shard`; and how a
+    factory's modules are initialized (`Task.init_weights`)."""
     if cfg.strategy == "fsdp":
-        return create("fsdp", cfg, env, device, shard=task.shard)
-    return create(cfg.strategy, cfg, env, device, comm_hook=comm_hook)
+        return create("fsdp", cfg, env, device, shard=task.shard, init_weights=task.init_weights)
+    return create(cfg.strategy, cfg, env, device, comm_hook=comm_hook, init_weights=task.init_weights)

@@ -22,7 +22,9 @@ from torch import nn
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import CheckpointError
 from hpc_ddp.log import RankLog
+from hpc_ddp.run import materialize
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.materialize import Factory, InitWeights
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -36,8 +38,11 @@ class Strategy(ABC):
         False  # model and optimizer state: a shard per rank (else the same everywhere)
     )
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device) -> None:
+    def __init__(
+        self, cfg: TrainConfig, env: DistEnv, device: torch.device, init_weights: InitWeights | None = None
+    ) -> None:
         self.cfg, self.env, self.device = cfg, env, device
+        self.init_weights = init_weights  # Task.init_weights: with a factory, how each module is initialized
         self.model: nn.Module  # the user's model (after setup, on this rank's device)
         self.wrapped: nn.Module | None = None  # what the loop calls forward on: the synchronised module
         self.optimizer: torch.optim.Optimizer | None = None
@@ -46,18 +51,28 @@ class Strategy(ABC):
         self.scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
 
     # ----- building ---------------------------------------------------------------------------------------
-    def setup(self, model: nn.Module, optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Wrap `model`, then build the optimizer over the parameters it must step: always in this order (FSDP's
-        parameters only become the sharded ones once wrapped). Returns the wrapped module and the optimizer."""
-        self.model = model
+    def setup(
+        self, model: nn.Module | Factory, optimizer: OptimizerFactory
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Wrap `model` (or build it first, when it is a factory), then build the optimizer over the parameters it
+        must step: always in this order (FSDP's parameters only become the sharded ones once wrapped). Returns
+        the wrapped module and the optimizer."""
         self.wrapped = self.wrap(model)
         self.optimizer = optimizer(self.parameters())
         return self.wrapped, self.optimizer
 
     @abstractmethod
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """Put `model` on this rank's device and wrap it; keep the wrapper in `self.wrapped` as soon as it
-        exists (a later error must find it to release it)."""
+    def wrap(self, model: nn.Module | Factory) -> nn.Module:
+        """Put `model` on this rank's device and wrap it; keep the model in `self.model` and the wrapper in
+        `self.wrapped` as soon as they exist (a later error must find them to release them). A factory is
+        built the strategy's way (`build`, unless the strategy builds on the meta device itself)."""
+
+    def build(self, model: nn.Module | Factory) -> nn.Module:
+        """The model itself; a factory's, built as it builds it and given the kit's initial weights (those of
+        every path for this --seed: hpc_ddp.run.materialize)."""
+        if not materialize.is_factory(model):
+            return model  # type: ignore[return-value]
+        return materialize.eager(model, self.cfg.seed, self.init_weights)  # type: ignore[arg-type]
 
     def parameters(self) -> Iterable[nn.Parameter]:
         """What the optimizer steps (and clipping clips)."""

@@ -23,6 +23,7 @@ from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import NonFinite
 from hpc_ddp.log import RankLog
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.materialize import Factory, InitWeights
 from hpc_ddp.run.strategy.base import Strategy
 
 CommHook = Callable[[Any, Any], "torch.futures.Future[torch.Tensor]"]
@@ -60,16 +61,21 @@ class DDPStrategy(Strategy):
     name = "ddp"
 
     def __init__(
-        self, cfg: TrainConfig, env: DistEnv, device: torch.device, comm_hook: CommHook | None = None
+        self,
+        cfg: TrainConfig,
+        env: DistEnv,
+        device: torch.device,
+        comm_hook: CommHook | None = None,
+        init_weights: InitWeights | None = None,
     ) -> None:
-        super().__init__(cfg, env, device)
+        super().__init__(cfg, env, device, init_weights)
         self.comm_hook = comm_hook
 
-    def wrap(self, model: nn.Module) -> nn.Module:
-        self.model = model = model.to(self.device)
+    def wrap(self, model: nn.Module | Factory) -> nn.Module:
+        self.model = built = self.build(model).to(self.device)
         # gradient_as_bucket_view: gradients live inside DDP's all-reduce buckets, saving a copy per step.
         self.wrapped = DDP(
-            model,
+            built,
             device_ids=[self.device] if self.device.type == "cuda" else None,
             gradient_as_bucket_view=True,
         )

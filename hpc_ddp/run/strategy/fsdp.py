@@ -41,7 +41,9 @@ from torch.distributed.tensor import DTensor
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import CheckpointError, NonFinite, UsageError
 from hpc_ddp.log import RankLog
+from hpc_ddp.run import materialize
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.materialize import Factory, InitWeights
 from hpc_ddp.run.strategy.base import Strategy
 
 Shard = Callable[[nn.Module], Iterable[nn.Module]]
@@ -62,9 +64,14 @@ class FSDPStrategy(Strategy):
     name = "fsdp"
 
     def __init__(
-        self, cfg: TrainConfig, env: DistEnv, device: torch.device, shard: Shard | None = None
+        self,
+        cfg: TrainConfig,
+        env: DistEnv,
+        device: torch.device,
+        shard: Shard | None = None,
+        init_weights: InitWeights | None = None,
     ) -> None:
-        super().__init__(cfg, env, device)
+        super().__init__(cfg, env, device, init_weights)
         self.shard = shard
         self.full_states = cfg.format_name() == "full"  # the checkpoint holds whole states, not shards
         self.shards_state = not self.full_states  # type: ignore[misc]
@@ -76,10 +83,18 @@ class FSDPStrategy(Strategy):
         )
         self.blocks: list[nn.Module] = []
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module | Factory) -> nn.Module:
         # No model.to(device) first: that would put the whole model on every GPU, which is what fsdp is for
         # avoiding. `fully_shard` moves each block's parameters to the mesh's device as it shards them, one
-        # block at a time, so a rank's device never holds more than one whole block plus its shards.
+        # block at a time, so a rank's device never holds more than one whole block plus its shards. A factory
+        # is built on the meta device: sharded there, then only this rank's shards are allocated (`to_empty`)
+        # and set (hpc_ddp.run.materialize), so no rank ever holds the whole model, not even in CPU memory.
+        reference = None
+        if materialize.is_factory(model):
+            model = materialize.on_meta(model)  # type: ignore[arg-type]
+            materialize.check(model, self.init_weights)
+            reference = materialize.meta_reference(model)  # unsharded shapes, for each module's full init
+        assert isinstance(model, nn.Module)
         self.model = model
         mesh = init_device_mesh(self.device.type, (self.env.world_size,))
         chosen = list(self.shard(model)) if self.shard is not None else blocks(model)
@@ -96,6 +111,9 @@ class FSDPStrategy(Strategy):
         # The root gathers what no block holds (embeddings, the head); it never reshards after forward, since
         # its backward comes at once (FSDP2 does the same by default).
         self.wrapped = fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=self.policy)
+        if reference is not None:
+            model.to_empty(device=self.device)
+            materialize.fill(model, reference, self.cfg.seed, self.init_weights)
         return self.wrapped
 
     def no_sync(self) -> contextlib.AbstractContextManager[Any]:
