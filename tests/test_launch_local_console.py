@@ -4,12 +4,13 @@ rules of the console (a rank's consequential error, the user's stop, plurals, th
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_module
+from conftest import ROOT, run_module
 
 from hpc_ddp import exitcodes
 from hpc_ddp.launch.local.console import consequence, stopped_by
@@ -115,6 +116,44 @@ def test_the_command_that_resumes(argv: list[str], command: str) -> None:
     assert resume_command(argv, "/home/me/.venv/bin/python", "/home/me").startswith(".venv/bin/python -m ")
 
 
+def readme_quick_start() -> list[str]:
+    """The console lines README's quick start shows."""
+    text = (ROOT / "README.md").read_text().split("## Quick start", 1)[1]
+    return text.split("The first command prints", 1)[1].split("```\n", 1)[1].split("```", 1)[0].splitlines()
+
+
+def quick_start_console(lines: list[str], readme: list[str] | None = None) -> list[str]:
+    """The differences between a quick start's console `lines` and README's (empty when they match): README's
+    job id and host stand for any, its "..." for any number of "Epoch N, Loss: X" lines."""
+    expected = readme_quick_start() if readme is None else readme
+    patterns = []
+    for line in expected:
+        if line == "...":
+            patterns.append(r"(Epoch \d+, Loss: \d+\.\d+\n)*")
+            continue
+        pattern = re.escape(line)
+        pattern = re.sub(r"local\\ job\\ \d+", r"local\\ job\\ \\d+", pattern)
+        pattern = pattern.replace(r"initialized\ on\ vm\ ", r"initialized\ on\ \S+\ ")
+        patterns.append(pattern + r"\n")
+    text = "".join(line + "\n" for line in lines)
+    if re.fullmatch("".join(patterns), text):
+        return []
+    return [
+        line for line in lines if not any(re.fullmatch(p.rstrip("*"), line + "\n") for p in patterns)
+    ] or ["the lines match README's one by one, but not in its order"]
+
+
+def test_the_quick_start_console_comparison_sees_an_extra_line() -> None:
+    """The comparison is not vacuous: README's own lines match; one warning more, or an epoch less, does not."""
+    readme = readme_quick_start()
+    run = [line.replace("2704049", "99").replace(" on vm ", " on node7 ") for line in readme]
+    run[run.index("...") : run.index("...") + 1] = [f"Epoch {e}, Loss: 1.0000" for e in range(1, 9)]
+    assert quick_start_console(run) == []
+    warning = "<frozen runpy>:128: RuntimeWarning: 'hpc_ddp.launch.local.forkserver' found in sys.modules"
+    assert quick_start_console([run[0], warning, *run[1:]]) == [warning]
+    assert quick_start_console(run[:2] + run[3:]) != []
+
+
 @pytest.mark.slow
 @pytest.mark.deadline(
     240
@@ -125,6 +164,10 @@ def test_the_quick_start_twice_trains_then_says_it_is_finished(tmp_path: Path) -
     first = run_module("hpc_ddp.submit", "--local", cwd=tmp_path, timeout=120)
     out = first.stdout + first.stderr
     assert first.returncode == 0, out
+    # Line by line what README's quick start shows, nothing more (issue 37 item 4: no runpy warning from the
+    # fork server, no straggler named in a 7-second run, no scrap of a torch warning): only the job id and the
+    # host differ, and README's "..." stands for the epochs between.
+    assert quick_start_console(out.splitlines()) == [], out
     folder = tmp_path / "runs" / "linear"
     assert "run folder runs/linear (the default for this task: the same command resumes there)" in out
     assert "2 nodes x 2 processes" in out

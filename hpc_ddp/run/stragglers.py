@@ -14,6 +14,12 @@ median rank's by more than `FACTOR` times and by more than `MIN_EXCESS_S` (noise
 named a straggler once it was slow in `WINDOWS` consecutive windows; the phase named is the part (data or
 compute) that exceeds the median the most. A healthy run, where every rank does about the same work, names
 nobody.
+
+A window is judged only once it holds at least `MIN_WINDOW_S` of the median rank's own work: the gathered rows
+of shorter ones are added up until it does. Steps of a few milliseconds (the quick start's) are as long as the
+operating system's scheduling hiccups on a shared machine, and a rank descheduled twice looks twice as slow;
+over half a second of work such a hiccup is lost in the sum, while a real straggler stays slow. So a run with
+less than WINDOWS x MIN_WINDOW_S of work per rank is too short to judge, and names nobody.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ EVERY_STEPS = 5
 FACTOR = 1.5
 MIN_EXCESS_S = 0.002
 WINDOWS = 2
+MIN_WINDOW_S = 0.5  # the median rank's own work (data + compute) a judged window holds at least
 ROW = 4  # data_s, compute_s, comm_s, steps
 
 
@@ -78,13 +85,25 @@ def slow_ranks(rows: Sequence[Sequence[float]]) -> list[Straggler]:
 
 
 class Judge:
-    """Counts consecutive slow windows per rank; names a rank once, when it reaches `WINDOWS`."""
+    """Counts consecutive slow windows per rank; names a rank once, when it reaches `WINDOWS`. Rows that hold
+    less than `min_window_s` of the median rank's own work wait for the next ones (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_window_s: float = MIN_WINDOW_S) -> None:
+        self.min_window_s = min_window_s
+        self.pending: list[list[float]] | None = None  # the rows gathered since the last judged window
         self.streak: dict[int, int] = {}
         self.named: set[int] = set()
 
     def add(self, rows: Sequence[Sequence[float]]) -> list[Straggler]:
+        pending = self.pending
+        if pending is not None and len(pending) == len(rows):
+            rows = [
+                [a + b for a, b in zip(old, new, strict=True)] for old, new in zip(pending, rows, strict=True)
+            ]
+        if _median([d + c for d, c, _, _ in rows]) < self.min_window_s:
+            self.pending = [list(row) for row in rows]
+            return []
+        self.pending = None
         slow = {s.rank: s for s in slow_ranks(rows)}
         self.streak = {r: self.streak.get(r, 0) + 1 for r in slow}
         new = [s for r, s in slow.items() if self.streak[r] >= WINDOWS and r not in self.named]

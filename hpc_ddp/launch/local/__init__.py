@@ -13,19 +13,30 @@ folder (`run.lock`, hpc_ddp.run.folder.hold_folder) from before it touches anyth
 until its last rank is gone; its rank 0 inherits the lock. A second run in the same folder is refused.
 """
 
-from hpc_ddp.launch.local.console import Console
-from hpc_ddp.launch.local.launcher import Launcher
-from hpc_ddp.launch.local.run import gpu_count, run_local
-from hpc_ddp.launch.local.srun_env import LocalJob, child_environ, fresh_job_id, nodelist, slurm_env
+from __future__ import annotations
 
-__all__ = [
-    "Console",
-    "Launcher",
-    "LocalJob",
-    "child_environ",
-    "fresh_job_id",
-    "gpu_count",
-    "nodelist",
-    "run_local",
-    "slurm_env",
-]
+import importlib
+from typing import Any
+
+# Each name is imported from its module when first used, not here: `python -m hpc_ddp.launch.local.forkserver`
+# imports this package first, and a package that imported its own `forkserver` already would make runpy warn
+# on every local run ("found in sys.modules after import of package ..."): the server would run a second copy.
+_WHERE = {
+    "Console": "console",
+    "Launcher": "launcher",
+    "gpu_count": "run",
+    "run_local": "run",
+    "LocalJob": "srun_env",
+    "child_environ": "srun_env",
+    "fresh_job_id": "srun_env",
+    "nodelist": "srun_env",
+    "slurm_env": "srun_env",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
