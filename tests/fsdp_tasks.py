@@ -23,12 +23,22 @@ class Blocks(nn.Module):
             nn.Sequential(nn.Linear(width, width), nn.Dropout(0.1), nn.ReLU()) for _ in range(depth)
         )
         self.out = nn.Linear(width, 1)
+        # Two probes of weight decay (issue 37 item 1): in the forward with a zero weight, so their gradient is
+        # zero and only a decay can move them. `no_dropout`'s optimizer decays one of them, by name.
+        self.norm_scale = nn.Parameter(torch.full((4,), 0.5))
+        self.decayed = nn.Parameter(torch.full((4,), 0.5))
+
+    def reset_parameters(
+        self,
+    ) -> None:  # its own tensors only: the kit sets each module's (run/materialize.py)
+        nn.init.constant_(self.norm_scale, 0.5)
+        nn.init.constant_(self.decayed, 0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.inp(x)
         for layer in self.layers:
             x = x + layer(x)
-        return self.out(x)
+        return self.out(x) + 0.0 * (self.norm_scale.sum() + self.decayed.sum())
 
 
 def blocks(config):  # type: ignore[no-untyped-def]
@@ -53,20 +63,29 @@ def without_dropout() -> Blocks:
 
 
 def no_dropout(config):  # type: ignore[no-untyped-def]
-    """The same without dropout: fsdp and ddp draw the same numbers only where no RNG is involved. With
-    $INITIAL_OUT, rank 0 writes there the initial parameters, whole, as the optimizer is built (in model order:
-    under fsdp each is gathered from every rank's shard, a collective every rank makes at that moment)."""
+    """The same without dropout: fsdp and ddp draw the same numbers only where no RNG is involved. Its optimizer
+    has two groups by parameter name (the factory's `params.named()`): weight decay for all but the biases and
+    the norm's scale. With $INITIAL_OUT, rank 0 writes there the initial parameters, whole, as the optimizer is
+    built (in model order: under fsdp each is gathered from every rank's shard, a collective every rank makes
+    at that moment)."""
     task = blocks(config)
     task.model = without_dropout
+
+    def optimizer(params):  # type: ignore[no-untyped-def]
+        named = params.named()
+        keep = [p for n, p in named if n.endswith("bias") or "norm" in n]
+        decay = [p for n, p in named if not (n.endswith("bias") or "norm" in n)]
+        groups = [{"params": decay, "weight_decay": 0.05}, {"params": keep, "weight_decay": 0.0}]
+        return torch.optim.SGD(groups, lr=config.lr, momentum=0.9)
+
+    task.optimizer = optimizer
     out = os.environ.get("INITIAL_OUT")
     if out:
-        optimizer = task.optimizer
 
         def dumping(params):  # type: ignore[no-untyped-def]
             import torch.distributed as dist
             from torch.distributed.tensor import DTensor
 
-            params = list(params)
             whole = [p.full_tensor() if isinstance(p, DTensor) else p for p in params]
             if dist.get_rank() == 0:
                 torch.save([t.detach().cpu().clone() for t in whole], out)

@@ -201,3 +201,27 @@ def test_shared_gpus(
 
 def test_gpu_uuid_of_cpu_is_empty() -> None:
     assert placement.gpu_uuid(torch.device("cpu")) == ""
+
+
+@pytest.mark.parametrize(
+    "asked, gpu, cpus, workers, said",
+    [
+        (-1, False, 8, 0, False),  # auto on a CPU rank: its CPUs train
+        (-1, True, 8, 2, False),  # auto on a GPU rank
+        (-1, True, 1, 1, False),  # auto never exceeds the rank's CPUs: torch would warn (issue 37 item 4)
+        (0, True, 1, 0, False),
+        (1, False, 1, 1, False),
+        (2, False, 1, 2, True),  # the user's count is kept, and said once in the kit's words
+        (4, True, 8, 4, False),
+    ],
+)
+def test_dataloader_workers_fit_the_cpus_the_rank_is_pinned_to(
+    asked: int, gpu: bool, cpus: int, workers: int, said: bool
+) -> None:
+    chosen, note = placement.plan_workers(asked, gpu, cpus)
+    assert chosen == workers and (note is not None) == said
+    if note:
+        assert note == (
+            "--num-workers 2: each rank runs on 1 CPU, which its 2 DataLoader workers share with its training "
+            "threads; 1 or fewer fit, and the default (-1) chooses for you"
+        )

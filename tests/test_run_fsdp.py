@@ -74,6 +74,11 @@ def test_fsdp_loss_curve_matches_ddp_with_accumulation_and_clipping(tmp_path: Pa
     Blocks().load_state_dict(weights)
     reference = torch.load(tmp_path / "ddp" / "model.pth", weights_only=True)
     assert all(torch.allclose(weights[k], reference[k], rtol=1e-4, atol=1e-6) for k in reference)
+    # Weight decay by group, the groups built by name (issue 37 item 1): the parameter left out of the decayed
+    # group by its name keeps its value (its gradient is zero) under ddp and under fsdp; its twin, decayed, shrank.
+    for final in (weights, reference):
+        assert torch.equal(final["norm_scale"], torch.full((4,), 0.5))
+        assert bool((final["decayed"] < 0.49).all()), final["decayed"]
 
 
 @pytest.mark.parametrize("n", [1, 3])

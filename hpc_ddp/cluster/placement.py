@@ -12,6 +12,9 @@ str(local_rank) (submitit's `export(set_cuda_visible_devices=True)`) points at t
 CPU rule (`plan_cpus`): the ranks of one node split the CPUs they may use (the affinity mask) evenly and
 disjointly, and each sets torch's intra-op threads to the size of its share. Left alone, every rank starts
 one thread per core of the whole machine, N ranks x all cores, and they fight (2x slower on 2 cores).
+
+DataLoader workers (`plan_workers`): a rank's workers inherit its CPUs, so their number is chosen from the
+share the rank is pinned to, the number torch's DataLoader checks against ("suggested max number of worker").
 """
 
 from __future__ import annotations
@@ -97,6 +100,27 @@ def plan_cpus(
     cpus = mask[local_rank * share : (local_rank + 1) * share]
     return CpuPlan(
         cpus, share, f"{count(len(mask), 'CPU')} split among {count(local_world_size, 'rank')}", pin=True
+    )
+
+
+AUTO_GPU_WORKERS = 2  # --num-workers -1 on a GPU rank: enough to keep a GPU fed from a map-style dataset
+
+
+def plan_workers(asked: int, gpu: bool, cpus: int) -> tuple[int, str | None]:
+    """DataLoader workers per rank, and a line to say once when the count is the user's and exceeds the
+    rank's CPUs (pure). `asked` is --num-workers (-1: auto); `cpus` the CPUs this rank is pinned to.
+
+    auto: none on a CPU rank (its CPUs train), else AUTO_GPU_WORKERS, but no more than the rank's CPUs, so
+    torch's DataLoader never warns about the count the kit chose. A count the user asked for is kept: it may
+    pay on a task whose workers wait on I/O; the line says what it shares."""
+    cpus = max(1, cpus)
+    if asked < 0:
+        return (min(AUTO_GPU_WORKERS, cpus) if gpu else 0), None
+    if asked <= cpus:
+        return asked, None
+    return asked, (
+        f"--num-workers {asked}: each rank runs on {count(cpus, 'CPU')}, which its {asked} DataLoader workers "
+        f"share with its training threads; {cpus} or fewer fit, and the default (-1) chooses for you"
     )
 
 

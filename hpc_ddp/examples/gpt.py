@@ -2,7 +2,8 @@
 
 Copy this file to start your own. What it shows: a model whose blocks sit in an `nn.ModuleList` (what
 `--strategy fsdp` shards one by one), dict batches made by a `collate_fn`, your own `step` returning the loss
-and an extra metric, AdamW with warm-up + cosine (`scheduler`), and an evaluation set with its own `eval_step`.
+and an extra metric, AdamW with weight-decay groups built by parameter name (`optimizer`, `params.named()`) and
+warm-up + cosine (`scheduler`), and an evaluation set with its own `eval_step`.
 Run it:
 
     python -m hpc_ddp.submit --local --task gpt --epochs 2 --clip-grad 1.0            # add --amp bf16 on GPUs
@@ -15,11 +16,13 @@ chance within a few hundred steps.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hpc_ddp.run.params import Parameters
 from hpc_ddp.run.tasks import Task
 
 WORDS = {
@@ -91,7 +94,9 @@ class TinyGPT(nn.Module):
         self.position = nn.Parameter(torch.zeros(CONTEXT, width))
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))  # what fsdp shards
         self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab)
+        # No bias, as GPT-2's: a biased Linear on (batch, tokens, width) returns a view, on which FSDP2 warns
+        # (an in-place op on it would skip its backward hook).
+        self.head = nn.Linear(width, vocab, bias=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         length = input_ids.shape[1]
@@ -129,6 +134,26 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int) -> torch.o
     )
 
 
+def no_decay(name: str) -> bool:
+    """Biases, norms' weights and embeddings are not decayed (as in GPT-2's and nanoGPT's training)."""
+    return name.endswith("bias") or ".norm" in name or name.startswith(("norm.", "embed.", "position"))
+
+
+def adamw(lr: float) -> Callable[[Parameters], torch.optim.Optimizer]:
+    """AdamW with two groups, built by parameter name. `params.named()` gives the names of the model as the kit
+    trains it (after DDP or FSDP wraps it: the same names, no `module.` prefix), so this works under both."""
+
+    def build(params: Parameters) -> torch.optim.Optimizer:
+        named = params.named()
+        groups = [
+            {"params": [p for n, p in named if not no_decay(n)], "weight_decay": 0.01},
+            {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=lr)
+
+    return build
+
+
 def build(config: object) -> Task:
     seed = int(getattr(config, "seed", 0))
     lr = float(getattr(config, "lr", 0.01))
@@ -136,7 +161,7 @@ def build(config: object) -> Task:
         model=TinyGPT(len(VOCAB)),
         dataset=Windows(corpus(CONTEXT * 2048 + 1, seed)),
         step=step,
-        optimizer=lambda params: torch.optim.AdamW(params, lr=lr, weight_decay=0.01),
+        optimizer=adamw(lr),
         scheduler=warmup_cosine,
         collate_fn=collate,
         eval_dataset=Windows(corpus(CONTEXT * 256 + 1, seed + 1)),  # other sentences, same language

@@ -211,7 +211,11 @@ class TrainConfig:
         },
     )
     num_workers: int = field(
-        default=-1, metadata={"help": "DataLoader workers per rank (-1: 0 on CPU, 2 per GPU rank)"}
+        default=-1,
+        metadata={
+            "help": "DataLoader workers per rank (-1: none on a CPU rank; on a GPU rank 2, or fewer when the rank "
+            "runs on fewer CPUs)"
+        },
     )
     pin_memory: str = field(
         default="auto",

@@ -73,8 +73,9 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
 
 
 def _run_holding(cfg: TrainConfig, env: DistEnv, folder: Path, environ: Mapping[str, str]) -> int:
-    from hpc_ddp.run import startup
+    from hpc_ddp.run import quiet, startup
 
+    quiet.install()  # one line per warning, from the imports on (run/quiet.py)
     startup.import_torch()  # the first import of torch in this rank: most of its start-up (run/startup.py)
 
     from hpc_ddp.cluster import placement

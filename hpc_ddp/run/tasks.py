@@ -32,6 +32,7 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.params import Parameters
 
 
 @dataclass
@@ -59,7 +60,10 @@ class Task:
     step          step(model, batch) -> loss, or (loss, {"name": value, ...}): one micro-batch, your own forward.
                   The loss must be a scalar tensor; the extra values are averaged over ranks at each record and
                   shown in the progress line, metrics.jsonl, TensorBoard (train/<name>) and the report.
-    optimizer     optimizer(params) -> Optimizer; default SGD(lr=--lr). Your own sets its own rate: --lr
+    optimizer     optimizer(params) -> Optimizer; default SGD(lr=--lr). `params` are the parameters of the model as
+                  the kit trains it (after DDP or FSDP wraps it), a list; `params.named()` gives (name,
+                  parameter) pairs with the bare model's names, for groups by name (hpc_ddp.run.params says
+                  what is safe under fsdp). Your own sets its own rate: --lr
                   reaches it only if your factory reads config.lr (the built-in tasks do). A schedule
                   (--lr-schedule or Task.scheduler) scales the rate the optimizer starts with, whatever set it.
                   A --lr changed on resume is applied (and scales the schedule by new/old) when the optimizer
@@ -85,7 +89,7 @@ class Task:
     model: nn.Module | Callable[[], nn.Module]
     dataset: Dataset[Any] | IterableDataset[Any]
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
-    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
+    optimizer: Callable[[Parameters], torch.optim.Optimizer] | None = None
     step: Callable[[nn.Module, Any], Any] | None = field(default=None, kw_only=True)
     scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = field(default=None, kw_only=True)
     collate_fn: Callable[[list[Any]], Any] | None = field(default=None, kw_only=True)

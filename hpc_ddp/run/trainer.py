@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
 
+from hpc_ddp.cluster import placement
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import NonFinite, UsageError
 from hpc_ddp.log import RankLog, count
@@ -202,7 +203,12 @@ class Trainer:
         self.optimizer = self.strategy.optimizer
         self.scaler = self.strategy.scaler
         self.skip = _SkipSampler(self.sampler)
-        workers = cfg.num_workers if cfg.num_workers >= 0 else (2 if device.type == "cuda" else 0)
+        # Chosen from the CPUs this rank is pinned to (cluster/placement), which its workers inherit.
+        workers, note = placement.plan_workers(
+            cfg.num_workers, device.type == "cuda", len(placement.current_affinity())
+        )
+        if note:
+            self.log.main(note)
         # An explicit generator: otherwise each DataLoader iterator draws its seed from the global RNG, and a
         # resumed run's dropout would see a different random stream than the uninterrupted run.
         self.loader_gen = torch.Generator()

@@ -25,8 +25,9 @@ from hpc_ddp.log import RankLog
 from hpc_ddp.run import materialize
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.materialize import Factory, InitWeights
+from hpc_ddp.run.params import Parameters, check_stepped
 
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+OptimizerFactory = Callable[[Parameters], torch.optim.Optimizer]
 
 
 class Strategy(ABC):
@@ -55,10 +56,12 @@ class Strategy(ABC):
         self, model: nn.Module | Factory, optimizer: OptimizerFactory
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Wrap `model` (or build it first, when it is a factory), then build the optimizer over the parameters it
-        must step: always in this order (FSDP's parameters only become the sharded ones once wrapped). Returns
-        the wrapped module and the optimizer."""
+        must step, named (run/params.py): always in this order (FSDP's parameters only become the sharded ones
+        once wrapped). Returns the wrapped module and the optimizer."""
         self.wrapped = self.wrap(model)
-        self.optimizer = optimizer(self.parameters())
+        trained = Parameters(self.named_parameters())
+        self.optimizer = optimizer(trained)
+        check_stepped(self.optimizer, trained, self.name)
         return self.wrapped, self.optimizer
 
     @abstractmethod
@@ -77,6 +80,10 @@ class Strategy(ABC):
     def parameters(self) -> Iterable[nn.Parameter]:
         """What the optimizer steps (and clipping clips)."""
         return self.model.parameters()
+
+    def named_parameters(self) -> Iterable[tuple[str, nn.Parameter]]:
+        """The same, with the bare model's names (no wrapper's prefix): what the optimizer factory gets."""
+        return self.model.named_parameters()
 
     # ----- each step ----------------------------------------------------------------------------------------
     @abstractmethod

@@ -162,9 +162,18 @@ class FSDPStrategy(Strategy):
 
     def optimizer_state(self) -> dict[str, Any]:
         assert self.optimizer is not None, "the strategy was closed"
-        return get_optimizer_state_dict(
+        fresh = not self.optimizer.state
+        state = get_optimizer_state_dict(
             self.model, self.optimizer, options=FULL if self.full_states else None
         )
+        if fresh:
+            # torch gives an optimizer that never stepped a state by stepping it once, with zero gradients and a
+            # zero learning rate (state_dict._init_optim_state). That step counts: Adam's `step` becomes 1 (the
+            # first real step's bias correction is then the second's), and SGD's momentum takes weight decay x
+            # the weights. The checkpointer asks for this state before the first step (check_savable), so the
+            # first real step would differ from ddp's. Dropped: that step starts from nothing, as under ddp.
+            self.optimizer.state.clear()
+        return state
 
     def load_optimizer_state(self, state: Any) -> None:
         assert self.optimizer is not None, "the strategy was closed"
