@@ -121,6 +121,12 @@ VARIABLES: tuple[Variable, ...] = (
         "ports, the first one's node names; /etc/hosts and /etc/slurm/slurm.conf left alone)",
     ),
     Variable(
+        "HPC_DDP_SLURM_FIRST_JOB_ID",
+        "test",
+        "env/slurm/cluster.sh: a second cluster's first job id (default 12000), so that a third one beside "
+        "them derives no rendezvous port theirs use",
+    ),
+    Variable(
         "HPC_DDP_SLURM_DIR_2",
         "test",
         "env/test.sh: the second local cluster's state directory; set, tests/workers.py runs the files in "

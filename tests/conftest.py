@@ -104,7 +104,11 @@ def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[str]:
     For the files tests/workers.py puts on the second cluster (when env/test.sh started one), SLURM_CONF points
     there while the module runs: every Slurm command the tests and their processes run reaches it. Module
     scope, so that the module's own shared fixtures (a job run once for several tests) see it too."""
-    state = workers.second_cluster(request.path)
+    # HPC_DDP_SLURM_DIR names a cluster other than the one /etc/slurm/slurm.conf links to (a developer's own,
+    # started with HPC_DDP_SLURM_BESIDE=1): its SLURM_CONF too, unless one is set, so no job reaches another.
+    state = workers.second_cluster(request.path) or (
+        os.environ.get("HPC_DDP_SLURM_DIR") if not os.environ.get("SLURM_CONF") else None
+    )
     with pytest.MonkeyPatch.context() as patch:
         if state:
             patch.setenv("HPC_DDP_SLURM_DIR", state)

@@ -11,8 +11,10 @@
 #                        count): its own state dir, daemons and ports; the first one's node names and addresses,
 #                        /etc/hosts lines and /etc/slurm/slurm.conf link are left alone, so reach it with
 #                        `eval "$(HPC_DDP_SLURM_DIR=... bash env/slurm/cluster.sh env)"`. Its job ids start at
-#                        FIRST_JOB_ID_BESIDE, so the rendezvous ports its jobs derive (hpc_ddp.cluster.env:
+#                        HPC_DDP_SLURM_FIRST_JOB_ID, so the rendezvous ports its jobs derive (hpc_ddp.cluster.env:
 #                        10000 + id % 22768) are not the first one's. The test suite runs its Slurm files on two.
+#   HPC_DDP_SLURM_FIRST_JOB_ID  a second cluster's first job id (its FirstJobId)  default 12000; give a third one
+#                        beside them another (e.g. 6000), so that no two clusters' jobs derive the same ports
 #
 # Only processes this script started (recorded under $STATE/pids) are ever stopped; nothing is killed by name.
 # See env/slurm/README.md.
@@ -21,7 +23,6 @@ set -euo pipefail
 STATE=${HPC_DDP_SLURM_DIR:-/var/tmp/hpc-ddp-slurm}
 NODES=${HPC_DDP_SLURM_NODES:-}
 BESIDE=${HPC_DDP_SLURM_BESIDE:-0}
-FIRST_JOB_ID_BESIDE=12000
 CLUSTER=hpcddp
 PARTITION=debug
 NODE_CPUS=4
@@ -39,6 +40,13 @@ elif [[ -f $CONF_DIR/beside ]]; then
   BESIDE=1
 fi
 DBD_CONF=$CONF_DIR/slurmdbd.conf
+# The first job id of a second cluster: as given, else the one its configuration has (stop, status), else 12000.
+FIRST_JOB_ID_BESIDE=${HPC_DDP_SLURM_FIRST_JOB_ID:-$(sed -n 's/^FirstJobId=//p' "$CONF" 2>/dev/null || true)}
+FIRST_JOB_ID_BESIDE=${FIRST_JOB_ID_BESIDE:-12000}
+if ! [[ $FIRST_JOB_ID_BESIDE =~ ^[1-9][0-9]*$ ]]; then
+  printf '[slurm] ERROR: HPC_DDP_SLURM_FIRST_JOB_ID=%s: expected a job id above 0, e.g. 6000\n' "$FIRST_JOB_ID_BESIDE" >&2
+  exit 2
+fi
 PORTS=$CONF_DIR/ports.env
 if [[ -z $NODES ]]; then  # the count the cluster was started with (status, stop), else 3
   NODES=$(sed -n 's/^NODE_COUNT=//p' "$PORTS" 2>/dev/null || true)
