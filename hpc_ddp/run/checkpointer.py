@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.checkpoint import content, formats, store
 from hpc_ddp.run.checkpoint.format import Format, Opened
 from hpc_ddp.run.checkpoint.part import Loading, Part
-from hpc_ddp.run.checkpoint.writer import AsyncWriter, describe
+from hpc_ddp.run.checkpoint.writer import AsyncWriter, Job, describe
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.position import Position
 
@@ -49,6 +49,33 @@ class _PendingSave:
     stall_s: float  # the training loop was blocked this long by the save
     timing: dict[str, float] = field(default_factory=dict)  # set by the writer thread: began, write_s
     final: bool = False
+
+
+class _Write:
+    """A format's job for one checkpoint, run by the writer until it succeeds once (a retry, or a later job that
+    makes that checkpoint the best one, runs it again until then; afterwards only its result is given)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.result: tuple[Path, int] | None = None
+        self.timing: dict[str, float] = {}  # began (the first attempt), write_s (once durable)
+
+    def __call__(self) -> tuple[Path, int]:
+        if self.result is None:
+            self.timing.setdefault("began", time.monotonic())
+            self.result = self.job()
+            self.timing["write_s"] = time.monotonic() - self.timing["began"]
+        return self.result
+
+
+@dataclass
+class _Saved:
+    """The newest checkpoint of this process: its step, the position it holds, and this rank's write of it
+    (None on a rank that writes nothing, or for the checkpoint a resume started from)."""
+
+    step: int
+    position: dict[str, Any]
+    write: _Write | None
 
 
 class Checkpointer:
@@ -71,7 +98,7 @@ class Checkpointer:
         fmt.on_own_work = lambda: beacon.set(phase.CHECKPOINT)
         self.pending: _PendingSave | None = None  # before the writer: close() records what it wrote
         self.writer = AsyncWriter(warn=log.warn)
-        self.saved_step = -1  # the step of the newest checkpoint this process wrote or resumed from
+        self.saved: _Saved | None = None  # the newest checkpoint this process wrote or resumed from
         self.error: BaseException | None = None  # the writer's error that stopped the run, once raised
 
     def meta(self) -> dict[str, Any]:
@@ -91,32 +118,42 @@ class Checkpointer:
             content.check_savable(part.state_dict(), part.describe())
 
     # ----- saving ---------------------------------------------------------------------------------------------
+    @property
+    def saved_step(self) -> int:
+        """The step of the newest checkpoint this process wrote or resumed from (-1: none)."""
+        return self.saved.step if self.saved is not None else -1
+
+    def resumed(self, pos: Position) -> None:
+        """This process resumed from the checkpoint of `pos` (written by an earlier one): it is on disk."""
+        self.saved = _Saved(pos.step, asdict(pos), None)
+
     def save(self, pos: Position, final: bool = False, best: bool = False) -> None:
         """Checkpoint at `pos` (a collective): the format snapshots the parts now, the writer makes it durable
-        in the background. `final` also waits until it is durable (retrying a failed write). A position already
-        saved is not written twice. `best` (--keep-best): once it is durable and promoted, rank 0 points the
-        store's `best` at it, on the writer thread (so after `latest`, in the same order)."""
+        in the background. `final` also waits until it is durable (retrying a failed write). `best`
+        (--keep-best): once it is durable and promoted, rank 0 points the store's `best` at it, on the writer
+        thread (so after `latest`, in the same order).
+
+        A step has one checkpoint, never two that collide. A step already saved is not written again: a new best
+        there reuses its checkpoint (`best` comes to name it, once it is durable). The one exception is a final
+        save at a later position of the same step (an evaluation or an epoch's end came after the save: a run
+        stopped in its last step, then finished by the resume): that checkpoint must say the run is finished, so
+        it replaces the first under the same name (the format never renames onto an existing folder)."""
         began = time.monotonic()
-        if self.saved_step != pos.step:
+        now = asdict(pos)
+        saved = self.saved
+        if saved is None or saved.step != pos.step or (final and saved.position != now):
             # The gather of every rank's share is a collective (a peer frozen there is found at the steady
             # limit); the format marks this rank's own work after it a long phase (Format.on_own_work).
             self.beacon.set(phase.CHECKPOINT_GATHER)
             job = self.format.stage(self.parts, self.meta(), pos.step)  # every rank decides the same way
-            self.saved_step = pos.step
+            self.saved = _Saved(pos.step, now, None)
             if job is not None:
-                timing: dict[str, float] = {}
-
-                def write() -> tuple[Path, int]:  # on the writer thread
-                    timing.setdefault("began", time.monotonic())  # a retry counts from the first attempt
-                    done = job()
-                    if best and self.env.is_main:  # the format's job returned: durable and promoted
-                        store.point_best(self.folder, done[0], self.format.keep)
-                    timing["write_s"] = time.monotonic() - timing["began"]
-                    return done
-
-                self.writer.submit(write)  # waits for the previous write first
+                write = self.saved.write = _Write(job)
+                self.writer.submit(self._promoting(write, best))  # waits for the previous write first
                 self.record_ended()  # the previous save: its write has ended
-                self.pending = _PendingSave(pos.epoch, pos.step, time.monotonic() - began, timing)
+                self.pending = _PendingSave(pos.epoch, pos.step, time.monotonic() - began, write.timing)
+        elif best:
+            self._reuse_as_best(saved)
         if final:
             waited = time.monotonic()
             try:
@@ -131,6 +168,37 @@ class Checkpointer:
                 pending.stall_s += time.monotonic() - waited
                 pending.final = True
             self.record_ended()
+
+    def _promoting(self, write: _Write, best: bool) -> Job:
+        """The job the writer runs: `write` (once durable, the format has promoted it), then, for a new best,
+        rank 0 points `best` at it."""
+
+        def job() -> tuple[Path, int]:  # on the writer thread
+            done = write()
+            if best and self.env.is_main:
+                store.point_best(self.folder, done[0], self.format.keep)
+            return done
+
+        return job
+
+    def _reuse_as_best(self, saved: _Saved) -> None:
+        """A new best at a step already saved: its checkpoint becomes the best one, without a second write of
+        that step. Queued behind the write in flight; if that write failed (its retry pending, which this job
+        supersedes) it is done first, by the same job, so that every rank of a collective format runs it
+        again together."""
+        write = saved.write
+        if write is not None:
+            self.writer.submit(self._promoting(write, best=True))
+        elif self.env.is_main:  # written by an earlier process (this one resumed from it): it is on disk
+            path = self._path_of(saved.step)
+            self.writer.submit(lambda: (store.point_best(self.folder, path, self.format.keep), (path, 0))[1])
+
+    def _path_of(self, step: int) -> Path:
+        """The checkpoint of `step` in this run's folder (a file or a directory, whichever is there)."""
+        for path in store.list_checkpoints(self.folder):
+            if store.ckpt_step(path) == step:
+                return path
+        raise RuntimeError(f"internal error: no checkpoint of step {step} in {store.ckpt_dir(self.folder)}")
 
     def record_ended(self, only_if_written: bool = False) -> None:
         """Record the pending save (its write has ended, or never will). `only_if_written`: only once its

@@ -349,7 +349,7 @@ class Trainer:
 
     def _resumed(self, notes: list[str]) -> None:
         self.notes = notes
-        self.checkpointer.saved_step = self.pos.step
+        self.checkpointer.resumed(self.pos)
 
     def finished(self) -> bool:
         """Nothing left to train at this position under the current --epochs and --max-steps."""
@@ -706,11 +706,9 @@ class Trainer:
         self._evaluated = pos.step
         if self.best is not None and self.best.offer(pos.step, result.means):
             # The save at this step is due (it comes right after, at the same step) and will be the best. A
-            # checkpoint of this step written before its evaluation (the resume of one stopped during it) is
-            # written again: it then holds the finished evaluation and its best value.
+            # checkpoint of this step written before its evaluation (the resume of one stopped during it, an
+            # epoch's last step saved before the epoch's evaluation) is not written again: it becomes the best.
             self.save_due = True
-            if self.checkpointer.saved_step == pos.step:
-                self.checkpointer.saved_step = -1
         self.metrics.eval(pos, result.samples, result.means)
         shown = " | ".join(f"{name} {value:.4f}" for name, value in result.means.items())
         self.log.main(f"Eval at step {pos.step} (epoch {pos.epoch}, {result.samples} samples): {shown}")

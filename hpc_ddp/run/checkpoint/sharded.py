@@ -18,9 +18,10 @@ of its own, created once at start by every rank, so that the writers' collective
 thread's. The job's collectives are made so that every rank reaches the same verdict: the rank files and the
 finite check are agreed on before DCP writes, and DCP reports a failure to every rank; an OSError anywhere is
 an OSError everywhere, so all ranks retry together (writer.py's rules). After the write every rank checksums
-its own files and all-gathers the sums; rank 0 writes the manifest, renames `.ckpt-<step>.tmp-sharded/` to
-`ckpt-<step>/` (so a listed checkpoint is a complete one, as for every format) and promotes it (`latest`,
-rotation). A rank killed mid-save leaves only the temporary folder: the newest complete checkpoint stands.
+its own files and all-gathers the sums; rank 0 writes the manifest, renames `.ckpt-<step>.tmp-sharded-<n>/` (n:
+the save's number, the same on every rank, so that no two saves ever share a folder) to `ckpt-<step>/` (so a
+listed checkpoint is a complete one, as for every format; `store.install`: never onto an existing folder) and
+promotes it (`latest`, rotation). A rank killed mid-save leaves only the temporary folder: the newest complete checkpoint stands.
 
 Loading needs no rank to hold the whole model: each rank reads the shards it needs for its own layout, which
 is also how a checkpoint of N ranks loads on M (`reshards`: with --allow-resize).
@@ -211,6 +212,10 @@ class Sharded(Format):
         super().__init__(folder, env, keep)
         # The background writers' own group: created once, by every rank in the same order (a collective).
         self.group = dist.new_group(backend="gloo")
+        # Saves staged so far: every rank stages the same ones, in the same order, so every rank names the same
+        # temporary folder for a save, and no two saves share one (a save of a step already saved, a finished
+        # run's final one, writes beside the first until it replaces it).
+        self.staged = 0
 
     @classmethod
     def owns(cls, path: Path) -> bool:
@@ -240,6 +245,7 @@ class Sharded(Format):
         opts = StagingOptions(False, False, False, False)  # pinned, shared, async staging, non-blocking
         staged = DefaultStager(opts).stage({k: v for k, v in tensors.items() if v is not None})
         extras = content.to_cpu(rest, "the checkpoint state")
+        self.staged += 1
         return self._job(staged, extras, checks, dict(meta), step)
 
     def _job(
@@ -248,7 +254,7 @@ class Sharded(Format):
         rank, world, group = self.env.rank, self.env.world_size, self.group
         directory = store.ckpt_dir(self.folder)
         final = directory / store.ckpt_name(step, suffix="")
-        temp = directory / f".{final.name}{TEMP_SUFFIX}"
+        temp = directory / f".{final.name}{TEMP_SUFFIX}-{self.staged}"
         folder, keep = self.folder, self.keep
         done: dict[str, Any] = {}  # what a retry on rank 0 need not do again
 
@@ -314,12 +320,11 @@ class Sharded(Format):
             if temp.is_dir():
                 atomic_write_bytes(temp / MANIFEST, json.dumps({"files": sums, "meta": meta}).encode())
                 fsync_dir(temp)
-                os.replace(temp, final)  # the name is given to a complete checkpoint only
-                fsync_dir(directory)
+                store.install(temp, final)  # the name is given to a complete checkpoint only
             store.promote(folder, final, keep)
             # An older save that failed and was superseded by this one (writer.py) left its temporary folder.
-            for old in directory.glob(f".ckpt-*{TEMP_SUFFIX}"):
-                if 0 <= store.ckpt_step(Path(old.name[1 : -len(TEMP_SUFFIX)])) < step:
+            for old in directory.glob(f".ckpt-*{TEMP_SUFFIX}-*"):
+                if 0 <= store.ckpt_step(Path(old.name[1:].partition(TEMP_SUFFIX)[0])) < step:
                     shutil.rmtree(old, ignore_errors=True)
             return final, sum((final / n).stat().st_size for n in sums)
 

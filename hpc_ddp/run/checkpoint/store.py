@@ -24,8 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.errors import UsageError
 from hpc_ddp.run.checkpoint.durable import checksum_path
-from hpc_ddp.run.folder import CHECKPOINTS, atomic_write_bytes
+from hpc_ddp.run.folder import CHECKPOINTS, atomic_write_bytes, fsync_dir
 
 LATEST = "latest"
 BEST = "best"
@@ -105,6 +106,26 @@ def _read_pointer(
     return None
 
 
+def resolve(path: Path) -> Path:
+    """`path` itself, or, for a `latest` or `best` pointer (`<folder>/checkpoints/best`), the checkpoint it names:
+    a pointer works wherever a checkpoint path does (`--resume`, `checkpoint export`). UsageError for a pointer
+    that names no checkpoint beside it."""
+    if path.name not in (LATEST, BEST) or not path.is_file():
+        return path
+    try:
+        target = path.read_text(encoding="utf-8").strip()
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise UsageError(f"{path}: the {path.name} pointer cannot be read ({reason})") from e
+    named = path.parent / target
+    if not target or "/" in target or not is_checkpoint(named):
+        raise UsageError(
+            f"{path} names {target[:80]!r}, which is not a checkpoint beside it. Fix: give a ckpt-<step> "
+            f"path of {path.parent}"
+        )
+    return named
+
+
 def latest_step(folder: str | os.PathLike[str]) -> int | None:
     """The step of the run's latest checkpoint: the one `latest` names, else the newest listed; None if there
     is none. The rule supervisors use (no torch)."""
@@ -116,6 +137,22 @@ def latest_step(folder: str | os.PathLike[str]) -> int | None:
     except OSError:
         return None
     return ckpt_step(path) if path is not None else None
+
+
+def install(temp: Path, final: Path) -> None:
+    """Give the complete checkpoint folder `temp` its final name `final`, durably. Never a rename onto an
+    existing folder (which fails, ENOTEMPTY): a checkpoint of the same step already there (the step saved again
+    with a later state: a run that finished right after a resume at its last step) is first moved aside under a
+    temporary name, which no listing shows and a start removes, then deleted. Rank 0 alone renames."""
+    aside = final.with_name(f".{final.name}.tmp-replaced-{os.getpid()}")
+    replacing = final.exists()
+    if replacing:
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+    os.replace(temp, final)
+    fsync_dir(final.parent)
+    if replacing:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def point_latest(folder: str | os.PathLike[str], path: Path) -> None:
