@@ -172,3 +172,57 @@ def test_incompatible_checkpoint_names_the_difference(tmp_path: Path) -> None:
         resume.check_compatible(state, tmp_path / "x.pt", TrainConfig(batch_size=64), world_size=4)
     with pytest.raises(CheckpointError, match="is for a different model"):
         load_model_state(torch.nn.Linear(5, 2), state["model"], tmp_path / "x.pt")
+
+
+def test_best_and_latest_work_wherever_a_checkpoint_path_does(tmp_path: Path) -> None:
+    """Issue 32, finding 14: the pointer files were read as checkpoints ("holds kpt, which a weights_only load
+    refuses"); they name one, and `checkpoint export` and `--resume` take the one they name."""
+    from hpc_ddp.checkpoint.__main__ import run_export
+
+    states = {step: sample_state(step) for step in (4, 8)}
+    for step, state in states.items():
+        full.commit(tmp_path, state, step=step, keep=3)
+    store.point_best(tmp_path, store.ckpt_dir(tmp_path) / store.ckpt_name(4), keep=3)
+    pointers = store.ckpt_dir(tmp_path)
+    for name, step in (("best", 4), ("latest", 8)):
+        out = tmp_path / f"{name}.pth"
+        run_export(pointers / name, out)
+        expected = states[step]["model"]
+        exported = torch.load(out, weights_only=True)
+        assert exported.keys() == expected.keys()
+        assert all(torch.equal(exported[k], expected[k]) for k in expected)
+    # --resume checkpoints/best: an earlier checkpoint of this folder, so a new line (the later one set aside).
+    chosen = resume.plan(TrainConfig(resume=str(pointers / "best")), tmp_path, {}, print)
+    assert chosen.start == pointers / "ckpt-00000004.pt"
+    assert chosen.set_aside == (pointers / "ckpt-00000008.pt",)
+    chosen = resume.plan(TrainConfig(resume=str(pointers / "latest")), tmp_path, {}, print)
+    assert chosen.start == pointers / "ckpt-00000008.pt" and chosen.set_aside == ()
+    (pointers / "best").write_text("ckpt-00000099.pt\n")
+    with pytest.raises(
+        UsageError, match=r"best names 'ckpt-00000099.pt', which is not a checkpoint beside it"
+    ):
+        run_export(pointers / "best", tmp_path / "x.pth")
+
+
+def test_a_changed_checkpoint_format_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    """Issue 32, finding 15: a sharded checkpoint resumed with --checkpoint-format full said "is for a different
+    model"."""
+    from hpc_ddp.run.checkpoint.sharded import Sharded
+
+    meta = {"world_size": 2, "config": TrainConfig(strategy="fsdp").as_dict()}
+    cfg = TrainConfig(strategy="fsdp", checkpoint_format="full")
+    with pytest.raises(
+        CheckpointError,
+        match=r"ckpt-00000008 is a sharded checkpoint, but this run writes "
+        r"--checkpoint-format full; .*Fix: --checkpoint-format sharded to resume it",
+    ):
+        resume.check_compatible(meta, tmp_path / "ckpt-00000008", cfg, 2, Sharded)
+    meta = {"world_size": 2, "config": TrainConfig(strategy="fsdp", checkpoint_format="full").as_dict()}
+    with pytest.raises(
+        CheckpointError,
+        match=r"--checkpoint-format sharded \(auto: sharded under --strategy "
+        r"fsdp\); .*Fix: --checkpoint-format full to resume it",
+    ):
+        resume.check_compatible(
+            meta, tmp_path / "ckpt-00000008.pt", TrainConfig(strategy="fsdp"), 2, full.Full
+        )

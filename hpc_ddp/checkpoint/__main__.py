@@ -21,7 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="a checkpoint's model as a plain model.pth")
-    export.add_argument("checkpoint", type=Path, help="ckpt-<step>/ (sharded) or ckpt-<step>.pt (full)")
+    export.add_argument(
+        "checkpoint",
+        type=Path,
+        help="ckpt-<step>/ (sharded) or ckpt-<step>.pt (full), or a run's checkpoints/best or checkpoints/latest",
+    )
     export.add_argument("out", type=Path, help="the .pth file to write")
     ns = parser.parse_args(argv)
     try:
@@ -35,12 +39,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_export(checkpoint: Path, out: Path) -> int:
     from hpc_ddp.errors import CheckpointError
-    from hpc_ddp.run.checkpoint import full, sharded, torchfile
+    from hpc_ddp.run.checkpoint import full, sharded, store, torchfile
 
     if not checkpoint.exists():
         raise UsageError(
             f"{checkpoint}: no such checkpoint. Give a ckpt-<step>/ folder or ckpt-<step>.pt file"
         )
+    checkpoint = store.resolve(checkpoint)  # checkpoints/best, checkpoints/latest: the checkpoint each names
     if checkpoint.is_dir():
         return sharded.export(checkpoint, out)
     state = full.load(checkpoint)

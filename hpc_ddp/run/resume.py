@@ -112,6 +112,7 @@ def _from_path(mode: str, folder: Path) -> Plan:
     path = Path(mode)
     if not path.exists():
         raise UsageError(f"--resume {mode}: no such file. Use auto, never, or the path of a checkpoint")
+    path = store.resolve(path)  # checkpoints/best, checkpoints/latest: the checkpoint each names
     formats.verify(path)  # refuses an unreadable or code-running file now, with its name in the message
     directory = store.ckpt_dir(folder)
     if path.parent.resolve() == directory.resolve() and store.ckpt_step(path) >= 0:
@@ -197,6 +198,7 @@ def check_compatible(
     """A checkpoint from another model or an incompatible config fails here with both values shown. `meta` is
     what the checkpoint was written with (its world_size and config); whether another world size can load it
     is its format's to say (`fmt`: the full format refuses, naming both sizes)."""
+    _check_format(fmt, path, cfg)
     saved = meta.get("config", {})
     resized = fmt.world_size_change(meta.get("world_size"), world_size)
     reshards = bool(getattr(fmt, "reshards", False))
@@ -213,6 +215,20 @@ def check_compatible(
             "same values. Fix: run with the same settings, or start over with --resume never "
             "--overwrite (or another --folder)"
         )
+
+
+def _check_format(fmt: type[Format], path: Path, cfg: TrainConfig) -> None:
+    """A run keeps one checkpoint format: a checkpoint of another (--checkpoint-format changed on resume) is
+    refused naming the flag, before any part would fail to load it as "another model"."""
+    now = cfg.format_name()
+    if fmt.name == now:
+        return
+    how = f" (auto: {now} under --strategy {cfg.strategy})" if cfg.checkpoint_format == "auto" else ""
+    raise CheckpointError(
+        f"checkpoint {path} is a {fmt.name} checkpoint, but this run writes --checkpoint-format {now}{how}; a "
+        f"run resumes in the format it was saved in. Fix: --checkpoint-format {fmt.name} to resume it, or "
+        "another --folder (or --resume never --overwrite) to start over"
+    )
 
 
 def reapply_lr(
