@@ -31,6 +31,8 @@ FOLDER_FILE = "HPC_DDP_FOLDER_FILE"
 FOLDER_LOCK = "HPC_DDP_FOLDER_LOCK"
 LIVE_PROGRESS = "HPC_DDP_LIVE_PROGRESS"
 SAVE_BACKOFF_S = "HPC_DDP_SAVE_BACKOFF_S"
+SAVE_DELAY_S = "HPC_DDP_SAVE_DELAY_S"
+RESUME_PROBE = "HPC_DDP_RESUME_PROBE"
 
 VARIABLES: tuple[Variable, ...] = (
     # ----- channels between the kit's processes -----
@@ -63,6 +65,19 @@ VARIABLES: tuple[Variable, ...] = (
         SAVE_BACKOFF_S,
         "user",
         "seconds before the first retry of a failed checkpoint write (default 1; the delays double)",
+    ),
+    Variable(
+        SAVE_DELAY_S,
+        "user",
+        "seconds every checkpoint write waits before it starts (default 0): a slow file system on demand. The "
+        "resume check (python -m hpc_ddp.doctor resume) sets it for its stopped run, so that a stop lands "
+        "while a save is in flight; a user setting, not a channel, so that a local launcher passes it on",
+    ),
+    Variable(
+        RESUME_PROBE,
+        "user",
+        "set by the resume check for the local run it starts: the task its probe (--task "
+        "hpc_ddp.doctor.probe:build) wraps, where it writes its trace, and where it stops the run (JSON)",
     ),
     Variable(
         "HPC_DDP_JOB_ENV",

@@ -56,6 +56,20 @@ class Beacon:
         return now
 
 
+_LOOP: list[Beacon] = []  # the beacon of this process's training loop, once the session made it
+
+
+def publish(beacon: Beacon) -> None:
+    """`beacon` is this process's training loop's (the session, once): `current()` returns it."""
+    _LOOP[:] = [beacon]
+
+
+def current() -> Beacon | None:
+    """The beacon of this process's training loop, if one runs here: where the loop is, for code of the kit
+    that runs inside the user's task and must know the step (the resume check's probe, hpc_ddp.doctor.probe)."""
+    return _LOOP[0] if _LOOP else None
+
+
 class NullBeacon(Beacon):
     """A beacon that records nothing: the baseline of `python -m hpc_ddp.bench watchdog`."""
 

@@ -29,7 +29,7 @@ from hpc_ddp.ledger import preemption as preemption_record
 from hpc_ddp.log import RankLog, count
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import preemption
-from hpc_ddp.run.beacon import FINISHING, STARTUP, USER_CODE, Beacon
+from hpc_ddp.run.beacon import FINISHING, STARTUP, USER_CODE, Beacon, publish
 from hpc_ddp.run.config import TrainConfig
 
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and a usage error must not wait for it
@@ -173,6 +173,7 @@ def _train(
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
     beacon = Beacon()
+    publish(beacon)  # user code may ask where the loop is (hpc_ddp.run.beacon.current)
     beacon.set(USER_CODE)  # the task's build function is the user's: a hang there is named as such
     task = tasks.build(cfg)  # the user's code and --task are checked before anything in the folder changes
     plan = _rank0(env, lambda: resume.plan(cfg, folder, environ, log.warn))  # looks; changes nothing

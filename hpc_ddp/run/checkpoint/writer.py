@@ -18,8 +18,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hpc_ddp.variables import SAVE_BACKOFF_S, SAVE_DELAY_S
+
 SAVE_RETRIES = 5  # retries of a failed checkpoint write, at 1, 2, 4, 8 and 16 s (doubling from the backoff)
-BACKOFF_VAR = "HPC_DDP_SAVE_BACKOFF_S"  # the first delay in seconds (tests shorten it); default 1
+BACKOFF_VAR = SAVE_BACKOFF_S  # the first delay in seconds (tests shorten it); default 1
+DELAY_VAR = SAVE_DELAY_S  # every write starts this late (the resume check's save in flight); default 0
 
 Job = Callable[[], tuple[Path, int]]  # makes one checkpoint durable; returns its path and size
 
@@ -32,6 +35,15 @@ def save_backoff_s(environ: dict[str, str] | None = None) -> float:
     except ValueError:
         value = 1.0
     return value if value > 0 else 1.0
+
+
+def save_delay_s(environ: dict[str, str] | None = None) -> float:
+    """$HPC_DDP_SAVE_DELAY_S, read now: how late every write starts (0: at once)."""
+    text = (os.environ if environ is None else environ).get(DELAY_VAR) or ""
+    try:
+        return max(0.0, float(text)) if text else 0.0
+    except ValueError:
+        return 0.0
 
 
 def retriable(error: BaseException) -> bool:
@@ -73,6 +85,7 @@ class AsyncWriter:
         self.retries = retries
         self.backoff_s = save_backoff_s() if backoff_s is None else backoff_s
         self.clock = clock
+        self.delay_s = save_delay_s()  # a slow file system on demand (the resume check; DELAY_VAR)
         self.failures = 0  # failed writes in the current streak (retries and newer saves alike)
         self.retried = 0  # retries of the schedule started in the current streak
         self.failing_since: float | None = None  # when the streak's first failure was booked
@@ -93,6 +106,8 @@ class AsyncWriter:
     def _start(self, job: Job) -> None:
         def run() -> None:
             try:
+                if self.delay_s:
+                    time.sleep(self.delay_s)
                 self.last = job()
             except BaseException as e:  # booked on the training thread by check() or wait()
                 self._error = e

@@ -1,0 +1,387 @@
+"""`python -m hpc_ddp.doctor resume --task mod:build [training options]`: does a stop resume your task exactly?
+
+It runs the task locally twice with the same options (`python -m hpc_ddp.submit --local`, 1 node x 2 CPU
+processes unless told otherwise, `--deterministic`, at most --steps optimizer steps): once uninterrupted, then
+again stopped by real preemption signals (SIGUSR2) at points chosen from the first run's shape with a seeded
+generator (hpc_ddp.doctor.stops): within gradient accumulation, during an evaluation, at an epoch's last step,
+while a save is in flight, the first step after a resume. Each stop saves, the launcher starts the run again,
+and it resumes. A probe inside every rank (hpc_ddp.doctor.probe) fingerprints every batch, every generator and
+the state every step starts from. The two runs are then compared bit for bit (hpc_ddp.doctor.divergence), and
+the first divergence is named: which part, at which step, after which stop, the likely cause and the fix. Last,
+the same command is run once more on the finished run, which must say it is finished and write nothing.
+
+Exit 0 only when every stop happened and everything matched; 1 otherwise; 2 for bad options, or when the task is
+refused at start (its line is shown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp import exitcodes
+from hpc_ddp.cli import build_parser
+from hpc_ddp.doctor import divergence, stops
+from hpc_ddp.doctor.divergence import Evidence
+from hpc_ddp.doctor.probe import PROBE_TASK, Plan, Stop
+from hpc_ddp.errors import UsageError
+from hpc_ddp.launch.shape import job_shape
+from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
+from hpc_ddp.run.metrics_read import iter_records
+from hpc_ddp.variables import RESUME_PROBE, SAVE_DELAY_S
+
+PROG = "python -m hpc_ddp.doctor resume"
+MARKER = "resume-check.json"  # a folder the check made (and may empty again)
+SAVE_DELAY = (
+    0.5  # seconds each write of the stopped run waits: a stop after a save lands while it is in flight
+)
+RUNS = ("uninterrupted", "stopped")
+
+
+def build_argparser() -> argparse.ArgumentParser:
+    parser = build_parser(PROG, __doc__ or "")
+    group = parser.add_argument_group("resume check")
+    group.add_argument("--steps", type=int, default=40, help="optimizer steps checked, at most (default: 40)")
+    group.add_argument(
+        "--stop-seed", type=int, default=0, help="chooses the stop points among the candidates (default: 0)"
+    )
+    group.add_argument("--nodes", type=int, default=1, help="emulated nodes (default: 1)")
+    group.add_argument("--gpus-per-node", type=int, default=0, help="one task per GPU (default: 0, CPU)")
+    group.add_argument(
+        "--tasks-per-node", type=int, default=None, help="CPU tasks per node (default: 2 without GPUs)"
+    )
+    add_train_arguments(parser)
+    return parser
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One resume check: the options of both runs and where they go."""
+
+    cfg: TrainConfig  # the user's options, as given
+    folder: Path  # the check's own folder: uninterrupted/, stopped/, their traces and logs
+    shape_args: tuple[str, ...]
+    steps: int
+    seed: int
+
+    def run_folder(self, name: str) -> Path:
+        return self.folder / name
+
+    def argv(self, name: str) -> list[str]:
+        """The local run's command line: the user's options with the probe as the task."""
+        cfg = dataclasses.replace(
+            self.cfg,
+            task=PROBE_TASK,
+            folder=str(self.run_folder(name)),
+            max_steps=self.cfg.max_steps or self.steps,
+            deterministic=True,
+            resume="auto",
+            overwrite=False,
+            max_requeue=99,  # one requeue per stop (a stop is a preemption)
+            max_restarts=0,  # a failure is a finding, not something to retry
+        )
+        return [sys.executable, "-m", "hpc_ddp.submit", "--local", *self.shape_args, *cfg.to_argv()]
+
+
+def main(argv: Sequence[str]) -> int:
+    ns = build_argparser().parse_args(list(argv))
+    shape = job_shape(ns.nodes, ns.gpus_per_node, ns.tasks_per_node)
+    if ns.steps < 2:
+        raise UsageError(f"--steps {ns.steps}: the check needs at least 2 steps, e.g. --steps 40")
+    cfg = from_namespace(ns)
+    if cfg.task == PROBE_TASK:
+        raise UsageError(f"--task {PROBE_TASK} is the check's own probe: give your task")
+    shape_args = ("--nodes", str(shape.nodes), "--gpus-per-node", str(shape.gpus_per_node))
+    if shape.gpus_per_node == 0:
+        shape_args += ("--tasks-per-node", str(shape.tasks_per_node))
+    folder = Path(cfg.folder) if cfg.folder else Path("runs", "resume-check-" + _slug(cfg.task))
+    check = Check(cfg, folder, shape_args, ns.steps, ns.stop_seed)
+    return run(check, say)
+
+
+def say(line: str) -> None:
+    print(f"[resume check] {line}", flush=True)
+
+
+def _slug(task: str) -> str:
+    return run_folder.default_for_local_run(task).name
+
+
+def run(check: Check, tell: Any = say) -> int:
+    began = time.monotonic()
+    _prepare(check.folder, check.cfg)
+    tell(f"{check.cfg.task}: checking that a stopped run resumes bit for bit, in {check.folder}")
+    straight = check.run_folder("uninterrupted")
+    code = _launch(check, "uninterrupted", Plan(check.cfg.task, str(straight / "trace")), {})
+    if code != exitcodes.OK:
+        return _failed_run(check, "uninterrupted", code, tell)
+    shape = _shape(straight)
+    chosen, skipped = stops.choose(shape, check.seed)
+    if not chosen:
+        tell("the run is too short to stop anywhere: raise --steps")
+        return exitcodes.FAILED
+    words = [stops.describe(s, shape.micro, shape.evals) for s in chosen]
+    tell(f"uninterrupted: {shape.last} steps; now stopped {len(chosen)} times:")
+    for k, line in enumerate(words, 1):
+        tell(f"  stop {k}, {line}")
+    for line in skipped:
+        tell(f"  not tried: {line}")
+    stopped = check.run_folder("stopped")
+    plan = Plan(check.cfg.task, str(stopped / "trace"), tuple(chosen))
+    code = _launch(check, "stopped", plan, {SAVE_DELAY_S: str(SAVE_DELAY)})
+    if code != exitcodes.OK:
+        return _failed_run(check, "stopped", code, tell)
+    problems = _missed_stops(stopped / "trace", chosen, words)
+    found = divergence.first_divergence(evidence(straight), evidence(stopped))
+    if found is not None:
+        for line in divergence.explain(found, [(s.key(), w) for s, w in zip(chosen, words, strict=True)]):
+            tell(line)
+    for line in problems:
+        tell(line)
+    rerun = _finished_writes_nothing(check, plan)
+    if rerun:
+        tell(rerun)
+    seconds = time.monotonic() - began
+    if found is None and not problems and not rerun:
+        tell(
+            f"every stop matched: parameters, optimizer state, buffers, RNG streams, data order, evaluation "
+            f"records and the best pointer are bitwise equal to the uninterrupted run ({seconds:.0f} s)"
+        )
+        return exitcodes.OK
+    tell(f"the resume is not exact; the runs are in {check.folder} ({seconds:.0f} s)")
+    return exitcodes.FAILED
+
+
+def _prepare(folder: Path, cfg: TrainConfig) -> None:
+    """The check's folder, emptied of an earlier check's runs; one that holds anything else is refused."""
+    if folder.exists() and any(folder.iterdir()) and not (folder / MARKER).is_file():
+        raise UsageError(
+            f"{folder} exists and is not a resume check's folder: the check empties its folder. Fix: "
+            "--folder a new or empty folder"
+        )
+    for name in RUNS:
+        shutil.rmtree(folder / name, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text(json.dumps({"task": cfg.task, "time": time.time()}) + "\n")
+
+
+def _launch(check: Check, name: str, plan: Plan, extra: Mapping[str, str], log: str = "") -> int:
+    """One local run in `<check folder>/<name>`, its console in `<check folder>/<log or name>.log`; its exit
+    code."""
+    env = {**os.environ, RESUME_PROBE: plan.to_json(), **extra}
+    with open(check.folder / f"{log or name}.log", "w") as out:
+        return subprocess.run(
+            check.argv(name), env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        ).returncode
+
+
+def _failed_run(check: Check, name: str, code: int, tell: Any) -> int:
+    log = check.folder / f"{name}.log"
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    errors = [line for line in lines if ": error: " in line]
+    if code == exitcodes.USAGE and errors:  # refused at start: the task's own line
+        tell(f"the {name} run was refused at start: {errors[-1].split(': error: ', 1)[1]}")
+        return exitcodes.USAGE
+    tell(f"the {name} run failed (exit {code}); its last lines ({log}):")
+    for line in lines[-15:]:
+        tell(f"  {line}")
+    return exitcodes.FAILED
+
+
+# ----- what a run left ---------------------------------------------------------------------------------------
+
+
+def read_trace(folder: Path) -> dict[divergence.Key, dict[str, Any]]:
+    """Every rank's probe records, merged: for a position recorded by several attempts, the latest's."""
+    merged: dict[divergence.Key, dict[str, Any]] = {}
+    for path in sorted(folder.glob("rank*.jsonl")):
+        rank = int(path.stem[len("rank") :])
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if "stop" in record or "data" not in record:
+                continue
+            key = (record["k"], record["s"], record["i"], rank)
+            if key not in merged or merged[key]["a"] <= record["a"]:
+                merged[key] = record
+    return merged
+
+
+def stop_records(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "rank0.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [r for r in map(_json, lines) if r is not None and "stop" in r]
+
+
+def _json(line: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def evidence(folder: Path) -> Evidence:
+    from hpc_ddp.run.checkpoint import store
+
+    records = list(iter_records(folder / run_folder.METRICS))
+    losses = {r["step"]: r.get("loss") for r in records if r.get("event") == "step"}
+    evals = {r["step"]: (r.get("samples"), r.get("metrics")) for r in records if r.get("event") == "eval"}
+    best, latest = store.read_best(folder), store.read_latest(folder)
+    return Evidence(
+        trace=read_trace(folder / "trace"),
+        losses=losses,
+        evals=evals,
+        model=_model_fingerprints(folder / run_folder.MODEL),
+        checkpoint=checkpoint_fingerprints(latest) if latest is not None else {},
+        best=store.ckpt_step(best) if best is not None else None,
+        latest=store.ckpt_step(latest) if latest is not None else None,
+    )
+
+
+def _shape(folder: Path) -> stops.Shape:
+    """The uninterrupted run's steps, evaluations, epoch ends and saves (rank 0's trace and records)."""
+    micro: dict[int, int] = {}
+    evals: dict[int, int] = {}
+    for kind, step, index, rank in read_trace(folder / "trace"):
+        if rank != 0:
+            continue
+        table = micro if kind == "train" else evals
+        table[step] = max(table.get(step, 0), index + 1)
+    records = list(iter_records(folder / run_folder.METRICS))
+    ends = [r["step"] for r in records if r.get("event") == "epoch"]
+    saves = [r["step"] for r in records if r.get("event") == "save" and not r.get("final")]
+    return stops.Shape(micro, evals, ends, saves)
+
+
+def _missed_stops(trace: Path, planned: Sequence[Stop], words: Sequence[str]) -> list[str]:
+    """A planned stop that never happened (its point was not reached in its attempt), or a save-in-flight
+    stop that found no write in flight."""
+    seen = {(r["a"], r["k"], r["s"], r["i"]): r for r in stop_records(trace)}
+    lines = []
+    for k, (stop, what) in enumerate(zip(planned, words, strict=True), 1):
+        record = seen.get((stop.attempt, stop.kind, stop.step, stop.index))
+        if record is None:
+            lines.append(
+                f"stop {k} ({what}) never happened: attempt {stop.attempt + 1} did not reach that point "
+                "(work before it was lost or skipped)"
+            )
+        elif stop.save and not record.get("in_flight"):
+            lines.append(f"stop {k} ({what}) found no checkpoint write in flight: that case was not tried")
+    return lines
+
+
+def _finished_writes_nothing(check: Check, plan: Plan) -> str:
+    """The same command once more on the finished stopped run: it must say so, exit 0 and change nothing."""
+    folder = check.run_folder("stopped")
+    before = _folder_state(folder)
+    code = _launch(check, "stopped", Plan(plan.task, plan.trace), {}, log="finished")
+    after = _folder_state(folder)
+    if code != exitcodes.OK:
+        return f"the same command on the finished run exited {code} (see {check.folder / 'finished.log'})"
+    changed = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+    if changed:
+        return (
+            "the same command on the finished run wrote again: "
+            f"{', '.join(changed[:6])} (a finished run must be recognised and left as it is)"
+        )
+    return ""
+
+
+def _folder_state(folder: Path) -> dict[str, str]:
+    """What a rerun must not change: every file of the run folder but its logs, the lock and the trace."""
+    state = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if not path.is_file() or rel.parts[0] in ("logs", "trace") or rel.name == run_folder.LOCK_NAME:
+            continue
+        state[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return state
+
+
+# ----- fingerprints of saved states --------------------------------------------------------------------------
+
+
+def _model_fingerprints(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    from hpc_ddp.run.checkpoint import torchfile
+
+    return flat_fingerprints(torchfile.load_file(path, verify=False))
+
+
+def checkpoint_fingerprints(path: Path) -> dict[str, str]:
+    """Every value of a checkpoint (full: its one file; sharded: every rank file and every DCP tensor), by path
+    ("optimizer.state.0.momentum_buffer", "rank1.rng.torch", ...), as fingerprints. The run's config and version
+    are left out: they say how it was run, not what it trained."""
+    from hpc_ddp.run.checkpoint import torchfile
+
+    if path.is_dir():
+        found: dict[str, str] = {}
+        for rank_file in sorted(path.glob("rank-*.pt")):
+            state = torchfile.load_file(rank_file, verify=False)
+            found.update(flat_fingerprints(_trained(state), f"rank{int(rank_file.stem[5:])}."))
+        found.update(flat_fingerprints(_dcp_tensors(path), "shards."))
+        return found
+    return flat_fingerprints(_trained(torchfile.load_file(path, verify=False)))
+
+
+def _trained(state: Any) -> Any:
+    if not isinstance(state, dict):
+        return state
+    return {k: v for k, v in state.items() if k not in ("config", "version", "asked_grad_accum")}
+
+
+def _dcp_tensors(path: Path) -> dict[str, Any]:
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(path))
+    state = {
+        key: torch.empty(item.size, dtype=item.properties.dtype)
+        for key, item in reader.read_metadata().state_dict_metadata.items()
+        if hasattr(item, "size")
+    }
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return state
+
+
+def flat_fingerprints(value: Any, prefix: str = "") -> dict[str, str]:
+    """`value` flattened to {dotted path: fingerprint} (tensors by their bytes, anything else by its repr)."""
+    import torch
+
+    from hpc_ddp.doctor.probe import fingerprint
+
+    if isinstance(value, dict):
+        found: dict[str, str] = {}
+        for key, item in value.items():
+            found.update(flat_fingerprints(item, f"{prefix}{key}."))
+        return found
+    if isinstance(value, (list, tuple)) and any(
+        isinstance(v, (dict, list, tuple, torch.Tensor)) for v in value
+    ):
+        found = {}
+        for i, item in enumerate(value):
+            found.update(flat_fingerprints(item, f"{prefix}{i}."))
+        return found
+    name = prefix.rstrip(".")
+    if isinstance(value, torch.Tensor):
+        return {name: fingerprint(value)}
+    return {name: hashlib.sha256(repr(value).encode()).hexdigest()[:16]}

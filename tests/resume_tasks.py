@@ -1,0 +1,49 @@
+"""Tasks for the resume check's tests (`--task resume_tasks:NAME`, tests/ on PYTHONPATH): the article's linear model
+on slow_tasks' data, with one thing a resume cannot restore, as a user's task may have."""
+
+from __future__ import annotations
+
+import torch
+from slow_tasks import _data
+from torch import nn
+
+from hpc_ddp import Task
+
+
+def counter(config):  # type: ignore[no-untyped-def]
+    """A loss scaled by a Python counter of the calls: kept nowhere, so a resumed process counts from 0 again."""
+    calls = [0]
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        return nn.functional.mse_loss(output, target) * (1.0 + 0.01 * calls[0])
+
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=loss_fn)
+
+
+class Counting(nn.Linear):
+    """A linear layer with a buffer it counts its forwards in, kept out of its state_dict (persistent=False)."""
+
+    def __init__(self) -> None:
+        super().__init__(10, 1)
+        self.register_buffer("seen", torch.zeros(()), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
+        return super().forward(x) * (1.0 + 0.001 * self.seen)
+
+
+def transient_buffer(config):  # type: ignore[no-untyped-def]
+    return Task(model=Counting(), dataset=_data(config.seed), loss_fn=nn.functional.mse_loss)
+
+
+def blocks_eval(config):  # type: ignore[no-untyped-def]
+    """fsdp_tasks' blocks (momentum, dropout), with an evaluation set: its loss rises then falls over the first
+    two epochs, so that --keep-best loss:max finds new bests at some evaluations and not at others."""
+    from fsdp_tasks import blocks
+
+    from hpc_ddp.run.tasks import _synthetic_regression
+
+    task = blocks(config)
+    task.eval_dataset = _synthetic_regression(64, 10, 1, config.seed + 1)
+    return task
