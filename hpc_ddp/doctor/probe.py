@@ -146,8 +146,8 @@ class Plan:
 class Probe:
     """One rank's recorder: `before(kind, batch, model_state)` at every batch, with the stop points."""
 
-    def __init__(self, plan: Plan, model: nn.Module, rank: int, attempt: int) -> None:
-        self.plan, self.model, self.attempt = plan, model, attempt
+    def __init__(self, plan: Plan, rank: int, attempt: int) -> None:
+        self.plan, self.attempt = plan, attempt
         self.optimizers: list[torch.optim.Optimizer] = []
         self.stops = {s.key(): s for s in plan.stops if s.attempt == attempt}
         Path(plan.trace).mkdir(parents=True, exist_ok=True)
@@ -166,8 +166,9 @@ class Probe:
             self.index += 1
         return kind, step, self.index
 
-    def before(self, batch: Any) -> dict[str, Any]:
-        """A batch is about to be used: its record (written by `write`), after stopping here if planned."""
+    def before(self, batch: Any, model: nn.Module) -> dict[str, Any]:
+        """A batch is about to be used by `model` (the user's module): its record (written by `write`), after
+        stopping here if planned."""
         kind, step, index = self.position()
         stop = self.stops.get((kind, step, index))
         record: dict[str, Any] = {"a": self.attempt, "k": kind, "s": step, "i": index}
@@ -177,8 +178,8 @@ class Probe:
             os.kill(os.getpid(), signal.SIGUSR2)  # a real preemption signal, handled by the kit
         record["rng"] = rng_fingerprints()
         if kind == "train" and index == 0:
-            record["params"] = _named(self.model.named_parameters())
-            record["buffers"] = _named(self.model.named_buffers())
+            record["params"] = _named(model.named_parameters())
+            record["buffers"] = _named(model.named_buffers())
             record["optimizer"] = {
                 k: v for o in self.optimizers for k, v in optimizer_fingerprints(o).items()
             }
@@ -206,9 +207,7 @@ def build(config: TrainConfig) -> Task:
     """The user's task, wrapped (see the module docstring)."""
     plan = plan_from_environ()
     inner = tasks.build(dataclasses.replace(config, task=plan.task))
-    probe = Probe(
-        plan, inner.model, int(os.environ.get("RANK", "0")), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    )
+    probe = Probe(plan, int(os.environ.get("RANK", "0")), int(os.environ.get("SLURM_RESTART_COUNT") or 0))
     made = inner.optimizer or (lambda params: torch.optim.SGD(params, lr=config.lr))
 
     def optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
@@ -229,8 +228,12 @@ def build(config: TrainConfig) -> Task:
 def _recorded(probe: Probe, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """`fn(model, batch)` (Task.step, Task.eval_step), recorded before it runs."""
 
+    from torch.nn.parallel import DistributedDataParallel
+
     def recorded(model: Any, batch: Any) -> Any:
-        probe.write(probe.before(batch))
+        # The wrapped model: DDP's module is the user's (fsdp shards the user's module in place).
+        user = model.module if isinstance(model, DistributedDataParallel) else model
+        probe.write(probe.before(batch, user))
         return fn(model, batch)
 
     return recorded
@@ -239,12 +242,27 @@ def _recorded(probe: Probe, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any
 def _record_forwards(probe: Probe, task: Task) -> None:
     """A loss_fn task: the model's input is seen by a forward pre-hook (before the forward draws anything), its
     target by loss_fn; the record is written once both are known."""
+    from hpc_ddp.run import materialize
+
     pending: list[dict[str, Any]] = []
 
-    def hook(_module: nn.Module, args: Any, kwargs: Any) -> None:
-        pending[:] = [probe.before((args, kwargs))]
+    def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+        pending[:] = [probe.before((args, kwargs), module)]
 
-    task.model.register_forward_pre_hook(hook, with_kwargs=True)
+    model = task.model
+    if materialize.is_factory(
+        model
+    ):  # the kit builds it later (on the meta device under fsdp): hook each build
+
+        def factory() -> nn.Module:
+            built = model()
+            if isinstance(built, nn.Module):
+                built.register_forward_pre_hook(hook, with_kwargs=True)
+            return built
+
+        task.model = factory  # type: ignore[assignment]
+    else:
+        model.register_forward_pre_hook(hook, with_kwargs=True)
     loss_fn = task.loss_fn
     assert loss_fn is not None
 
