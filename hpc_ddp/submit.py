@@ -21,6 +21,7 @@ from typing import NoReturn
 from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import UsageError, run_main
 from hpc_ddp.launch.shape import job_shape
+from hpc_ddp.run import configfile
 from hpc_ddp.run.config import add_train_arguments, check_min_nodes, from_namespace
 
 PROG = "python -m hpc_ddp.submit"
@@ -32,7 +33,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "--local",
         action="store_true",
         help="run here: --nodes x tasks emulated nodes on this machine, gloo on CPU, with the "
-        "SLURM_* variables srun would set (no Slurm needed)",
+        "SLURM_* variables srun would set (no Slurm needed) (default: off: submit a Slurm job)",
     )
     job.add_argument("--nodes", type=int, default=2, help="nodes (default: 2)")
     job.add_argument(
@@ -47,7 +48,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument(
         "--all-ranks",
         action="store_true",
-        help="--local: show every rank's output on the console, not just rank 0's progress",
+        help="--local: show every rank's output on the console (default: off: rank 0's lines and the other "
+        "ranks' warnings; every rank's output is in <folder>/logs/rank<N>.log either way)",
     )
     job.add_argument(
         "--stop-grace-s",
@@ -60,32 +62,34 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: 30)",
     )
     job.add_argument(
-        "--doctor", action="store_true", help="run `hpc_ddp.doctor` on every rank instead of training"
+        "--doctor",
+        action="store_true",
+        help="run `hpc_ddp.doctor` on every rank instead of training (default: off)",
     )
     job.add_argument(
         "--collective",
         action="store_true",
-        help="with --doctor: also benchmark all-reduce (bus bandwidth by size, outlier ranks)",
+        help="with --doctor: also benchmark all-reduce (bus bandwidth by size, outlier ranks) (default: off)",
     )
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     slurm = parser.add_argument_group("Slurm (ignored with --local)")
     slurm.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (default: Slurm's)")
-    slurm.add_argument("--mem-gb", type=float, default=None, help="memory per node in GB")
+    slurm.add_argument("--mem-gb", type=float, default=None, help="memory per node in GB (default: Slurm's)")
     slurm.add_argument("--time", default="60", help="time limit: minutes, or [D-]HH:MM:SS (default: 60)")
     slurm.add_argument("--partition", default=None, help="partition (default: the cluster's default)")
-    slurm.add_argument("--account", default=None, help="account to charge")
-    slurm.add_argument("--qos", default=None, help="quality of service")
-    slurm.add_argument("--constraint", default=None, help="node features, e.g. a100")
-    slurm.add_argument("--exclusive", action="store_true", help="whole nodes only")
+    slurm.add_argument("--account", default=None, help="account to charge (default: Slurm's, yours)")
+    slurm.add_argument("--qos", default=None, help="quality of service (default: Slurm's)")
+    slurm.add_argument("--constraint", default=None, help="node features, e.g. a100 (default: any)")
+    slurm.add_argument("--exclusive", action="store_true", help="whole nodes only (default: off)")
     slurm.add_argument("--job-name", default="hpc_ddp", help="job name (default: hpc_ddp)")
     slurm.add_argument(
         "--setup",
         action="append",
         default=[],
         metavar="LINE",
-        help="shell line run before the tasks (module load, venv activation); repeatable",
+        help="shell line run before the tasks (module load, venv activation); repeatable (default: none)",
     )
     slurm.add_argument(
         "--python",
@@ -99,32 +103,34 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="OPTION",
-        help="extra srun option, e.g. --srun-arg=--mpi=pmix (with `=`); repeatable",
+        help="extra srun option, e.g. --srun-arg=--mpi=pmix (with `=`); repeatable (default: none)",
     )
     slurm.add_argument(
         "--container-image",
         default=None,
         metavar="IMAGE",
-        help="run each task in this pyxis/enroot image (srun --container-image); the run folder is mounted",
+        help="run each task in this pyxis/enroot image (srun --container-image); the run folder is mounted "
+        "(default: none: on the host)",
     )
     slurm.add_argument(
         "--container-mounts",
         default=None,
         metavar="SRC:DST[,...]",
-        help="with --container-image: more mounts (srun --container-mounts)",
+        help="with --container-image: more mounts (srun --container-mounts) (default: the run folder only)",
     )
     slurm.add_argument(
         "--apptainer",
         default=None,
         metavar="IMAGE",
-        help="run each task in this Apptainer/Singularity image (apptainer exec --nv, the run folder bound)",
+        help="run each task in this Apptainer/Singularity image (apptainer exec --nv, the run folder bound) "
+        "(default: none: on the host)",
     )
     slurm.add_argument(
         "--slurm",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra sbatch option, e.g. --slurm mail-type=END; repeatable",
+        help="extra sbatch option, e.g. --slurm mail-type=END; repeatable (default: none)",
     )
     slurm.add_argument(
         "--signal-delay-s",
@@ -133,20 +139,31 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds before the time limit that Slurm sends USR2 to every task (default: 120)",
     )
     slurm.add_argument(
-        "--print-sbatch", action="store_true", help="print the sbatch script and submit nothing"
+        "--print-sbatch",
+        action="store_true",
+        help="print the sbatch script and submit nothing (default: off)",
     )
     slurm.add_argument(
         "--wait",
         action="store_true",
-        help="follow rank 0's log until the job ends; exit with the job's status",
+        help="follow rank 0's log until the job ends; exit with the job's status (default: off: print the "
+        "job id and how to follow it, and return)",
     )
+
+
+# Where a run goes without --folder (hpc_ddp.run.folder: default_for_local_run, default_for_submission).
+FOLDER_DEFAULT = (
+    "--local: runs/<task>, e.g. runs/linear, so the same command resumes there; a Slurm job: "
+    "runs/<job-name>-<timestamp>, absolute"
+)
 
 
 def build_argparser() -> argparse.ArgumentParser:
     parser = build_parser(PROG, __doc__ or "")
+    configfile.add_argument(parser)
     add_job_arguments(parser)
     add_slurm_arguments(parser)
-    add_train_arguments(parser)
+    add_train_arguments(parser, FOLDER_DEFAULT)
     return parser
 
 
@@ -171,7 +188,7 @@ def resume_command(argv: Sequence[str], python: str = sys.executable, cwd: str |
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ns = build_argparser().parse_args(argv)
+    ns = configfile.parse(build_argparser(), argv)
     shape = job_shape(ns.nodes, ns.gpus_per_node, ns.tasks_per_node)
     cfg = from_namespace(ns)
     check_min_nodes(cfg, shape.nodes, shape.tasks_per_node)

@@ -24,22 +24,25 @@ if __name__ == "__main__":
     signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM))
 
 import os  # noqa: E402
+import sys  # noqa: E402
 from typing import NoReturn
 
 from hpc_ddp.cli import build_parser  # noqa: E402
 from hpc_ddp.errors import run_task  # noqa: E402
-from hpc_ddp.run import preemption, session  # noqa: E402
+from hpc_ddp.run import configfile, preemption, session  # noqa: E402
 from hpc_ddp.run.config import add_train_arguments, from_namespace  # noqa: E402
 
 PROG = "python -m hpc_ddp.train"
+FOLDER_DEFAULT = "runs/<job id>, from the task's working directory; runs/single-<pid> outside a job"
 
 
 def main(argv: list[str] | None = None) -> int:
     """The task's entry point, also called in-process inside Slurm jobs (TaskEntry); returns the exit code."""
     preemption.install()
     parser = build_parser(PROG, __doc__ or "")
-    add_train_arguments(parser)
-    cfg = from_namespace(parser.parse_args(argv))
+    configfile.add_argument(parser)
+    add_train_arguments(parser, FOLDER_DEFAULT)
+    cfg = from_namespace(configfile.parse(parser, sys.argv[1:] if argv is None else argv))
     code = session.run(cfg, os.environ)
     preemption.ignore()  # done: the checkpoint and model are written; nothing left for a signal to save
     return code

@@ -92,6 +92,8 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_checkpoint.py": ("unit", "process"),
     "test_run_checkpoint_integrity.py": "unit",
     "test_run_config.py": "unit",
+    "test_run_configfile.py": "unit",
+    "test_run_help.py": "unit",
     "test_run_folder.py": "unit",
     "test_run_folder_rules.py": ("unit", "process"),
     "test_run_hang.py": "ranks",

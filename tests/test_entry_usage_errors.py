@@ -222,3 +222,29 @@ def test_bench_hand_refuses_abbreviated_options(tmp_path: Path) -> None:
         "hpc_ddp.bench.hand", "--thread", "tuned", "--out", "x", "--steps", "1", cwd=tmp_path, timeout=60
     )
     assert proc.returncode == 2 and "unrecognized arguments: --thread" in proc.stderr, proc.stderr
+
+
+# --- --config files (issue 37 item 3): one line naming the key, the value or the file -------------------------
+CONFIG_CASES = [
+    ("batchsize = 64\n", ["unknown key 'batchsize'; the nearest option is --batch-size"]),
+    ("epoch = 3\n", ["unknown key 'epoch'; the nearest option is --epochs"]),
+    ('epochs = "ten"\n', ['epochs = "ten": --epochs takes an integer']),
+    ("deterministic = 1\n", ["deterministic = 1: --deterministic takes true or false"]),
+    ('amp = "fp8"\n', ['amp = "fp8": choose one of none, bf16, fp16']),
+    ("[train]\nepochs = 3\n", ["[train] is a table; every option is a key at the top level"]),
+    ("epochs = = 3\n", ["not valid TOML (", "line 1"]),
+    ("epochs = 0\n", ["--epochs 0: must be at least 1"]),  # a value of the right kind: the usual checks
+]
+
+
+@pytest.mark.parametrize("text, expected", CONFIG_CASES, ids=[t.splitlines()[0] for t, _ in CONFIG_CASES])
+def test_a_bad_config_file_is_one_line(text: str, expected: list[str], tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text(text)
+    proc = run_module(SUBMIT, "--local", "--config", "run.toml", cwd=tmp_path, timeout=60)
+    assert_usage_error(proc, SUBMIT, *expected)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_config_file_is_one_line(tmp_path: Path) -> None:
+    proc = run_module(TRAIN, "--config", "nowhere.toml", cwd=tmp_path, timeout=60)
+    assert_usage_error(proc, TRAIN, "--config nowhere.toml: cannot read it (No such file or directory)")

@@ -68,6 +68,8 @@ DICTS = (
     "8",
     "--eval-every-steps",
     "5",
+    "--eval-every-epochs",  # both cadences: --eval-every-steps alone evaluates by steps instead
+    "1",
     "--log-every-s",
     "0",
     "--keep",

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,7 @@ from hpc_ddp.doctor.facts import RankFacts
 from hpc_ddp.doctor.report import render, render_bench, render_checks
 from hpc_ddp.doctor.rules import FAIL, WARN, Check
 from hpc_ddp.errors import ClusterConfigError, UsageError
+from hpc_ddp.run import configfile
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
 
 PROG = "python -m hpc_ddp.doctor"
@@ -48,7 +50,7 @@ def build_argparser() -> argparse.ArgumentParser:
     group.add_argument(
         "--collective",
         action="store_true",
-        help="also benchmark all-reduce over message sizes (bus bandwidth, outlier ranks)",
+        help="also benchmark all-reduce over message sizes (bus bandwidth, outlier ranks) (default: off)",
     )
     group.add_argument(
         "--join-timeout-s",
@@ -56,13 +58,14 @@ def build_argparser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds to wait for every rank to reach the store (default: 60)",
     )
+    configfile.add_argument(parser)
     add_train_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point, also called in-process inside Slurm jobs (`submit --doctor`); returns the exit code."""
-    ns = build_argparser().parse_args(argv)
+    ns = configfile.parse(build_argparser(), sys.argv[1:] if argv is None else argv)
     if not ns.join_timeout_s > 0:
         raise UsageError(f"--join-timeout-s {ns.join_timeout_s}: must be positive, e.g. --join-timeout-s 60")
     return run(from_namespace(ns), os.environ, ns.collective, ns.join_timeout_s)

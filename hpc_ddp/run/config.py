@@ -1,6 +1,6 @@
 """Training options: one frozen dataclass, its command-line flags, and its round trip back to argv.
 
-Precedence: command-line flags > defaults here. The submitters (`submit`, `submit --local`) parse the same
+Precedence: command-line flags > a `--config` file (hpc_ddp.run.configfile) > defaults here. The submitters (`submit`, `submit --local`) parse the same
 flags, validate them once, and hand each task the canonical argv from `TrainConfig.to_argv()`, so what the
 task runs is exactly what was checked at submission. No torch import here: `--help` must answer at once.
 """
@@ -39,9 +39,8 @@ class TrainConfig:
     task: str = field(
         default="linear",
         metadata={
-            "help": "built-in task (linear, mlp) or module.path:function "
-            "returning an hpc_ddp.Task (imported from the working "
-            "directory or PYTHONPATH)"
+            "help": f"a built-in task ({', '.join(BUILTIN_TASKS)}) or module.path:function returning an "
+            "hpc_ddp.Task (imported from the working directory or PYTHONPATH)"
         },
     )
     epochs: int = field(default=10, metadata={"help": "epochs to train; counted from 0"})
@@ -51,8 +50,8 @@ class TrainConfig:
     folder: str = field(
         default="",
         metadata={
-            "help": "run folder on shared storage: checkpoints, model.pth, "
-            "metrics, run.json (default: runs/<job id>)"
+            "help": "run folder on shared storage: checkpoints, model.pth, metrics, run.json (default: "
+            "runs/<job id>)"
         },
     )
     grad_accum: int = field(
@@ -189,13 +188,18 @@ class TrainConfig:
         default=0, metadata={"help": "optimizer steps of linear warm-up before the schedule (0: none)"}
     )
     eval_every_epochs: int = field(
-        default=1,
+        default=-1,
         metadata={
-            "help": "with a task that has an eval_dataset: evaluate every N epochs, and at the end (0: off)"
+            "help": "with a task that has an eval_dataset: evaluate every N epochs, and at the end (0: only at "
+            "the end; -1: 1, or 0 when --eval-every-steps is given) (default: -1)"
         },
     )
     eval_every_steps: int = field(
-        default=0, metadata={"help": "evaluate every N optimizer steps instead (0: off)"}
+        default=0,
+        metadata={
+            "help": "evaluate every N optimizer steps instead of every epoch (unless --eval-every-epochs is "
+            "given too), and at the end (0: off)"
+        },
     )
     eval_batch_size: int = field(
         default=0,
@@ -230,18 +234,17 @@ class TrainConfig:
     log_every_s: float = field(
         default=30.0,
         metadata={
-            "help": "seconds between rank 0's progress lines in its "
-            "log and records in metrics.jsonl (on a terminal, "
-            "a live line is also updated in place)"
+            "help": "seconds between rank 0's plain progress lines in its log (on a terminal a live line is "
+            "also updated in place); metrics.jsonl gets a step record every step of a run of up to 5,000 steps "
+            "(about 5,000 in a longer one), and one every N seconds besides"
         },
     )
     tensorboard: bool = field(
         default=False,
         metadata={
-            "help": "rank 0 writes TensorBoard scalars (loss, learning "
-            "rate, samples/s, step time, per-rank step time, "
-            "checkpoint stall, data wait) to <folder>/tb/ "
-            "(needs: pip install 'hpc-ddp[tensorboard]')"
+            "help": "rank 0 writes TensorBoard scalars (loss, learning rate, samples/s, step time, per-rank step "
+            "time, checkpoint stall, data wait, evaluation metrics) to <folder>/tb/ (needs: pip install "
+            "'hpc-ddp[tensorboard]')"
         },
     )
     nonfinite_loss: str = field(
@@ -293,13 +296,11 @@ class TrainConfig:
         self.hang_setting()  # validates --hang-timeout-s
         if self.lr_schedule not in LR_SCHEDULES:
             raise UsageError(f"--lr-schedule {self.lr_schedule}: choose one of {', '.join(LR_SCHEDULES)}")
-        for name in (
-            "warmup_steps",
-            "eval_every_epochs",
-            "eval_every_steps",
-            "eval_batch_size",
-            "prefetch_factor",
-        ):
+        if self.eval_every_epochs < -1:
+            raise UsageError(
+                f"--eval-every-epochs {self.eval_every_epochs}: use N >= 0, or -1 (1, or 0 with --eval-every-steps)"
+            )
+        for name in ("warmup_steps", "eval_every_steps", "eval_batch_size", "prefetch_factor"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{_flag(name)} {getattr(self, name)}: must be 0 or more")
         self.best_rule()  # validates --keep-best
@@ -384,6 +385,13 @@ class TrainConfig:
                 "a smaller --hang-timeout-s, or auto"
             )
         return seconds
+
+    def eval_epochs(self) -> int:
+        """Every how many epochs to evaluate (0: not by epochs): --eval-every-epochs, whose default (-1) is 1,
+        or 0 when --eval-every-steps is given (then evaluations come by steps instead)."""
+        if self.eval_every_epochs >= 0:
+            return self.eval_every_epochs
+        return 0 if self.eval_every_steps else 1
 
     def format_name(self) -> str:
         """The checkpoint format this run writes: --checkpoint-format, auto resolved by --strategy."""
@@ -483,13 +491,23 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per TrainConfig field, with its help and default, to `parser`."""
+def add_train_arguments(parser: argparse.ArgumentParser, folder_default: str | None = None) -> None:
+    """Add one flag per TrainConfig field, with its help and default, to `parser`. `folder_default`: what
+    --folder defaults to for this entry point (see hpc_ddp.run.folder), said in its help."""
     group = parser.add_argument_group("training options (passed to every task)")
     for f in dataclasses.fields(TrainConfig):
         help_text = f.metadata.get("help", "")
+        if f.name == "folder" and folder_default:
+            help_text = help_text.replace("runs/<job id>", folder_default)
         if f.type in ("bool", bool):
-            group.add_argument(f"--{_flag(f.name)}", action="store_true", help=help_text)
+            # --no-FLAG turns off what a --config file turned on. The default is None, not False: Python 3.10's
+            # BooleanOptionalAction would add a second "(default: False)" to the help (from_namespace: False).
+            group.add_argument(
+                f"--{_flag(f.name)}",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{help_text} (default: off)",
+            )
             continue
         kind = {"int": int, "float": float, "str": str}[str(f.type)]
         group.add_argument(
@@ -497,11 +515,19 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
             type=kind,
             default=f.default,
             metavar=f.name.upper(),
-            help=help_text if "default" in help_text else f"{help_text} (default: {f.default})",
+            help=help_text if "(default: " in help_text else f"{help_text} (default: {_shown(f.default)})",
             choices=f.metadata.get("choices"),
         )
 
 
+def _shown(default: Any) -> str:
+    return "none" if default == "" else str(default)
+
+
 def from_namespace(ns: argparse.Namespace) -> TrainConfig:
     """Build the validated config from parsed flags (raises UsageError)."""
-    return TrainConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)})
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: False if v is None and k in _FLAGS else v for k, v in values.items()})
+
+
+_FLAGS = {f.name for f in dataclasses.fields(TrainConfig) if f.type in ("bool", bool)}

@@ -8,6 +8,7 @@ the lock that keeps it to one run at a time. What ranks and supervisors leave fo
     <folder>/step.json        the last step rank 0 finished, rewritten every step (hpc_ddp.run.metrics)
     <folder>/tb/              --tensorboard: rank 0's event files and logged.json (hpc_ddp.run.tblog)
     <folder>/run.json         what ran, with which settings and versions (hpc_ddp.run.record)
+    <folder>/config.toml      the resolved training options, for --config (hpc_ddp.run.configfile)
     <folder>/logs/            per-rank output of a local run (hpc_ddp.launch.local)
     <folder>/preempted.json   after a preemption, what the ranks agreed on (hpc_ddp.ledger.preemption)
     <folder>/attempts.jsonl   every attempt's start and end, and what came next (hpc_ddp.ledger.attempts)
@@ -49,6 +50,7 @@ METRICS = "metrics.jsonl"
 REACHED = "step.json"
 TENSORBOARD = "tb"  # --tensorboard: rank 0's event files (hpc_ddp.run.tblog)
 RUN_RECORD = "run.json"
+CONFIG_FILE = "config.toml"  # the resolved training options, for --config (hpc_ddp.run.configfile)
 LOGS = "logs"
 SUBMITIT = "submitit"
 LOCK_NAME = "run.lock"

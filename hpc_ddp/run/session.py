@@ -252,12 +252,13 @@ def _since_process_start() -> float:
 
 def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: RankLog) -> None:
     """Rank 0, once the start is fully checked: tidy, apply the resume plan, write run.json."""
-    from hpc_ddp.run import record, resume
+    from hpc_ddp.run import configfile, record, resume
     from hpc_ddp.run.checkpoint import store
 
     store.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
     resume.apply(plan, folder, log.info)
     record.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
+    configfile.save(folder, cfg)  # the resolved options, for --config
 
 
 def _record_start(env: DistEnv, folder: Path, environ: Mapping[str, str], resumed_from: int | None) -> None:

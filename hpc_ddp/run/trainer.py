@@ -689,7 +689,8 @@ class Trainer:
         cfg, pos = self.cfg, self.pos
         if self.evaluator is None or self._evaluated == pos.step:
             return False
-        every_epoch = cfg.eval_every_epochs and (pos.epoch + 1) % cfg.eval_every_epochs == 0
+        epochs = cfg.eval_epochs()  # --eval-every-steps alone: evaluations come by steps instead
+        every_epoch = epochs and (pos.epoch + 1) % epochs == 0
         every_step = cfg.eval_every_steps and pos.step % cfg.eval_every_steps == 0
         return bool(last or every_epoch or every_step)
 

@@ -52,6 +52,7 @@ from hpc_ddp.launch.slurm.parse import JobInfo, hosts
 from hpc_ddp.ledger import attempts as record
 from hpc_ddp.ledger import exits, outcomes, preemption
 from hpc_ddp.ledger import verdict as hang_verdict
+from hpc_ddp.run import configfile
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, check_min_nodes, from_namespace
 from hpc_ddp.variables import FOLDER_FILE
@@ -122,8 +123,9 @@ def other_job(folder: Path, job: str) -> str | None:
 
 def _resolve(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[TrainConfig, Path]:
     parser = build_parser(PROG, "training options, as the tasks get them")
+    configfile.add_argument(parser)  # sbatch slurm/ddp.sbatch --config run.toml: the tasks read it too
     add_train_arguments(parser)
-    cfg = from_namespace(parser.parse_args(list(argv)))
+    cfg = from_namespace(configfile.parse(parser, list(argv)))
     folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_task(environ.get("SLURM_JOB_ID"))
     # A relative folder is the tasks': srun starts them in SLURM_WORKING_DIR when that is set, not here.
     return cfg, Path(environ.get("SLURM_WORKING_DIR") or ".") / folder
