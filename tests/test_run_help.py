@@ -19,7 +19,7 @@ from hpc_ddp import submit, train
 from hpc_ddp.cli import build_parser
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
-from hpc_ddp.doctor import checkup
+from hpc_ddp.doctor import checkup, resume
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import configfile, folder, metrics, tasks
 from hpc_ddp.run.config import TrainConfig, add_train_arguments
@@ -34,7 +34,12 @@ def train_parser() -> argparse.ArgumentParser:
     return parser
 
 
-PARSERS = {"train": train_parser, "submit": submit.build_argparser, "doctor": checkup.build_argparser}
+PARSERS = {
+    "train": train_parser,
+    "submit": submit.build_argparser,
+    "doctor": checkup.build_argparser,
+    "doctor resume": resume.build_argparser,
+}
 
 
 def helps(parser: argparse.ArgumentParser) -> dict[str, str]:

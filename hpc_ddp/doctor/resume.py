@@ -36,6 +36,7 @@ from hpc_ddp.doctor.divergence import Evidence
 from hpc_ddp.doctor.probe import PROBE_TASK, Plan, Stop
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.shape import job_shape
+from hpc_ddp.run import configfile
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
 from hpc_ddp.run.metrics_read import iter_records
@@ -61,7 +62,8 @@ def build_argparser() -> argparse.ArgumentParser:
     group.add_argument(
         "--tasks-per-node", type=int, default=None, help="CPU tasks per node (default: 2 without GPUs)"
     )
-    add_train_arguments(parser)
+    configfile.add_argument(parser)
+    add_train_arguments(parser, "runs/resume-check-<task>, the check's own (its two runs go inside)")
     return parser
 
 
@@ -95,7 +97,7 @@ class Check:
 
 
 def main(argv: Sequence[str]) -> int:
-    ns = build_argparser().parse_args(list(argv))
+    ns = configfile.parse(build_argparser(), list(argv))
     shape = job_shape(ns.nodes, ns.gpus_per_node, ns.tasks_per_node)
     if ns.steps < 2:
         raise UsageError(f"--steps {ns.steps}: the check needs at least 2 steps, e.g. --steps 40")
