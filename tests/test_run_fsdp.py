@@ -169,6 +169,8 @@ def test_sharded_checkpoints_preempted_twice_end_bitwise_equal(tmp_path: Path) -
     state = everything(last[0])
     assert any("momentum_buffer" in k for k in state)  # the optimizer's sharded state is in DCP
     assert_same(state, everything(last[1]))
+    # model.pth, streamed from the final checkpoint's shards by rank 0, is that checkpoint's model exactly.
+    assert_same(a, {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
 
 
 def test_a_corrupt_shard_or_a_torn_save_falls_back_to_the_checkpoint_before(tmp_path: Path) -> None:
@@ -199,10 +201,20 @@ def test_a_corrupt_shard_or_a_torn_save_falls_back_to_the_checkpoint_before(tmp_
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "x.pth.sha256").is_file()
-    assert_same(
-        torch.load(tmp_path / "x.pth", weights_only=True),
-        torch.load(tmp_path / "model.pth", weights_only=True),
-    )
+    exported = torch.load(tmp_path / "x.pth", weights_only=True)
+    assert_same(exported, torch.load(tmp_path / "model.pth", weights_only=True))
+    # The one-liner: straight into a plain model, in this process.
+    from fsdp_tasks import Blocks
+
+    from hpc_ddp.checkpoint import load_model
+
+    assert_same(dict(load_model(Blocks(), ckpts / "ckpt-00000012").state_dict()), exported)
+    # A finished run whose model.pth is gone writes it again from its final checkpoint, and nothing else.
+    (tmp_path / "model.pth").unlink()
+    code, out = finish(start(tmp_path, *args, "--epochs", "3"))
+    assert code == 0, out
+    assert f"model.pth was missing: written from the final checkpoint to {tmp_path / 'model.pth'}" in out
+    assert_same(torch.load(tmp_path / "model.pth", weights_only=True), exported)
     # The newest: one shard's bit flipped. The one before: torn (its manifest, written last, never came).
     # And what a rank killed during a save leaves: a temporary folder, never named, removed at start.
     shard = ckpts / "ckpt-00000012" / "__1_0.distcp"

@@ -194,8 +194,11 @@ def _train(
             trainer.resume_from(start)  # rank 0 verified it in plan()
             if trainer.finished():
                 beacon.set(FINISHING)
-                weights = trainer.strategy.full_model_state()  # a collective: every rank, rank 0 gets them
-                _rank0(env, lambda: _finished_already(trainer, folder, log, weights))
+                model_path = folder / run_folder.MODEL
+                if _rank0(env, lambda: not model_path.is_file()):
+                    _write_model(trainer, env, model_path)
+                    log.main(f"model.pth was missing: written from the final checkpoint to {model_path}")
+                _rank0(env, lambda: _finished_already(trainer, folder, log))
                 return exitcodes.OK
         # Everything is checked: only now does this start change the folder, and record itself.
         _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log))
@@ -232,11 +235,8 @@ def _train(
         if not outcome.finished:
             return _preempted(cfg, env, folder, log, environ, outcome, trainer.pos.step)
         trainer.strategy.check_in_sync(log)
-        weights = trainer.strategy.full_model_state()  # a collective: every rank, rank 0 gets them
-        if weights is not None:
-            model_path = folder / run_folder.MODEL
-            _save_weights(weights, model_path)
-            log.info(f"Model saved by rank 0 to {model_path}")
+        _write_model(trainer, env, folder / run_folder.MODEL)
+        log.main(f"Model saved by rank 0 to {folder / run_folder.MODEL}")
         dist.barrier()
         return exitcodes.OK
 
@@ -286,22 +286,35 @@ def _record_start(env: DistEnv, folder: Path, environ: Mapping[str, str], resume
             )
 
 
-def _save_weights(weights: dict[str, Any], path: Path) -> None:
-    """Rank 0: `model.pth`, the plain state dict of the bare model (loadable with weights_only), and its
-    checksum."""
-    from hpc_ddp.run.checkpoint import content, torchfile
+def _write_model(trainer: Any, env: DistEnv, path: Path) -> None:
+    """A collective: `model.pth`, the plain state dict of the bare model (loadable with weights_only), and its
+    checksum, written by rank 0. Sharded state (fsdp): streamed from the newest checkpoint, which holds these
+    very weights (the final save, or the finished run's last), a batch of tensors at a time, so that no rank
+    ever holds the whole model; otherwise the strategy's full state, gathered into rank 0's CPU memory."""
+    from hpc_ddp.run.checkpoint import content, sharded, store, torchfile
 
-    torchfile.atomic_save(content.to_cpu(weights), path)
+    if trainer.strategy.shards_state:
+        step = trainer.pos.step
+
+        def export() -> None:
+            latest = store.read_latest(trainer.folder)
+            if latest is None or store.ckpt_step(latest) != step:  # a bug, not the user's: say what was found
+                raise RuntimeError(
+                    f"model.pth: the newest checkpoint is {latest}, not the one of step {step}"
+                )
+            sharded.export(latest, path, verify=False)  # written and checksummed by this run moments ago
+
+        _rank0(env, export)
+        return
+    weights = trainer.strategy.full_model_state()  # a collective: every rank, rank 0 gets them
+    if weights is not None:
+        torchfile.atomic_save(content.to_cpu(weights), path)
 
 
-def _finished_already(trainer: Any, folder: Path, log: RankLog, weights: dict[str, Any] | None) -> None:
+def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
     """Rank 0: a rerun of a finished run trains nothing and writes nothing (but a missing model.pth)."""
     cfg, pos = trainer.cfg, trainer.pos
     limits = f"--epochs {cfg.epochs}" + (f" --max-steps {cfg.max_steps}" if cfg.max_steps else "")
-    model_path = folder / run_folder.MODEL
-    if not model_path.is_file() and weights is not None:
-        _save_weights(weights, model_path)
-        log.info(f"model.pth was missing: written from the final checkpoint to {model_path}")
     log.info(
         f"The run in {folder} already finished at epoch {pos.epoch}, step {pos.step} ({limits}): nothing to "
         "train, nothing written. To train further, raise --epochs or --max-steps; to start over, use "

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused, NonFinite
-from hpc_ddp.run.checkpoint import content, durable, store, torchfile
+from hpc_ddp.run.checkpoint import content, durable, store, streamed, torchfile
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.part import PER_RANK, SHARDED, Part
 from hpc_ddp.run.checkpoint.writer import Job
@@ -350,22 +350,57 @@ def _oserror(error: BaseException) -> OSError | None:
     return None
 
 
-def export(path: Path, out: Path) -> int:
+def export(path: Path, out: Path, verify: bool = True, batch_bytes: int = streamed.BATCH_BYTES) -> int:
     """Write the model of sharded checkpoint `path` as a plain state dict (`model.pth`: loadable with
-    torch.load(weights_only=True) into the bare model), with its checksum, in one process. Returns its size."""
+    torch.load(weights_only=True) into the bare model), with its checksum, in one process. Streaming: the file's
+    tensors are read from the shards and written a batch of `batch_bytes` at a time (streamed.save), so no
+    process holds the whole model. `verify`: check the checkpoint's checksums first. Returns the file's size."""
     import torch.distributed.checkpoint as dcp
 
-    read_manifest(path, verify=True)
-    state: dict[str, Any] = {}
-    reader = dcp.FileSystemReader(str(path))
-    metadata = reader.read_metadata()
+    read_manifest(path, verify=verify)
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    names, shapes = [], []
     for key, item in metadata.state_dict_metadata.items():
         if key.startswith("model.") and hasattr(item, "size"):
-            state[key[len("model.") :]] = torch.empty(item.size, dtype=item.properties.dtype)
-    if not state:
+            names.append(key[len("model.") :])
+            shapes.append((item.size, item.properties.dtype))
+    if not names:
         raise CheckpointError(f"checkpoint {path} holds no model tensors")
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    laters = streamed.placeholders(shapes)
     extras = torchfile.load_file(path / rank_file(0), verify=False).get("model") or {}
-    return torchfile.atomic_save(merge(state, extras), out)
+
+    def fetch(batch: list[streamed.Later]) -> list[torch.Tensor]:
+        wanted = {
+            names[int(later.storage.key)]: torch.empty(later.shape, dtype=later.dtype) for later in batch
+        }
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({"model": wanted}, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+        return list(wanted.values())
+
+    state = merge(dict(zip(names, laters, strict=True)), extras)
+    return durable.write_summed(out, lambda f: streamed.save(state, laters, fetch, f, batch_bytes))
+
+
+def load_model(path: Path, model: torch.nn.Module, verify: bool = True) -> None:
+    """Read the model of sharded checkpoint `path` straight into `model`'s own tensors (a plain model in one
+    process, on any device): DCP copies each stored slice into place, so nothing but the model itself is held.
+    `verify`: check the checkpoint's checksums first. CheckpointError if it is for another model."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from hpc_ddp.run.strategy.base import load_model_state
+
+    read_manifest(path, verify=verify)
+    tensors, _ = split(model.state_dict())
+    extras = torchfile.load_file(path / rank_file(0), verify=False).get("model") or {}
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({"model": tensors or {}}, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+    except CheckpointException as e:  # a key or a shape the checkpoint does not have (a BaseException)
+        raise CheckpointError(
+            f"checkpoint {path} is for a different model: {str(e).strip().splitlines()[-1][:300].rstrip('.')}. "
+            "Fix: build the model the run trained"
+        ) from e
+    load_model_state(model, merge(tensors, extras), path)  # the non-tensor state; tensors onto themselves
