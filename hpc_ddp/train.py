@@ -18,6 +18,13 @@ import signal
 # cheap checks (flags, environment), then torch, placement, the process group, and training (run/session.py).
 # The folder's lock is run/folder.py's hold_folder; resume.plan looks, resume.apply changes, and run.json is
 # written last, only by a start that trains.
+if __name__ == "__mp_main__":
+    # A process a rank spawned runs this module under this name before its own work (multiprocessing's spawn
+    # imports the parent's main module): DCP's saving process (--async-save process) ends with its rank.
+    from hpc_ddp.run.checkpoint.dcpwrite import in_saving_process
+
+    in_saving_process()
+
 if __name__ == "__main__":
     # The very first instruction: a preemption signal that arrives while this task imports (before its
     # handler exists) waits, blocked, instead of killing it; preemption.install() unblocks and handles it.

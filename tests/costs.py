@@ -70,6 +70,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_fsdp.py": "ranks",
     "test_run_materialize.py": "unit",
     "test_run_checkpoint_streamed.py": "unit",
+    "test_run_checkpoint_dcpwrite.py": "unit",
     "test_run_checkpoint_sharded.py": "unit",
     "test_run_checkpoint_collisions.py": ("unit", "ranks"),
     "test_launch_slurm_client.py": "unit",

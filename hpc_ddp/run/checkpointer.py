@@ -289,3 +289,4 @@ class Checkpointer:
         finally:
             with contextlib.suppress(OSError):  # a record lost to a full disk must not hide the error
                 self.record_ended()  # its write ended, durable or not
+            self.format.close()

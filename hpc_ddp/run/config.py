@@ -24,6 +24,12 @@ REQUEUE_BY = ("auto", "scontrol", "launcher")
 NONFINITE_CHOICES = ("stop", "skip")
 STRATEGIES = ("ddp", "fsdp")  # hpc_ddp.run.strategy.STRATEGIES builds them (torch), named here for --help
 CHECKPOINT_FORMATS = ("auto", "full", "sharded")  # auto: sharded under fsdp, full under ddp
+ASYNC_SAVES = (
+    "auto",
+    "thread",
+    "process",
+)  # how sharded checkpoints are written (run/checkpoint/dcpwrite.py)
+ASYNC_SAVE_DEFAULT = "thread"  # what auto means: chosen from `python -m hpc_ddp.bench fsdp` (README)
 TRUE_FALSE = ("true", "false")
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch's generators take (a signed 64-bit integer)
 MAX_TIMEOUT_S = 30 * 86400.0  # timedelta and faulthandler overflow on absurd values (1e12 s)
@@ -88,6 +94,15 @@ class TrainConfig:
             "help": "full: one file rank 0 writes; sharded: every rank writes its own shards (Distributed "
             "Checkpoint), in the background; auto: sharded under --strategy fsdp, full under ddp",
             "choices": CHECKPOINT_FORMATS,
+        },
+    )
+    async_save: str = field(
+        default="auto",
+        metadata={
+            "help": "sharded checkpoints: thread: every rank writes its shards on a background thread; process: "
+            "in a process of its own (DCP's), which leaves the training process alone while it writes; "
+            f"auto: {ASYNC_SAVE_DEFAULT}",
+            "choices": ASYNC_SAVES,
         },
     )
     allow_resize: bool = field(
@@ -319,6 +334,7 @@ class TrainConfig:
             ("strategy", self.strategy, STRATEGIES),
             ("reshard_after_forward", self.reshard_after_forward, TRUE_FALSE),
             ("checkpoint_format", self.checkpoint_format, CHECKPOINT_FORMATS),
+            ("async_save", self.async_save, ASYNC_SAVES),
         ):
             if value not in choices:
                 raise UsageError(f"--{_flag(name)} {value}: choose one of {', '.join(choices)}")
@@ -331,6 +347,12 @@ class TrainConfig:
             raise UsageError(
                 "--checkpoint-format sharded needs --strategy fsdp (DDP's replicas are the same on every rank: "
                 "rank 0's full checkpoint holds them). Fix: --strategy fsdp, or --checkpoint-format full"
+            )
+        if self.async_save == "process" and self.format_name() != "sharded":
+            raise UsageError(
+                "--async-save process writes sharded checkpoints (each rank's shards, from a process of its own); "
+                "this run writes the full format (one file, rank 0). Fix: --strategy fsdp (sharded by default), "
+                "or drop --async-save"
             )
         if self.strategy == "ddp" and self.reshard_after_forward != "true":
             raise UsageError(
@@ -398,6 +420,10 @@ class TrainConfig:
         if self.checkpoint_format != "auto":
             return self.checkpoint_format
         return "sharded" if self.strategy == "fsdp" else "full"
+
+    def async_save_kind(self) -> str:
+        """How sharded checkpoints are written: --async-save, auto resolved to ASYNC_SAVE_DEFAULT."""
+        return ASYNC_SAVE_DEFAULT if self.async_save == "auto" else self.async_save
 
     def best_rule(self) -> tuple[str, str] | None:
         """--keep-best as (metric name, "min" or "max"), or None when off (raises UsageError when malformed)."""

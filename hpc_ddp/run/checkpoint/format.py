@@ -45,6 +45,10 @@ class Format(ABC):
         # work the long limit, and the collective part the steady one (run/beacon.py).
         self.on_own_work: Callable[[], None] = lambda: None
 
+    def close(self) -> None:
+        """Release what the format holds beyond its writes (a saving process): once the last write is over."""
+        return None
+
     @classmethod
     @abstractmethod
     def owns(cls, path: Path) -> bool:

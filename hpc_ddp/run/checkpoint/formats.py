@@ -24,6 +24,8 @@ def for_run(cfg: Any, folder: Path, env: Any, commit: Any = None) -> Format:
     kind = named(cfg.format_name())
     if kind is Full:
         return Full(folder, env, cfg.keep, **({"commit": commit} if commit is not None else {}))
+    if kind is Sharded:
+        return Sharded(folder, env, cfg.keep, cfg.async_save_kind())
     return kind(folder, env, cfg.keep)
 
 

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused, NonFinite
-from hpc_ddp.run.checkpoint import content, durable, store, streamed, torchfile
+from hpc_ddp.run.checkpoint import content, dcpwrite, durable, store, streamed, torchfile
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.part import PER_RANK, SHARDED, Part
 from hpc_ddp.run.checkpoint.writer import Job
@@ -208,7 +208,7 @@ class Sharded(Format):
     name = "sharded"
     reshards = True  # a checkpoint of N ranks loads on M (--allow-resize)
 
-    def __init__(self, folder: Path, env: Any, keep: int) -> None:
+    def __init__(self, folder: Path, env: Any, keep: int, async_save: str = "thread") -> None:
         super().__init__(folder, env, keep)
         # The background writers' own group: created once, by every rank in the same order (a collective).
         self.group = dist.new_group(backend="gloo")
@@ -216,6 +216,11 @@ class Sharded(Format):
         # temporary folder for a save, and no two saves share one (a save of a step already saved, a finished
         # run's final one, writes beside the first until it replaces it).
         self.staged = 0
+        self.write = dcpwrite.writer(async_save, env, self.group)  # a collective too with `process`
+        self.staging = dcpwrite.Staging(shared=async_save == "process")
+
+    def close(self) -> None:
+        self.write.close()
 
     @classmethod
     def owns(cls, path: Path) -> bool:
@@ -239,17 +244,20 @@ class Sharded(Format):
                 rest[part.key] = state
             checks.append((part.check, part.key))
         self.on_own_work()
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
         # A CPU copy of this rank's shards (DTensors stay DTensors): training may change its own at once.
-        opts = StagingOptions(False, False, False, False)  # pinned, shared, async staging, non-blocking
-        staged = DefaultStager(opts).stage({k: v for k, v in tensors.items() if v is not None})
+        generation, staged = self.staging.stage({k: v for k, v in tensors.items() if v is not None})
         extras = content.to_cpu(rest, "the checkpoint state")
         self.staged += 1
-        return self._job(staged, extras, checks, dict(meta), step)
+        return self._job(staged, generation, extras, checks, dict(meta), step)
 
     def _job(
-        self, staged: dict[str, Any], extras: Any, checks: list[Any], meta: dict[str, Any], step: int
+        self,
+        staged: dict[str, Any],
+        generation: int,
+        extras: Any,
+        checks: list[Any],
+        meta: dict[str, Any],
+        step: int,
     ) -> Job:
         rank, world, group = self.env.rank, self.env.world_size, self.group
         directory = store.ckpt_dir(self.folder)
@@ -290,12 +298,19 @@ class Sharded(Format):
             torchfile.atomic_save(extras, temp / rank_file(rank))
 
         def write() -> tuple[Path, int]:
-            import torch.distributed.checkpoint as dcp
+            written = False
+            try:
+                result = write_all()
+                written = True
+                return result
+            finally:  # the staging copy is free for the next save once this succeeded (else kept for a retry)
+                self.staging.over(generation, written)
 
+        def write_all() -> tuple[Path, int]:
             if "sums" not in done:
                 verdict(agree(attempt(write_rank_file)))
                 try:
-                    dcp.save(staged, storage_writer=dcp.FileSystemWriter(str(temp)), process_group=group)
+                    self.write.write(staged, temp)  # on this thread, or in this rank's saving process
                 except BaseException as e:  # DCP tells every rank the same: an OSError on any is one on all
                     cause = _oserror(e)
                     if cause is None:
