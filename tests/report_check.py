@@ -31,7 +31,7 @@ from hpc_ddp.report.sources import read_run
 from hpc_ddp.run.metrics import read_records
 
 CHROMIUM_TIMEOUT_S = 90
-IMAGES = ("loss.png", "throughput.png", "step-time-heatmap.png", "time-breakdown.png")
+IMAGES = ("loss.png", "lr.png", "throughput.png", "step-time-heatmap.png", "time-breakdown.png")
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,20 @@ def saturated(png: bytes) -> float:
     return float((image.max(axis=2) - image.min(axis=2) > 0.3).mean())
 
 
+IMG = r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" width=(\d+) height=(\d+) alt="([^"]+)"'
+
+
 def inline_images(page: str) -> dict[str, bytes]:
-    found = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="([^"]+)"', page)
-    return {alt: base64.b64decode(data) for data, alt in found}
+    return {alt: base64.b64decode(data) for data, _, _, alt in re.findall(IMG, page)}
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def shown_sizes(page: str) -> dict[str, tuple[int, int]]:
+    """Each inline image's size on the page, in CSS pixels (its width and height attributes)."""
+    return {alt: (int(w), int(h)) for _, w, h, alt in re.findall(IMG, page)}
 
 
 def chromium() -> str:
@@ -151,6 +162,42 @@ document.body.appendChild(out);
 """
 
 
+# Injected like BROKEN_WORDS_JS: each image's size as laid out against the pixels its PNG holds, and whether a
+# table sticks out of the page (it must fit, or scroll inside its own box).
+LAYOUT_JS = """
+<script>
+const found = {images: [], overflow: []};
+for (const img of document.querySelectorAll("img")) {
+  const r = img.getBoundingClientRect();
+  found.images.push([img.alt, r.width, r.height, img.naturalWidth, img.naturalHeight]);
+}
+const page = document.documentElement.clientWidth;
+for (const table of document.querySelectorAll("table")) {
+  const box = table.parentElement.classList.contains("scroll") ? table.parentElement : table;
+  if (box.getBoundingClientRect().right > page + 1) found.overflow.push(table.className || "table");
+}
+found.pageScrolls = document.documentElement.scrollWidth > page + 1;
+const out = document.createElement("pre");
+out.id = "layout";
+out.textContent = JSON.stringify(found);
+document.body.appendChild(out);
+</script>
+"""
+
+
+def layout(page: Path, width: int, height: int = 1200) -> dict:
+    """How Chromium lays the page out at this window width (LAYOUT_JS)."""
+    probe = page.with_name("layout-probe.html")
+    probe.write_text(page.read_text().replace("</body>", LAYOUT_JS + "</body>"))
+    try:
+        dom = run_chromium(probe, "--dump-dom", f"--window-size={width},{height}")
+    finally:
+        probe.unlink()
+    found = re.search(r'<pre id="layout">(.*?)</pre>', dom, re.S)
+    assert found, f"no result from the page's script: {dom[-2000:]}"
+    return json.loads(html.unescape(found.group(1)))
+
+
 def broken_words(page: Path, width: int = 1600, height: int = 1200) -> list[str]:
     """The words of the page's table cells that Chromium, at this window size, breaks over two lines."""
     probe = page.with_name("broken-words-probe.html")
@@ -181,10 +228,25 @@ def check_report(folder: Path, shot: Path, *args: str, expect_heatmap: bool | No
     images = inline_images(page)
     assert sorted(images) == sorted(expected), sorted(images)
     shares = {}
+    sizes = shown_sizes(page)
     for name, png in images.items():
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and png == out.with_name(name).read_bytes(), name
         shares[name] = not_white(png)
         assert shares[name] > 0.02, f"{name} is blank ({shares[name]:.1%} of its pixels are not white)"
+        # Drawn for the size it is shown at, with two pixels per CSS pixel: crisp on a 2x screen, never
+        # stretched (the train metrics' 288 px PNG was shown 640 px wide).
+        width, height = png_size(png)
+        assert (width, height) == (2 * sizes[name][0], 2 * sizes[name][1]), (
+            name,
+            (width, height),
+            sizes[name],
+        )
+    # As a browser 960 px wide lays it out: every figure at its own size (the widest is 614 px), and the tables
+    # wider than that (the attempts') scroll inside their own box instead of running past the page's edge.
+    laid = layout(out, 960)
+    for name, w, h, natural_w, natural_h in laid["images"]:
+        assert (round(w), round(h)) == sizes[name] and (natural_w, natural_h) == png_size(images[name]), name
+    assert laid["overflow"] == [] and not laid["pageScrolls"], laid
     screenshot(out, shot)
     colorful = saturated(shot.read_bytes())
     # The page's own text, tables and lines are black and gray: colored pixels can only come from the plots.

@@ -417,8 +417,8 @@ def test_the_command_writes_one_self_contained_page_and_the_pngs(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (
         f"report: {folder / 'report.html'} (finished; 3 attempts, step 80, "
-        "final loss 0.5, best 0.4, goodput 57.6%, lost 25 steps, best checkpoint "
-        "interval 24.0 s)"
+        "smoothed training loss 1.012 (mean of the last 8 steps), goodput 57.6%, lost 25 steps, best "
+        "checkpoint interval 24.0 s)"
     )
     page = (folder / "report.html").read_text()
     assert not re.search(r"https?://", page) and "<script" not in page

@@ -190,3 +190,57 @@ def test_a_steps_own_values_are_compiled_one_a_step_and_drawn_only_when_there_ar
     assert "train-metrics.png" not in drawn
     html = page.render("r", s, drawn, 0.0, "metrics.jsonl", plain.evaluations())
     assert "train-metrics.png" not in html
+
+
+def test_the_headline_is_the_latest_evaluation_or_a_smoothed_loss_never_one_minibatch() -> None:
+    """The headline was "best loss": the lowest single minibatch's, noise (issue 37 item 6)."""
+    noisy = [step(10 + k, k, 1.0 if k % 10 else 0.01) for k in range(1, 101)]  # one lucky minibatch a 10
+    run = compile_records([start(10, 0, 0, 1), *noisy])
+    assert page.key_metric(run) == ("smoothed training loss", "0.901 (mean of the last 50 steps)")
+    records = [
+        start(10, 0, 0, 1),
+        *noisy,
+        evaluation(60, 50, loss=0.8, accuracy=0.7),
+        evaluation(120, 100, loss=0.6, accuracy=0.75),
+    ]
+    assert page.key_metric(compile_records(records)) == (
+        "latest evaluation",
+        "accuracy 0.75, loss 0.6 at step 100",
+    )
+    rows = dict(page.headline(timeline.summarize(run, running=False), page.key_metric(run)))
+    assert "best loss" not in rows and rows["smoothed training loss"].startswith("0.901")
+
+
+def test_a_new_best_is_marked_and_the_learning_rate_plotted() -> None:
+    """--keep-best's "best" records: the kept evaluation is marked in the table (and starred in its plot);
+    the "step" records' lr makes a plot of its own (issue 37 items 5 and 6)."""
+    pytest.importorskip("matplotlib")
+    steps = [{**step(10 + k, k, 1.0), "lr": 0.1 * (1 - k / 100)} for k in range(1, 101)]
+    best = {
+        "event": "best",
+        "time": 61,
+        "epoch": 0,
+        "step": 50,
+        "metric": "accuracy",
+        "value": 0.8,
+        "mode": "max",
+    }
+    records = [
+        start(10, 0, 0, 1),
+        *steps,
+        evaluation(60, 50, loss=0.5, accuracy=0.8),
+        best,
+        evaluation(120, 100, loss=0.6, accuracy=0.75),
+    ]
+    run = compile_records(records)
+    assert run.best() is not None and (run.best().step, run.best().metric) == (50, "accuracy")  # type: ignore[union-attr]
+    table = page.evaluations_table(run.evaluations(), run.best())
+    assert "<th>kept as best</th>" in table and table.count("class=best") == 1
+    assert "<tr class=best><td>50</td>" in table and "\u2605 best accuracy" in table
+    pngs = plots.draw(run, timeline.summarize(run, running=False))
+    assert {"lr.png", "evaluation.png"} <= set(pngs)
+    for name, png in pngs.items():  # drawn at twice the CSS pixels they are shown at (crisp on a 2x screen)
+        width, height = page.png_size(png)
+        assert width % 2 == 0 and height % 2 == 0, name
+    shown = page.render("r", timeline.summarize(run, running=False), pngs, 0.0, "x", run.evaluations())
+    assert f"width={page.png_size(pngs['lr.png'])[0] // 2} " in shown

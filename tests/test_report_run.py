@@ -3,6 +3,9 @@ are the ones metrics.jsonl holds."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import signal
 from pathlib import Path
 
@@ -47,7 +50,46 @@ def test_a_local_run_and_its_report_in_chromium(tmp_path: Path) -> None:
     assert s.final_loss == steps[-1]["loss"] and s.best_loss == min(r["loss"] for r in steps)
     assert 0 < s.goodput <= 1 and s.productive_s > 0
     assert checked.line.startswith(f"report: {folder / 'report.html'} (finished; 1 attempt, step 50, ")
-    assert f"final loss {s.final_loss:.4g}" in checked.line
+    # The headline: the training loss smoothed over the last steps, labelled so (no evaluation set here).
+    assert re.search(r", step 50, smoothed training loss \S+ \(mean of the last 50 steps\), ", checked.line)
+
+
+def offline_trackers(tmp_path: Path) -> dict[str, str]:
+    """wandb offline, MLflow's file store: nothing leaves the machine; wandb's settings stay in tmp_path."""
+    return {
+        "WANDB_MODE": "offline",
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
+        "MLFLOW_TRACKING_URI": (tmp_path / "mlruns").as_uri(),
+        "MLFLOW_ALLOW_FILE_STORE": "true",  # MLflow 3 keeps its file store behind this
+    }
+
+
+def assert_one_tracker_run_each(folder: Path, tmp_path: Path, steps: list[int]) -> None:
+    """--tracker wandb,mlflow over a preempted run (issue 37 item 2): one tracker run each, which the second
+    start resumed; the options logged once; every step once, in order; the attempts and why they ended."""
+    from mlflow.tracking import MlflowClient
+    from tracker_check import wandb_run
+
+    ids = json.loads((folder / "trackers.json").read_text())
+    # wandb: one offline folder per start, both with the run's id (`wandb sync` makes them one run).
+    starts = [wandb_run(f) for f in sorted((folder / "wandb").glob("offline-run-*/run-*.wandb"))]
+    assert [w["id"] for w in starts] == [ids["wandb"]["id"]] * 2, starts
+    assert json.loads(starts[0]["config"]["task"]) == "slow_tasks:slow" and "task" not in starts[1]["config"]
+    logged = [int(row["_step"]) for w in starts for row in w["history"] if "train/loss" in row]
+    assert logged == sorted(set(steps)) == list(range(1, 4 * 32 + 1))
+    assert "attempt 2 on " in json.loads(starts[1]["summary"]["attempts"])[1]
+    # MLflow: one run, its status, the options as parameters, each step once, the attempts as an artifact.
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # the test reads the file store the run wrote
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    run = client.get_run(ids["mlflow"]["id"])
+    assert run.info.status == "FINISHED" and run.data.params["task"] == "slow_tasks:slow"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(1, 129))
+    assert run.data.tags["restarts"] == "1"
+    listed = Path(client.download_artifacts(run.info.run_id, "attempts.txt", str(tmp_path))).read_text()
+    assert listed.startswith("attempt 1 on ") and "preempted" in listed.splitlines()[0], listed
+    assert len(client.search_runs([run.info.experiment_id])) == 1
 
 
 def test_a_preempted_run_reported_while_it_runs_and_after(tmp_path: Path) -> None:
@@ -70,7 +112,10 @@ def test_a_preempted_run_reported_while_it_runs_and_after(tmp_path: Path) -> Non
         "0",
         "--save-every-steps",
         "10",
+        "--tracker",
+        "wandb,mlflow",
         SLOW_TASK_SLEEP_S="0.03",
+        **offline_trackers(tmp_path),
     )
     read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGUSR2)
@@ -87,3 +132,4 @@ def test_a_preempted_run_reported_while_it_runs_and_after(tmp_path: Path) -> Non
     assert s.attempts[1].resumed_at == s.attempts[0].last_step > 32
     assert s.final_loss == steps[-1]["loss"] and s.best_loss == min(r["loss"] for r in steps)
     assert s.queue_s >= 0 and 0 < s.goodput <= 1  # 1 before start records (no startup seen)
+    assert_one_tracker_run_each(folder, tmp_path, [r["step"] for r in steps])

@@ -307,6 +307,20 @@ def test_builtin_cnn_keep_best_points_at_the_most_accurate_checkpoint_beside_the
         {64, top["step"]}, reverse=True
     )
     assert full.load(best)["best"]["value"] == top["metrics"]["accuracy"]
+    # Visible (issue 37 item 5): each new best is a "best" record and a console line, the last one the kept.
+    bests = records(cnn_run, "best")
+    improving = []
+    for r in evals:
+        if not improving or r["metrics"]["accuracy"] > improving[-1][1]:
+            improving.append((r["step"], r["metrics"]["accuracy"]))
+    assert [(r["step"], r["value"]) for r in bests] == improving and bests[-1]["step"] == top["step"]
+    assert all(r["metric"] == "accuracy" and r["mode"] == "max" for r in bests)
+    log = (cnn_run / "logs" / "rank0.log").read_text()
+    assert log.count("New best accuracy ") == len(bests)
+    assert (
+        f"New best accuracy {top['metrics']['accuracy']:.4f} (max) at step {top['step']}: its checkpoint"
+        in log
+    )
 
 
 @pytest.mark.deadline(150)

@@ -97,3 +97,33 @@ def test_metrics_jsonl_failing_still_ends_the_run(tmp_path: Path) -> None:
     rec = Recorder(folder, TrainConfig(), detect({}), total_steps=3, warn=pytest.fail)
     with pytest.raises(OSError):
         rec.start(Position(), "7", 0, False, 2, 1.0)
+
+
+def test_tracker_names_and_missing_packages_are_usage_errors_before_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hpc_ddp.errors import UsageError
+    from hpc_ddp.run.sinks import trackers
+
+    assert trackers.names("wandb, mlflow") == ["wandb", "mlflow"] and trackers.names("none") == []
+    assert (
+        trackers.problem("neptune")
+        == "--tracker neptune: no tracker 'neptune'; choose from wandb, mlflow (comma-separated)"
+    )
+    monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None)
+    assert trackers.problem("mlflow") == (
+        "--tracker mlflow needs the mlflow package, which this Python cannot import. Fix: pip install "
+        "mlflow-skinny (or mlflow), or drop --tracker"
+    )
+    with pytest.raises(UsageError, match="--tracker wandb needs the wandb package"):
+        TrainConfig(tracker="wandb")
+
+
+def test_a_tracker_gets_the_tags_tensorboard_uses() -> None:
+    from hpc_ddp.run.sinks.trackers import scalars_of
+
+    step = {"event": "step", "step": 3, "loss": 0.5, "lr": 0.1, "samples_per_s": None, "metrics": {"acc": 1}}
+    assert scalars_of(step) == {"train/loss": 0.5, "train/lr": 0.1, "train/acc": 1.0}
+    assert scalars_of({"event": "eval", "step": 4, "metrics": {"loss": 0.25}}) == {"eval/loss": 0.25}
+    best = {"event": "best", "step": 4, "metric": "accuracy", "value": 0.9, "mode": "max"}
+    assert scalars_of(best) == {"best/accuracy": 0.9} and scalars_of({"event": "start", "step": 0}) == {}

@@ -47,23 +47,31 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_bytes(
             out,
             page.render(
-                title, summary, pngs, now, sources.described(run, slurm), run.records.evaluations()
+                title,
+                summary,
+                pngs,
+                now,
+                sources.described(run, slurm),
+                run.records.evaluations(),
+                page.key_metric(run.records),
+                run.records.best(),
             ).encode(),
         )
     except OSError as e:
         raise UsageError(f"cannot write {out} ({e.strerror or e}). Fix: --out a path you can write") from None
-    print(line(out, summary), flush=True)
+    print(line(out, summary, page.key_metric(run.records)), flush=True)
     return 0
 
 
-def line(out: Path, s: timeline.Summary) -> str:
-    """The one line printed: where the report is and the headline numbers."""
+def line(out: Path, s: timeline.Summary, key: tuple[str, str] | None = None) -> str:
+    """The one line printed: where the report is and the headline numbers (`key`: page.key_metric)."""
     goodput = "n/a" if s.goodput is None else f"{s.goodput:.1%}"
     best = "n/a (no failure)" if s.best_interval_s is None else page.duration(s.best_interval_s)
     attempts = f"{len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}"
     return (
-        f"report: {out} ({s.state}; {attempts}, step {s.steps}, final loss {page.number(s.final_loss)}, "
-        f"best {page.number(s.best_loss)}, goodput {goodput}, lost {page.steps_text(s.lost_steps)}, "
+        f"report: {out} ({s.state}; {attempts}, step {s.steps}, "
+        f"{f'{key[0]} {key[1]}' if key else f'last loss {page.number(s.final_loss)}'}, "
+        f"goodput {goodput}, lost {page.steps_text(s.lost_steps)}, "
         f"best checkpoint interval {best})"
     )
 

@@ -7,11 +7,13 @@ import html
 import time
 from collections.abc import Mapping, Sequence
 
-from hpc_ddp.report.recorded import Evaluation
+from hpc_ddp.report.recorded import Best, Evaluation, Recorded
 from hpc_ddp.report.timeline import Summary
 
 CAPTIONS = {
     "loss.png": "Loss (mean over ranks) at each recorded step, one line per attempt.",
+    "lr.png": "Learning rate (the optimizer's first parameter group's) at each recorded step, one line per "
+    "attempt.",
     "throughput.png": "Samples per second over all ranks, measured from each process's second step.",
     "step-time-heatmap.png": 'Each rank\'s own work per step (data + compute) from the "ranks" records, '
     "every 5 steps (in a long run, the slowest of each window): a rank slower than "
@@ -22,10 +24,10 @@ CAPTIONS = {
     "train-metrics.png": "Each value the task's step returns besides its loss (the mean over the step's "
     "micro-batches and all ranks) at each recorded step.",
     "evaluation.png": "Each evaluation metric (the mean over every evaluated sample, all ranks) at the step it "
-    "was evaluated at.",
+    "was evaluated at; with --keep-best, a star marks the evaluation whose checkpoint checkpoints/best keeps.",
 }
 # A run without an evaluation set, or whose step returns nothing but its loss, has none: no "missing" line.
-OPTIONAL = {"evaluation.png", "train-metrics.png"}
+OPTIONAL = {"evaluation.png", "train-metrics.png", "lr.png"}
 
 DEFINITIONS = """
 <h2>Definitions</h2>
@@ -77,16 +79,35 @@ def number(value: float | None, spec: str = ".4g") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def headline(s: Summary) -> list[tuple[str, str]]:
-    """(name, value) rows of the summary table; the CLI prints some of them on one line."""
+SMOOTHED = 50  # training steps the headline loss is the mean of, without an evaluation
+
+
+def key_metric(run: Recorded) -> tuple[str, str]:
+    """The run's headline number, named: the latest evaluation's metrics, or else the training loss smoothed
+    over the last SMOOTHED steps, labelled so (a single minibatch's loss, lowest or last, is noise)."""
+    evals = run.evaluations()
+    if evals:
+        latest = evals[-1]
+        shown = ", ".join(f"{name} {number(value)}" for name, value in latest.metrics)
+        return "latest evaluation", f"{shown} at step {latest.step}"
+    smoothed = run.smoothed_loss(SMOOTHED)
+    if smoothed is None:
+        return "smoothed training loss", "n/a"
+    mean, n = smoothed
+    return "smoothed training loss", f"{number(mean)} (mean of the last {steps_text(n)})"
+
+
+def headline(s: Summary, key: tuple[str, str] | None = None) -> list[tuple[str, str]]:
+    """(name, value) rows of the summary table; the CLI prints some of them on one line. `key`: the headline
+    metric (key_metric)."""
     steps = f" (about {s.best_interval_steps} steps)" if s.best_interval_steps else ""
     interval = "n/a (no failure seen)" if s.best_interval_s is None else duration(s.best_interval_s) + steps
     return [
         ("state", s.state),
         ("attempts", str(len(s.attempts))),
         ("steps reached", str(s.steps)),
-        ("final loss", number(s.final_loss)),
-        ("best loss", number(s.best_loss) + (f" at step {s.best_step}" if s.best_step is not None else "")),
+        *([key] if key is not None else []),
+        ("last step's loss", number(s.final_loss)),
         ("goodput", "n/a" if s.goodput is None else f"{s.goodput:.1%}"),
         ("allocated", duration(s.allocated_s)),
         ("productive", duration(s.productive_s)),
@@ -182,12 +203,14 @@ def _clock(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
-def evaluations_table(evals: Sequence[Evaluation]) -> str:
-    """The "eval" records as a table: step, epoch, samples, one column per metric; empty without any."""
+def evaluations_table(evals: Sequence[Evaluation], best: Best | None = None) -> str:
+    """The "eval" records as a table: step, epoch, samples, one column per metric; empty without any. With
+    --keep-best, a last column marks the evaluation whose checkpoint `checkpoints/best` keeps."""
     if not evals:
         return ""
     names = sorted({name for e in evals for name, _ in e.metrics})
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in ("step", "epoch", "samples", *names))
+    columns = ("step", "epoch", "samples", *names, *(["kept as best"] if best is not None else []))
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in columns)
     rows = []
     for e in evals:
         values = dict(e.metrics)
@@ -197,8 +220,16 @@ def evaluations_table(evals: Sequence[Evaluation]) -> str:
             "" if e.samples is None else str(e.samples),
         ]
         cells += [number(values.get(name)) for name in names]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    return f"<h2>Evaluations</h2>\n<table class=evals><tr>{head}</tr>{''.join(rows)}</table>"
+        if best is not None:
+            cells.append(f"\u2605 best {best.metric}" if e.step == best.step else "")
+        marked = " class=best" if best is not None and e.step == best.step else ""
+        rows.append(f"<tr{marked}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    return f"<h2>Evaluations</h2>\n<div class=scroll><table class=evals><tr>{head}</tr>{''.join(rows)}</table></div>"
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """A PNG's width and height in pixels (its IHDR chunk)."""
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 def render(
@@ -208,24 +239,33 @@ def render(
     generated: float,
     read: str,
     evals: Sequence[Evaluation] = (),
+    key: tuple[str, str] | None = None,
+    best: Best | None = None,
 ) -> str:
-    """The whole page. `pngs`: file name -> PNG bytes, each shown inline in CAPTIONS order; `read`: what the
-    numbers come from (the files, and sacct when it answered); `evals`: the evaluations' table (one a step)."""
+    """The whole page. `pngs`: file name -> PNG bytes, each shown inline in CAPTIONS order at its size in CSS
+    pixels (plots.SCALE PNG pixels to one); `read`: what the numbers come from (the files, and sacct when it
+    answered); `evals`: the evaluations' table (one a step); `key`: the headline metric (key_metric); `best`:
+    --keep-best's kept evaluation."""
+    from hpc_ddp.report.plots import SCALE
+
     goodput = "n/a" if s.goodput is None else f"{s.goodput:.1%}"
     attempts = f"{len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}"
+    metric = f"{key[0]}: {key[1]}" if key is not None else f"last step's loss {number(s.final_loss)}"
     lead = (
         f"Goodput {goodput} &middot; {html.escape(s.state)} &middot; {attempts} &middot; step {s.steps} "
-        f"&middot; final loss {html.escape(number(s.final_loss))}"
+        f"&middot; {html.escape(metric)}"
     )
-    rows = [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in headline(s)]
+    rows = [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in headline(s, key)]
     half = (len(rows) + 1) // 2
     tables = f"<table>{''.join(rows[:half])}</table><table>{''.join(rows[half:])}</table>"
     figures = []
     for name, caption in CAPTIONS.items():
         if name in pngs:
             data = base64.b64encode(pngs[name]).decode()
+            width, height = (n // SCALE for n in png_size(pngs[name]))
             figures.append(
-                f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}">'
+                f'<figure style="width: {width}px"><img src="data:image/png;base64,{data}" '
+                f'width={width} height={height} alt="{html.escape(name)}">'
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>"
             )
         elif name not in OPTIONAL:
@@ -241,8 +281,10 @@ td.text {{ min-width: 8em; }}
 td.text .w {{ white-space: nowrap; }}
 th {{ background: #f3f3f3; }}
 .grid, .summary {{ display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }}
-figure {{ margin: 0; width: calc(50% - 8px); min-width: 420px; max-width: 640px; }}
-figure img {{ width: 100%; }}
+figure {{ margin: 0; max-width: 100%; }}
+figure img {{ max-width: 100%; height: auto; display: block; }}
+.scroll {{ overflow-x: auto; max-width: 100%; }}
+tr.best td {{ background: #fff4d6; }}
 figcaption, .missing {{ font-size: 13px; color: #555; }}
 .lead {{ font-size: 20px; font-weight: bold; }}
 </style></head><body>
@@ -251,9 +293,9 @@ figcaption, .missing {{ font-size: 13px; color: #555; }}
 <p>Generated {html.escape(_clock(generated))} from {html.escape(read)}.</p>
 <div class=summary>{tables}</div>
 <div class=grid>{"".join(figures)}</div>
-{evaluations_table(evals)}
+{evaluations_table(evals, best)}
 <h2>Attempts</h2>
-{_attempts_table(s)}
+<div class=scroll>{_attempts_table(s)}</div>
 {DEFINITIONS}
 </body></html>
 """

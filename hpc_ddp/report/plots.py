@@ -38,9 +38,19 @@ def pyplot() -> Any:
     return plt
 
 
+# The page shows a figure at its size in CSS pixels (96 to an inch, as matplotlib's figsize is meant) and the PNG
+# holds twice as many in each direction: crisp on a 2x screen, never stretched (page.py sets each image's size
+# from its PNG: width / SCALE). Without bbox "tight", a figure's pixels are exactly figsize x DPI.
+CSS_DPI = 96
+SCALE = 2
+DPI = CSS_DPI * SCALE
+
+
 def _png(fig: Any) -> bytes:
+    width, height = fig.get_size_inches()  # to whole CSS pixels: the PNG is then exactly SCALE x them
+    fig.set_size_inches(round(width * CSS_DPI) / CSS_DPI, round(height * CSS_DPI) / CSS_DPI)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=DPI)
     fig.clf()
     pyplot().close(fig)
     return buf.getvalue()
@@ -93,6 +103,27 @@ def loss_png(run: Recorded) -> bytes | None:
     ax.set_ylabel("loss (mean over ranks)")
     ax.set_title("Loss")
     if len(losses) > 1:
+        ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def lr_png(run: Recorded) -> bytes | None:
+    """The learning rate (the first parameter group's) at each recorded step, one line per attempt."""
+    lrs = run.lrs()
+    if not lrs:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    marker = "." if sum(len(s) for s in lrs) < 60 else None
+    for k, series in enumerate(lrs):
+        ax.plot(*thin(series.steps, series.values), marker=marker, label=f"attempt {k + 1}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("learning rate (first group)")
+    ax.set_title("Learning rate")
+    ax.set_ylim(bottom=0)
+    if len(lrs) > 1:
         ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -220,8 +251,10 @@ MAX_EVAL_PANELS = 6  # evaluation metrics drawn (in name order); the table has t
 
 
 def evaluation_png(run: Recorded) -> bytes | None:
-    """Each evaluation metric against the step, one panel each; None for a run without evaluations."""
-    return _panels(run.eval_series(), "eval")
+    """Each evaluation metric against the step, one panel each; None for a run without evaluations. With
+    --keep-best, the evaluation whose checkpoint `checkpoints/best` names is starred on its metric's panel."""
+    best = run.best()
+    return _panels(run.eval_series(), "eval", (best.metric, best.step) if best is not None else None)
 
 
 def train_metrics_png(run: Recorded) -> bytes | None:
@@ -229,7 +262,9 @@ def train_metrics_png(run: Recorded) -> bytes | None:
     return _panels(run.extra_series(), "train")
 
 
-def _panels(by_name: dict[str, tuple[list[int], list[float]]], kind: str) -> bytes | None:
+def _panels(
+    by_name: dict[str, tuple[list[int], list[float]]], kind: str, star: tuple[str, int] | None = None
+) -> bytes | None:
     series = list(by_name.items())[:MAX_EVAL_PANELS]
     if not series:
         return None
@@ -241,6 +276,10 @@ def _panels(by_name: dict[str, tuple[list[int], list[float]]], kind: str) -> byt
         ax.set_visible(False)
     for ax, (name, (steps, values)) in zip(axes.flat, series, strict=False):
         ax.plot(steps, values, marker="." if len(steps) < 60 else None)
+        if star is not None and star[0] == name and star[1] in steps:
+            at = steps.index(star[1])
+            ax.plot([steps[at]], [values[at]], marker="*", markersize=14, color="#d62728", linestyle="none")
+            ax.annotate("best (kept)", (steps[at], values[at]), textcoords="offset points", xytext=(6, 6))
         ax.set_title(f"{kind} {name}")
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
@@ -252,6 +291,7 @@ def draw(run: Recorded, summary: Summary) -> dict[str, bytes]:
     """Every plot there is data for, by file name (a run without "ranks" records has no heat map)."""
     pngs = {
         "loss.png": loss_png(run),
+        "lr.png": lr_png(run),
         "throughput.png": throughput_png(run),
         "step-time-heatmap.png": heatmap_png(run),
         "time-breakdown.png": breakdown_png(summary),

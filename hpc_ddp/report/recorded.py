@@ -50,6 +50,16 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class Best:
+    """A "best" record (--keep-best): the evaluation at `step` was the best so far; `checkpoints/best` names
+    that step's checkpoint."""
+
+    step: int
+    metric: str
+    value: float | None
+
+
+@dataclass(frozen=True)
 class Save:
     step: int | None
     stall_s: float | None  # None: missing or garbage (negative); counts as 0 in the breakdown
@@ -73,6 +83,7 @@ class Segment:
     last_step: int | None = None  # the step of its last record in the file
     losses: Series = field(default_factory=Series)  # "step" records' loss
     rates: Series = field(default_factory=Series)  # "step" records' samples_per_s > 0
+    lrs: Series = field(default_factory=Series)  # "step" records' lr (the first parameter group's)
     epoch_losses: Series = field(default_factory=Series)
     epoch_rates: Series = field(default_factory=Series)  # "epoch" and "end" records' samples_per_s > 0
     first_ranks: int | None = None  # the index of its first "ranks" record in the run's heat map
@@ -138,6 +149,7 @@ class Recorded:
     evals: list[Evaluation] = field(default_factory=list)  # "eval" records, in the order of the file
     # A Task.step's own values (the "step" records' `metrics`), by name: (step, time, value) in file order.
     extras: dict[str, Series] = field(default_factory=dict)
+    bests: list[Best] = field(default_factory=list)  # --keep-best's "best" records, in file order
 
     def evaluations(self) -> list[Evaluation]:
         """One evaluation per step, in step order: the last record of each step (a resume that replays steps
@@ -168,6 +180,27 @@ class Recorded:
     @property
     def saves(self) -> list[Save]:
         return [save for seg in self.segments for save in seg.saves]
+
+    def best(self) -> Best | None:
+        """The checkpoint `checkpoints/best` names: the last "best" record's (None without --keep-best). A
+        resume replays steps after its checkpoint; a best found again there is recorded again, so the last one
+        is the kept line's."""
+        return self.bests[-1] if self.bests else None
+
+    def lrs(self) -> list[Series]:
+        """Per process start, its "step" learning rates."""
+        return [seg.lrs for seg in self.segments if len(seg.lrs)]
+
+    def smoothed_loss(self, last: int = 50) -> tuple[float, int] | None:
+        """(mean, n): the training loss over the run's last `last` steps (a step replayed after a resume
+        counts once, its later record), or None without step losses. A single minibatch's loss is noise."""
+        by_step: dict[int, float] = {}
+        for series in self.losses():
+            by_step.update(zip(series.steps, series.values, strict=True))
+        if not by_step:
+            return None
+        values = [by_step[k] for k in sorted(by_step)[-last:]]
+        return sum(values) / len(values), len(values)
 
     def losses(self) -> list[Series]:
         """Per process start, its "step" losses; a run without any: its "epoch" losses."""
@@ -214,6 +247,8 @@ def compile_records(records: Iterable[Mapping[str, Any]]) -> Recorded:
                 seg.losses.add(step, t, loss)
             if rate.__class__ is float and isfinite(rate) and rate > 0 or ((rate := num(rate)) or 0) > 0:
                 seg.rates.add(step, t, rate)
+            if (lr := num(r.get("lr"))) is not None:
+                seg.lrs.add(step, t, lr)
             if step_time.__class__ is float and 0 <= step_time < math.inf:
                 run.step_times.append(step_time)
             elif (step_time := duration_or_none(step_time)) is not None:
@@ -245,6 +280,8 @@ def _add(run: Recorded, seg: Segment, r: Mapping[str, Any], event: Any, t: float
             run.evals.append(
                 Evaluation(step, int_or_none(r.get("epoch")), int_or_none(r.get("samples")), means)
             )
+    elif event == "best" and isinstance(r.get("metric"), str):
+        run.bests.append(Best(step, r["metric"], num(r.get("value"))))
     elif event == "ranks" and isinstance(r.get("step_time_s"), list):
         if seg.first_ranks is None:
             seg.first_ranks = len(run.heat.steps)

@@ -15,6 +15,7 @@ from typing import Any
 
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import tblog
+from hpc_ddp.run.sinks import trackers
 
 BUILTIN_TASKS = ("linear", "mlp", "gpt", "cnn")
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -262,6 +263,15 @@ class TrainConfig:
             "'hpc-ddp[tensorboard]')"
         },
     )
+    tracker: str = field(
+        default="",
+        metadata={
+            "help": "experiment trackers rank 0 logs to, comma-separated: wandb, mlflow (the options once, step "
+            "and evaluation metrics, new best checkpoints, the attempts and why each ended; one tracker run per "
+            "run folder, resumed after a requeue). Their packages are yours to install; their own settings "
+            "apply (WANDB_MODE=offline, MLFLOW_TRACKING_URI) (default: none)"
+        },
+    )
     nonfinite_loss: str = field(
         default="stop",
         metadata={
@@ -380,6 +390,10 @@ class TrainConfig:
             )
         if self.tensorboard:  # every entry point, before torch: a missing package is a usage error at once
             why = tblog.missing()
+            if why:
+                raise UsageError(why)
+        if self.tracker:  # every entry point, before torch: a missing package is a usage error at once
+            why = trackers.problem(self.tracker)
             if why:
                 raise UsageError(why)
         if self.overwrite and self.resume != "never":

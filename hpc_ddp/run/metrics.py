@@ -26,6 +26,8 @@ the epoch). Steps count optimizer steps from 1 over the whole run; `epoch` count
   it: the ranks' RNG gather, the copy to CPU, any wait for the previous write; for the `final` save also the
   wait until it is durable), `write_s` (seconds the background write took until durable; null if it never
   was), `final`. Written once its write has ended, a few steps later at most.
+- "best" (--keep-best, each new best evaluation): `epoch`, `step`, `metric` (its name), `value`, `mode` (min
+  or max); the checkpoint of that step is saved at once and named by `checkpoints/best`.
 - "epoch" (each epoch's end: its mean loss), "straggler" (a rank named slower than the others: rank, host,
   phase, how many times slower), "nonfinite" (a run stopped or a step skipped by a loss that is not finite),
   "end" (this process's last step; its `samples_per_s` is measured from the end of the first optimizer step,
@@ -331,6 +333,22 @@ class Recorder:
             }
         )
         self.sinks.scalars(pos.step, {f"eval/{name}": value for name, value in means.items()})
+
+    def best(self, pos: Position, name: str, value: float, mode: str) -> None:
+        """--keep-best: a new best evaluation; its checkpoint is saved at this step and named by
+        `checkpoints/best`."""
+        if self.path is None:
+            return
+        self._write(
+            {
+                "event": "best",
+                "epoch": pos.epoch,
+                "step": pos.step,
+                "metric": name,
+                "value": value,
+                "mode": mode,
+            }
+        )
 
     def save(self, epoch: int, step: int, stall_s: float, write_s: float | None, final: bool) -> None:
         """A checkpoint rank 0 saved (see the module docstring)."""

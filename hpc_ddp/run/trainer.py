@@ -705,7 +705,8 @@ class Trainer:
             return Outcome(False, result.requeue, result.stop)
         pos.eval_pending = False
         self._evaluated = pos.step
-        if self.best is not None and self.best.offer(pos.step, result.means):
+        new_best = self.best is not None and self.best.offer(pos.step, result.means)
+        if new_best:
             # The save at this step is due (it comes right after, at the same step) and will be the best. A
             # checkpoint of this step written before its evaluation (the resume of one stopped during it, an
             # epoch's last step saved before the epoch's evaluation) is not written again: it becomes the best.
@@ -713,6 +714,12 @@ class Trainer:
         self.metrics.eval(pos, result.samples, result.means)
         shown = " | ".join(f"{name} {value:.4f}" for name, value in result.means.items())
         self.log.main(f"Eval at step {pos.step} (epoch {pos.epoch}, {result.samples} samples): {shown}")
+        if new_best and self.best is not None:  # --keep-best made visible: a line and a "best" record
+            self.metrics.best(pos, self.best.name, self.best.value, self.best.mode)
+            self.log.main(
+                f"New best {self.best.name} {self.best.value:.4f} ({self.best.mode}) at step {pos.step}: its "
+                "checkpoint is saved now and kept as checkpoints/best"
+            )
         return None
 
     def _eval_loss(self, model: Any, batch: Any) -> torch.Tensor:

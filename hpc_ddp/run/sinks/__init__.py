@@ -4,6 +4,8 @@ The Recorder (hpc_ddp.run.metrics) decides what is recorded and when; each sink 
 
     jsonl        <folder>/metrics.jsonl: every record, one JSON line each (jsonl.py)
     tensorboard  --tensorboard: every step's scalars in <folder>/tb/ (hpc_ddp.run.tblog)
+    trackers     --tracker wandb,mlflow: experiment trackers, one run per run folder (trackers.py,
+                 wandb_run.py, mlflow_run.py)
 
 A sink gets two kinds of calls (base.Sink): `record(record)`, each record metrics.jsonl holds, at its cadence
 (a dict with "event" and "time"; hpc_ddp.run.metrics documents every field), and `scalars(step, values)`, a
@@ -33,4 +35,8 @@ def optional(folder: Path, cfg: TrainConfig) -> list[Sink]:
         from hpc_ddp.run.tblog import Board
 
         found.append(Board(folder))
+    if cfg.tracker:
+        from hpc_ddp.run.sinks import trackers
+
+        found.extend(trackers.open_all(cfg.tracker, folder, cfg.as_dict()))
     return found
