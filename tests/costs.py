@@ -111,6 +111,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_tasks.py": "unit",
     "test_run_teardown.py": ("unit", "process"),
     "test_run_trainer.py": "unit",
+    "test_run_exact.py": "process",
     "test_suite.py": ("unit", "process"),
 }
 

@@ -16,9 +16,13 @@ and no rank waits in a collective for a peer that left.
 
 Batches of --eval-batch-size samples (0: --batch-size): no gradients are kept, so it may be larger.
 
-Model: `model.eval()` under `torch.no_grad()` (and the strategy's autocast), back to `train()` after. The
-evaluation loader has its own generator: it never draws from the global RNG, so evaluating changes nothing of
-the training's random streams (dropout, the loader's shuffles), and an interrupted run stays bitwise equal.
+Model: `model.eval()` under `torch.no_grad()` (and the strategy's autocast), back to `train()` after.
+
+Randomness: an evaluation runs on generators of its own, seeded from --seed and its step (rng.isolated), and
+gives the training's back untouched: what it draws (a step that masks its input, sampling) never moves the
+training's streams, and an evaluation cut short by a signal runs again with the same draws. Its loaders have
+their own generator, and a dataset read by DataLoader workers seeds each batch from the step and its position
+(hpc_ddp.run.seeding), so a worker's draws are the same whichever run, and whenever, it evaluates.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import batches as batching
 from hpc_ddp.run import beacon as phase
-from hpc_ddp.run import evaluation, preemption
+from hpc_ddp.run import evaluation, loaders, preemption, rng, seeding
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.strategy.base import Strategy
@@ -65,22 +69,33 @@ class Evaluator:
         assert dataset is not None
         self.env, self.device, self.strategy, self.beacon = env, device, strategy, beacon
         self.eval_step, self.loss_of = task.eval_step, loss_of
+        self.seed = cfg.seed
         batch_size = cfg.eval_batch_size or cfg.batch_size
         self.stream = isinstance(dataset, IterableDataset)
+        workers = bool(options.get("num_workers"))
+        self.keys: list[loaders.Keyed] = []  # the samplers that carry the step to the workers
 
-        def loader(data: Any) -> DataLoader[Any]:
+        def loader(data: Any, **more: Any) -> DataLoader[Any]:
+            sampler = None
+            if workers and not self.stream:  # each batch seeded in its worker from the step and its index
+                sampler = loaders.Keyed(len(data))
+                self.keys.append(sampler)
+                data = seeding.SeededBatches(data, cfg.seed, seeding.EVAL)
             return DataLoader(
                 data,
                 batch_size=batch_size,
-                shuffle=False,
+                sampler=sampler,
                 drop_last=False,
                 collate_fn=task.collate_fn,
                 generator=torch.Generator(),  # never the global RNG (see the module docstring)
-                **options,
+                **{**options, **more},
             )
 
+        self.seeded: seeding.SeededStream | None = None
         if self.stream:  # the dataset shards itself (streams.reader); the ranks agree batch by batch
-            self.loader = loader(dataset)
+            self.seeded = seeding.SeededStream(dataset, cfg.seed, seeding.EVAL, batch_size)
+            # Workers that start with each evaluation: the step reaches them in their copy of the stream.
+            self.loader = loader(self.seeded, **({"persistent_workers": False} if workers else {}))
             self.batches = 0
         else:
             size = len(dataset)  # type: ignore[arg-type]
@@ -91,6 +106,12 @@ class Evaluator:
             self.padding = loader(Subset(dataset, range(min(size, 1))))  # type: ignore[arg-type]
         self.names: list[str] | None = None
 
+    def close(self) -> None:
+        """End the loaders' DataLoader workers now (hpc_ddp.run.loaders.shut_down)."""
+        for name in ("loader", "padding"):
+            if name in self.__dict__:
+                loaders.shut_down(self.__dict__[name])
+
     def run(self, step: int) -> Result:
         """Evaluate this rank's shard; every rank gets the same Result (the means over all ranks' samples)."""
         model = self.strategy.wrapped
@@ -98,8 +119,12 @@ class Evaluator:
         was_training = model.training
         model.eval()
         names: list[str] = []
+        for keyed in self.keys:
+            keyed.key = step
+        if self.seeded is not None:
+            self.seeded.start(step)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), rng.isolated(self.device, seeding.derive(self.seed, seeding.EVAL, step)):
                 if self.stream:
                     names = self._stream(model, means, step)
                 else:

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from hpc_ddp.cluster import placement
 from hpc_ddp.cluster.env import DistEnv
@@ -46,7 +46,7 @@ from hpc_ddp.log import RankLog, count
 from hpc_ddp.run import batches as batching
 from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import best as best_of
-from hpc_ddp.run import loaders, metrics, preemption, progress, schedules, stragglers
+from hpc_ddp.run import loaders, metrics, preemption, progress, rng, schedules, seeding, stragglers
 from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.checkpoint import content, formats, full
@@ -85,20 +85,6 @@ class Agreed(NamedTuple):
     extras: tuple[
         float, ...
     ] = ()  # the step's extra metrics (Task.step), summed over micro-batches and ranks
-
-
-class _SkipSampler(Sampler[int]):
-    """The epoch's DistributedSampler order, minus the samples a resumed run already trained on."""
-
-    def __init__(self, base: DistributedSampler) -> None:
-        self.base = base
-        self.skip = 0
-
-    def __iter__(self) -> Iterator[int]:
-        return itertools.islice(iter(self.base), self.skip, None)
-
-    def __len__(self) -> int:
-        return len(self.base) - self.skip
 
 
 class Trainer:
@@ -202,13 +188,17 @@ class Trainer:
         self.mark_grads = mark_grads
         self.optimizer = self.strategy.optimizer
         self.scaler = self.strategy.scaler
-        self.skip = _SkipSampler(self.sampler)
         # Chosen from the CPUs this rank is pinned to (cluster/placement), which its workers inherit.
         workers, note = placement.plan_workers(
             cfg.num_workers, device.type == "cuda", len(placement.current_affinity())
         )
         if note:
             self.log.main(note)
+        self.workers = workers
+        # The data's own randomness (hpc_ddp.run.seeding): a map-style dataset read by workers and every stream
+        # seed each batch from where it is, so a resumed run's batches draw what the uninterrupted run's drew.
+        # Read in this process, a map-style dataset draws from the training's generators, lazily: exact as is.
+        self.skip = loaders.SkipSampler(self.sampler, keyed=workers > 0)
         # An explicit generator: otherwise each DataLoader iterator draws its seed from the global RNG, and a
         # resumed run's dropout would see a different random stream than the uninterrupted run.
         self.loader_gen = torch.Generator()
@@ -221,13 +211,26 @@ class Trainer:
         self.stateful = stream_state and workers == 0
         stateful_loader = loaders.stateful_loader() if stream_state and workers > 0 else None
         self.loader_states = stateful_loader is not None
+        self.stream = (
+            (seeding.StatefulSeededStream if stream_state else seeding.SeededStream)(
+                task.dataset, cfg.seed, seeding.TRAIN, cfg.batch_size
+            )
+            if self.iterable
+            else None
+        )
+        data: Any = self.stream or (
+            seeding.SeededBatches(task.dataset, cfg.seed, seeding.TRAIN) if workers else task.dataset
+        )
+        if self.iterable or stateful_loader:
+            # A stream's workers start with each epoch: its key (the epoch) reaches them in their copy.
+            options = loaders.stateful_options(options)
         self.loader = (stateful_loader or DataLoader)(
-            task.dataset,
+            data,
             batch_size=cfg.batch_size,
             sampler=self.skip if not self.iterable else None,
             drop_last=True,
             collate_fn=task.collate_fn,
-            **(loaders.stateful_options(options) if stateful_loader else options),
+            **options,
             generator=self.loader_gen,
         )
         self._step_loss = torch.zeros((), device=device)  # this step's micro-batch losses, on the device
@@ -294,6 +297,11 @@ class Trainer:
         Reducer) and drop the optimizer and data. `model` and `pos` stay readable. Idempotent; the writer's
         error, if any, is raised after the release."""
         try:
+            # DataLoader workers first: they end at once here (not at the garbage collector's pace, 5 s a worker).
+            if "loader" in self.__dict__:
+                loaders.shut_down(self.loader)
+            if self.__dict__.get("evaluator") is not None:
+                self.evaluator.close()
             if "checkpointer" in self.__dict__:
                 self.checkpointer.close()
         finally:
@@ -564,7 +572,7 @@ class Trainer:
             self.dataset.set_epoch(epoch)  # a dataset that draws per epoch (augmentations, its own order)
         if self.iterable:
             return self._stream_epoch(epoch)
-        self.skip.skip = pos.batch * cfg.batch_size
+        self.skip.skip, self.skip.epoch = pos.batch * cfg.batch_size, epoch
         # Modulo 2**64: the same seed torch derives from a negative or small value, and no overflow for a large
         # --seed (any 64-bit seed is valid).
         self.loader_gen.manual_seed((cfg.seed * 1_000_003 + epoch) % 2**64)
@@ -585,8 +593,11 @@ class Trainer:
         cfg, pos = self.cfg, self.pos
         loaded, self._stream_loaded = self._stream_loaded, None
         by_loader = loaders.saved_by_loader(loaded)  # the state of a StatefulDataLoader, or of the dataset
+        stream = self.stream
+        assert stream is not None
+        stream.start(epoch)  # the epoch's batches seed themselves from (epoch, reader, batch number)
         if pos.batch and self.stateful and loaded is not None and not by_loader:
-            self.dataset.load_state_dict(loaded)  # type: ignore[union-attr]  # where its next step begins
+            stream.load_state_dict(loaded)  # type: ignore[attr-defined]  # where its next step begins
         elif pos.batch and self.loader_states and by_loader:
             self.loader.load_state_dict(loaders.unwrap(loaded))  # every worker's, where its next step begins
         elif pos.batch:  # resumed mid-epoch: a stream without a state cannot be positioned
@@ -605,17 +616,21 @@ class Trainer:
         self.loader_gen.manual_seed((cfg.seed * 1_000_003 + epoch) % 2**64)
         batches = self._timed(iter(self.loader))
         size = cfg.grad_accum
-        self._snapshot()
-        ahead = list(itertools.islice(batches, size))
+
+        def fetch() -> bool:
+            """The next step's batches, read ahead: on generators of their own (read in this process, the
+            stream's draws would otherwise move the training's between the step and its checkpoint)."""
+            nonlocal ahead
+            self._snapshot()
+            with rng.isolated(self.device) if not self.workers else contextlib.nullcontext():
+                ahead = list(itertools.islice(batches, size))
+            return len(ahead) == size
+
+        ahead: list[Any] = []
+        fetch()
         flag = torch.tensor(float(len(ahead) < size), device=self.device)
         dist.all_reduce(flag)  # once an epoch: does every rank have a first step?
         more = flag.item() == 0
-
-        def fetch() -> bool:
-            nonlocal ahead
-            self._snapshot()
-            ahead = list(itertools.islice(batches, size))
-            return len(ahead) == size
 
         while more:
             current = ahead
@@ -634,7 +649,7 @@ class Trainer:
         """A stateful stream's state before the next step's batches are fetched: what a save at the end of
         the current step holds (the batches fetched ahead are not trained on yet)."""
         if self.stateful:
-            self._stream_state = copy.deepcopy(self.dataset.state_dict())  # type: ignore[union-attr]
+            self._stream_state = copy.deepcopy(self.stream.state_dict())  # type: ignore[union-attr]
         elif self.loader_states:  # every worker's, as of the last batch this process took
             self._stream_state = loaders.wrap(copy.deepcopy(self.loader.state_dict()))
 
@@ -664,18 +679,24 @@ class Trainer:
         )
         self.step_data_s = 0.0
         self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
-        if agreed.requeue or agreed.stop:
-            return Outcome(False, agreed.requeue, agreed.stop)
-        if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1:
-            self.check_stragglers()
-        if cfg.max_steps and pos.step >= cfg.max_steps:
-            return Outcome(True)  # evaluated at the end, by run()
-        if (
+        finished = bool(cfg.max_steps and pos.step >= cfg.max_steps)  # evaluated at the end, by run()
+        evaluate = (
             cfg.eval_every_steps
             and pos.step % cfg.eval_every_steps == 0
             and pos.batch < self.batches_per_epoch
             and not last
-        ):
+            and not finished
+            and self.evaluator is not None
+        )
+        if agreed.requeue or agreed.stop:
+            # The step's evaluation is still due: the checkpoint says so, and the resume runs it first.
+            pos.eval_pending = bool(evaluate)
+            return Outcome(False, agreed.requeue, agreed.stop)
+        if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1:
+            self.check_stragglers()
+        if finished:
+            return Outcome(True)
+        if evaluate:
             stopped = self.evaluate()
             if stopped is not None:
                 return stopped
@@ -760,9 +781,9 @@ class Trainer:
 
     def run(self) -> Outcome:
         """Train from `self.pos` to the end, or until every rank agreed to stop."""
-        if self.pos.eval_pending:  # stopped during the evaluation at this step: it comes first
+        if self.pos.eval_pending:  # stopped during the evaluation at this step, or before it: it comes first
             self.log.main(
-                f"the evaluation at step {self.pos.step} was stopped by the signal: it runs again first"
+                f"the evaluation at step {self.pos.step} was stopped by the signal (or not begun): it runs first"
             )
             stopped = self.evaluate()
             if stopped is not None:

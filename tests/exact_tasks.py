@@ -1,0 +1,124 @@
+"""Tasks that draw random numbers where a resume finds it hardest (issue 32), for `--task exact_tasks:NAME`
+(tests/ on PYTHONPATH) and for in-process Trainers: augmentation in `__getitem__`, a stream that draws in
+`__iter__`, an evaluation that masks its input, BatchNorm.
+
+A stop at a chosen point: EXACT_STOP_STEP=N (the N-th call of the training step in this process, counted from
+1: with --grad-accum, a micro-batch) or EXACT_STOP_EVAL=N (the N-th evaluation batch) notes a SIGUSR2 on rank 0
+exactly as its handler would (hpc_ddp.run.preemption), once per EXACT_STOP_MARK (a file path prefix: a resumed
+run, whose counts start again, does not stop again)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset
+
+from hpc_ddp import Task
+from hpc_ddp.run import preemption, streams
+
+_calls = {"step": 0, "eval": 0}
+
+
+def stop_once(kind: str) -> None:
+    _calls[kind] += 1
+    at, mark = os.environ.get(f"EXACT_STOP_{kind.upper()}"), os.environ.get("EXACT_STOP_MARK")
+    if not at or not mark or os.environ.get("RANK", "0") != "0" or _calls[kind] != int(at):
+        return
+    if not os.path.exists(mark + kind):
+        open(mark + kind, "w").close()
+        preemption._note(signal.SIGUSR2, None)
+
+
+def _pairs(seed: int, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, 8, generator=gen)
+    return x, x.sum(dim=1, keepdim=True)
+
+
+class Augmented(Dataset):
+    """Map-style: each sample gets noise from torch's, Python's and NumPy's generators (random augmentation)."""
+
+    def __init__(self, seed: int, samples: int) -> None:
+        self.x, self.y = _pairs(seed, samples)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        noise = 0.1 * torch.randn(8) + 0.01 * random.random() + 0.01 * float(np.random.rand())
+        return self.x[i] + noise, self.y[i]
+
+
+class DrawingStream(IterableDataset):
+    """A stream with state: each reader (rank x worker) its every count-th sample; each item drawn a noise in
+    `__iter__`. Its state is the index of its next item."""
+
+    def __init__(self, seed: int, samples: int) -> None:
+        self.x, self.y = _pairs(seed, samples)
+        self.next, self.resume_at = 0, 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        index, count = streams.reader()
+        mine = list(range(index, len(self.x), count))
+        start, self.resume_at = self.resume_at, 0
+        for k in range(start, len(mine)):
+            self.next = k + 1
+            i = mine[k]
+            yield self.x[i] + 0.1 * torch.randn(8), self.y[i]
+
+    def state_dict(self) -> dict:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resume_at = state["next"]
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.ReLU(), nn.Linear(16, 1))
+
+
+def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    stop_once("step")
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+def eval_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict:
+    """Masks a tenth of the input at random (a draw in the evaluation), and reports one draw as `draw`."""
+    stop_once("eval")
+    x, y = batch
+    mask = (torch.rand_like(x) > 0.1).float()
+    return {"mse": nn.functional.mse_loss(model(x * mask), y), "draw": torch.rand(())}
+
+
+def _reset() -> None:
+    _calls.update(step=0, eval=0)
+
+
+def augmented(config):  # type: ignore[no-untyped-def]
+    """96 augmented training samples, 24 augmented evaluation samples, an evaluation that draws."""
+    _reset()
+    return Task(
+        model=_model(),
+        dataset=Augmented(config.seed, 96),
+        step=step,
+        eval_dataset=Augmented(config.seed + 1, 24),
+        eval_step=eval_step,
+    )
+
+
+def drawing_stream(config):  # type: ignore[no-untyped-def]
+    """A stream of 120 samples that draws in `__iter__` (state_dict too), an evaluation that draws."""
+    _reset()
+    return Task(
+        model=_model(),
+        dataset=DrawingStream(config.seed, 120),
+        step=step,
+        eval_dataset=Augmented(config.seed + 1, 24),
+        eval_step=eval_step,
+    )

@@ -1,0 +1,167 @@
+"""Issue 32, the data, RNG and evaluation half: a stop anywhere resumes bit for bit, in-process on a real one-rank
+gloo group (the loop is the same at every world size; tests/test_run_exact_ranks.py runs the 2-rank ones).
+
+Each case trains a task of tests/exact_tasks.py twice: straight through, and stopped at a chosen point (the task
+notes a SIGUSR2 there, as the handler would), its state gathered as a checkpoint holds it and loaded into a new
+Trainer, which trains to the end. Both must end with the same weights, optimizer state, step losses and
+evaluation records. The straight runs are shared between the cases that use the same options."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hpc_ddp.cluster import env as dist_env
+from hpc_ddp.cluster.group import process_group
+from hpc_ddp.log import RankLog
+from hpc_ddp.run import preemption, rng, tasks
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.trainer import Trainer
+
+pytestmark = pytest.mark.deadline(120)
+
+
+@dataclass
+class Ended:
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    steps: list[tuple[int, float]]  # (step, loss) of every step record
+    evals: list[tuple[int, dict[str, float]]]
+    stopped_at: int | None  # the step the stop came at (None: straight through)
+
+
+def _records(folder: Path, event: str) -> list[dict]:
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["event"] == event]
+
+
+def _trainer(cfg: TrainConfig, folder: Path) -> Trainer:
+    rng.seed(cfg.seed)  # as a rank starts (hpc_ddp.run.session)
+    return Trainer(cfg, dist_env.detect({}), torch.device("cpu"), tasks.build(cfg), folder, RankLog(0))
+
+
+def train(cfg: TrainConfig, folder: Path) -> Ended:
+    """Train to the end; if the task stops the run, resume a new Trainer from the stopped one's state."""
+    stopped_at = None
+    with process_group(dist_env.detect({}), torch.device("cpu")):
+        with _trainer(cfg, folder) as first:
+            outcome = first.run()
+            state = first.state() if not outcome.finished else None
+            stopped_at = first.pos.step if not outcome.finished else None
+            ended = first
+        if state is not None:
+            preemption._received[:] = [0, 0]  # the stop was taken: the new process starts without it
+            with _trainer(cfg, folder) as second:
+                second.restore(state, folder / "stopped.pt")
+                assert second.run().finished
+                ended = second
+        model = {k: v.clone() for k, v in ended.model.state_dict().items()}
+        optimizer = ended.strategy.optimizer_state() if ended.strategy.optimizer is not None else {}
+    steps = [(r["step"], r["loss"]) for r in _records(folder, "step")]
+    evals = [(r["step"], r["metrics"]) for r in _records(folder, "eval")]
+    return Ended(model, optimizer, steps, evals, stopped_at)
+
+
+_straight: dict[TrainConfig, Ended] = {}
+
+
+def straight(cfg: TrainConfig, tmp_path_factory: pytest.TempPathFactory) -> Ended:
+    if cfg not in _straight:
+        _straight[cfg] = train(cfg, tmp_path_factory.mktemp("straight"))
+    return _straight[cfg]
+
+
+def stopped(cfg: TrainConfig, folder: Path, monkeypatch: pytest.MonkeyPatch, **at: int) -> Ended:
+    """`cfg` stopped once at EXACT_STOP_<KIND>=N for each `kind=N` (tests/exact_tasks.py), then resumed."""
+    monkeypatch.setenv("EXACT_STOP_MARK", str(folder / "stop-"))
+    for kind, n in at.items():
+        monkeypatch.setenv(f"EXACT_STOP_{kind.upper()}", str(n))
+    ended = train(cfg, folder)
+    assert ended.stopped_at is not None, "the stop never came"
+    return ended
+
+
+def assert_same_end(a: Ended, b: Ended) -> None:
+    assert a.steps == b.steps  # every step's loss, in order: no step lost, none twice, the same batches
+    assert a.model.keys() == b.model.keys() and all(torch.equal(a.model[k], b.model[k]) for k in a.model)
+    assert str(a.optimizer) == str(b.optimizer)  # tensors printed whole: equal values print equal
+    assert a.evals == b.evals
+
+
+def config(task: str, **more: Any) -> TrainConfig:
+    return TrainConfig(
+        task=f"exact_tasks:{task}",
+        batch_size=8,
+        log_every_s=0,
+        save_every_epochs=0,
+        eval_every_epochs=0,
+        **more,
+    )
+
+
+AUGMENTED = config("augmented", epochs=2, num_workers=2, eval_every_steps=5)  # 12 steps an epoch
+
+
+def test_augmentation_in_workers_resumes_exactly(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 1: random augmentation in __getitem__, read by 2 persistent workers, stopped in epoch 1."""
+    ended = stopped(AUGMENTED, tmp_path, monkeypatch, step=16)
+    assert ended.stopped_at == 16
+    assert_same_end(straight(AUGMENTED, tmp_path_factory), ended)
+
+
+def test_an_evaluation_that_draws_and_is_stopped_reruns_identically(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 3: the evaluation at step 5 masks its input at random; the stop comes in its second batch."""
+    ended = stopped(AUGMENTED, tmp_path, monkeypatch, eval=2)
+    assert ended.stopped_at == 5
+    reference = straight(AUGMENTED, tmp_path_factory)
+    assert_same_end(reference, ended)
+    assert len({m["draw"] for _, m in reference.evals}) == len(reference.evals)  # really drawn, per step
+
+
+def test_a_stop_on_the_step_of_an_evaluation_leaves_it_pending(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 4: the stop lands in step 10, at which --eval-every-steps 5 evaluates: that evaluation runs
+    on resume, before any step."""
+    ended = stopped(AUGMENTED, tmp_path, monkeypatch, step=10)
+    assert ended.stopped_at == 10
+    assert [s for s, _ in ended.evals] == [5, 10, 15, 20, 24]  # and at the end
+    assert_same_end(straight(AUGMENTED, tmp_path_factory), ended)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_that_draws_in_iter_resumes_exactly(
+    workers: int, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 2: a stream with state whose __iter__ draws; its next batch is fetched before the save. Read
+    in the rank's process, and by 2 workers (torchdata's StatefulDataLoader)."""
+    cfg = config("drawing_stream", epochs=2, num_workers=workers, grad_accum=2, eval_every_steps=4)
+    ended = stopped(cfg, tmp_path, monkeypatch, step=7)  # the first micro-batch of step 4
+    assert ended.stopped_at == 4
+    assert_same_end(straight(cfg, tmp_path_factory), ended)
+
+
+def test_dataloader_workers_end_when_the_trainer_closes(tmp_path: Path) -> None:
+    """Finding 13: persistent workers (training and evaluation) end at close, not when the garbage collector
+    frees their iterator (it lives in a reference cycle: its queues were finalized first, the workers never
+    heard the end and the join waited 5 s per worker, 20-25 s at the end of every run)."""
+    import psutil
+
+    def workers() -> list[psutil.Process]:
+        return [p for p in psutil.Process().children() if p.name() == "pt_data_worker"]
+
+    cfg = config("augmented", epochs=1, max_steps=3, num_workers=2, eval_every_steps=2)
+    with process_group(dist_env.detect({}), torch.device("cpu")):
+        with _trainer(cfg, tmp_path) as trainer:
+            assert trainer.run().finished
+            assert len(workers()) == 4  # 2 training and 2 evaluation workers
+        assert workers() == []
