@@ -196,7 +196,7 @@ def test_the_headline_is_the_latest_evaluation_or_a_smoothed_loss_never_one_mini
     """The headline was "best loss": the lowest single minibatch's, noise (issue 37 item 6)."""
     noisy = [step(10 + k, k, 1.0 if k % 10 else 0.01) for k in range(1, 101)]  # one lucky minibatch a 10
     run = compile_records([start(10, 0, 0, 1), *noisy])
-    assert page.key_metric(run) == ("smoothed training loss", "0.901 (mean of the last 50 steps)")
+    assert page.key_metric(run) == ("smoothed training loss", "0.901 (mean of the last 10 steps)")
     records = [
         start(10, 0, 0, 1),
         *noisy,

@@ -51,7 +51,7 @@ def test_a_local_run_and_its_report_in_chromium(tmp_path: Path) -> None:
     assert 0 < s.goodput <= 1 and s.productive_s > 0
     assert checked.line.startswith(f"report: {folder / 'report.html'} (finished; 1 attempt, step 50, ")
     # The headline: the training loss smoothed over the last steps, labelled so (no evaluation set here).
-    assert re.search(r", step 50, smoothed training loss \S+ \(mean of the last 50 steps\), ", checked.line)
+    assert re.search(r", step 50, smoothed training loss \S+ \(mean of the last 10 steps\), ", checked.line)
 
 
 def offline_trackers(tmp_path: Path) -> dict[str, str]:

@@ -79,7 +79,8 @@ def number(value: float | None, spec: str = ".4g") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-SMOOTHED = 50  # training steps the headline loss is the mean of, without an evaluation
+SMOOTHED = (10, 50)  # the headline loss without an evaluation: the mean of the last tenth of the run's steps,
+# at least 10 (or all there are) and at most 50 (the last fifty of a 70-step run would still hold its first losses)
 
 
 def key_metric(run: Recorded) -> tuple[str, str]:
@@ -90,7 +91,8 @@ def key_metric(run: Recorded) -> tuple[str, str]:
         latest = evals[-1]
         shown = ", ".join(f"{name} {number(value)}" for name, value in latest.metrics)
         return "latest evaluation", f"{shown} at step {latest.step}"
-    smoothed = run.smoothed_loss(SMOOTHED)
+    least, most = SMOOTHED
+    smoothed = run.smoothed_loss(min(most, max(least, run.loss_steps() // 10)))
     if smoothed is None:
         return "smoothed training loss", "n/a"
     mean, n = smoothed

@@ -93,7 +93,7 @@ def loss_png(run: Recorded) -> bytes | None:
     if not losses:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig, ax = plt.subplots(figsize=(6.0, 3.4))
     marker = "." if sum(len(s) for s in losses) < 60 else None  # dots only where they are few
     for k, series in enumerate(losses):
         ax.plot(*thin(series.steps, series.values), marker=marker, label=f"attempt {k + 1}")
@@ -115,7 +115,7 @@ def lr_png(run: Recorded) -> bytes | None:
     if not lrs:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig, ax = plt.subplots(figsize=(6.0, 3.4))
     marker = "." if sum(len(s) for s in lrs) < 60 else None
     for k, series in enumerate(lrs):
         ax.plot(*thin(series.steps, series.values), marker=marker, label=f"attempt {k + 1}")
@@ -156,7 +156,7 @@ def throughput_axes(ax: Any, run: Recorded) -> bool:
 
 def throughput_png(run: Recorded) -> bytes | None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig, ax = plt.subplots(figsize=(6.0, 3.4))
     if not throughput_axes(ax, run):
         plt.close(fig)
         return None
@@ -213,7 +213,7 @@ def heatmap_axes(fig: Any, ax: Any, run: Recorded) -> bool:
 def heatmap_png(run: Recorded) -> bytes | None:
     plt = pyplot()
     rows = max(len(run.heat.rows), 1)
-    fig, ax = plt.subplots(figsize=(6.4, 1.6 + 0.25 * min(rows, 32)))
+    fig, ax = plt.subplots(figsize=(6.0, 1.6 + 0.25 * min(rows, 32)))
     if not heatmap_axes(fig, ax, run):
         plt.close(fig)
         return None
@@ -225,7 +225,7 @@ def breakdown_png(summary: Summary) -> bytes | None:
     if not summary.attempts:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 1.6 + 0.45 * (len(summary.attempts) + 1)), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.0, 1.6 + 0.45 * (len(summary.attempts) + 1)), layout="constrained")
     labels = [f"attempt {k + 1}" for k in range(len(summary.attempts))] + ["all"]
     parts = {
         name: [getattr(a, "queue_before_s" if name == "queue" else f"{name}_s") for a in summary.attempts]

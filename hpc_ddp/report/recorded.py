@@ -191,6 +191,10 @@ class Recorded:
         """Per process start, its "step" learning rates."""
         return [seg.lrs for seg in self.segments if len(seg.lrs)]
 
+    def loss_steps(self) -> int:
+        """How many distinct steps have a loss."""
+        return len({step for series in self.losses() for step in series.steps})
+
     def smoothed_loss(self, last: int = 50) -> tuple[float, int] | None:
         """(mean, n): the training loss over the run's last `last` steps (a step replayed after a resume
         counts once, its later record), or None without step losses. A single minibatch's loss is noise."""
