@@ -83,7 +83,7 @@ def open_all(value: str, folder: Path, config: Mapping[str, Any]) -> list[Sink]:
                 sink.close()
             raise UsageError(
                 f"--tracker {name}: its run could not be opened ({type(e).__name__}: {str(e)[:300]}). Fix: "
-                f"{settings}, or drop --tracker"
+                f"check {settings}; or drop --tracker"
             ) from e
     return found
 
