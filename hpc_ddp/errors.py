@@ -53,6 +53,11 @@ class SavingFailed(RunStopped):
     """Checkpoints could not be written even after the retries: the run stops before more work is at risk."""
 
 
+class DiskFull(RunStopped):
+    """The run folder's disk (or quota) stayed full for the whole retry window: a failure, never a usage error
+    (the same command works once there is space)."""
+
+
 def fail(prog: str, message: str, code: int = exitcodes.USAGE) -> NoReturn:
     """Print `prog: error: message` as one line on stderr and exit."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
@@ -65,6 +70,8 @@ def run_main(prog: str, main: Callable[[], int]) -> NoReturn:
         code = main()
     except UsageError as e:
         fail(prog, str(e))
+    except RunStopped as e:  # the kit stopped on purpose (a disk still full): one line, its own exit code
+        fail(prog, str(e), e.code)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         raise SystemExit(130) from None

@@ -98,6 +98,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_help.py": "unit",
     "test_run_folder.py": "unit",
     "test_run_folder_rules.py": ("unit", "process"),
+    "test_run_full_disk.py": ("unit", "ranks"),
     "test_run_hang.py": "ranks",
     "test_run_hang_rules.py": "unit",
     "test_run_nonfinite.py": "ranks",

@@ -122,3 +122,39 @@ def nan_after_slow_save(config):  # type: ignore[no-untyped-def]
 
     torchfile._save_stream = save_stream
     return nan_loss(config)
+
+
+def fill_disk(folder: str) -> str:
+    """Fill the file system of `folder` (a small tmpfs of a test) with one file: every write there then fails
+    with ENOSPC, a real full disk. Returns the file's path (removing it frees the space)."""
+    path = os.path.join(folder, "filler")
+    with open(path, "wb", buffering=0) as f:
+        for block in (b"\0" * (1 << 20), b"\0" * 4096):  # big blocks, then what they left
+            try:
+                while f.write(block):
+                    pass
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+    return path
+
+
+def full_for_a_while(config):  # type: ignore[no-untyped-def]
+    """At its optimizer step $FULL_AT (counted in this process, from 1) rank 0 fills the run folder's file system
+    (a real full disk: the test puts the folder on a small tmpfs, and frees it a while later). With $CRASH_AT,
+    rank 1 of the first start raises at that step, while the disk is full: the restart starts on a full disk."""
+    full_at, crash_at = int(os.environ.get("FULL_AT", "0")), int(os.environ.get("CRASH_AT", "0"))
+    first_start = int(os.environ.get("SLURM_RESTART_COUNT") or 0) == 0
+    calls = [0]
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        rank = os.environ.get("RANK", "0")
+        if calls[0] == full_at and rank == "0" and first_start:
+            fill_disk(config.folder)
+            print(f"[task] the disk is full from step {calls[0]}", flush=True)
+        if calls[0] == crash_at and rank == "1" and first_start:
+            raise RuntimeError(f"a crash at step {calls[0]} while the disk is full (tests/robust_tasks.py)")
+        return _sleepy_mse(output, target)
+
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=loss_fn)

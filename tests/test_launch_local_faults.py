@@ -152,7 +152,9 @@ def _unshare_works() -> bool:
 needs_mount_ns = pytest.mark.skipif(not _unshare_works(), reason="needs root and `unshare --mount`")
 
 
-def start_on_tmpfs(mount: Path, size: str, fill: bool, folder: Path, *args: str) -> subprocess.Popen[str]:
+def start_on_tmpfs(
+    mount: Path, size: str, fill: bool, folder: Path, *args: str, **env: str
+) -> subprocess.Popen[str]:
     """The local run, in a private mount namespace where `mount` is a small tmpfs (nothing leaks out: the
     mount goes away with the namespace when the launcher exits). With `fill`, the tmpfs is full from the start."""
     mount.mkdir(parents=True, exist_ok=True)
@@ -182,7 +184,7 @@ def start_on_tmpfs(mount: Path, size: str, fill: bool, folder: Path, *args: str)
     ]
     return subprocess.Popen(
         cmd,
-        env=clean_environ(),
+        env=clean_environ(**env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -218,12 +220,16 @@ def test_a_full_run_folder_ends_the_run_with_an_error_not_a_hang(
 ) -> None:
     # Everything (logs, checkpoints, metrics) on 256 KiB that the chatter fills within the first epoch.
     folder = tmp_path / "run"
-    proc = start_on_tmpfs(folder, "256k", False, folder, *CHATTY, "--timeout-s", "30")
+    # A full disk is waited out for the retry window: 3.1 s here (HPC_DDP_SAVE_BACKOFF_S=0.1), not 31 s.
+    proc = start_on_tmpfs(
+        folder, "256k", False, folder, *CHATTY, "--timeout-s", "30", HPC_DDP_SAVE_BACKOFF_S="0.1"
+    )
     procs.append(proc)
     code, out = finish(proc, timeout=60)  # before the fix: hung for good, --timeout-s notwithstanding
-    # 2: a retry (--max-restarts) finds the folder full at its start: a one-line usage error, not a hang.
-    assert code in (0, 1, 2), out[-3000:]
-    assert "No space left on device" in out
+    # A full disk is never a usage error (exit 2): a retry (--max-restarts) that finds the folder full at its
+    # start waits for space, then fails (exit 1) with one line (issue 32, finding 10).
+    assert code in (0, 1), out[-3000:]
+    assert "No space left on device" in out and "not writable" not in out
 
 
 # --- 2. A closed console ----------------------------------------------------------------------------------

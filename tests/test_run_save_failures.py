@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hpc_ddp.cluster import env as dist_env
-from hpc_ddp.errors import SavingFailed
+from hpc_ddp.errors import DiskFull, SavingFailed
 from hpc_ddp.launch import retry
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import folder as run_folder
@@ -206,7 +206,8 @@ def test_the_ranks_that_stop_because_rank_0_cannot_save_read_as_its_consequence(
 def test_a_write_test_that_meets_a_full_disk_leaves_no_probe_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The probe file is created, then its write fails (ENOSPC): it is removed, and the start is refused."""
+    """The probe file is created, then its write fails (ENOSPC): it is removed, and once the disk has stayed full
+    for the retry window the start fails with one line, never as a usage error (issue 32, finding 10)."""
     real = Path.write_bytes
 
     def full_disk(self: Path, data: bytes) -> int:
@@ -214,7 +215,10 @@ def test_a_write_test_that_meets_a_full_disk_leaves_no_probe_file(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(Path, "write_bytes", full_disk)
-    with pytest.raises(run_folder.UsageError, match=r"is not writable \(No space left on device\)"):
+    monkeypatch.setenv("HPC_DDP_SAVE_BACKOFF_S", "0.01")  # a window of 0.31 s
+    with pytest.raises(
+        DiskFull, match=r"cannot be written: No space left on device, still after waiting 0.31 s"
+    ):
         run_folder.prepare(tmp_path)
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []

@@ -23,6 +23,7 @@ requeues them all find each other's files here. No torch: launchers and `--help`
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -31,11 +32,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from hpc_ddp.errors import UsageError
+from hpc_ddp.errors import DiskFull, UsageError
+from hpc_ddp.ledger import files
 
 # The atomic writes live in the ledger (below this layer, which also writes with them); the run folder's own
 # files are written with them too: hpc_ddp.run.folder.atomic_write is the same function.
@@ -93,29 +95,42 @@ def default_for_submission(job_name: str, now: float | None = None) -> Path:
 def write_test(folder: Path, name: str) -> str:
     """Write (and remove) the file `name` in `folder`: '' if that worked, else why not. A real write, since
     os.access() says yes to root for any directory, a read-only mount or sysfs included."""
-    probe = folder / name
     try:
-        probe.write_bytes(b"ok")
-        probe.unlink()
+        _probe(folder / name)
     except OSError as e:
-        try:  # created, then its write failed (a full disk): not left behind
-            probe.unlink(missing_ok=True)
-        except OSError:
-            pass
         return e.strerror or str(e)
     return ""
 
 
-def prepare(folder: Path, private: bool = False) -> None:
+def _probe(probe: Path) -> None:
+    try:
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError:
+        try:  # created, then its write failed (a full disk): not left behind
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
+
+
+def prepare(folder: Path, private: bool = False, warn: Callable[[str], None] | None = None) -> None:
     """Create the run folder and prove it is writable, before anyone depends on it (UsageError if not).
+
+    A full disk is no usage error: it is waited out for the retry window (`warn` hears it once), and a disk
+    still full then is DiskFull (a failure, retried like one; the same command works once there is space).
 
     `private`: owner-only (mode 0700), and a folder that others can write is refused: submitit unpickles, and
     so runs, what is in a submission's folder."""
     fix = "Fix: --folder a directory on shared storage that you can write"
     try:
-        folder.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
+        files.patiently(
+            lambda: folder.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True),
+            f"run folder {folder}",
+            warn,
+        )
     except OSError as e:
-        raise UsageError(f"run folder {folder} is not writable ({e.strerror or e}). {fix}") from None
+        _refuse(folder, e, fix)
     if private:
         mode = folder.stat().st_mode
         if mode & 0o022:
@@ -123,9 +138,19 @@ def prepare(folder: Path, private: bool = False) -> None:
                 f"run folder {folder} is writable by others (mode {mode & 0o777:o}); submitit loads "
                 f"and runs pickles from it. Fix: chmod go-w {folder}, or use another --folder"
             )
-    error = write_test(folder, f".write-test-{os.getpid()}")
-    if error:
-        raise UsageError(f"run folder {folder} is not writable ({error}). {fix}")
+    try:
+        files.patiently(lambda: _probe(folder / f".write-test-{os.getpid()}"), f"run folder {folder}", warn)
+    except OSError as e:
+        _refuse(folder, e, fix)
+
+
+def _refuse(folder: Path, error: OSError, fix: str) -> NoReturn:
+    if files.is_full(error):
+        raise DiskFull(
+            f"run folder {folder} cannot be written: {error.strerror or error}, still after waiting "
+            f"{files.window_s():g} s for space. Fix: free space (or quota) there, then run the same command"
+        ) from None
+    raise UsageError(f"run folder {folder} is not writable ({error.strerror or error}). {fix}") from None
 
 
 # ----- one run at a time ----------------------------------------------------------------------------------
@@ -189,9 +214,15 @@ def release_held() -> None:
 
 
 def hold_folder(
-    folder: Path, role: str, job_id: str | None, restarts: int, inherited: str | None = None
+    folder: Path,
+    role: str,
+    job_id: str | None,
+    restarts: int,
+    inherited: str | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> FolderLock:
-    """Take `folder` for this run, or raise UsageError naming the run that holds it (see FolderLock)."""
+    """Take `folder` for this run, or raise UsageError naming the run that holds it (see FolderLock). Its record
+    is written patiently (a full disk is waited out: `warn` hears it; DiskFull after the retry window)."""
     path = folder / LOCK_NAME
     me = {
         "token": uuid.uuid4().hex,
@@ -223,15 +254,28 @@ def hold_folder(
             raise UsageError(
                 f"cannot create {path} ({e.strerror or e}). Fix: --folder a directory you can write"
             ) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(me) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            files.patiently(functools.partial(_fill_lock, fd, me), str(path), warn)
+        except OSError as e:
+            os.close(fd)
+            path.unlink(missing_ok=True)  # an empty lock would read as another run taking the folder
+            _refuse(folder, e, "Fix: --folder a directory you can write")
+        os.close(fd)
         return FolderLock(path, me, owned=True)
     raise UsageError(
         f"{path} changed hands 5 times while this run tried to take it: more than one run is starting "
         "in this folder. Fix: start one run per --folder"
     )
+
+
+def _fill_lock(fd: int, me: dict[str, Any]) -> None:
+    """The lock's record, whole (a retry after a full disk starts it again), and durable."""
+    data = (json.dumps(me) + "\n").encode()
+    os.ftruncate(fd, 0)
+    written = 0
+    while written < len(data):
+        written += os.pwrite(fd, data[written:], written)
+    os.fsync(fd)
 
 
 def is_held(folder: Path) -> bool:

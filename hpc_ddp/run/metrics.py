@@ -116,7 +116,7 @@ class Recorder:
         self.path = folder / METRICS if folder else None
         self.interval = cfg.log_every_s
         self.total_steps = total_steps
-        self.sinks = sinks.Sinks([JsonLines(self.path)] if self.path else [], warn or _warn)
+        self.sinks = sinks.Sinks([JsonLines(self.path, warn or _warn)] if self.path else [], warn or _warn)
         self.opened = False  # the optional sinks (opened by the first `start`)
         self.live = live_mode() if folder else ""
         self.tty = self.live == "tty"

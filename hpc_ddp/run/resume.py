@@ -28,6 +28,7 @@ from typing import Any
 
 from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, UsageError
+from hpc_ddp.ledger import files
 from hpc_ddp.ledger.attempts import ATTEMPTS
 from hpc_ddp.run.checkpoint import durable, formats, store
 from hpc_ddp.run.checkpoint.format import Format
@@ -163,7 +164,8 @@ def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
             broken = _new_folder(directory, "latest.unreadable", create=False)
             os.replace(pointer, broken)
             say(f"{pointer} was not a file; moved to {broken}")
-        atomic_write_bytes(pointer, (chosen.start.name + "\n").encode())
+        named = (chosen.start.name + "\n").encode()
+        files.patiently(lambda: atomic_write_bytes(pointer, named), str(pointer), say)
     elif chosen.set_aside and pointer.is_file() and store.read_latest(folder) is None:
         pointer.unlink()  # it named a file that was set aside; the first save writes it again
 

@@ -14,6 +14,7 @@ it until everything has been checked: the task, the checkpoint it resumes, every
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from hpc_ddp import exitcodes
 from hpc_ddp.cluster.env import DistEnv, detect
 from hpc_ddp.errors import UsageError
-from hpc_ddp.ledger import attempts, exits, outcomes
+from hpc_ddp.ledger import attempts, exits, files, outcomes
 from hpc_ddp.ledger import preemption as preemption_record
 from hpc_ddp.log import RankLog, count
 from hpc_ddp.run import folder as run_folder
@@ -51,9 +52,10 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         # Before torch (seconds) and the rendezvous: a bad --folder, or a folder another run holds, is a
         # one-line error at once. Only rank 0 writes there; the other ranks are stopped by their launcher (srun
         # --kill-on-bad-exit, torchrun).
-        run_folder.prepare(folder)
+        warn = RankLog(env.rank).warn  # a full disk is waited out for a while, and said
+        run_folder.prepare(folder, warn=warn)
         lock = run_folder.hold_folder(
-            folder, "rank0", env.job_id, env.restart, environ.get(run_folder.LOCK_VAR)
+            folder, "rank0", env.job_id, env.restart, environ.get(run_folder.LOCK_VAR), warn
         )
         run_folder.tell_folder(folder, environ)  # where slurm/ddp.sbatch finds preempted.json
     try:
@@ -196,7 +198,7 @@ def _train(
                 beacon.set(FINISHING)
                 model_path = folder / run_folder.MODEL
                 if _rank0(env, lambda: not model_path.is_file()):
-                    _write_model(trainer, env, model_path)
+                    _write_model(trainer, env, model_path, log)
                     log.main(f"model.pth was missing: written from the final checkpoint to {model_path}")
                 _rank0(env, lambda: _finished_already(trainer, folder, log))
                 return exitcodes.OK
@@ -235,7 +237,7 @@ def _train(
         if not outcome.finished:
             return _preempted(cfg, env, folder, log, environ, outcome, trainer.pos.step)
         trainer.strategy.check_in_sync(log)
-        _write_model(trainer, env, folder / run_folder.MODEL)
+        _write_model(trainer, env, folder / run_folder.MODEL, log)
         log.main(f"Model saved by rank 0 to {folder / run_folder.MODEL}")
         dist.barrier()
         return exitcodes.OK
@@ -257,7 +259,9 @@ def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: R
 
     store.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
     resume.apply(plan, folder, log.info)
-    record.write(folder, cfg.as_dict(), env.__dict__, os.getcwd())
+    # A full disk at start is waited out (a restart may come while it still is): hpc_ddp.ledger.files.
+    record_ = functools.partial(record.write, folder, cfg.as_dict(), env.__dict__, os.getcwd())
+    _patiently(record_, str(folder / run_folder.RUN_RECORD), log)
     configfile.save(folder, cfg)  # the resolved options, for --config
 
 
@@ -277,8 +281,11 @@ def _record_start(env: DistEnv, folder: Path, environ: Mapping[str, str], resume
             job_nodes = expand(listed) if listed else list(dict.fromkeys(nodes))
         except ValueError:
             job_nodes = list(dict.fromkeys(nodes))
+        start = functools.partial(
+            attempts.record_start, folder, env.job_id or "", env.restart, job_nodes, nodes, resumed_from
+        )
         try:
-            attempts.record_start(folder, env.job_id or "", env.restart, job_nodes, nodes, resumed_from)
+            files.patiently(start, str(attempts.path(folder)), RankLog(env.rank).warn)
         except OSError as e:
             RankLog(env.rank).warn(
                 f"cannot record this attempt's start in {attempts.path(folder)} ({e.strerror or e}); "
@@ -286,11 +293,12 @@ def _record_start(env: DistEnv, folder: Path, environ: Mapping[str, str], resume
             )
 
 
-def _write_model(trainer: Any, env: DistEnv, path: Path) -> None:
+def _write_model(trainer: Any, env: DistEnv, path: Path, log: RankLog) -> None:
     """A collective: `model.pth`, the plain state dict of the bare model (loadable with weights_only), and its
     checksum, written by rank 0. Sharded state (fsdp): streamed from the newest checkpoint, which holds these
     very weights (the final save, or the finished run's last), a batch of tensors at a time, so that no rank
-    ever holds the whole model; otherwise the strategy's full state, gathered into rank 0's CPU memory."""
+    ever holds the whole model; otherwise the strategy's full state, gathered into rank 0's CPU memory. A full
+    disk is waited out for the retry window."""
     from hpc_ddp.run.checkpoint import content, sharded, store, torchfile
 
     if trainer.strategy.shards_state:
@@ -302,13 +310,31 @@ def _write_model(trainer: Any, env: DistEnv, path: Path) -> None:
                 raise RuntimeError(
                     f"model.pth: the newest checkpoint is {latest}, not the one of step {step}"
                 )
-            sharded.export(latest, path, verify=False)  # written and checksummed by this run moments ago
+            # Written and checksummed by this run moments ago.
+            _patiently(lambda: sharded.export(latest, path, verify=False), str(path), log)
 
         _rank0(env, export)
         return
     weights = trainer.strategy.full_model_state()  # a collective: every rank, rank 0 gets them
     if weights is not None:
-        torchfile.atomic_save(content.to_cpu(weights), path)
+        state = content.to_cpu(weights)  # rank 0 only: the others got None
+        _patiently(lambda: torchfile.atomic_save(state, path), str(path), log)
+
+
+def _patiently(write: Callable[[], Any], what: str, log: RankLog) -> None:
+    """Rank 0: a write that must happen, retried while the disk is full (hpc_ddp.ledger.files.patiently); a
+    disk still full after the retry window stops the run with one line (DiskFull), never a usage error."""
+    from hpc_ddp.errors import DiskFull
+
+    try:
+        files.patiently(write, what, log.warn)
+    except OSError as e:
+        if not files.is_full(e):
+            raise
+        raise DiskFull(
+            f"cannot write {what}: {e.strerror or e}, still after waiting {files.window_s():g} s for space. "
+            "Fix: free space (or quota) there, then run the same command"
+        ) from e
 
 
 def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
@@ -394,7 +420,7 @@ def _preemption_facts(
     )
     if mode != "scontrol":
         # The launcher (local run) or the batch shell reads this and decides, within --max-requeue.
-        preemption_record.write(folder, facts)
+        _patiently(lambda: preemption_record.write(folder, facts), "preempted.json", log)
         who = {"launcher": "the launcher", "batch": "the batch script"}.get(supervised or "", "its launcher")
         log.info(
             f"{name}: stopped by SIGTERM: checkpoint saved, not requeued"
@@ -407,7 +433,8 @@ def _preemption_facts(
     preempted = attempts.count(attempts.read(folder), env.job_id or "", (outcomes.PREEMPTED,))
     decision = preemption.decide(outcome.requeue_votes, outcome.stop_votes, preempted, cfg.max_requeue)
     # Written before the requeue, which SIGTERMs every task of the job.
-    preemption_record.write(folder, replace(facts, requeued=decision.requeue))
+    decided = replace(facts, requeued=decision.requeue)
+    _patiently(lambda: preemption_record.write(folder, decided), "preempted.json", log)
     log.info(f"{name}: {decision.message}")
     if decision.requeue and env.job_id:
         error = preemption.scontrol_requeue(env.job_id)

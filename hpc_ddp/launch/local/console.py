@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hpc_ddp.launch import retry
+from hpc_ddp.ledger import files
 from hpc_ddp.log import TracebackFold
 from hpc_ddp.run import progress
 
@@ -251,9 +252,9 @@ class RankOutput:
         # --all-ranks every rank's. Everything, C++ warnings and tracebacks included, goes to the log file.
         prefix = "" if self.rank == 0 else f"[rank {self.rank}] "
         assert self.proc.stdout is not None
-        log: TextIO | None = None
+        log: _Log | None = None
         try:
-            log = open(self.log_path, "a", encoding="utf-8")
+            log = _Log(self.log_path, self.console.line, self.rank)
         except OSError as e:
             self._log_lost(e)
         try:
@@ -268,10 +269,16 @@ class RankOutput:
                 if log is not None:
                     try:
                         log.write(line + "\n")
-                        log.flush()
                     except OSError as e:
-                        self._log_lost(e)
-                        _close_quietly(log)
+                        if log.full_since is None:
+                            self._log_lost(e)
+                        else:  # said when it filled up
+                            self.log_lost = True
+                            self.console.line(
+                                f"[launcher] rank {self.rank}'s log {self.log_path}: the disk stayed full for "
+                                f"{files.window_s():g} s; its lines are dropped from that file from here on"
+                            )
+                        log.close()
                         log = None
                 shown = self.folded.feed(line)
                 if shown is None:
@@ -287,7 +294,8 @@ class RankOutput:
                 else:
                     self.console.line(shown)
         finally:
-            _close_quietly(log)
+            if log is not None:
+                log.close()
             if self.rank == 0:
                 self.console.live("")  # rank 0 is gone: its live line with it
 
@@ -299,6 +307,87 @@ class RankOutput:
             f"({error.strerror or error}); its lines are dropped from that file from here on. "
             "Training goes on, and the console and a failure report still get them as before"
         )
+
+
+class _Log:
+    """A rank's log file, written line by line. A full disk (or quota) loses nothing for the retry window
+    (hpc_ddp.ledger.files.window_s): the lines are held in memory, in order, tried again every half second and
+    written once there is space; `write` raises only for any other error, or once the disk has been full for
+    the whole window (or the held lines pass HELD_MAX), and `close` says how many were never written."""
+
+    HELD_MAX = 16 << 20
+    RETRY_S = 0.5
+
+    def __init__(self, path: Path, say: Callable[[str], None], rank: int) -> None:
+        self.path, self.say, self.rank = path, say, rank
+        self.file = open(path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
+        self.held = bytearray()
+        self.full_since: float | None = None
+        self.tried = 0.0
+
+    def write(self, text: str) -> None:
+        self.held += text.encode("utf-8", "replace")
+        now = time.monotonic()
+        if (
+            self.full_since is not None
+            and now - self.tried < self.RETRY_S
+            and len(self.held) <= self.HELD_MAX
+        ):
+            return
+        self.tried = now
+        try:
+            self._write_held()
+        except OSError as e:
+            full = files.is_full(e) and len(self.held) <= self.HELD_MAX
+            if not full or (self.full_since is not None and now - self.full_since >= files.window_s()):
+                self.held.clear()
+                raise
+            if self.full_since is None:
+                self.full_since = now
+                self.say(
+                    f"[launcher] rank {self.rank}'s log {self.path}: cannot write ({e.strerror or e}); its lines "
+                    f"are held here and written once there is space (dropped if the disk stays full for "
+                    f"{files.window_s():g} s). Training goes on, and the console and a failure report still get "
+                    "them as before"
+                )
+            return
+        if self.full_since is not None:
+            self.say(
+                f"[launcher] rank {self.rank}'s log {self.path}: written again after "
+                f"{now - self.full_since:.0f} s; no line was lost"
+            )
+            self.full_since = None
+
+    def _write_held(self) -> None:
+        view = memoryview(self.held)
+        done = 0
+        try:
+            while done < len(view):
+                written = self.file.write(view[done:])
+                if not written:
+                    raise OSError(f"{self.path}: nothing written")
+                done += written
+        finally:
+            view.release()
+            del self.held[:done]
+
+    def close(self) -> None:
+        if self.held:
+            try:
+                self._write_held()
+            except OSError:
+                pass
+        if self.held:
+            lines = self.held.count(b"\n")
+            self.say(
+                f"[launcher] rank {self.rank}'s log {self.path}: {lines} line(s) never written (the disk was "
+                "still full when the rank ended)"
+            )
+            self.held.clear()
+        try:
+            self.file.close()
+        except OSError:
+            pass
 
 
 def _close_quietly(log: TextIO | None) -> None:

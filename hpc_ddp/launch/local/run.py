@@ -72,10 +72,13 @@ def run_local(
         )
     if default and not cfg.overwrite:
         _refuse_another_run(folder, cfg)
-    run_folder.prepare(folder)
+    say = console.line  # a full disk is waited out for a while (hpc_ddp.ledger.files), and said
+    run_folder.prepare(folder, warn=lambda m: say(f"[launcher] warning: {m}"))
     # Before anything in the folder changes, and before it says anything: a second run in this folder is
     # refused here, in one line.
-    lock = run_folder.hold_folder(folder, "launcher", job_id, 0)
+    lock = run_folder.hold_folder(
+        folder, "launcher", job_id, 0, warn=lambda m: say(f"[launcher] warning: {m}")
+    )
     try:
         (folder / run_folder.LOGS).mkdir(exist_ok=True)
         cfg = cfg.with_folder(str(folder))

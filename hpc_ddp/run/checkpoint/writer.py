@@ -15,29 +15,28 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from hpc_ddp.ledger import files
 from hpc_ddp.variables import SAVE_BACKOFF_S, SAVE_DELAY_S
 
-SAVE_RETRIES = 5  # retries of a failed checkpoint write, at 1, 2, 4, 8 and 16 s (doubling from the backoff)
+SAVE_RETRIES = (
+    files.RETRIES
+)  # retries of a failed checkpoint write, at 1, 2, 4, 8 and 16 s (doubling from the backoff)
 BACKOFF_VAR = SAVE_BACKOFF_S  # the first delay in seconds (tests shorten it); default 1
 DELAY_VAR = SAVE_DELAY_S  # every write starts this late (the resume check's save in flight); default 0
 
 Job = Callable[[], tuple[Path, int]]  # makes one checkpoint durable; returns its path and size
 
 
-def save_backoff_s(environ: dict[str, str] | None = None) -> float:
-    """The first retry delay: $HPC_DDP_SAVE_BACKOFF_S, read now (default 1 s)."""
-    text = (os.environ if environ is None else environ).get(BACKOFF_VAR) or ""
-    try:
-        value = float(text) if text else 1.0
-    except ValueError:
-        value = 1.0
-    return value if value > 0 else 1.0
+def save_backoff_s(environ: Mapping[str, str] | None = None) -> float:
+    """The first retry delay: $HPC_DDP_SAVE_BACKOFF_S, read now (default 1 s). The one reading of it, shared
+    with every other write that waits out a full disk (hpc_ddp.ledger.files.window_s)."""
+    return files.backoff_s(environ)
 
 
-def save_delay_s(environ: dict[str, str] | None = None) -> float:
+def save_delay_s(environ: Mapping[str, str] | None = None) -> float:
     """$HPC_DDP_SAVE_DELAY_S, read now: how late every write starts (0: at once)."""
     text = (os.environ if environ is None else environ).get(DELAY_VAR) or ""
     try:
