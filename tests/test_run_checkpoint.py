@@ -19,8 +19,8 @@ from hpc_ddp.run import resume
 from hpc_ddp.run.checkpoint import formats, full, store
 from hpc_ddp.run.checkpoint.writer import AsyncWriter
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.loaders import SkipSampler as _SkipSampler
 from hpc_ddp.run.strategy.base import load_model_state
-from hpc_ddp.run.trainer import _SkipSampler
 
 
 def sample_state(step: int) -> dict:
