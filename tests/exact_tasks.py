@@ -122,3 +122,37 @@ def drawing_stream(config):  # type: ignore[no-untyped-def]
         eval_dataset=Augmented(config.seed + 1, 24),
         eval_step=eval_step,
     )
+
+
+class Normed(nn.Module):
+    """Two blocks (an nn.ModuleList: fsdp shards each) with BatchNorm: running statistics are buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            [nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU()), nn.Sequential(nn.Linear(16, 1))]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def plain_eval_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict:
+    x, y = batch
+    return {"mse": nn.functional.mse_loss(model(x), y)}
+
+
+def batchnorm(config):  # type: ignore[no-untyped-def]
+    """BatchNorm (each rank's batches move its running statistics), an evaluation that reads them."""
+    _reset()
+    x, y = _pairs(config.seed, 96)
+    ex, ey = _pairs(config.seed + 1, 24)
+    return Task(
+        model=Normed(),
+        dataset=torch.utils.data.TensorDataset(x, y),
+        step=step,
+        eval_dataset=torch.utils.data.TensorDataset(ex, ey),
+        eval_step=plain_eval_step,
+    )

@@ -115,6 +115,7 @@ class Evaluator:
     def run(self, step: int) -> Result:
         """Evaluate this rank's shard; every rank gets the same Result (the means over all ranks' samples)."""
         model = self.strategy.wrapped
+        self.strategy.sync_buffers()  # every rank evaluates with the same (rank 0's) running statistics
         means = evaluation.Means()
         was_training = model.training
         model.eval()

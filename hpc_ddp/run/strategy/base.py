@@ -123,6 +123,11 @@ class Strategy(ABC):
         assert self.optimizer is not None, "the strategy was closed"
         self.optimizer.load_state_dict(state)
 
+    def sync_buffers(self) -> None:
+        """A collective before an evaluation: every rank's buffers (BatchNorm's running statistics) the same.
+        DDP broadcasts rank 0's at the first forward anyway; a strategy that does not, does it here."""
+        return None
+
     @abstractmethod
     def full_model_state(self) -> dict[str, Any] | None:
         """A collective: the plain state dict of the whole bare model (what `model.pth` holds, loadable into the

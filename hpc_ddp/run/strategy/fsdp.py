@@ -13,6 +13,14 @@ State: the model's and the optimizer's states are sharded DTensor state dicts (`
 `get_optimizer_state_dict`); a sharded checkpoint format saves each rank's own shards. With the full format,
 `full_states` makes them full CPU state dicts gathered from every rank (a collective on every rank), which is
 also what `model.pth` holds.
+
+Buffers (BatchNorm's running statistics): FSDP2 neither shards nor synchronizes them, so each rank would update
+its own copy from its own batches, and a checkpoint keeps one copy (DCP saves a replicated entry once, from
+whichever rank its plan picks): a resumed run would evaluate with other statistics than the uninterrupted one,
+and `export` could disagree with another rank's view. So they are replicated as DDP replicates them: rank 0's
+are broadcast before every training forward (one broadcast per dtype, only for a model that has persistent
+buffers), and again before every evaluation and every save (`sync_buffers`), so every rank evaluates and every
+checkpoint holds the same, rank 0's, whichever rank writes them.
 """
 
 from __future__ import annotations
@@ -114,7 +122,27 @@ class FSDPStrategy(Strategy):
         if reference is not None:
             model.to_empty(device=self.device)
             materialize.fill(model, reference, self.cfg.seed, self.init_weights)
+        if _buffers(model) and self.env.world_size > 1:
+            model.register_forward_pre_hook(self._before_forward)
         return self.wrapped
+
+    def _before_forward(self, module: nn.Module, _args: Any) -> None:
+        if module.training and torch.is_grad_enabled():  # a training forward: rank 0's buffers first, as DDP
+            self.sync_buffers()
+
+    def sync_buffers(self) -> None:
+        """A collective: every rank's persistent buffers become rank 0's."""
+        if self.env.world_size < 2:
+            return
+        by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for buffer in _buffers(self.model):
+            by_kind.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+        with torch.no_grad():
+            for same in by_kind.values():
+                flat = torch.cat([b.reshape(-1) for b in same])
+                dist.broadcast(flat, src=0)
+                for b, value in zip(same, flat.split([b.numel() for b in same]), strict=True):
+                    b.copy_(value.view_as(b))
 
     def no_sync(self) -> contextlib.AbstractContextManager[Any]:
         return self._no_sync()
@@ -144,7 +172,8 @@ class FSDPStrategy(Strategy):
     # ----- state --------------------------------------------------------------------------------------------
     def model_state(self) -> dict[str, Any]:
         """A collective: this rank's shards (DTensors), or with the full format the whole CPU state on rank 0
-        (an empty dict elsewhere)."""
+        (an empty dict elsewhere); the buffers rank 0's on every rank."""
+        self.sync_buffers()
         return get_model_state_dict(self.model, options=FULL if self.full_states else None)
 
     def load_model_state(self, state: Any, path: Path) -> None:
@@ -186,6 +215,7 @@ class FSDPStrategy(Strategy):
     def full_model_state(self) -> dict[str, Any] | None:
         """A collective: every shard gathered, block by block, into rank 0's CPU memory (never the whole model
         on one GPU)."""
+        self.sync_buffers()
         state = get_model_state_dict(self.model, options=FULL)
         return state if self.env.is_main else None
 
@@ -219,3 +249,13 @@ class FSDPStrategy(Strategy):
             f"Parameters sharded over {self.env.world_size} ranks (fsdp): no replicas to compare; every "
             "shard is finite"
         )
+
+
+def _buffers(model: nn.Module) -> list[torch.Tensor]:
+    """The model's persistent buffers (those its state_dict holds), each once."""
+    found: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None and name not in module._non_persistent_buffers_set:
+                found.setdefault(id(buffer), buffer)
+    return list(found.values())
