@@ -156,3 +156,56 @@ def batchnorm(config):  # type: ignore[no-untyped-def]
         eval_dataset=torch.utils.data.TensorDataset(ex, ey),
         eval_step=plain_eval_step,
     )
+
+
+class Lengths(Dataset):
+    """Sample i of `samples`: {"id": i, "length": 1 + i % 5 (a sequence of that many tokens, each of value
+    i), "x", "y"}."""
+
+    def __init__(self, seed: int, samples: int) -> None:
+        self.x, self.y = _pairs(seed, samples)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"id": i, "length": 1 + i % 5, "x": self.x[i], "y": self.y[i]}
+
+
+def scaled_collate(items: list[dict]) -> dict:
+    """A 0-dim tensor first (a temperature, a scale): no batch dimension to count samples by."""
+    return {
+        "scale": torch.tensor(1.0),
+        "id": torch.tensor([it["id"] for it in items], dtype=torch.float64),
+        "length": torch.tensor([it["length"] for it in items], dtype=torch.float64),
+        "x": torch.stack([it["x"] for it in items]),
+        "y": torch.stack([it["y"] for it in items]),
+    }
+
+
+def dict_step(model: nn.Module, batch: dict) -> torch.Tensor:
+    return step(model, (batch["x"], batch["y"]))
+
+
+def weighted_eval_step(model: nn.Module, batch: dict) -> dict:
+    """`id_mean`: a mean over the batch's samples (18 over all 37); `per_token`: the token-weighted mean of
+    the ids, as (sum, tokens); `rare`: reported by the first evaluation's batches only."""
+    _calls["eval"] += 1
+    ids, lengths = batch["id"], batch["length"]
+    out = {"id_mean": ids.mean() * batch["scale"], "per_token": ((ids * lengths).sum(), lengths.sum())}
+    if _calls["eval"] <= 5:  # 37 samples in batches of 8: the first evaluation's 5 batches
+        out["rare"] = 1.0
+    return out
+
+
+def weighted(config):  # type: ignore[no-untyped-def]
+    """Dict batches with a 0-dim tensor first; an evaluation of 37 samples weighted three ways."""
+    _reset()
+    return Task(
+        model=_model(),
+        dataset=Lengths(config.seed, 32),
+        step=dict_step,
+        eval_dataset=Lengths(config.seed + 1, 37),
+        eval_step=weighted_eval_step,
+        collate_fn=scaled_collate,
+    )

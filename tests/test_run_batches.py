@@ -79,21 +79,6 @@ def test_what_cannot_be_used_is_named_by_its_path(batch: Any, where: str) -> Non
 
 
 @pytest.mark.parametrize(
-    "batch, samples",
-    [
-        (torch.ones(5, 3), 5),
-        ((torch.ones(4, 2), torch.ones(4)), 4),
-        ({"ids": torch.ones(7, 9)}, 7),
-        ({"texts": ["a", "b", "c"]}, 3),
-        (torch.tensor(2.0), 1),
-        ("nothing", 1),
-    ],
-)
-def test_samples_in_a_batch(batch: Any, samples: int) -> None:
-    assert batches.samples_in(batch) == samples
-
-
-@pytest.mark.parametrize(
     "kind, step, warmup, total, expected",
     [
         ("constant", 0, 0, 100, 1.0),
@@ -148,15 +133,32 @@ def test_each_evaluation_sample_exactly_once(size: int, world: int) -> None:
 
 def test_means_are_weighted_by_samples_and_padding_counts_nothing() -> None:
     ranks = [evaluation.Means(), evaluation.Means()]
-    ranks[0].add({"loss": 1.0, "acc": torch.tensor(0.5)}, weight=3)
-    ranks[0].add({"loss": 100.0, "acc": 0.0}, weight=0)  # a padding batch
-    ranks[1].add({"loss": 3.0, "acc": 1.0}, weight=1)
+    ranks[0].add({"loss": 1.0, "acc": torch.tensor(0.5)}, samples=3)
+    ranks[0].add({"loss": 100.0, "acc": 0.0}, samples=0)  # a padding batch
+    ranks[1].add({"loss": 3.0, "acc": 1.0}, samples=1)
     names = ["acc", "loss"]
     summed = [sum(col) for col in zip(*(m.totals(names) for m in ranks), strict=True)]
     samples, means = evaluation.Means.result(names, summed)
     assert samples == 4
     assert means == {"acc": pytest.approx((0.5 * 3 + 1.0) / 4), "loss": pytest.approx((1.0 * 3 + 3.0) / 4)}
-    assert math.isnan(evaluation.Means.result(["loss"], [0.0, 0.0])[1]["loss"])
+    assert evaluation.Means.result(["loss"], [0.0, 0.0, 0.0]) == (0, {})  # nothing evaluated: missing
+
+
+def test_a_pair_brings_its_own_weight_and_a_name_no_batch_reported_is_missing() -> None:
+    """Finding 7: (total, weight) pairs give token-weighted means, exact over ranks and uneven batches;
+    finding 6: a name reported by some batches is averaged over those, one reported by none is missing."""
+    ranks = [evaluation.Means(), evaluation.Means()]
+    ranks[0].add({"nll": (torch.tensor(12.0), 4), "rare": 2.0}, samples=2)  # 4 tokens in 2 samples
+    ranks[0].add({"nll": (3.0, torch.tensor(1)), "never": (5.0, 0)}, samples=1)
+    ranks[1].add({"nll": (10.0, 5)}, samples=3)
+    names = ["never", "nll", "rare"]
+    summed = [sum(col) for col in zip(*(m.totals(names) for m in ranks), strict=True)]
+    samples, means = evaluation.Means.result(names, summed)
+    assert samples == 6
+    assert means == {"nll": pytest.approx(25.0 / 10), "rare": 2.0}  # "never": weight 0 everywhere
+    for bad in [(1.0, -1), (1.0, math.inf), (1.0, 2.0, 3.0)]:
+        with pytest.raises(ValueError, match="'x'"):
+            evaluation.Means().add({"x": bad}, samples=1)
 
 
 def test_every_reader_of_a_stream_takes_its_own_part() -> None:

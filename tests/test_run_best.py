@@ -35,6 +35,17 @@ def test_the_best_is_chosen_by_mode_strictly_and_only_among_finite_values(
         assert news[best_step - 1] and best.value == values[best_step - 1]
 
 
+def test_an_evaluation_that_did_not_report_the_name_cannot_be_the_best() -> None:
+    """Finding 6: missing is missing, never 0.0, and never the best (here the minimum), after a resume too."""
+    best = Best("rare", "min")
+    assert best.offer(2, {"rare": 0.5, "loss": 1.0})
+    assert not best.offer(4, {"loss": 0.1})
+    assert (best.step, best.value) == (2, 0.5)
+    resumed = Best("rare", "min")
+    resumed.load_state_dict(best.state_dict())
+    assert not resumed.offer(6, {"loss": 0.1}) and resumed.step == 2
+
+
 def test_a_name_the_evaluation_does_not_report_is_one_usage_line() -> None:
     with pytest.raises(UsageError, match=r"--keep-best acc:max: the evaluation reports loss, mse, not 'acc'"):
         Best("acc", "max").offer(3, {"mse": 1.0, "loss": 2.0})

@@ -165,3 +165,24 @@ def test_dataloader_workers_end_when_the_trainer_closes(tmp_path: Path) -> None:
             assert trainer.run().finished
             assert len(workers()) == 4  # 2 training and 2 evaluation workers
         assert workers() == []
+
+
+def test_evaluation_weighting_is_one_rule_and_missing_is_missing(tmp_path: Path) -> None:
+    """Findings 6 and 7: batches counted by what the loader collated (a 0-dim tensor first in a dict batch
+    counted 1 sample), a (sum, count) pair for a token-weighted mean, and a value that a later evaluation does
+    not report absent from its record (not 0.0), so it cannot win --keep-best rare:min."""
+    cfg = config("weighted", epochs=1, max_steps=4, eval_every_steps=2, keep_best="rare:min")
+    with process_group(dist_env.detect({}), torch.device("cpu")):
+        with _trainer(cfg, tmp_path) as trainer:
+            assert trainer.run().finished
+            best = trainer.best
+    evals = _records(tmp_path, "eval")
+    assert [(r["step"], r["samples"]) for r in evals] == [(2, 37), (4, 37)]
+    lengths = [1 + i % 5 for i in range(37)]
+    for r in evals:
+        assert r["metrics"]["id_mean"] == pytest.approx(18.0)
+        assert r["metrics"]["per_token"] == pytest.approx(
+            sum(i * n for i, n in enumerate(lengths)) / sum(lengths)
+        )
+    assert "rare" in evals[0]["metrics"] and "rare" not in evals[1]["metrics"]
+    assert best is not None and (best.step, best.value) == (2, 1.0)

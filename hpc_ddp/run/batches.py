@@ -1,4 +1,4 @@
-"""Batches of any structure: moved to the rank's device, checked once, counted for weighted means.
+"""Batches of any structure: moved to the rank's device, checked once.
 
 What a data loader yields is rarely an `(input, target)` pair of tensors: Hugging Face models take dicts (or a
 `BatchEncoding`, which has its own `.to()`), vision code passes tuples of several inputs, research code
@@ -106,37 +106,6 @@ def _find(obj: Any, parts: list[str]) -> tuple[str, str] | None:
         return _path(parts), type(obj).__name__
     for part, value in items:
         found = _find(value, [*parts, part])
-        if found is not None:
-            return found
-    return None
-
-
-def samples_in(batch: Any) -> int:
-    """How many samples `batch` holds: the first dimension of its first tensor (depth first), else the length
-    of its first list; 1 for a batch with neither. Weighted evaluation means count with it."""
-    found = _first_count(batch)
-    return 1 if found is None else found
-
-
-def _first_count(obj: Any) -> int | None:
-    if isinstance(obj, torch.Tensor):
-        return int(obj.shape[0]) if obj.dim() > 0 else 1
-    if isinstance(obj, _PLAIN):
-        return None
-    if isinstance(obj, Mapping):
-        values: Any = obj.values()
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        values = (getattr(obj, f.name) for f in dataclasses.fields(obj))
-    elif isinstance(obj, (list, tuple)):
-        tensors = [_first_count(v) for v in obj]
-        found = next((n for n in tensors if n is not None), None)
-        if found is None and isinstance(obj, list) and obj and all(isinstance(v, _PLAIN) for v in obj):
-            return len(obj)  # a list of strings (texts of the batch)
-        return found
-    else:
-        return None
-    for value in values:
-        found = _first_count(value)
         if found is not None:
             return found
     return None

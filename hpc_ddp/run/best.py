@@ -6,7 +6,8 @@ best at step S makes the save at S due, and that checkpoint, once durable and pr
 are in every checkpoint (the "best" part): a resumed run compares against the real best, not against the
 first evaluation after the resume.
 
-A value that is not finite (NaN, inf) is never the best; a tie keeps the earlier checkpoint.
+A value that is not finite (NaN, inf) is never the best, nor is an evaluation that did not report NAME; a tie
+keeps the earlier checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Best:
         self.name, self.mode = name, mode
         self.value: float | None = None
         self.step: int | None = None
+        self.reported = False  # some evaluation reported NAME (a best loaded from a checkpoint says so too)
 
     @property
     def flag(self) -> str:
@@ -50,8 +52,14 @@ class Best:
         return value < self.value if self.mode == "min" else value > self.value
 
     def offer(self, step: int, means: Mapping[str, float]) -> bool:
-        """The evaluation at `step` gave `means`: True (and remembered) if it is the new best."""
-        self.check_names(list(means))
+        """The evaluation at `step` gave `means`: True (and remembered) if it is the new best. One that did not
+        report NAME cannot be (hpc_ddp.run.evaluation: a missing value is missing, never 0.0); the first
+        evaluation of a run that never reported it is a usage error (the name is wrong)."""
+        if self.name not in means:
+            if not self.reported:
+                self.check_names(list(means))
+            return False
+        self.reported = True
         value = float(means[self.name])
         if not self.better(value):
             return False
@@ -72,4 +80,5 @@ class Best:
                 "is chosen anew from the next evaluation"
             )
         self.value, self.step = state.get("value"), state.get("step")
+        self.reported = self.value is not None
         return None

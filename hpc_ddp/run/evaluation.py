@@ -10,8 +10,13 @@ forward) needs every rank to call forward the same number of times. So the ranks
 batches (`agreed_batches`, one all-reduce of one number), and a rank that runs out evaluates a padding batch
 (one of its own, or the dataset's first) whose results are dropped (`Means.add(..., weight=0)`).
 
-Means: each `eval_step` returns per-batch means; `Means` keeps sum(value x samples) and sum(samples) per name,
-and one all-reduce of those sums gives every rank the same means over all evaluated samples.
+Weighting, the one rule: an evaluation's value of NAME is sum(total) / sum(weight) over every batch of every
+rank that reported NAME, where a batch's `{"NAME": value}` counts as total = value x samples, weight = samples
+(a mean over the batch's samples; `samples` is how many items the loader collated into it, whatever the
+batch's structure), and `{"NAME": (total, weight)}` brings its own: `(loss_sum, tokens)` gives a token-weighted
+mean, exact across ranks and uneven batches. A name no batch reported (or only with weight 0) is missing from
+that evaluation: absent from its record, never 0.0. `Means` keeps both sums per name, one all-reduce of them
+gives every rank the same result.
 """
 
 from __future__ import annotations
@@ -34,29 +39,59 @@ def batches_of(count: int, batch_size: int) -> int:
 
 
 class Means:
-    """Weighted sums of named values over batches; `totals(names)` for the all-reduce, `result` after it."""
+    """Per name, the sums of totals and of weights over batches; `totals(names)` for the all-reduce, `result`
+    after it (see the module docstring)."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
         self.samples = 0.0
 
-    def add(self, values: Mapping[str, Any], weight: float) -> None:
-        """One batch's means (`values`, as eval_step returned them), counted `weight` times (its samples; 0
-        for a padding batch)."""
-        if weight <= 0:
+    def add(self, values: Mapping[str, Any], samples: float) -> None:
+        """One batch's values, as eval_step returned them, from a batch of `samples` samples (0 for a padding
+        batch: nothing of it counts). A ValueError names a value that is not a number or a (total, weight)
+        pair, or a weight that is negative or not finite."""
+        if samples <= 0:
             return
-        self.samples += weight
+        self.samples += samples
         for name, value in values.items():
-            number = float(value.item() if hasattr(value, "item") else value)
-            self.sums[name] = self.sums.get(name, 0.0) + number * weight
+            total, weight = weighed(name, value, samples)
+            self.sums[name] = self.sums.get(name, 0.0) + total
+            self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def names(self) -> list[str]:
+        return sorted(self.sums)
 
     def totals(self, names: list[str]) -> list[float]:
-        """[samples, sum of each name...] in the order of `names` (the same order on every rank)."""
-        return [self.samples, *(self.sums.get(n, 0.0) for n in names)]
+        """[samples, then each name's total and weight] in the order of `names` (the same on every rank)."""
+        out = [self.samples]
+        for n in names:
+            out += [self.sums.get(n, 0.0), self.weights.get(n, 0.0)]
+        return out
 
     @staticmethod
     def result(names: list[str], totals: list[float]) -> tuple[int, dict[str, float]]:
-        """(samples, {name: mean over all samples}) from totals summed over every rank."""
-        samples = totals[0]
-        means = {n: (t / samples if samples else math.nan) for n, t in zip(names, totals[1:], strict=True)}
-        return int(round(samples)), means
+        """(samples, {name: sum of totals / sum of weights}) from totals summed over every rank; a name whose
+        weights sum to 0 is missing."""
+        means = {}
+        for i, name in enumerate(names):
+            total, weight = totals[1 + 2 * i], totals[2 + 2 * i]
+            if weight > 0:
+                means[name] = total / weight
+        return int(round(totals[0])), means
+
+
+def _number(value: Any) -> float:
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+def weighed(name: str, value: Any, samples: float) -> tuple[float, float]:
+    """(total, weight) of one batch's `value` of `name` (pure; see the module docstring)."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name!r} is a sequence of {len(value)}; a pair is (total, weight)")
+        total, weight = _number(value[0]), _number(value[1])
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"{name!r} has the weight {weight}; a weight is a finite number >= 0")
+        return total, weight
+    return _number(value) * samples, samples

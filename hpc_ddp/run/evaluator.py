@@ -1,6 +1,9 @@
 """Evaluation inside the loop: each rank evaluates its exact shard (hpc_ddp.run.evaluation), every rank runs the
 same number of forwards (padding batches, whose results are dropped), and one all-reduce gives every rank the
-means over all evaluated samples, weighted by each batch's samples.
+means over all evaluated samples, by the one weighting rule (hpc_ddp.run.evaluation): a value is a mean over
+its batch's samples, counted as the items the loader collated into it (`Counted`), or a (total, weight) pair.
+The names are those any rank reported in this evaluation (one all-gather): a name some batches do not report
+is averaged over those that do, and one no batch reported is missing from the result.
 
 That all-reduce also carries every rank's preemption votes, as the per-step one does: a signal that comes
 during an evaluation stops every rank at the same point, right after it, with the evaluation not recorded (the
@@ -33,7 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset, Subset
+from torch.utils.data import DataLoader, IterableDataset, Subset, default_collate
 
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import UsageError
@@ -86,7 +89,7 @@ class Evaluator:
                 batch_size=batch_size,
                 sampler=sampler,
                 drop_last=False,
-                collate_fn=task.collate_fn,
+                collate_fn=Counted(task.collate_fn),  # each batch with its count of samples
                 generator=torch.Generator(),  # never the global RNG (see the module docstring)
                 **{**options, **more},
             )
@@ -104,7 +107,6 @@ class Evaluator:
             self.batches = evaluation.batches_of(len(evaluation.shard(size, 0, env.world_size)), batch_size)
             self.loader = loader(Subset(dataset, mine))  # type: ignore[arg-type]
             self.padding = loader(Subset(dataset, range(min(size, 1))))  # type: ignore[arg-type]
-        self.names: list[str] | None = None
 
     def close(self) -> None:
         """End the loaders' DataLoader workers now (hpc_ddp.run.loaders.shut_down)."""
@@ -119,7 +121,6 @@ class Evaluator:
         means = evaluation.Means()
         was_training = model.training
         model.eval()
-        names: list[str] = []
         for keyed in self.keys:
             keyed.key = step
         if self.seeded is not None:
@@ -127,15 +128,15 @@ class Evaluator:
         try:
             with torch.no_grad(), rng.isolated(self.device, seeding.derive(self.seed, seeding.EVAL, step)):
                 if self.stream:
-                    names = self._stream(model, means, step)
+                    self._stream(model, means, step)
                 else:
-                    names = self._shard(model, means, step)
+                    self._shard(model, means, step)
         finally:
             model.train(was_training)
-        if self.names is None:
-            self._agree_names(names)
-        names = self.names or []
         self.beacon.set(phase.EVAL_ALLREDUCE, step)
+        everyone: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(everyone, means.names())  # the names any rank reported, in one order
+        names = sorted({name for theirs in everyone for name in theirs})
         requeue, stop = preemption.pending()
         totals = [*means.totals(names), float(requeue), float(stop)]
         packet = torch.tensor(totals, dtype=torch.float64, device=self.device)
@@ -144,26 +145,23 @@ class Evaluator:
         samples, result = evaluation.Means.result(names, values[:-2])
         return Result(samples, result, values[-2], values[-1])
 
-    def _shard(self, model: Any, means: evaluation.Means, step: int) -> list[str]:
+    def _shard(self, model: Any, means: evaluation.Means, step: int) -> None:
         """A map-style dataset: this rank's shard, then padding batches up to the agreed number."""
-        names: list[str] = []
         done = 0
         first: Any = None
-        for batch in self.loader:
+        for counted in self.loader:
             self.beacon.set(phase.EVALUATION, step)
-            first = batch if first is None else first
-            names = self._add(model, batch, means, weight=None)
+            first = counted if first is None else first
+            self._add(model, counted, means)
             done += 1
         while done < self.batches:  # padding: the same number of forwards on every rank
             self.beacon.set(phase.EVALUATION, step)
-            batch = first if first is not None else next(iter(self.padding))
-            names = self._add(model, batch, means, weight=0)
+            _, batch = first if first is not None else next(iter(self.padding))
+            self._add(model, (0, batch), means)
             done += 1
-        return names
 
-    def _stream(self, model: Any, means: evaluation.Means, step: int) -> list[str]:
+    def _stream(self, model: Any, means: evaluation.Means, step: int) -> None:
         """An IterableDataset: batch by batch in lockstep, until no rank has one (see the module docstring)."""
-        names: list[str] = []
         batches = iter(self.loader)
         first: Any = None
         rank, world = self.env.rank, self.env.world_size
@@ -177,7 +175,7 @@ class Evaluator:
             flags = have.tolist()
             self.beacon.set(phase.EVALUATION, step)
             if not any(flags):
-                return names
+                return
             if round_ == 0 and not all(flags):
                 # Some rank's part is empty: every rank knows it from the same flags and joins the broadcast of
                 # the lowest such rank's first batch, its padding. Once: after it every rank has a `first`.
@@ -188,12 +186,13 @@ class Evaluator:
                 first = box[0]
             if batch is not None:
                 first = batch if round_ == 0 else first
-                names = self._add(model, batch, means, weight=None)
+                self._add(model, batch, means)
             else:
-                names = self._add(model, first, means, weight=0)
-        return names  # never reached: the loop ends when no rank has a batch
+                self._add(model, (0, first[1]), means)
 
-    def _add(self, model: Any, batch: Any, means: evaluation.Means, weight: float | None) -> list[str]:
+    def _add(self, model: Any, counted: tuple[int, Any], means: evaluation.Means) -> None:
+        """One batch, (its samples, the batch) as `Counted` gives it: 0 samples for a padding batch."""
+        samples, batch = counted
         batch = batching.to_device(batch, self.device)
         with self.strategy.autocast():
             if self.eval_step is not None:
@@ -201,27 +200,45 @@ class Evaluator:
             else:
                 values = {"loss": self.loss_of(model, batch)}
         if not isinstance(values, dict) or not all(
-            isinstance(k, str)
-            and (isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.numel() == 1))
+            isinstance(k, str) and (_scalar(v) or (isinstance(v, (tuple, list)) and all(map(_scalar, v))))
             for k, v in values.items()
         ):
             raise UsageError(
-                f'Task.eval_step returned {type(values).__name__}; expected {{"name": value}} with numbers or '
-                "scalar tensors (means over the batch)"
+                f'Task.eval_step returned {_shown(values)}; expected {{"name": value}} with numbers or scalar '
+                'tensors (means over the batch), or (total, weight) pairs, e.g. {"loss": (loss_sum, tokens)}'
             )
-        means.add(values, batching.samples_in(batch) if weight is None else weight)
-        return sorted(values)
+        try:
+            means.add(values, samples)
+        except ValueError as e:
+            raise UsageError(f"Task.eval_step returned {e}") from e
 
-    def _agree_names(self, names: list[str]) -> None:
-        agree_names(
-            names,
-            self.env,
-            lambda theirs, rank: (
-                f"the evaluation returned {names} on rank {self.env.rank} but {theirs} on rank "
-                f"{rank}. Fix: return the same names for every batch"
-            ),
-        )
-        self.names = names
+
+class Counted:
+    """The evaluation loaders' collate_fn: the user's (or torch's default), and how many samples it collated,
+    the batch's weight whatever its structure (hpc_ddp.run.evaluation)."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any] | None) -> None:
+        self.collate = collate if collate is not None else default_collate
+
+    def __call__(self, items: list[Any]) -> tuple[int, Any]:
+        return len(items), self.collate(items)
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+
+
+def _shown(values: Any) -> str:
+    """What eval_step returned, for the error: its kind, and the first entry that is not a scalar or a pair."""
+    if not isinstance(values, dict):
+        return type(values).__name__
+    for k, v in values.items():
+        if not isinstance(k, str):
+            return f"the key {k!r}"
+        if not (_scalar(v) or (isinstance(v, (tuple, list)) and all(map(_scalar, v)))):
+            shape = f" of shape {list(v.shape)}" if isinstance(v, torch.Tensor) else ""
+            return f"{k!r}: {type(v).__name__}{shape}"
+    return "dict"
 
 
 def agree_names(names: list[str], env: DistEnv, mismatch: Callable[[Any, int], str]) -> None:

@@ -75,8 +75,11 @@ class Task:
                   its own part: hpc_ddp.run.streams.reader, as for training); evaluated every
                   --eval-every-epochs/--eval-every-steps and at the end, in batches of --eval-batch-size, each
                   sample exactly once over all ranks, in model.eval() under torch.no_grad().
-    eval_step     eval_step(model, batch) -> {"name": value}: means over the batch, weighted by its samples
-                  across ranks. Without it the evaluation reports the loss (`loss_fn` or `step`'s).
+    eval_step     eval_step(model, batch) -> {"name": value}: means over the batch, weighted by its samples (the
+                  items the loader collated into it) across ranks; or {"name": (total, weight)}: the mean is
+                  sum(total) / sum(weight) over every batch of every rank (e.g. (loss_sum, tokens)). A name no
+                  batch reported is missing from that evaluation, never 0.0 (hpc_ddp.run.evaluation). Without
+                  it the evaluation reports the loss (`loss_fn` or `step`'s).
     shard         --strategy fsdp: shard(model) -> the modules to shard one by one (default: the modules of
                   the model's nn.ModuleLists).
 
