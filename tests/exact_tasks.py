@@ -209,3 +209,58 @@ def weighted(config):  # type: ignore[no-untyped-def]
         eval_step=weighted_eval_step,
         collate_fn=scaled_collate,
     )
+
+
+def _warmup_cosine(optimizer, total):  # type: ignore[no-untyped-def]
+    """Warm-up for 2 steps, then cosine to 0 at `total` (the issue's case: total 0 trained at lr 0)."""
+    import math
+
+    def factor(s: int) -> float:
+        return min(1.0, (s + 1) / 2) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _annealing(optimizer, total):  # type: ignore[no-untyped-def]
+    """Fails only at its first step when total is None (its construction does not read it)."""
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
+
+
+def stream_schedule(config):  # type: ignore[no-untyped-def]
+    """A stream with a schedule of its own that needs the run's total (SCHEDULE: warmup_cosine|annealing)."""
+    _reset()
+    make = _warmup_cosine if os.environ.get("SCHEDULE", "warmup_cosine") == "warmup_cosine" else _annealing
+    return Task(model=_model(), dataset=DrawingStream(config.seed, 120), step=step, scheduler=make)
+
+
+def _plateau(optimizer, total):  # type: ignore[no-untyped-def]
+    return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=0.5, patience=0)
+
+
+def plateau(config):  # type: ignore[no-untyped-def]
+    """ReduceLROnPlateau on the evaluation's `draw` (mode max: it halves the rate whenever a draw is not a
+    new maximum), with the augmented data and the evaluation that draws."""
+    _reset()
+    return Task(
+        model=_model(),
+        dataset=Augmented(config.seed, 96),
+        step=step,
+        eval_dataset=Augmented(config.seed + 1, 24),
+        eval_step=eval_step,
+        scheduler=_plateau,
+    )
+
+
+def plateau_without_eval(config):  # type: ignore[no-untyped-def]
+    _reset()
+    return Task(model=_model(), dataset=Augmented(config.seed, 96), step=step, scheduler=_plateau)
+
+
+def no_grad_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    with torch.no_grad():
+        return step(model, batch)
+
+
+def no_grad_loss(config):  # type: ignore[no-untyped-def]
+    _reset()
+    return Task(model=_model(), dataset=Augmented(config.seed, 96), step=no_grad_step)

@@ -9,7 +9,7 @@ evaluation records. The straight runs are shared between the cases that use the 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
+from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import preemption, rng, tasks
 from hpc_ddp.run.config import TrainConfig
@@ -31,6 +32,7 @@ class Ended:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     steps: list[tuple[int, float]]  # (step, loss) of every step record
+    lrs: list[float]  # the rate of every step record
     evals: list[tuple[int, dict[str, float]]]
     stopped_at: int | None  # the step the stop came at (None: straight through)
 
@@ -63,8 +65,9 @@ def train(cfg: TrainConfig, folder: Path) -> Ended:
         model = {k: v.clone() for k, v in ended.model.state_dict().items()}
         optimizer = ended.strategy.optimizer_state() if ended.strategy.optimizer is not None else {}
     steps = [(r["step"], r["loss"]) for r in _records(folder, "step")]
+    lrs = [r["lr"] for r in _records(folder, "step")]
     evals = [(r["step"], r["metrics"]) for r in _records(folder, "eval")]
-    return Ended(model, optimizer, steps, evals, stopped_at)
+    return Ended(model, optimizer, steps, lrs, evals, stopped_at)
 
 
 _straight: dict[TrainConfig, Ended] = {}
@@ -88,6 +91,7 @@ def stopped(cfg: TrainConfig, folder: Path, monkeypatch: pytest.MonkeyPatch, **a
 
 def assert_same_end(a: Ended, b: Ended) -> None:
     assert a.steps == b.steps  # every step's loss, in order: no step lost, none twice, the same batches
+    assert a.lrs == b.lrs
     assert a.model.keys() == b.model.keys() and all(torch.equal(a.model[k], b.model[k]) for k in a.model)
     assert str(a.optimizer) == str(b.optimizer)  # tensors printed whole: equal values print equal
     assert a.evals == b.evals
@@ -186,3 +190,74 @@ def test_evaluation_weighting_is_one_rule_and_missing_is_missing(tmp_path: Path)
         )
     assert "rare" in evals[0]["metrics"] and "rare" not in evals[1]["metrics"]
     assert best is not None and (best.step, best.value) == (2, 1.0)
+
+
+@pytest.mark.parametrize("schedule", ["warmup_cosine", "annealing"])
+def test_a_schedule_over_a_stream_without_a_known_total_is_one_line_at_start(
+    schedule: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 8: the factory got total_steps=0 and a warm-up + cosine trained at lr 0 from step 2, silently.
+    Now it gets None, and a schedule that needs the total fails at start (its factory or its first step),
+    saying what None means and the fix."""
+    monkeypatch.setenv("SCHEDULE", schedule)
+    cfg = config("stream_schedule", epochs=1)
+    with process_group(dist_env.detect({}), torch.device("cpu")):
+        with pytest.raises(
+            UsageError, match=r"Task.scheduler\(optimizer, None\) raised TypeError: .*--max-steps"
+        ):
+            _trainer(cfg, tmp_path)
+        with _trainer(replace(cfg, max_steps=6), tmp_path) as trainer:  # with a total: trains at a real rate
+            assert trainer.run().finished
+    assert all(r["lr"] > 0 for r in _records(tmp_path, "step"))
+
+
+@pytest.mark.parametrize(
+    ("task", "more", "message"),
+    [
+        ("plateau_without_eval", {}, "ReduceLROnPlateau, which is stepped with an evaluation value, but the"),
+        (
+            "plateau",
+            {"plateau_metric": "f1"},
+            "--plateau-metric f1: the evaluation reports draw, mse, not 'f1'",
+        ),
+        (
+            "no_grad_loss",
+            {},
+            "the training step's loss does not require gradients (computed under torch.no_gr",
+        ),
+    ],
+)
+def test_a_plateau_nothing_can_step_and_a_loss_without_gradients_are_one_line(
+    task: str, more: dict, message: str, tmp_path: Path
+) -> None:
+    """Part of finding 15: ReduceLROnPlateau passed the start and failed in the loop (retried, exit 1); a loss
+    computed under no_grad ended in an internal hook error (retried, exit 1). Usage errors now: exit 2."""
+    cfg = config(task, epochs=1, eval_every_steps=2, **more)
+    with process_group(dist_env.detect({}), torch.device("cpu")):
+        with pytest.raises(UsageError) as raised:
+            with _trainer(cfg, tmp_path) as trainer:
+                trainer.run()
+    assert message in str(raised.value)
+
+
+PLATEAU = config("plateau", epochs=1, eval_every_steps=2, plateau_metric="draw")  # 6 evaluations in 12 steps
+
+
+def test_reduce_lr_on_plateau_steps_with_each_evaluation_and_resumes_exactly(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ReduceLROnPlateau (mode max on the evaluation's `draw`) halves the rate after each evaluation that is
+    not a new maximum, and a run stopped during the evaluation at step 6 reduces it where the other did."""
+    reference = straight(PLATEAU, tmp_path_factory)
+    draws = [m["draw"] for _, m in reference.evals]
+    lrs = reference.lrs
+    expected, rate, top = [], 0.01, -1.0
+    for s in range(1, 13):
+        expected.append(rate)
+        if s % 2 == 0 and s < 12:  # stepped after the evaluation at s (12's comes after the last step)
+            draw = draws[s // 2 - 1]
+            rate, top = (rate, draw) if draw > top else (rate * 0.5, top)
+    assert lrs == pytest.approx(expected) and min(lrs) < 0.01
+    ended = stopped(PLATEAU, tmp_path, monkeypatch, eval=5)  # 24 samples in 3 batches: step 4's second
+    assert ended.stopped_at == 4
+    assert_same_end(reference, ended)

@@ -230,6 +230,13 @@ class TrainConfig:
             "(e.g. accuracy:max), never rotated away; `checkpoints/best` names it"
         },
     )
+    plateau_metric: str = field(
+        default="loss",
+        metadata={
+            "help": "a Task.scheduler that returns ReduceLROnPlateau is stepped after each evaluation with this "
+            "evaluation value, instead of after each optimizer step (default: loss)"
+        },
+    )
     num_workers: int = field(
         default=-1,
         metadata={

@@ -11,13 +11,22 @@ scheduler's own `state_dict` (its step count and base rates) is a part of every 
 `--lr` changed on resume: the new value becomes every group's base rate and the schedule goes on from the step
 it reached (the factor at that step, times the new base rate), which is what "a lower learning rate from here
 on" means for a decaying schedule.
+
+A task's own scheduler (`Task.scheduler(optimizer, total_steps)`) is stepped the same way, with two cases:
+`total_steps` is None when the run has no known end (a stream without --max-steps): a factory, or a first
+step, that needs it fails at start, one line; and a `ReduceLROnPlateau` is stepped after each evaluation with
+the value --plateau-metric names (`after_evaluation`), never per optimizer step. Its state (best value, bad
+evaluations, cooldown) is in every checkpoint like any scheduler's, and an evaluation cut short by a stop
+steps it when it runs again: a resumed run reduces the rate where the uninterrupted one did.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from hpc_ddp.errors import UsageError
 
 SCHEDULES = ("constant", "linear", "cosine")
 
@@ -57,8 +66,9 @@ def build(kind: str, warmup: int, optimizer: Any, total: int) -> Any | None:
     return LambdaLR(optimizer, Factor(kind, warmup, total))
 
 
-def from_task(make: Callable[[Any, int], Any], optimizer: Any, total: int) -> Any:
-    """The task's own `scheduler(optimizer, total_steps)`; what it returns must step and save its state."""
+def from_task(make: Callable[[Any, int | None], Any], optimizer: Any, total: int | None) -> Any:
+    """The task's own `scheduler(optimizer, total_steps)`; what it returns must step and save its state. With
+    no known total (None) its first step is tried, and undone: a schedule that needs the total fails now."""
     scheduler = make(optimizer, total)
     for needed in ("step", "state_dict", "load_state_dict"):
         if not callable(getattr(scheduler, needed, None)):
@@ -66,4 +76,59 @@ def from_task(make: Callable[[Any, int], Any], optimizer: Any, total: int) -> An
                 f"Task.scheduler returned {type(scheduler).__name__}, which has no {needed}(): return a "
                 "torch.optim.lr_scheduler.LRScheduler (e.g. LambdaLR(optimizer, fn))"
             )
+    if total is None and not is_plateau(scheduler):
+        trial_step(scheduler, optimizer)
     return scheduler
+
+
+def trial_step(scheduler: Any, optimizer: Any) -> None:
+    """Step `scheduler` once and put it and the optimizer's groups back as they were; raises what it raises."""
+    import copy
+    import warnings
+
+    state = copy.deepcopy(scheduler.state_dict())
+    groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's "lr_scheduler.step() before optimizer.step()"
+            scheduler.step()
+    finally:
+        scheduler.load_state_dict(state)
+        for group, saved in zip(optimizer.param_groups, groups, strict=True):
+            group.update(saved)
+
+
+def is_plateau(scheduler: Any) -> bool:
+    """A scheduler stepped with an evaluation value (torch's ReduceLROnPlateau), not per optimizer step."""
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+    return isinstance(scheduler, ReduceLROnPlateau)
+
+
+def check_plateau(name: str, has_evaluation: bool, reports: list[str] | None) -> None:
+    """A ReduceLROnPlateau can be stepped: the task evaluates, and reports NAME when that is known at start
+    (`reports`: what its evaluation reports, None when only an evaluation will tell). UsageError otherwise."""
+    if not has_evaluation:
+        raise UsageError(
+            "Task.scheduler returned ReduceLROnPlateau, which is stepped with an evaluation value, but the task "
+            "has no evaluation (no Task.eval_dataset). Fix: give it an eval_dataset, or another scheduler"
+        )
+    if reports is not None and name not in reports:
+        raise UsageError(
+            f"--plateau-metric {name}: the evaluation reports {', '.join(reports)}, not {name!r}; "
+            "ReduceLROnPlateau is stepped with it. Fix: --plateau-metric one of those"
+        )
+
+
+def after_evaluation(scheduler: Any, means: Mapping[str, float], name: str, first: bool) -> bool:
+    """Step a ReduceLROnPlateau with the evaluation's value of NAME; True if it was. An evaluation that did
+    not report NAME does not step it; the run's first evaluation without it is a usage error (a wrong NAME)."""
+    if name not in means:
+        if first:
+            raise UsageError(
+                f"--plateau-metric {name}: the evaluation reports {', '.join(sorted(means)) or 'nothing'}, not "
+                f"{name!r}; ReduceLROnPlateau is stepped with it. Fix: --plateau-metric one of those"
+            )
+        return False
+    scheduler.step(means[name])
+    return True

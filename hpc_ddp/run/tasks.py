@@ -69,7 +69,9 @@ class Task:
                   A --lr changed on resume is applied (and scales the schedule by new/old) when the optimizer
                   takes it, and refused (exit 2) when it does not: it would not apply.
     scheduler     scheduler(optimizer, total_steps) -> LRScheduler, stepped once per optimizer step that was
-                  applied; default --lr-schedule. Its state is in every checkpoint.
+                  applied; default --lr-schedule. Its state is in every checkpoint. total_steps is None for a
+                  stream without --max-steps (no known end). A ReduceLROnPlateau is stepped after each
+                  evaluation with its --plateau-metric value instead.
     collate_fn    for the training and the evaluation loaders (e.g. padding, dict batches).
     eval_dataset  map-style (rank r evaluates samples r, r + world, ...) or an IterableDataset (each rank reads
                   its own part: hpc_ddp.run.streams.reader, as for training); evaluated every

@@ -257,7 +257,13 @@ class Trainer:
         )
         # Built before any state is loaded: a scheduler sets the groups' rates when it is made, and a resume's
         # optimizer and scheduler states then overwrite them (hpc_ddp.run.schedules).
-        self.scheduler = _scheduler(task, cfg, self.optimizer, total)
+        self.scheduler = _scheduler(task, cfg, self.optimizer, total if total or not self.iterable else None)
+        self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (hpc_ddp.run.schedules)
+        if task.scheduler is not None and self.iterable and not total:
+            self.log.main(
+                "Task.scheduler got total_steps=None: a stream has no length and --max-steps is not set, so "
+                "its schedule cannot end at the run's last step (add --max-steps N for one that does)"
+            )
         self.evaluator = (
             Evaluator(task, cfg, env, device, self.strategy, self._eval_loss, self.beacon, options)
             if task.eval_dataset is not None
@@ -423,6 +429,12 @@ class Trainer:
         with contextlib.nullcontext() if sync else strategy.no_sync():
             with strategy.autocast():
                 loss, extras = self._forward(strategy.wrapped, batch)
+            if not loss.requires_grad:
+                raise UsageError(
+                    "the training step's loss does not require gradients (computed under torch.no_grad() or "
+                    "inference_mode(), detached, or from no trainable parameter): backward cannot train the "
+                    "model. Fix: compute the loss from the model's output with gradients on"
+                )
             scaled = loss * scale
             if sync and self.mark_grads:
                 strategy.on_backward_end(scaled, self._mark_grads_ready)
@@ -470,7 +482,9 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
-        if self.scheduler is not None:  # once per applied optimizer step, never per micro-batch
+        if (
+            self.scheduler is not None and not self.plateau
+        ):  # once per applied optimizer step, never per micro-batch
             self.scheduler.step()
         # set_to_none even with DDP's bucket views (hpc_ddp.bench: mlp, 2 CPU ranks, ~1350 -> ~1460 samples/s):
         # backward then hands DDP a fresh gradient that it copies into the bucket once and re-views, instead
@@ -732,6 +746,9 @@ class Trainer:
             # checkpoint of this step written before its evaluation (the resume of one stopped during it, an
             # epoch's last step saved before the epoch's evaluation) is not written again: it becomes the best.
             self.save_due = True
+        if self.plateau:  # ReduceLROnPlateau: stepped with the evaluation's --plateau-metric value
+            first = self.scheduler.last_epoch == 0
+            schedules.after_evaluation(self.scheduler, result.means, self.cfg.plateau_metric, first)
         self.metrics.eval(pos, result.samples, result.means)
         shown = " | ".join(f"{name} {value:.4f}" for name, value in result.means.items())
         self.log.main(f"Eval at step {pos.step} (epoch {pos.epoch}, {result.samples} samples): {shown}")
@@ -874,17 +891,28 @@ def _best(cfg: TrainConfig, task: Task) -> best_of.Best | None:
     return best
 
 
-def _scheduler(task: Task, cfg: TrainConfig, optimizer: Any, total: int) -> Any | None:
+def _scheduler(task: Task, cfg: TrainConfig, optimizer: Any, total: int | None) -> Any | None:
     """Task.scheduler(optimizer, total_steps), or --lr-schedule/--warmup-steps; a usage error for a factory
-    that raises or returns something that cannot step and save (the same on every rank: never retried)."""
+    that raises or returns something that cannot step and save, or a ReduceLROnPlateau that nothing can step
+    (the same on every rank: never retried). `total` None: no known end (a stream without --max-steps)."""
     if task.scheduler is None:
-        return schedules.build(cfg.lr_schedule, cfg.warmup_steps, optimizer, total)
+        return schedules.build(cfg.lr_schedule, cfg.warmup_steps, optimizer, total or 0)
     if cfg.lr_schedule != "constant" or cfg.warmup_steps:
         raise UsageError(
             f"--lr-schedule {cfg.lr_schedule} --warmup-steps {cfg.warmup_steps}: this task brings its own "
             "Task.scheduler, which would be replaced. Fix: drop those flags, or Task.scheduler"
         )
     try:
-        return schedules.from_task(task.scheduler, optimizer, total)
+        scheduler = schedules.from_task(task.scheduler, optimizer, total)
     except Exception as e:
-        raise UsageError(f"Task.scheduler(optimizer, {total}) raised {type(e).__name__}: {e}") from e
+        unknown = (
+            " (total_steps is None: the dataset is a stream, which has no length, and --max-steps is not set. "
+            "Fix: add --max-steps N, or a schedule that needs no total)"
+            if total is None
+            else ""
+        )
+        raise UsageError(f"Task.scheduler(optimizer, {total}) raised {type(e).__name__}: {e}{unknown}") from e
+    if schedules.is_plateau(scheduler):
+        reports = ["loss"] if task.eval_step is None else None
+        schedules.check_plateau(cfg.plateau_metric, task.eval_dataset is not None, reports)
+    return scheduler
