@@ -107,3 +107,26 @@ def slow_workers(config):  # type: ignore[no-untyped-def]
             return self.data[index]
 
     return Task(model=nn.Linear(10, 1), dataset=Data(config.seed, 0.0), loss_fn=nn.functional.mse_loss)
+
+
+def slow_everywhere(config):  # type: ignore[no-untyped-def]
+    """Every rank runs long work of its own in the loss function: at call 3 marked with hpc_ddp.long_work
+    (LONG_S seconds, within its limit), at call 5 unmarked (then it prints `stuck now` and sleeps an hour)."""
+    import hpc_ddp
+
+    calls = [0]
+
+    def periodic_callback(seconds: float) -> None:
+        time.sleep(seconds)
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == 3:
+            with hpc_ddp.long_work("the periodic callback", limit_s=120):
+                periodic_callback(float(os.environ.get("LONG_S", "8")))
+        if calls[0] == 5:
+            print(f"[rank {os.environ.get('RANK', '0')}] stuck now", flush=True)
+            periodic_callback(3600)
+        return nn.functional.mse_loss(output, target)
+
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), loss_fn=loss_fn)

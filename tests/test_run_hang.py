@@ -64,6 +64,23 @@ def verdict_line(out: str) -> str:
     return next(line for line in out.splitlines() if line.startswith("[launcher] hang at step"))
 
 
+def test_slow_code_on_every_rank_names_the_code_and_no_node_and_long_work_is_waited_for(
+    tmp_path: Path,
+) -> None:
+    """Finding 12: every rank in the same line of the task's code past the limit was judged a hang of a node,
+    retried, then a crash loop. Now the verdict names that line and blames nobody; the same work wrapped in
+    hpc_ddp.long_work (at step 3, twice the limit) is waited for."""
+    code, out, took, verdict = hung_run(tmp_path, "slow_everywhere")
+    assert code == exitcodes.HANG, out
+    assert verdict["step"] == 5 and verdict["reason"] == "user-code" and verdict["culprits"] == [], verdict
+    line = next(line for line in out.splitlines() if line.startswith("[launcher] hang at step 5"))
+    assert "every rank (2) has been in forward and backward for" in line
+    assert 'hang_tasks.py", line' in line and "in periodic_callback" in line
+    assert "No rank or node is to blame" in line and "hpc_ddp.long_work" in line
+    ends = [json.loads(x) for x in (tmp_path / "attempts.jsonl").read_text().splitlines()]
+    assert [e.get("blamed") for e in ends if e.get("event") == "end"] == [False]
+
+
 def test_a_rank_stuck_in_its_loss_function_is_named_with_its_line(tmp_path: Path) -> None:
     code, out, took, verdict = hung_run(tmp_path, "in_loss")
     assert code == exitcodes.HANG, out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -288,3 +289,58 @@ def test_a_deferral_under_a_kit_supervisor_is_said_in_the_log(
         dog.stop()
     assert left == []
     assert "no hang at step 7: rank 0 (node1, pid" in capsys.readouterr().err
+
+
+def test_every_rank_in_the_same_line_of_the_task_names_the_code_and_blames_nobody() -> None:
+    """Finding 12: every rank inside its own `step` at the same line (a periodic callback) is not a sick
+    node; the supervisor's judgement then blames no node."""
+    from hpc_ddp.launch import retry
+
+    frame = {"file": "mytask.py", "line": 77, "function": "callback"}
+    reports = [report(r, beacon.COMPUTE, stalled=70.0 + r, host=PEERS[r][0], frame=frame) for r in range(8)]
+    v = verdict.decide(reports, 8, PEERS, 5.0)
+    assert v["reason"] == "user-code" and v["culprits"] == [] and v["host"] is None
+    assert v["line"] == (
+        "hang at step 120: every rank (8) has been in forward and backward for 77 s at the same line of the "
+        'task\'s code: File "mytask.py", line 77, in callback. No rank or node is to blame: that code is slow, '
+        'or stuck, on every rank. Fix: mark long legitimate work with `with hpc_ddp.long_work("what", '
+        "limit_s=...)`, or raise --hang-timeout-s"
+    )
+    ending = retry.judge(retry.Evidence(code=76, rank_nodes=tuple(p[0] for p in PEERS), verdict=v))
+    assert ending.rank is None and ending.node is None and not ending.blamed
+    # Another line on one rank, or one rank waiting: the ranks outside a collective are named, as before.
+    other = [*reports[:7], report(7, beacon.COMPUTE, frame={**frame, "line": 78})]
+    assert verdict.decide(other, 8, PEERS, 5.0)["culprits"] == list(range(8))
+    alone = [report(r, beacon.GRAD_ALLREDUCE) for r in range(7)] + [report(7, beacon.COMPUTE, frame=frame)]
+    assert verdict.decide(alone, 8, PEERS, 5.0)["culprits"] == [7]
+
+
+def test_long_work_is_a_long_phase_with_its_own_limit_and_then_the_phase_goes_on(tmp_path: Path) -> None:
+    import hpc_ddp
+
+    with hpc_ddp.long_work("outside a run"):  # no loop in this process: nothing to mark, the block runs
+        pass
+    mark = beacon.Beacon()
+    mark.set(beacon.COMPUTE, 7)
+    dog = watchdog.Watchdog(
+        mark, watchdog.Identity(0, 1, "h", (("h", 1),), "r"), tmp_path, 5.0, 600.0, list, None
+    )
+    previous = beacon.current()
+    beacon.publish(mark)
+    try:
+        assert dog.limit() == 5.0
+        with hpc_ddp.long_work("the periodic callback", limit_s=900):
+            phase, step, _, long, limit = mark.state
+            assert (phase, step, long, limit) == ("the task's long work: the periodic callback", 7, True, 900)
+            assert dog.limit() == 900
+        with hpc_ddp.long_work("a dump"):  # no limit given: the start-up limit, half of --timeout-s
+            assert dog.limit() == 300.0
+        assert mark.state[:2] == (beacon.COMPUTE, 7) and dog.limit() == 5.0
+    finally:
+        if previous is not None:
+            beacon.publish(previous)
+        else:
+            beacon._LOOP.clear()
+    with pytest.raises(ValueError, match="limit_s=0"):
+        with hpc_ddp.long_work("nothing", limit_s=0):
+            pass

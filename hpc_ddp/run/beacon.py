@@ -6,8 +6,11 @@ microsecond per step. Nothing leaves the process: no collective, no message, no 
 (`run/watchdog.py`) reads it about once a second, so a job of 8,000 ranks pays exactly what one rank pays,
 and shared storage is touched only once a rank has been stalled past the hang threshold.
 
-`state` is one tuple replaced whole, so a reader on another thread always sees a phase, step, start time and
-"long" mark that belong together (a reference assignment is atomic under the GIL).
+`state` is one tuple replaced whole, so a reader on another thread always sees a phase, step, start time,
+"long" mark and limit that belong together (a reference assignment is atomic under the GIL).
+
+The user's own long work (`hpc_ddp.long_work`, run/longwork.py) is a phase too, long, with the limit the user
+gave it (`limit_s`; None: the watchdog's own limit for the phase).
 
 A phase is *long* when it legitimately pays a start-up cost: the phases in SLOW always; any phase the loop marks
 `long=True` (the first batch of an epoch or of an evaluation, whose DataLoader workers start; every phase of
@@ -32,6 +35,7 @@ CHECKPOINT_GATHER = "the checkpoint's RNG gather"  # every rank's RNG to the wri
 EVALUATION = "evaluation"  # forwards over this rank's evaluation shard (run/evaluator.py)
 EVAL_ALLREDUCE = "the evaluation's all-reduce"  # its means and the signal votes
 FINISHING = "finishing"  # final save, sync check, model.pth, barriers
+USER_WORK = "the task's long work"  # hpc_ddp.long_work: "the task's long work: <what>"
 
 # Phases in which a rank only waits for the others: a rank stalled here is a victim, not a culprit.
 COLLECTIVE = frozenset({GRAD_ALLREDUCE, STEP_ALLREDUCE, STRAGGLER_GATHER, CHECKPOINT_GATHER, EVAL_ALLREDUCE})
@@ -41,18 +45,21 @@ SLOW = frozenset({STARTUP, USER_CODE, CHECKPOINT, FINISHING, EVALUATION})
 
 
 class Beacon:
-    """One rank's current phase, optimizer step, the monotonic time the phase began, and whether it is long."""
+    """One rank's current phase, optimizer step, the monotonic time the phase began, whether it is long, and
+    its own limit in seconds (None: the watchdog's)."""
 
     __slots__ = ("state",)
 
     def __init__(self) -> None:
-        self.state: tuple[str, int, float, bool] = (STARTUP, 0, time.monotonic(), True)
+        self.state: tuple[str, int, float, bool, float | None] = (STARTUP, 0, time.monotonic(), True, None)
 
-    def set(self, phase: str, step: int | None = None, long: bool = False) -> float:
-        """Enter `phase` (at `step`, or the current one; `long`: it pays a start-up cost); returns the time it
-        began."""
+    def set(
+        self, phase: str, step: int | None = None, long: bool = False, limit_s: float | None = None
+    ) -> float:
+        """Enter `phase` (at `step`, or the current one; `long`: it pays a start-up cost; `limit_s`: a limit of
+        its own, the task's long work); returns the time it began."""
         now = time.monotonic()
-        self.state = (phase, self.state[1] if step is None else step, now, long or phase in SLOW)
+        self.state = (phase, self.state[1] if step is None else step, now, long or phase in SLOW, limit_s)
         return now
 
 
@@ -75,5 +82,7 @@ class NullBeacon(Beacon):
 
     __slots__ = ()
 
-    def set(self, phase: str, step: int | None = None, long: bool = False) -> float:
+    def set(
+        self, phase: str, step: int | None = None, long: bool = False, limit_s: float | None = None
+    ) -> float:
         return time.monotonic()

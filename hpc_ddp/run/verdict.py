@@ -9,9 +9,14 @@ stacks. The rules, in order:
    start; run/watchdog.py), while every other rank reported too: no hang; the others wait for them.
 1. Ranks that sent nothing within the collection window are unresponsive (stopped, frozen in native code
    holding the GIL, or their node is gone): they are the culprits.
-2. Otherwise the ranks that are *not* waiting in a collective are the culprits (stuck in data loading, in
-   forward and backward, in the optimizer, in a save); the ranks in a collective wait for them.
-3. Otherwise, every rank waits in a collective: if they wait in different ones (or at different steps) the
+2. Otherwise, when every rank reported from the same line of the task's own code, in the same phase at the
+   same step, none waiting in a collective: no rank and no node is to blame. The task's code is slow (or stuck)
+   there on every rank, a periodic callback in `step` say; the line names it, and how to mark long work
+   (hpc_ddp.long_work) or raise the limit.
+3. Otherwise the ranks that are *not* waiting in a collective are the culprits (stuck in data loading, in
+   forward and backward, in the optimizer, in a save); the ranks in a collective wait for them. One rank stuck
+   alone is named at its limit, whatever its line.
+4. Otherwise, every rank waits in a collective: if they wait in different ones (or at different steps) the
    collectives do not match and no single rank is to blame; if all wait in the same one, no rank is to
    blame either (a peer outside the job, the network).
 """
@@ -92,6 +97,18 @@ def decide(
         record.update(culprits=missing, reason="unresponsive", host=hosts[0])
         if working:
             line += f". Also not waiting: ranks {ranks_text(working)}"
+        return {**record, "line": line}
+    same = {(str(r["phase"]), int(r["step"]), _where(r.get("user_frame"))) for r in reports}
+    if working and not waiting and len(same) == 1 and _where(reports[0].get("user_frame")):
+        phase, _, where = same.pop()
+        stalled = max(float(r["stalled_s"]) for r in reports)
+        line = (
+            f"{head}every rank ({world_size}) has been in {phase} for {stalled:.0f} s at the same line of the "
+            f"task's code: {where}. No rank or node is to blame: that code is slow, or stuck, on every rank. "
+            'Fix: mark long legitimate work with `with hpc_ddp.long_work("what", limit_s=...)`, or raise '
+            "--hang-timeout-s"
+        )
+        record.update(reason="user-code", phase=phase, user_frame=reports[0].get("user_frame"))
         return {**record, "line": line}
     if working:
         first = by_rank[working[0]]
