@@ -261,3 +261,39 @@ def test_reduce_lr_on_plateau_steps_with_each_evaluation_and_resumes_exactly(
     ended = stopped(PLATEAU, tmp_path, monkeypatch, eval=5)  # 24 samples in 3 batches: step 4's second
     assert ended.stopped_at == 4
     assert_same_end(reference, ended)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, []),
+        ({"stream": True, "stream_state": True}, []),
+        ({"stream": True, "stream_state": True, "workers": 2, "stateful_loader": True}, []),
+        ({"stream": True}, ["the IterableDataset has no state_dict()/load_state_dict()"]),
+        (
+            {"stream": True, "stream_state": True, "workers": 2},
+            ["read by DataLoader workers and torchdata is not"],
+        ),
+        ({"cuda": True}, ["CUDA kernels are not deterministic without --deterministic"]),
+        ({"cuda": True, "deterministic": True}, []),
+        ({"stream": True, "cuda": True}, ["has no state_dict()", "without --deterministic"]),
+    ],
+)
+def test_what_cannot_resume_bitwise_is_known_at_start(given: dict, expected: list[str]) -> None:
+    """Build item 11 (pure): each reason a run cannot be exact, with its fix."""
+    from hpc_ddp.run import exact
+
+    options = {"stream": False, "stream_state": False, "workers": 0, "stateful_loader": False, "cuda": False}
+    why = exact.limits(**{**options, "deterministic": False, **given})
+    assert len(why) == len(expected) and all(e in w for e, w in zip(expected, why, strict=True))
+
+
+def test_run_json_says_whether_the_run_is_exact(tmp_path: Path) -> None:
+    from hpc_ddp.run import record
+
+    record.write(tmp_path, {}, {}, str(tmp_path), ["the IterableDataset has no state_dict()"])
+    written = json.loads((tmp_path / "run.json").read_text())
+    assert written["exact"] is False and written["not_exact"] == ["the IterableDataset has no state_dict()"]
+    record.write(tmp_path, {}, {}, str(tmp_path), [])
+    written = json.loads((tmp_path / "run.json").read_text())
+    assert written["exact"] is True and "not_exact" not in written

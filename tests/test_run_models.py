@@ -364,6 +364,9 @@ def test_uneven_streams_end_the_epoch_together_and_a_resume_restarts_the_epoch(t
     )
     code, out = finish(start(tmp_path, *args, "--max-steps", "8"))  # stops at step 8: 3 steps into epoch 1
     assert code == 0, out
+    # Said at start, and in run.json (issue 32, build item 11): this stream cannot resume mid-epoch exactly.
+    assert "not bitwise resumable: the IterableDataset has no state_dict()/load_state_dict()" in out
+    assert json.loads((tmp_path / "run.json").read_text())["exact"] is False
     assert [r["step"] for r in records(tmp_path, "epoch")] == [5, 8]
     assert "Parameters identical on all 2 ranks" in out
     code, out = finish(start(tmp_path, *args))

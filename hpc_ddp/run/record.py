@@ -52,7 +52,11 @@ def read_config(folder: Path) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def write(folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str) -> None:
+def write(
+    folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str, not_exact: list[str] | None = None
+) -> None:
+    """run.json for this start. `not_exact`: why this run cannot resume bit for bit (hpc_ddp.run.exact):
+    `"exact"` says whether it can, `"not_exact"` lists why not."""
     import torch
 
     from hpc_ddp._version import __version__
@@ -80,6 +84,8 @@ def write(folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str) -
             "slurm": slurm_version(),
         },
         "git_commit": git_commit(cwd),
+        "exact": not not_exact,
+        **({"not_exact": list(not_exact)} if not_exact else {}),
         "starts": starts + [round(time.time(), 3)],
     }
     previous = {k: v for k, v in old.items() if k not in ("starts", "earlier")}

@@ -165,7 +165,7 @@ def _train(
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp.run import resume, rng, tasks
+    from hpc_ddp.run import exact, resume, rng, tasks
     from hpc_ddp.run.trainer import Trainer
 
     if device.type == "cuda":
@@ -203,7 +203,11 @@ def _train(
                 _rank0(env, lambda: _finished_already(trainer, folder, log))
                 return exitcodes.OK
         # Everything is checked: only now does this start change the folder, and record itself.
-        _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log))
+        if resized is not None and resized.saved != resized.now:
+            trainer.not_exact.append(exact.RESIZED)
+        if trainer.not_exact:  # what cannot resume bit for bit, said before training (hpc_ddp.run.exact)
+            log.main(f"not bitwise resumable: {'; '.join(trainer.not_exact)}")
+        _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log, trainer.not_exact))
         _record_start(env, folder, environ, trainer.pos.step if start is not None else None)
         for note in trainer.notes:
             log.main(note)
@@ -252,7 +256,9 @@ def _since_process_start() -> float:
     return max(0.0, time.time() - psutil.Process().create_time())
 
 
-def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: RankLog) -> None:
+def _take_folder(
+    cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: RankLog, not_exact: list[str]
+) -> None:
     """Rank 0, once the start is fully checked: tidy, apply the resume plan, write run.json."""
     from hpc_ddp.run import configfile, record, resume
     from hpc_ddp.run.checkpoint import store
@@ -260,7 +266,7 @@ def _take_folder(cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: R
     store.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
     resume.apply(plan, folder, log.info)
     # A full disk at start is waited out (a restart may come while it still is): hpc_ddp.ledger.files.
-    record_ = functools.partial(record.write, folder, cfg.as_dict(), env.__dict__, os.getcwd())
+    record_ = functools.partial(record.write, folder, cfg.as_dict(), env.__dict__, os.getcwd(), not_exact)
     _patiently(record_, str(folder / run_folder.RUN_RECORD), log)
     configfile.save(folder, cfg)  # the resolved options, for --config
 

@@ -46,7 +46,7 @@ from hpc_ddp.log import RankLog, count
 from hpc_ddp.run import batches as batching
 from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import best as best_of
-from hpc_ddp.run import loaders, metrics, preemption, progress, rng, schedules, seeding, stragglers
+from hpc_ddp.run import exact, loaders, metrics, preemption, progress, rng, schedules, seeding, stragglers
 from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.checkpoint import content, formats, full
@@ -211,6 +211,15 @@ class Trainer:
         self.stateful = stream_state and workers == 0
         stateful_loader = loaders.stateful_loader() if stream_state and workers > 0 else None
         self.loader_states = stateful_loader is not None
+        # What keeps this run from resuming bit for bit, said at start (hpc_ddp.run.exact).
+        self.not_exact = exact.limits(
+            stream=self.iterable,
+            stream_state=stream_state,
+            workers=workers,
+            stateful_loader=self.loader_states,
+            cuda=device.type == "cuda",
+            deterministic=cfg.deterministic,
+        )
         self.stream = (
             (seeding.StatefulSeededStream if stream_state else seeding.SeededStream)(
                 task.dataset, cfg.seed, seeding.TRAIN, cfg.batch_size
