@@ -8,7 +8,7 @@ each sample exactly once, and a rank may get none.
 A synchronised model (DDP's buffer broadcast on the first forward after training; FSDP's all-gather on every
 forward) needs every rank to call forward the same number of times. So the ranks agree on the largest number of
 batches (`agreed_batches`, one all-reduce of one number), and a rank that runs out evaluates a padding batch
-(one of its own, or the dataset's first) whose results are dropped (`Means.add(..., weight=0)`).
+(one of its own, or the dataset's first) whose results are dropped (`Means.add(..., samples=0)`).
 
 Weighting, the one rule: an evaluation's value of NAME is sum(total) / sum(weight) over every batch of every
 rank that reported NAME, where a batch's `{"NAME": value}` counts as total = value x samples, weight = samples
