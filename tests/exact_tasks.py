@@ -100,28 +100,23 @@ def _reset() -> None:
     _calls.update(step=0, eval=0)
 
 
+def _drawing(config, dataset, **more):  # type: ignore[no-untyped-def]
+    """A task on `dataset` whose evaluation (24 augmented samples) draws."""
+    _reset()
+    eval_set = Augmented(config.seed + 1, 24)
+    return Task(
+        model=_model(), dataset=dataset, step=step, eval_dataset=eval_set, eval_step=eval_step, **more
+    )
+
+
 def augmented(config):  # type: ignore[no-untyped-def]
     """96 augmented training samples, 24 augmented evaluation samples, an evaluation that draws."""
-    _reset()
-    return Task(
-        model=_model(),
-        dataset=Augmented(config.seed, 96),
-        step=step,
-        eval_dataset=Augmented(config.seed + 1, 24),
-        eval_step=eval_step,
-    )
+    return _drawing(config, Augmented(config.seed, 96))
 
 
 def drawing_stream(config):  # type: ignore[no-untyped-def]
     """A stream of 120 samples that draws in `__iter__` (state_dict too), an evaluation that draws."""
-    _reset()
-    return Task(
-        model=_model(),
-        dataset=DrawingStream(config.seed, 120),
-        step=step,
-        eval_dataset=Augmented(config.seed + 1, 24),
-        eval_step=eval_step,
-    )
+    return _drawing(config, DrawingStream(config.seed, 120))
 
 
 class Normed(nn.Module):
@@ -240,15 +235,7 @@ def _plateau(optimizer, total):  # type: ignore[no-untyped-def]
 def plateau(config):  # type: ignore[no-untyped-def]
     """ReduceLROnPlateau on the evaluation's `draw` (mode max: it halves the rate whenever a draw is not a
     new maximum), with the augmented data and the evaluation that draws."""
-    _reset()
-    return Task(
-        model=_model(),
-        dataset=Augmented(config.seed, 96),
-        step=step,
-        eval_dataset=Augmented(config.seed + 1, 24),
-        eval_step=eval_step,
-        scheduler=_plateau,
-    )
+    return _drawing(config, Augmented(config.seed, 96), scheduler=_plateau)
 
 
 def plateau_without_eval(config):  # type: ignore[no-untyped-def]

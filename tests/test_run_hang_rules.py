@@ -313,6 +313,7 @@ def test_every_rank_in_the_same_line_of_the_task_names_the_code_and_blames_nobod
     assert verdict.decide(other, 8, PEERS, 5.0)["culprits"] == list(range(8))
     alone = [report(r, beacon.GRAD_ALLREDUCE) for r in range(7)] + [report(7, beacon.COMPUTE, frame=frame)]
     assert verdict.decide(alone, 8, PEERS, 5.0)["culprits"] == [7]
+    assert verdict.decide([report(0, beacon.COMPUTE, frame=frame)], 1, PEERS[:1], 5.0)["culprits"] == [0]
 
 
 def test_long_work_is_a_long_phase_with_its_own_limit_and_then_the_phase_goes_on(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ stacks. The rules, in order:
    start; run/watchdog.py), while every other rank reported too: no hang; the others wait for them.
 1. Ranks that sent nothing within the collection window are unresponsive (stopped, frozen in native code
    holding the GIL, or their node is gone): they are the culprits.
-2. Otherwise, when every rank reported from the same line of the task's own code, in the same phase at the
-   same step, none waiting in a collective: no rank and no node is to blame. The task's code is slow (or stuck)
+2. Otherwise, when every rank (two or more) reported from the same line of the task's own code, in the same
+   phase at the same step, none waiting in a collective: no rank and no node is to blame. The task's code is slow (or stuck)
    there on every rank, a periodic callback in `step` say; the line names it, and how to mark long work
    (hpc_ddp.long_work) or raise the limit.
 3. Otherwise the ranks that are *not* waiting in a collective are the culprits (stuck in data loading, in
@@ -99,7 +99,8 @@ def decide(
             line += f". Also not waiting: ranks {ranks_text(working)}"
         return {**record, "line": line}
     same = {(str(r["phase"]), int(r["step"]), _where(r.get("user_frame"))) for r in reports}
-    if working and not waiting and len(same) == 1 and _where(reports[0].get("user_frame")):
+    # Two ranks or more at one line of the task's code (a single rank stuck alone is named, rule 3).
+    if world_size > 1 and working and not waiting and len(same) == 1 and _where(reports[0].get("user_frame")):
         phase, _, where = same.pop()
         stalled = max(float(r["stalled_s"]) for r in reports)
         line = (
