@@ -125,3 +125,39 @@ def flaky_rank(config):  # type: ignore[no-untyped-def]
 
     torchfile._save_stream = save_stream
     return blocks(config)
+
+
+HUGE_WIDTH, HUGE_DEPTH = 4096, 24  # 24 blocks of Linear(4096, 4096): 402,800,641 parameters, 1.61 GB in fp32
+
+
+def huge(config):  # type: ignore[no-untyped-def]
+    """About 400 M parameters, given as a factory (built on the meta device under fsdp), plain SGD (no state):
+    each rank writes its own peak resident memory (getrusage's ru_maxrss, a maximum the kernel keeps) to
+    `<folder>/peak-rss-<rank>` whenever it grows, checked every 20 ms, so the file holds the rank's peak up
+    to moments before it exits (the kit's ranks leave with os._exit: no atexit)."""
+    import resource
+    import threading
+    from pathlib import Path
+
+    path = Path(config.folder) / f"peak-rss-{os.environ.get('SLURM_PROCID', '0')}"
+
+    def watch() -> None:
+        written = -1
+        while True:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+            if peak != written:
+                path.with_suffix(".tmp").write_text(str(peak))
+                os.replace(path.with_suffix(".tmp"), path)
+                written = peak
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, daemon=True).start()
+    x = torch.randn(8, 10, generator=torch.Generator().manual_seed(config.seed))
+    return Task(
+        model=lambda: Blocks(width=HUGE_WIDTH, depth=HUGE_DEPTH),
+        dataset=torch.utils.data.TensorDataset(x, x[:, :1]),
+        loss_fn=nn.functional.mse_loss,
+        optimizer=lambda params: torch.optim.SGD(
+            params, lr=1e-9
+        ),  # 24 residual blocks: a larger step explodes
+    )

@@ -168,6 +168,9 @@ class Checkpointer:
                 pending.stall_s += time.monotonic() - waited
                 pending.final = True
             self.record_ended()
+            # Nothing is saved after the final save: what the format keeps for the next (its staging copy, as
+            # large as this rank's share of the state) goes now, before model.pth is written.
+            self.format.close()
 
     def _promoting(self, write: _Write, best: bool) -> Job:
         """The job the writer runs: `write` (once durable, the format has promoted it), then, for a new best,

@@ -63,6 +63,7 @@ STARTUP_PREFIXES = (
     "MALLOC",
     "LANG",
     "LC_",
+    "GLIBC_",
 )
 ANSWER_S = 300.0  # the server's first answer waits for its import of torch: seconds under a loaded machine
 REPARENT_S = 10.0  # a forked rank waits this long at most for the launcher to become its parent

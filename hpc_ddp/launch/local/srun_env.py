@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc_ddp.cluster import allocator
 from hpc_ddp.cluster.env import SLURM_RESTART_VAR, port_for_job, without_launcher
 
 # After Ctrl-C/SIGTERM to the launcher: how long the ranks get to save and exit before SIGKILL (Slurm's
@@ -83,10 +84,12 @@ def slurm_env(job: LocalJob, rank: int, restarts: int) -> dict[str, str]:
 
 def child_environ(base: dict[str, str], job: LocalJob, rank: int, restarts: int) -> dict[str, str]:
     """The parent's environment minus any launcher variables (and the kit's channels) it carries, plus this
-    rank's fake srun step and the job's own settings (`extra_env`)."""
+    rank's fake srun step, the job's own settings (`extra_env`) and the kit's allocator settings
+    (hpc_ddp.cluster.allocator)."""
     env = without_launcher(base)
     env.update(slurm_env(job, rank, restarts))
     env.update(job.extra_env)
+    env.update(allocator.for_ranks(env))  # malloc's settings for ranks, unless the user set them
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

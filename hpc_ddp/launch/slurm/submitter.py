@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpc_ddp import exitcodes
+from hpc_ddp.cluster import allocator
 from hpc_ddp.errors import UsageError, run_task
 from hpc_ddp.launch.slurm import runtime
 from hpc_ddp.launch.slurm.outcome import how_to_follow, log_path
@@ -180,11 +181,13 @@ def prepare_folder(folder: Path) -> None:
 
 @contextmanager
 def submission_environ() -> Iterator[None]:
-    """os.environ without an enclosing job's variables, while sbatch runs (sbatch exports it into the job)."""
+    """os.environ without an enclosing job's variables, while sbatch runs (sbatch exports it into the job), and
+    with the allocator settings the tasks start with unless set (hpc_ddp.cluster.allocator)."""
     saved = dict(os.environ)
     clean = submit_environ(saved)
     for key in set(saved) - set(clean):
         del os.environ[key]
+    os.environ.update(allocator.for_ranks(clean))
     try:
         yield
     finally:

@@ -80,6 +80,11 @@ class Staging:
         self.attempt_over.clear()
         return self.staged, staged
 
+    def release(self) -> None:
+        """Free the buffers (the next save, if any, allocates new ones)."""
+        self.stager = None
+        self.written = self.staged  # nothing left that a retry could read
+
     def over(self, generation: int, written: bool) -> None:
         """On the writer thread, after each attempt's DCP write of copy `generation` (`written`: it succeeded)."""
         if written:

@@ -46,7 +46,8 @@ class Format(ABC):
         self.on_own_work: Callable[[], None] = lambda: None
 
     def close(self) -> None:
-        """Release what the format holds beyond its writes (a saving process): once the last write is over."""
+        """Release what the format holds beyond its writes (staging buffers, a saving process): after the final
+        save, and when the run closes (again: it must be idempotent)."""
         return None
 
     @classmethod

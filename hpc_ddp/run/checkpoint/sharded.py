@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused, NonFinite
+from hpc_ddp.run import memory
 from hpc_ddp.run.checkpoint import content, dcpwrite, durable, store, streamed, torchfile
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.part import PER_RANK, SHARDED, Part
@@ -220,6 +221,8 @@ class Sharded(Format):
         self.staging = dcpwrite.Staging(shared=async_save == "process")
 
     def close(self) -> None:
+        self.staging.release()
+        memory.trim()  # the staging copy's pages back to the system, not kept in malloc's heaps (run/memory.py)
         self.write.close()
 
     @classmethod

@@ -1,0 +1,56 @@
+"""The ranks' allocator: freed heap memory goes back to the system when trimmed (hpc_ddp.run.memory), and the
+kit's launchers start ranks with glibc's settings unless the user set them (hpc_ddp.cluster.allocator)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from hpc_ddp.run import memory
+
+
+def resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def test_trim_gives_freed_heap_memory_back() -> None:
+    # 64 KiB tensors come from malloc's heap, not mmap; every 64th kept alive, so the heap cannot shrink from
+    # its top and the freed ones stay resident until trimmed.
+    tensors = [torch.ones(16384) for _ in range(4096)]  # 256 MiB
+    kept = tensors[::64]
+    before = resident_mib()
+    del tensors
+    freed = resident_mib()
+    assert memory.trim()
+    after = resident_mib()
+    assert before - freed < 64 < freed - after, (before, freed, after)
+    assert all(bool((t == 1).all()) for t in kept)  # what is alive is untouched
+
+
+def test_the_ranks_allocator_settings_are_the_launchers_default_and_the_users_win() -> None:
+    from conftest import ROOT
+
+    from hpc_ddp.cluster import allocator
+    from hpc_ddp.launch.local.srun_env import LocalJob, child_environ
+    from hpc_ddp.launch.slurm.submitter import submission_environ
+
+    def submitted(environ: dict[str, str]) -> dict[str, str]:  # what sbatch exports into the job
+        with pytest.MonkeyPatch.context() as mp:
+            for key in list(os.environ):
+                mp.delenv(key)
+            for key, value in environ.items():
+                mp.setenv(key, value)
+            with submission_environ():
+                return dict(os.environ)
+
+    job = LocalJob(nodes=1, tasks_per_node=1, folder=ROOT, train_argv=[], max_requeue=0, job_id="123")
+    assert child_environ({}, job, 0, 0)[allocator.VAR] == allocator.SETTINGS
+    assert submitted({})[allocator.VAR] == allocator.SETTINGS
+    for mine in ("", "glibc.malloc.arena_max=2"):  # empty: glibc's own defaults
+        assert child_environ({allocator.VAR: mine}, job, 0, 0)[allocator.VAR] == mine
+        assert submitted({allocator.VAR: mine})[allocator.VAR] == mine
+    sbatch = (ROOT / "slurm" / "ddp.sbatch").read_text()
+    assert f"export {allocator.VAR}=${{{allocator.VAR}-{allocator.SETTINGS}}}" in sbatch
