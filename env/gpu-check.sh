@@ -34,17 +34,29 @@ else
   echo "== GPU tests"; "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.log" || status=1
 fi
 echo "== doctor (1 rank, --collective)"; "$py" -m hpc_ddp.doctor --collective --folder "$out/doctor" 2>&1 | tee "$out/doctor.log" || status=1
-# FSDP2 on the GPUs here: NCCL, a CUDA mesh, bf16 mixed precision, a sharded checkpoint, a resume from it and
-# its export to model.pth. --cpu: one gloo rank on the built-in linear task, no bf16.
+# FSDP2 on the GPUs here: NCCL, a CUDA mesh, bf16 mixed precision, a sharded checkpoint, a resume from it that
+# saves from DCP's saving processes (--async-save process: staged from the GPUs into shared memory), and the
+# export to model.pth. --cpu: one gloo rank on the built-in linear task, no bf16.
 if [[ $cpu == 1 ]]; then
   echo "== fsdp (1 CPU rank, linear)"; fsdp=(--gpus-per-node 1 --task linear)
 else
   echo "== fsdp (NCCL, bf16, gpt)"; fsdp=(--gpus-per-node "$(nvidia-smi -L | wc -l)" --task gpt --amp bf16)
 fi
 fsdp+=(--local --nodes 1 --strategy fsdp --epochs 1 --save-every-steps 2 --folder "$out/fsdp" --log-every-s 0)
-{ "$py" -m hpc_ddp.submit "${fsdp[@]}" --max-steps 2 && "$py" -m hpc_ddp.submit "${fsdp[@]}" --max-steps 4 &&
+{ "$py" -m hpc_ddp.submit "${fsdp[@]}" --max-steps 2 && "$py" -m hpc_ddp.submit "${fsdp[@]}" --max-steps 4 --async-save process &&
   "$py" -m hpc_ddp.checkpoint export "$out/fsdp/checkpoints/ckpt-00000004" "$out/fsdp/export.pth"; } 2>&1 |
   tee "$out/fsdp.log" || status=1
+# Meta-device construction: fsdp_tasks:no_dropout gives its model as a factory, so every rank builds it on the
+# meta device and allocates only its shards on its GPU; the initial weights it writes (gathered) must be bitwise
+# those of a CPU build of the same factory in one process (tests/meta_check.py). --cpu: one gloo rank.
+if [[ $cpu == 1 ]]; then
+  echo "== meta construction (1 CPU rank)"; meta=(--gpus-per-node 1)
+else
+  echo "== meta construction (NCCL)"; meta=(--gpus-per-node "$(nvidia-smi -L | wc -l)")
+fi
+meta+=(--local --nodes 1 --task fsdp_tasks:no_dropout --strategy fsdp --max-steps 1 --seed 7 --folder "$out/meta" --log-every-s 0)
+{ INITIAL_OUT="$out/meta-initial.pt" "$py" -m hpc_ddp.submit "${meta[@]}" &&
+  "$py" tests/meta_check.py "$out/meta-initial.pt" 7; } 2>&1 | tee "$out/meta.log" || status=1
 # --cpu: one rank a contender (tests/test_bench.py runs the section at 2): each rank's start costs seconds of CPU.
 if [[ $cpu == 1 ]]; then echo "== bench overhead (--quick with --cpu)"; bench+=(--quick --world-size 1); else echo "== bench overhead"; fi
 "$py" -m hpc_ddp.bench "${bench[@]}" 2>&1 | tee "$out/bench.log" || status=1

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 SCRIPT = ROOT / "env" / "gpu-check.sh"
 
 
-@pytest.mark.deadline(420)  # a one-rank doctor, two one-rank fsdp runs, one quick bench section
+@pytest.mark.deadline(420)  # a one-rank doctor, three one-rank fsdp runs, one quick bench section
 def test_gpu_check_runs_its_cpu_steps(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -36,8 +36,11 @@ def test_gpu_check_runs_its_cpu_steps(tmp_path: Path) -> None:
         "== GPU tests: skipped (--cpu)",
         "== doctor (1 rank, --collective)",
         "== fsdp (1 CPU rank, linear)",
+        "== meta construction (1 CPU rank)",
         "== bench overhead (--quick with --cpu)",
     ], text
+    meta = (out / "meta.log").read_text()
+    assert "meta construction: 12 parameters bitwise equal to the CPU build of seed 7" in meta, meta
     fsdp = (out / "fsdp.log").read_text()
     assert "Resuming from " in fsdp and "ckpt-00000002 at epoch 0, step 2" in fsdp, fsdp
     assert (out / "fsdp" / "export.pth").is_file()
