@@ -1,6 +1,7 @@
 """`python -m hpc_ddp.doctor resume` (issue 32, build item 10): where the stops go (a pure table), how the first
 divergence is found and named (a pure table), and the check on real local runs: an exact task passes (and its
-finished run stays finished), a task with state outside the checkpoint is named, part and step."""
+finished run stays finished: tests/test_resume_matrix.py, over many task shapes), a task with state outside the
+checkpoint is named, part and step."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def test_stops_cover_every_kind_of_point_once_in_run_order_one_per_attempt(seed:
     assert by[stops.EPOCH_END].key() == ("train", 16, 0)  # the run's last epoch end: stop there, then finish
     assert by[stops.ACCUM].index < 1 and by[stops.ACCUM].step < 16  # a micro-batch before the step's last
     assert by[stops.SAVE].step - 1 in SHAPE.saves and by[stops.SAVE].save
+    assert by[stops.SAVE].step - 1 not in steps  # else that save is the other stop's, and none is in flight
     assert by[stops.EVAL].kind == "eval" and by[stops.EVAL].index in range(3)
     after = by[stops.AFTER_RESUME]
     assert after.step - 1 in steps and after.key() == ("train", after.step, 0)
@@ -179,21 +181,6 @@ LINEAR = ("--epochs", "3", "--batch-size", "64", "--save-every-steps", "3")  # 4
 @pytest.mark.slow
 @pytest.mark.ranks
 @pytest.mark.deadline(150)
-def test_an_exact_task_passes_every_stop_and_its_finished_run_stays_finished(tmp_path: Path) -> None:
-    code, out = check(tmp_path, "--task", "slow_tasks:slow", *LINEAR)
-    assert code == 0, out
-    assert "uninterrupted: 12 steps; now stopped 4 times:" in out
-    assert "stop 4, at an epoch's last step: micro-batch 1 of 1 of step 12" in out  # the run's very last step
-    assert "every stop matched: parameters, optimizer state, buffers, RNG streams, data order" in out
-    assert "not tried: during an evaluation: the task has no evaluation" in out
-    # The stop in the last step, then the same command twice: finished, and nothing written the second time.
-    finished = (tmp_path / "finished.log").read_text()
-    assert "already finished at epoch 3, step 12" in finished
-
-
-@pytest.mark.slow
-@pytest.mark.ranks
-@pytest.mark.deadline(150)
 def test_a_buffer_kept_out_of_the_checkpoint_is_named_with_its_step_and_stop(tmp_path: Path) -> None:
     code, out = check(tmp_path, "--task", "resume_tasks:transient_buffer", *LINEAR)
     assert code == 1, out
@@ -215,3 +202,14 @@ def test_a_task_refused_at_start_is_its_own_line_and_exit_2(tmp_path: Path) -> N
     (tmp_path / "mine" / "notes.txt").write_text("mine")
     code, out = check(tmp_path / "mine", "--task", "linear")
     assert code == 2 and "is not a resume check's folder" in out
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_stops_limits_the_kinds_and_a_resume_stop_always_follows_another(seed: int) -> None:
+    chosen, _ = stops.choose(SHAPE, seed, limit=2)
+    kinds = [s.what for s in chosen]
+    assert len(kinds) == 2 and len(set(kinds)) == 2
+    if stops.AFTER_RESUME in kinds:
+        after = next(s for s in chosen if s.what == stops.AFTER_RESUME)
+        assert any(s.step == after.step - 1 for s in chosen if s is not after)
+    assert [s.attempt for s in chosen] == [0, 1]

@@ -149,11 +149,16 @@ class Probe:
     def __init__(self, plan: Plan, rank: int, attempt: int) -> None:
         self.plan, self.attempt = plan, attempt
         self.optimizers: list[torch.optim.Optimizer] = []
+        # The trained parameters as the optimizer got them (names and all): under fsdp their shards, whatever
+        # the module holds at the moment (fsdp leaves the root's parameters gathered after a forward).
+        self.params: list[tuple[str, Any]] = []
         self.stops = {s.key(): s for s in plan.stops if s.attempt == attempt}
         Path(plan.trace).mkdir(parents=True, exist_ok=True)
         self.out = open(Path(plan.trace) / f"rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115 (the process's)
         self.where: tuple[str, int] = ("", -1)
         self.index = 0
+        self.awaiting: dict[str, Any] | None = None  # a record whose buffers its forward's hook reads
+        self.watched: set[int] = set()
 
     def position(self) -> tuple[str, int, int]:
         """("train" or "eval", step, index of this batch within it), from the loop's beacon."""
@@ -166,9 +171,11 @@ class Probe:
             self.index += 1
         return kind, step, self.index
 
-    def before(self, batch: Any, model: nn.Module) -> dict[str, Any]:
+    def before(self, batch: Any, model: nn.Module, forwarding: bool = True) -> dict[str, Any]:
         """A batch is about to be used by `model` (the user's module): its record (written by `write`), after
-        stopping here if planned."""
+        stopping here if planned. The buffers a step starts from are read once its forward begins
+        (`forwarding`, else by `buffers_at_forward`): DDP broadcasts rank 0's into every rank right before, so a
+        rank's own copy before that is none of the step's inputs."""
         kind, step, index = self.position()
         stop = self.stops.get((kind, step, index))
         record: dict[str, Any] = {"a": self.attempt, "k": kind, "s": step, "i": index}
@@ -178,15 +185,31 @@ class Probe:
             os.kill(os.getpid(), signal.SIGUSR2)  # a real preemption signal, handled by the kit
         record["rng"] = rng_fingerprints()
         if kind == "train" and index == 0:
-            record["params"] = _named(model.named_parameters())
-            record["buffers"] = _named(model.named_buffers())
+            record["params"] = _named(self.params or model.named_parameters())
+            record["buffers"] = _named(model.named_buffers()) if forwarding else None
             record["optimizer"] = {
                 k: v for o in self.optimizers for k, v in optimizer_fingerprints(o).items()
             }
         record["data"] = fingerprint_of(batch)
         return record
 
-    def write(self, record: Mapping[str, Any]) -> None:
+    def buffers_at_forward(self, model: nn.Module, record: dict[str, Any]) -> None:
+        """Read `record`'s buffers at `model`'s next forward (a hook, once per module), or when it is written."""
+        self.awaiting = record
+        if id(model) not in self.watched:
+            self.watched.add(id(model))
+
+            def hook(module: nn.Module, _args: Any) -> None:
+                awaiting, self.awaiting = self.awaiting, None
+                if awaiting is not None and awaiting.get("buffers", 0) is None:
+                    awaiting["buffers"] = _named(module.named_buffers())
+
+            model.register_forward_pre_hook(hook)
+
+    def write(self, record: dict[str, Any], model: nn.Module | None = None) -> None:
+        self.awaiting = None
+        if record.get("buffers", 0) is None and model is not None:  # no forward came
+            record["buffers"] = _named(model.named_buffers())
         self._write(record)
 
     def _write(self, record: Mapping[str, Any]) -> None:
@@ -211,6 +234,9 @@ def build(config: TrainConfig) -> Task:
     made = inner.optimizer or (lambda params: torch.optim.SGD(params, lr=config.lr))
 
     def optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        named = getattr(params, "named", None)  # hpc_ddp.run.params.Parameters
+        if callable(named):
+            probe.params = list(named())
         built = made(params)
         probe.optimizers.append(built)
         return built
@@ -233,8 +259,12 @@ def _recorded(probe: Probe, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any
     def recorded(model: Any, batch: Any) -> Any:
         # The wrapped model: DDP's module is the user's (fsdp shards the user's module in place).
         user = model.module if isinstance(model, DistributedDataParallel) else model
-        probe.write(probe.before(batch, user))
-        return fn(model, batch)
+        record = probe.before(batch, user, forwarding=False)
+        probe.buffers_at_forward(user, record)
+        try:
+            return fn(model, batch)
+        finally:
+            probe.write(record, user)
 
     return recorded
 

@@ -57,6 +57,14 @@ def build_argparser() -> argparse.ArgumentParser:
     group.add_argument(
         "--stop-seed", type=int, default=0, help="chooses the stop points among the candidates (default: 0)"
     )
+    group.add_argument(
+        "--stops",
+        type=int,
+        default=0,
+        metavar="N",
+        help="stop at N kinds of points at most, chosen by --stop-seed: a quicker check (default: 0, every kind "
+        "the run has)",
+    )
     group.add_argument("--nodes", type=int, default=1, help="emulated nodes (default: 1)")
     group.add_argument("--gpus-per-node", type=int, default=0, help="one task per GPU (default: 0, CPU)")
     group.add_argument(
@@ -76,6 +84,7 @@ class Check:
     shape_args: tuple[str, ...]
     steps: int
     seed: int
+    stops: int = 0  # kinds of stop points at most (0: every kind the run has)
 
     def run_folder(self, name: str) -> Path:
         return self.folder / name
@@ -101,6 +110,8 @@ def main(argv: Sequence[str]) -> int:
     shape = job_shape(ns.nodes, ns.gpus_per_node, ns.tasks_per_node)
     if ns.steps < 2:
         raise UsageError(f"--steps {ns.steps}: the check needs at least 2 steps, e.g. --steps 40")
+    if ns.stops < 0:
+        raise UsageError(f"--stops {ns.stops}: 0 (every kind of point) or more, e.g. --stops 2")
     cfg = from_namespace(ns)
     if cfg.task == PROBE_TASK:
         raise UsageError(f"--task {PROBE_TASK} is the check's own probe: give your task")
@@ -108,7 +119,7 @@ def main(argv: Sequence[str]) -> int:
     if shape.gpus_per_node == 0:
         shape_args += ("--tasks-per-node", str(shape.tasks_per_node))
     folder = Path(cfg.folder) if cfg.folder else Path("runs", "resume-check-" + _slug(cfg.task))
-    check = Check(cfg, folder, shape_args, ns.steps, ns.stop_seed)
+    check = Check(cfg, folder, shape_args, ns.steps, ns.stop_seed, ns.stops)
     return run(check, say)
 
 
@@ -129,7 +140,7 @@ def run(check: Check, tell: Any = say) -> int:
     if code != exitcodes.OK:
         return _failed_run(check, "uninterrupted", code, tell)
     shape = _shape(straight)
-    chosen, skipped = stops.choose(shape, check.seed)
+    chosen, skipped = stops.choose(shape, check.seed, check.stops)
     if not chosen:
         tell("the run is too short to stop anywhere: raise --steps")
         return exitcodes.FAILED

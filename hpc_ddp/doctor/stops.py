@@ -43,47 +43,60 @@ class Shape:
         return max(self.micro, default=0)
 
 
-def choose(shape: Shape, seed: int) -> tuple[list[Stop], list[str]]:
-    """The stops (attempts numbered in run order), and a line for each kind of point the run does not have."""
+def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[str]]:
+    """The stops (attempts numbered in run order), and a line for each kind of point the run does not have.
+    `limit` > 0: that many kinds at most, an epoch's last step always among them when the run has one, the others
+    chosen with the same generator (a quicker check; the next seed tries others)."""
     rng = random.Random(seed)
     last = shape.last
     evals = dict(shape.evals or {})
-    picks: list[tuple[str, str, int, int]] = []  # (what, kind, step, index)
     skipped: list[str] = []
-    taken: set[int] = set()
-
-    def take(what: str, options: list[tuple[str, int, int]]) -> bool:
-        free = [o for o in options if o[1] not in taken]
-        if not free:
-            return False
-        kind, step, index = rng.choice(free)
-        picks.append((what, kind, step, index))
-        taken.add(step)
-        return True
-
-    # An epoch's last step first: the run's last epoch end, where a stop then finishing is the hardest case.
     ends = [s for s in shape.epoch_ends if s in shape.micro]
-    if ends:
-        take(EPOCH_END, [("train", max(ends), 0)])
-    else:
-        skipped.append(f"{EPOCH_END}: no epoch ended within the {last} steps checked (raise --max-steps)")
     accum = [("train", s, i) for s, n in shape.micro.items() if n > 1 and s < last for i in range(n - 1)]
-    if accum:
-        take(ACCUM, accum)
-    else:
-        take(STEP, [("train", s, 0) for s in shape.micro if 1 < s < last])
-    if evals:
-        take(EVAL, [("eval", s, b) for s, n in evals.items() for b in range(n)])
-    else:
+    options: dict[str, list[tuple[str, int, int]]] = {
+        EPOCH_END: [("train", max(ends), 0)] if ends else [],  # the run's last epoch end: the hardest case
+        ACCUM if accum else STEP: accum or [("train", s, 0) for s in shape.micro if 1 < s < last],
+        EVAL: [("eval", s, b) for s, n in evals.items() for b in range(n)],
+        SAVE: [("train", s + 1, 0) for s in shape.saves if s + 1 <= last],
+    }
+    if not ends:
+        skipped.append(f"{EPOCH_END}: no epoch ended within the {last} steps checked (raise --max-steps)")
+    if not evals:
         skipped.append(f"{EVAL}: the task has no evaluation (Task.eval_dataset)")
-    saves = [("train", s + 1, 0) for s in shape.saves if s + 1 <= last]
-    if not take(SAVE, saves):
+    if not options[SAVE]:
         skipped.append(f"{SAVE}: no checkpoint before the last step (add --save-every-steps)")
-    if picks:
-        # The first step after one of those stops: its attempt resumes there and is stopped again at once.
-        after = [("train", p[2] + 1, 0) for p in picks if p[2] + 1 <= last]
-        if not take(AFTER_RESUME, after):
-            skipped.append(f"{AFTER_RESUME}: every stop's next step is taken or past the end")
+    kinds = [k for k, found in options.items() if found] + [AFTER_RESUME]
+    if limit > 0:
+        # The run's last epoch end first (the hardest case: a stop, then finishing), then the other kinds in a
+        # seeded order, a resume's stop after some other: the first `limit` that fit.
+        first = [k for k in kinds if k == EPOCH_END]
+        rest = rng.sample([k for k in kinds if k != EPOCH_END], len(kinds) - len(first))
+        if not first and rest[0] == AFTER_RESUME and len(rest) > 1:
+            rest[0], rest[1] = rest[1], rest[0]
+        kinds = first + rest
+    picks: list[tuple[str, str, int, int]] = []  # (what, kind, step, index)
+    taken: set[int] = set()
+    for what in kinds:
+        if 0 < limit <= len(picks):
+            break
+        if what == AFTER_RESUME:
+            # The first step after one of the stops: its attempt resumes there and is stopped again at once.
+            saving = {p[2] - 1 for p in picks if p[0] == SAVE}  # a stop there would take that save's place
+            free = [
+                ("train", p[2] + 1, 0)
+                for p in picks
+                if p[2] + 1 <= last and p[2] + 1 not in taken and p[2] + 1 not in saving
+            ]
+            if not free:
+                skipped.append(f"{AFTER_RESUME}: every stop's next step is taken or past the end")
+        else:
+            free = [o for o in options[what] if o[1] not in taken]
+            if what == SAVE:  # a save at a step another stop saved at is that stop's: none is in flight after
+                free = [o for o in free if o[1] - 1 not in taken]
+        if free:
+            kind, step, index = rng.choice(free)
+            picks.append((what, kind, step, index))
+            taken.add(step)
     order = {"train": 0, "eval": 1}
     picks.sort(key=lambda p: (p[2], order[p[1]], p[3]))
     stops = [

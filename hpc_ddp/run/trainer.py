@@ -399,7 +399,8 @@ class Trainer:
         self._step_extras = {}
         for batch in micro_batches:
             done += 1
-            start = beacon.set(phase.COMPUTE, long=self.first_step)
+            # The step in the making, said again: a stream's fetch ahead set the beacon's step during the last.
+            start = beacon.set(phase.COMPUTE, self.pos.step + 1, long=self.first_step)
             self._grads_ready = 0.0
             self._step_loss += self._micro_step(batch, 1.0 / count, sync=done == count)
             if done == count:
