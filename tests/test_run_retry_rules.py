@@ -83,8 +83,25 @@ NODES = ("n1", "n1", "n2", "n2")
             ("hang", 2, "n2", True),
         ),
         (
-            retry.Evidence(code=1, rank_nodes=NODES, down=("n2",), node_fail=True),
+            retry.Evidence(code=1, rank_nodes=NODES, lost=("n2",), node_fail=True),
             ("node_fail", None, "n2", True),
+        ),
+        # Issue 33 item 3: a task killed by the preemption signal while it started (before its handler
+        # existed) is a preemption, never a crash, and blames no node.
+        (
+            retry.Evidence(code=140, rank_nodes=NODES, killed=((0, "SIGUSR2"), (2, "SIGKILL"))),
+            ("preempted", 0, "n1", False),
+        ),
+        (retry.Evidence(code=-10, rank_nodes=NODES, first_rank=3), ("preempted", 3, "n2", False)),  # locally
+        # Issue 33 item 10: two nodes lost together: both recorded (the first is the attempt's node).
+        (
+            retry.Evidence(code=137, rank_nodes=NODES, lost=("n2", "n1"), killed=((2, "SIGKILL"),)),
+            ("node_fail", None, "n2", True),
+        ),
+        # Issue 33 item 9: srun refused an option (no pyxis): a usage error, whatever srun's code.
+        (
+            retry.Evidence(code=255, refused="srun does not know --container-image"),
+            ("usage", None, None, False),
         ),
         (retry.Evidence(code=1), ("failed", None, None, False)),
     ],
@@ -191,6 +208,47 @@ def test_every_node_blamed_so_far_is_excluded_and_the_fit_is_checked() -> None:
     assert decision.exclude == ("n2", "n3")  # n1's error was not the node's fault
     states = {"n1": "idle", "n2": "idle", "n3": "down*", "n4": "drain", "n5": "mix"}
     assert retry.usable(states, decision.exclude) == ["n1", "n5"]
+
+
+HANG_IN_CODE = retry.signature("Hang", "stuck in user code")
+
+
+@pytest.mark.parametrize(
+    "before, node, blamed",
+    [
+        ([], "n2", True),  # the first time: the node (a frozen node hangs its rank too)
+        ([ended(1, "hang", 4, HANG_IN_CODE, node="n2", blamed=True)], "n3", False),  # followed the job
+        ([ended(1, "hang", 4, HANG_IN_CODE, node="n2", blamed=True)], "n2", True),  # the same node again
+        ([ended(1, "hang", 4, "Hang: other", node="n2", blamed=True)], "n3", True),  # another hang
+        ([ended(1, "failed", 4, HANG_IN_CODE, node="n2", blamed=True)], "n3", True),
+    ],
+)
+def test_a_hang_that_follows_the_job_to_another_node_is_the_codes(
+    before: list[Attempt], node: str, blamed: bool
+) -> None:
+    """Issue 33 item 5: a hang in the user's code on every attempt blamed (and excluded) a new healthy node
+    each time, until the job stopped for a node shortage that was not the cause."""
+    ending = retry.Ending("hang", "hang at step 3: rank 1 ...", HANG_IN_CODE, 1, node, blamed=True)
+    assert retry.follow(before, ending).blamed is blamed
+
+
+def test_a_hang_on_every_attempt_stops_as_a_crash_loop_without_a_node_shortage(tmp_path: Path) -> None:
+    """The whole path through the supervisor core: node2, then node3, the same hang with no newer checkpoint:
+    node3 is not blamed, only node2 is excluded, and the job stops as a crash loop."""
+    from hpc_ddp.launch import supervisor
+
+    journal = supervisor.Journal(tmp_path)
+    budgets = supervisor.Budgets(5, 3, "requeue")
+    verdict = {"culprits": [1], "reason": "stuck", "phase": "user code", "line": "hang at step 3: rank 1"}
+    closed = []
+    for restart, node in enumerate(("n2", "n3")):
+        evidence = retry.Evidence(code=76, rank_nodes=("n1", node), verdict=verdict)
+        closed.append(supervisor.end_attempt(journal, "7", restart, evidence, budgets, 0.0, None, now=1.0))
+    assert [(c.attempt.node, c.attempt.blamed, c.decision.action) for c in closed] == [
+        ("n2", True, "requeue"),
+        ("n3", False, "stop"),
+    ]
+    assert closed[1].decision.crash_loop and closed[1].attempt.exclude == ("n2",)
 
 
 def test_not_retried_when_the_run_stopped_itself() -> None:

@@ -36,7 +36,7 @@ def test_the_supervisor_applies_max_requeue(tmp_path: Path) -> None:
     journal = supervisor.Journal(tmp_path)
     first = end(journal, 0, retry.Evidence(code=exitcodes.PREEMPTED, requeue=True))
     assert (first.attempt.outcome, first.decision.action) == ("preempted", "restart")
-    assert first.decision.message.startswith("preempted: requeue 1 of --max-requeue 1")
+    assert first.decision.message.startswith("requeue 1 of --max-requeue 1")
     second = end(journal, 1, retry.Evidence(code=exitcodes.PREEMPTED, requeue=True))
     assert (second.attempt.outcome, second.decision.action) == ("preempted", "stop")
     assert "requeue budget spent (1 of --max-requeue 1), not requeued" in second.decision.message

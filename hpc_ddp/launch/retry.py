@@ -62,16 +62,18 @@ def node_fault(text: str) -> bool:
 
 
 def follow(before: Sequence[Attempt], ending: Ending) -> Ending:
-    """A SUSPECT error (hpc_ddp.launch.faults: an illegal memory access) blames the node the first time; when
-    the same error already failed this job on another node, it followed the job: the code is blamed (pure)."""
+    """An ending that blames a node the first time but is the code's once it follows the job to another node
+    (pure): a SUSPECT error (hpc_ddp.launch.faults: an illegal memory access), and a hang (a rank stuck in the
+    same phase on every attempt is stuck in the code: blaming each new node in turn would exclude healthy
+    ones until the job no longer fits, and stop it for a node shortage that is not the cause)."""
+    if not ending.blamed or not ending.signature:
+        return ending
+    if ending.outcome == record.HANG:
+        seen = [a.node for a in before if a.outcome == record.HANG and a.signature == ending.signature]
+        return replace(ending, blamed=False) if any(n != ending.node for n in seen) else ending
     fault = faults.classify(ending.reason)
     # Only a SUSPECT error is reconsidered: other blame (a death by a signal, a hardware fault) stands.
-    if (
-        not ending.blamed
-        or ending.outcome != record.FAILED
-        or fault is None
-        or fault.blame is not faults.Blame.SUSPECT
-    ):
+    if ending.outcome != record.FAILED or fault is None or fault.blame is not faults.Blame.SUSPECT:
         return ending
     seen = [a.node for a in before if a.failed and a.signature == ending.signature]
     return ending if faults.blame(ending.reason, ending.node, seen) else replace(ending, blamed=False)
@@ -80,6 +82,11 @@ def follow(before: Sequence[Attempt], ending: Ending) -> Ending:
 def secondary(text: str) -> bool:
     low = text.lower()
     return any(p in low for p in SECONDARY)
+
+
+# The signals that mean "preempted" to every task of the kit (hpc_ddp.run.preemption): a task killed by one
+# died of a preemption that came before its handler existed (while the interpreter started), never of a crash.
+PREEMPTION_SIGNALS = ("SIGUSR1", "SIGUSR2")
 
 
 def signal_name(number: int) -> str:
@@ -103,8 +110,11 @@ class Evidence:
     first_rank: int | None = None  # the rank that ended first, when the supervisor knows it (local)
     requeue: bool | None = None  # a preemption: do the signals ask for a requeue (preempted.json); None: none
     rank0_requeued: bool | None = None  # a preemption rank 0 decided alone (--requeue-by scontrol): did it?
-    down: tuple[str, ...] = ()  # this attempt's nodes that Slurm set DOWN/DRAIN/FAIL meanwhile
-    node_fail: bool = False  # Slurm ended the attempt for a node failure (and requeued the job itself)
+    lost: tuple[str, ...] = ()  # this attempt's nodes that failed under it (never a drained one: draining is
+    # an administrator's word for "no new jobs", not a failure), first first
+    node_fail: bool = False  # Slurm says a node failure ended the attempt, even if not which node
+    refused: str = ""  # srun refused its own options before starting a task: why, as one line
+    unwritable: str = ""  # the run folder cannot be written (read-only, no permission): why, as one line
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,7 @@ class Ending:
     traceback: str = ""  # the first cause's traceback, when a rank left one
     retryable: bool = True  # False: the kit stopped the run on purpose (hpc_ddp.errors.RunStopped)
     decided: bool = False  # rank 0 already decided about this preemption (and requeued, or not): it stands
+    lost: tuple[str, ...] = ()  # every node that failed under the attempt (a node failure): all are blamed
 
     @property
     def blames_a_rank(self) -> bool:
@@ -154,26 +165,29 @@ def named_first(seen: int, ending: Ending, codes: Sequence[int | None]) -> int:
 
 
 def _judge(ev: Evidence) -> Ending:
-    if ev.code == exitcodes.OK and not ev.node_fail:
+    node_fail = ev.node_fail or bool(ev.lost)
+    if ev.code == exitcodes.OK and not node_fail:
         return Ending(record.COMPLETED, "finished")
-    if ev.code == exitcodes.PREEMPTED and ev.requeue is not None and not ev.node_fail:
+    if ev.refused:
+        return Ending(record.USAGE, ev.refused, "usage srun")
+    if ev.unwritable:  # whatever the ranks died of next, nothing can be saved: a retry fails the same way
+        return Ending(record.FAILED, ev.unwritable, "unwritable run folder", retryable=False)
+    if ev.code == exitcodes.PREEMPTED and ev.requeue is not None and not node_fail:
         if ev.rank0_requeued is not None:
             return (
-                Ending(
-                    record.PREEMPTED, "preempted: saved a checkpoint; rank 0 requeued the job", decided=True
-                )
+                Ending(record.PREEMPTED, "saved a checkpoint; rank 0 requeued the job", decided=True)
                 if ev.rank0_requeued
                 else Ending(
                     record.STOPPED,
                     "stopped by a signal after saving a checkpoint; not requeued"
                     if not ev.requeue
-                    else "preempted: saved a checkpoint; rank 0 did not requeue the job (--max-requeue spent, "
+                    else "saved a checkpoint; rank 0 did not requeue the job (--max-requeue spent, "
                     "or scontrol failed: its log says which)",
                     decided=True,
                 )
             )
         return (
-            Ending(record.PREEMPTED, "preempted: saved a checkpoint, to be resumed")
+            Ending(record.PREEMPTED, "saved a checkpoint, to be resumed")
             if ev.requeue
             else Ending(record.STOPPED, "stopped by a signal after saving a checkpoint; not requeued")
         )
@@ -182,15 +196,17 @@ def _judge(ev: Evidence) -> Ending:
         return Ending(record.USAGE, "usage error (see the log)", "usage", note.get("rank"), note.get("node"))
     if ev.code == exitcodes.NONFINITE:
         return Ending(record.NONFINITE, "the loss became NaN or infinite", "nonfinite")
-    if ev.node_fail or ev.down:
-        node = ev.down[0] if ev.down else None
-        where = f"node {node}" if node else "a node"
+    if node_fail:
+        # Before the ranks' own words: what the survivors raised or died of came after their peers vanished.
+        node = ev.lost[0] if ev.lost else None
+        where = f"node {node}" if len(ev.lost) < 2 else f"nodes {','.join(ev.lost)}"
         return Ending(
             record.NODE_FAIL,
-            f"{where} failed (Slurm took it away)",
+            f"{where if node else 'a node'} failed (Slurm took {'them' if len(ev.lost) > 1 else 'it'} away)",
             f"node failure {node or ''}".strip(),
             node=node,
             blamed=node is not None,
+            lost=ev.lost,
         )
     if ev.verdict is not None:
         culprits = [int(r) for r in ev.verdict.get("culprits") or [] if isinstance(r, int)]
@@ -225,6 +241,17 @@ def _judge(ev: Evidence) -> Ending:
         )
     if killed:
         rank, name = killed[0]
+        if name in PREEMPTION_SIGNALS:
+            # The job's preemption signal reached the task before its handler existed (while python started):
+            # a preemption like any other, counted against --max-requeue; only its save did not happen.
+            return Ending(
+                record.PREEMPTED,
+                f"rank {rank} was killed by {name}, the preemption signal, before its handler was installed: "
+                "to be resumed from the latest checkpoint",
+                f"preempted {name}",
+                rank,
+                _node(ev, rank),
+            )
         return Ending(
             record.FAILED,
             f"rank {rank} was killed by {name}",
@@ -272,6 +299,7 @@ def close(this: Attempt, ending: Ending, step: int | None, checkpoint: int | Non
         blamed=ending.blamed,
         reason=ending.reason,
         signature=ending.signature,
+        lost=ending.lost,
     )
 
 
@@ -285,10 +313,12 @@ class Decision:
 
 
 def blamed_nodes(history: Sequence[Attempt]) -> tuple[str, ...]:
+    """Every node blamed in `history`, first first: the failing rank's node, and each node lost with it."""
     nodes: list[str] = []
     for a in history:
-        if a.blamed and a.node and a.node not in nodes:
-            nodes.append(a.node)
+        for node in (a.node, *a.lost) if a.blamed else ():
+            if node and node not in nodes:
+                nodes.append(node)
     return tuple(nodes)
 
 
@@ -310,18 +340,18 @@ def decide(
         return Decision(record.DONE, "finished", exclude)
     if this.outcome == record.PREEMPTED:
         if max_requeue is None:
-            return Decision(again, "preempted: resuming from the checkpoint it saved", exclude)
+            return Decision(again, "resuming from the checkpoint it saved", exclude)
         done = sum(1 for a in history if a.outcome == record.PREEMPTED)
         if done >= max_requeue:
             return Decision(
                 record.STOP,
-                f"preempted: checkpoint saved; requeue budget spent ({done} of --max-requeue {max_requeue}), "
+                f"requeue budget spent ({done} of --max-requeue {max_requeue}), "
                 "not requeued. Resume with the same command and --folder",
                 exclude,
             )
         return Decision(
             again,
-            f"preempted: requeue {done + 1} of --max-requeue {max_requeue}, resuming from the checkpoint it saved",
+            f"requeue {done + 1} of --max-requeue {max_requeue}, resuming from the latest checkpoint",
             exclude,
         )
     if this.outcome == record.STOPPED:
@@ -363,6 +393,14 @@ def decide(
     return Decision(
         again, f"restarting from {since} (failure {failures} of --max-restarts {max_restarts})", exclude
     )
+
+
+def failed(state: str) -> bool:
+    """A node state (sinfo's short form) that says the node failed: DOWN, FAIL/FAILING, or not responding
+    (`*`). Not a drain: an administrator drains a healthy node (no new jobs; running ones go on), so a
+    drained node is never blamed for an attempt's end (pure)."""
+    low = state.lower()
+    return low.endswith("*") or low.rstrip("~#!%$@^-").startswith(("down", "fail"))
 
 
 def usable(states: dict[str, str], exclude: Sequence[str]) -> list[str]:

@@ -8,7 +8,7 @@ launcher sets the same way; torchrun's round). Two kinds of lines, appended as t
     {"event": "start", "job", "restart", "time", "nodes": [...], "ranks": [node of each rank], "resumed_from"}
         written by global rank 0 once it is about to train (it knows the checkpoint it resumed from);
     {"event": "end", "job", "restart", "time", "outcome", "step", "checkpoint", "rank", "node", "blamed", "reason",
-     "signature", "decision", "exclude": [...]}
+     "signature", "decision", "exclude": [...], "lost": [...]}
         written by the attempt's supervisor once every task is gone: the batch shell after srun returns
         (hpc_ddp.launch.slurm.batch) or the local launcher. It runs even when every task died.
 
@@ -66,6 +66,7 @@ class Attempt:
     signature: str = ""  # the error, numbers masked: equal signatures mean the same error
     decision: str = ""
     exclude: tuple[str, ...] = field(default_factory=tuple)
+    lost: tuple[str, ...] = ()  # a node failure: every node that failed under it (`node` is the first)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -169,6 +170,7 @@ def end_record(attempt: Attempt, now: float | None = None) -> dict[str, Any]:
         "signature": attempt.signature,
         "decision": attempt.decision,
         "exclude": list(attempt.exclude),
+        **({"lost": list(attempt.lost)} if attempt.lost else {}),
     }
 
 
@@ -224,6 +226,7 @@ def merge(records: Iterable[dict[str, Any]]) -> list[Attempt]:
                 signature=str(r.get("signature") or ""),
                 decision=str(r.get("decision") or ""),
                 exclude=tuple(r.get("exclude") or ()),
+                lost=tuple(r.get("lost") or ()),
             )
         merged[key] = a
     return list(merged.values())
@@ -258,7 +261,13 @@ def line(attempt: Attempt, message: str) -> str:
     supervisor prints it: "attempt 2 failed on node3 (points at the node): RuntimeError: ...; restarting ..."."""
     if attempt.outcome == COMPLETED:
         return f"attempt {attempt.number} completed"
-    where = f" on {attempt.node}" if attempt.node else ""
+    where = (
+        f" on {','.join(attempt.lost)}"
+        if len(attempt.lost) > 1
+        else f" on {attempt.node}"
+        if attempt.node
+        else ""
+    )
     blame = " (points at the node)" if attempt.blamed else ""
     # A hang's reason is the verdict's line, which its supervisor prints just before (with where to read more).
     reason = "" if attempt.outcome == HANG else f"{attempt.reason}; "
