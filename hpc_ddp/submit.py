@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     from hpc_ddp.launch.slurm import submitter
 
-    return submitter.submit(ns, shape, cfg, module)
+    # The default run folder is the command's own: named in the advice, so that it resumes from anywhere.
+    again = argv if cfg.folder or ns.doctor else [*argv, "--folder", str(submitter.default_folder(ns, cfg))]
+    return submitter.submit(ns, shape, cfg, module, resume=resume_command(again))
 
 
 def cli() -> NoReturn:

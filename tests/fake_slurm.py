@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from hpc_ddp import proc
 
+ACTIONS = ("requeue", "requeuehold", "hold", "release", "update")
 WAITING = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
 
 
@@ -59,6 +60,9 @@ class FakeSlurm:
         self.calls: list[tuple[str, ...]] = []
         self.refuse: dict[tuple[str, ...], str] = {}  # a command's first words -> the error it fails with
         self.on_call: Callable[[tuple[str, ...]], None] | None = None  # runs before each answer
+        # A command's first words -> the text it prints, as recorded on the real cluster (tests/data): answered
+        # instead of the fake's own; a job's (scontrol show, sacct) until an action changes the job.
+        self.answers: dict[tuple[str, ...], str] = {}
 
     # ----- the cluster's life, as tests drive it ----------------------------------------------------------
 
@@ -97,6 +101,12 @@ class FakeSlurm:
         for words, error in self.refuse.items():
             if call[: len(words)] == words:
                 return proc.Output("", error)
+        if call[0] == "scancel" or call[:2] in (("scontrol", v) for v in ACTIONS):
+            # the job changed: its recorded words are stale (the nodes' are not)
+            self.answers = {k: v for k, v in self.answers.items() if k[0] == "sinfo"}
+        for words, text in self.answers.items():
+            if call[: len(words)] == words:
+                return proc.Output(text)
         handler = {
             "sacct": self._sacct,
             "squeue": self._squeue,

@@ -61,7 +61,7 @@ def test_the_job_size_is_what_was_asked(variables: dict[str, str], num_nodes: st
 def test_a_lost_node_that_leaves_too_few_stops_and_cancels_the_job_slurm_requeued(tmp_path: Path) -> None:
     """node3 drained, node2 lost under a 2-node job: Slurm requeued the job itself and, COMPLETING, counts one
     node. The job no longer fits: it stops, and the stop ends the job (else it pends forever)."""
-    fake = FakeSlurm({"node1": "idle", "node2": "drain", "node3": "drain"})
+    fake = FakeSlurm({"node1": "idle", "node2": "down*", "node3": "drain"})
     fake.submit("27", state="COMPLETING", restarts=1, num_nodes="1", node_list="node1")
     code = run_end(tmp_path, fake, status=1)
     assert code == exitcodes.FAILED
@@ -73,8 +73,10 @@ def test_a_lost_node_that_leaves_too_few_stops_and_cancels_the_job_slurm_requeue
 
 
 def test_a_lost_node_with_room_left_is_requeued_excluding_it(tmp_path: Path) -> None:
-    fake = FakeSlurm({"node1": "idle", "node2": "drain", "node3": "idle"})
+    """Slurm requeued the job for node2's failure (a job without --no-kill): accounting says NODE_FAIL."""
+    fake = FakeSlurm({"node1": "idle", "node2": "down*", "node3": "idle"})
     fake.submit("27", state="PENDING", restarts=1, num_nodes="1")
+    fake.jobs["27"].records = [["NODE_FAIL", "0:0", "None"], ["PENDING", "0:0", "BeginTime"]]
     assert run_end(tmp_path, fake, status=1) == 1  # a requeued job's shell ends as its tasks did
     (lost,) = attempts.read(tmp_path)
     assert (lost.outcome, lost.decision, lost.exclude) == ("node_fail", "requeue", ("node2",))

@@ -465,3 +465,175 @@ def test_an_attempt_a_time_limit_left_open_is_closed_when_the_job_is_over(tmp_pa
     assert (closed.outcome, closed.decision) == ("stopped", "stop"), closed
     assert "its time limit ended it before its batch shell could record the attempt" in closed.reason
     assert by_job["8"].ended is None
+
+
+# ----- issue 33: the final word is the kit's record; a job pending on nodes that are gone -------------------
+
+
+def test_the_final_word_is_the_recorded_decision_not_what_the_ranks_did_after_the_cause(
+    tmp_path: Path,
+) -> None:
+    """Issue 33 item 1: a node failed; the survivors got SIGTERM and saved (preempted.json); the batch shell
+    recorded the node failure and stopped the job. `--wait` returned 75 ("saved a checkpoint first"): the
+    record says a node failure stopped it, so 1, and the advice is a command that resumes."""
+    (tmp_path / "submitit").mkdir()
+    (tmp_path / "preempted.json").write_text("{}")
+    for event, fields in (
+        ("start", {"nodes": ["node1", "node2"]}),
+        (
+            "end",
+            {
+                "outcome": "node_fail",
+                "node": "node2",
+                "blamed": True,
+                "decision": "stop",
+                "reason": "node node2 failed (Slurm took it away)",
+            },
+        ),
+    ):
+        attempts.append(tmp_path, {"event": event, "job": "7", "restart": 0, "time": 5.0, **fields})
+    out = io.StringIO()
+    code = outcome.report("7", tmp_path, 4, JobState("FAILED", 1), 0.0, out, shown=True, resume="python -m x")
+    assert code == 1
+    assert out.getvalue().splitlines() == [
+        "[submit] job 7 stopped after 1 attempt(s): a node failed (on node2): node node2 failed (Slurm took it "
+        "away); its first error and every attempt are shown above",
+        f"[submit] once the cause is fixed, run the same command to resume from the start (no checkpoint yet) "
+        f"in {tmp_path}: python -m x",
+    ]
+    out = io.StringIO()  # nothing showed them (the log could not be followed): listed here, not claimed
+    outcome.report("7", tmp_path, 4, JobState("FAILED", 1), 0.0, out)
+    assert (
+        "shown above" not in out.getvalue()
+        and "attempt 1 on node1,node2: from the start; node_fail" in out.getvalue()
+    )
+
+
+def test_a_job_slurm_requeued_onto_nodes_that_are_gone_is_stopped_by_wait_with_its_cause_kept(
+    tmp_path: Path,
+) -> None:
+    """Issue 33 item 1, without --no-kill (a user's own script): Slurm requeued the job for node2's failure and
+    no batch shell was left; with node3 drained it pends "Nodes required for job are DOWN, DRAINED..."
+    forever. `--wait` records the node failure, cancels the job, and says so; the record keeps the cause."""
+    from hpc_ddp.launch import supervisor
+    from hpc_ddp.launch.slurm import lost
+
+    run = Run(tmp_path)
+    run.fake.nodes.update({"node2": "down*", "node3": "drain"})
+    run.fake.start("7")
+    run.attempt("start", 0, nodes=["node1", "node2"], ranks=["node1", "node2"])
+
+    def node_failed() -> None:
+        run.fake.end("7", "NODE_FAIL")
+        run.fake.requeue("7")
+        run.job.reason = (
+            "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions"
+        )
+
+    run.at(20, node_failed)
+    out = io.StringIO()
+    policy = lost.Policy(supervisor.Budgets(3, 3, "requeue"), 2, tasks_per_node=2)
+    clock = follow.Clock(run.clock.now, run.clock.sleep)
+    code = follow.follow("7", tmp_path, 4, 0.0, SlurmClient(run.fake), out, clock, policy)
+    text = out.getvalue()
+    assert code == 1, text
+    (closed,) = attempts.read(tmp_path)
+    assert (closed.outcome, closed.node, closed.decision) == ("node_fail", "node2", "stop")
+    assert "cannot requeue: the job needs 2 node(s) and only 1 usable one(s) remain" in text
+    assert "[submit] cancelled job 7: Slurm had requeued it, and it stops here" in text
+    assert "cancelled before its batch shell" not in text and run.fake.count("scancel", "7") == 1
+    assert text.splitlines()[-2].startswith(
+        "[submit] job 7 stopped after 1 attempt(s): a node failed (on node2)"
+    )
+
+
+def test_a_job_waiting_for_nodes_is_said_every_minute(tmp_path: Path) -> None:
+    from hpc_ddp.launch import supervisor
+    from hpc_ddp.launch.slurm import lost
+
+    run = Run(tmp_path)
+    run.fake.requeue("7")
+    run.job.reason = run.job.records[-1][2] = "ReqNodeNotAvail,_UnavailableNodes:node2"
+    run.at(200, lambda: run.fake.start("7"))
+    run.at(210, lambda: run.fake.end("7", "COMPLETED"))
+    out = io.StringIO()
+    policy = lost.Policy(supervisor.Budgets(3, 3, "requeue"), 2, wait=True)
+    code = follow.follow(
+        "7",
+        tmp_path,
+        4,
+        0.0,
+        SlurmClient(run.fake),
+        out,
+        follow.Clock(run.clock.now, run.clock.sleep),
+        policy,
+    )
+    assert code == 0
+    told = [line for line in out.getvalue().splitlines() if "--wait-for-nodes" in line]
+    assert len(told) in (3, 4), out.getvalue()  # at 0, 60, 120, 180 s
+    assert told[0].startswith("[submit] job 7 waits for nodes (ReqNodeNotAvail")
+
+
+# ----- issue 33: the same command, again -------------------------------------------------------------------
+
+
+def test_the_same_submit_command_comes_back_to_the_same_folder_and_its_advice_resumes_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33 item 6: without --folder each submission made a new runs/<job name>-<timestamp>, so the advice
+    "run the same command to resume" started from scratch. The folder is now the command's own, and the
+    advice names it."""
+    import hpc_ddp.submit as entry
+
+    monkeypatch.chdir(tmp_path)
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        submitter, "submit", lambda ns, shape, cfg, module, resume="": seen.append((cfg.folder, resume)) or 0
+    )
+    argv = ["--nodes", "2", "--task", "slow_tasks:slow", "--wait"]
+    assert entry.main(argv) == 0 and entry.main(argv) == 0
+    folder = str(tmp_path / "runs" / "hpc_ddp-slow_tasks-slow")
+    ns = build_argparser().parse_args(argv)
+    assert submitter.default_folder(ns, from_namespace(ns)) == Path(folder)
+    (_, resume), again = seen
+    assert again == seen[0] and shlex.split(resume)[-2:] == ["--folder", folder]
+    assert shlex.split(resume)[1:-2] == ["-m", "hpc_ddp.submit", *argv]
+
+
+def test_a_submission_into_a_folder_whose_job_is_still_queued_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33 item 7: a rerun while the first job waited for its requeue took its folder over, and the two
+    jobs took turns on it. Refused at submission, before anything is submitted."""
+    from hpc_ddp.errors import UsageError
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    attempts.append(folder, {"event": "start", "job": "75", "restart": 0, "time": 1.0, "nodes": ["node1"]})
+    attempts.append(
+        folder,
+        {
+            "event": "end",
+            "job": "75",
+            "restart": 0,
+            "time": 2.0,
+            "outcome": "preempted",
+            "decision": "requeue",
+        },
+    )
+    fake = FakeSlurm()
+    fake.submit("75", state="PENDING", restarts=1, reason="BeginTime")
+    ns = build_argparser().parse_args(["--nodes", "2", "--folder", str(folder)])
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(submitter, "_submit", lambda *args: pytest.fail("submitted"))
+    with pytest.raises(
+        UsageError, match=r"belongs to job 75, still PENDING \(BeginTime\): it resumes there by itself"
+    ):
+        submitter.submit(ns, job_shape(2, 0, None), from_namespace(ns), "hpc_ddp.train", SlurmClient(fake))
+    fake.jobs["75"].state = "CANCELLED"  # over: the folder is free, and the next job resumes its run
+    monkeypatch.setattr(submitter, "_submit", lambda *args: "76")
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    assert (
+        submitter.submit(ns, job_shape(2, 0, None), from_namespace(ns), "hpc_ddp.train", SlurmClient(fake))
+        == 0
+    )

@@ -221,7 +221,7 @@ def test_a_lost_node_with_min_nodes_goes_on_with_the_node_left(tmp_path: Path) -
     """node3 drained, node2 lost under a 2-node job (Slurm requeued it): with --min-nodes 1 the job is requeued
     on node1 alone, its node and task counts lowered, instead of stopping
     (test_launch_slurm_batch.py: without it, the same job stops)."""
-    fake = FakeSlurm({"node1": "idle", "node2": "drain", "node3": "drain"})
+    fake = FakeSlurm({"node1": "idle", "node2": "down*", "node3": "drain"})
     fake.submit("27", state="PENDING", restarts=1, num_nodes="1")
     args = ["--folder", str(tmp_path), "--min-nodes", "1", "--strategy", "fsdp", "--allow-resize"]
     assert batch.end(args, 1, "", environ(), SlurmClient(fake)) == 1  # as its tasks ended

@@ -128,6 +128,10 @@ def test_the_script_says_which_python_in_a_comment(given: runtime.Runtime, needl
         ({"srun": ("--output=x",)}, "--output is the kit's: one log per task"),
         ({"srun": ("--cpus-per-task=4",)}, "--cpus-per-task is set by --cpus-per-task"),
         ({"srun": ("--container-image=x",)}, "is set by --container-image"),
+        # Issue 33 item 10: a short option with its value glued on, as srun reads it.
+        ({"srun": ("-c2",)}, "--srun-arg '-c2': -c is set by --cpus-per-task"),
+        ({"srun": ("-otask.log",)}, "-o is the kit's: one log per task"),
+        ({"srun": ("-K1",)}, "-K is the kit's"),
     ],
 )
 def test_bad_combinations_are_usage_errors(kwargs: dict[str, object], needle: str) -> None:

@@ -22,9 +22,15 @@ def test_each_launch_path_has_its_default_folder() -> None:
     assert run_folder.default_for_local_run("mytasks:build") == Path("runs/mytasks-build")
     assert run_folder.default_for_local_run("pkg.sub:make model") == Path("runs/pkg.sub-make-model")
     assert run_folder.default_for_local_check("123") == Path("runs/doctor-123")
+    # A Slurm job's is its job name's and task's, the same for the same command (issue 33 item 6).
+    assert (
+        run_folder.default_for_submission("hpc_ddp", "mytasks:build")
+        == Path("runs/hpc_ddp-mytasks-build").absolute()
+    )
     stamp = time.mktime((2024, 5, 6, 7, 8, 9, 0, 0, -1))
     assert (
-        run_folder.default_for_submission("golden", stamp) == Path("runs/golden-20240506-070809").absolute()
+        run_folder.default_for_submitted_check("golden", stamp)
+        == Path("runs/doctor-golden-20240506-070809").absolute()
     )
 
 

@@ -122,6 +122,13 @@ class TrainConfig:
             "(default: 0)"
         },
     )
+    wait_for_nodes: bool = field(
+        default=False,
+        metadata={
+            "help": "Slurm: when excluding bad nodes leaves too few usable nodes, requeue the job anyway and "
+            "let it pend until enough come back (submit --wait says so every minute), instead of stopping it"
+        },
+    )
     max_steps: int = field(
         default=0, metadata={"help": "stop after this many optimizer steps in total (0: no limit)"}
     )

@@ -82,11 +82,18 @@ def default_for_local_check(job_id: str) -> Path:
     return Path("runs", f"doctor-{job_id}")
 
 
-def default_for_submission(job_name: str, now: float | None = None) -> Path:
-    """runs/<job name>-<timestamp>, absolute: chosen when the job is submitted, so a requeued run (the same
-    pickled command) comes back to it."""
+def default_for_submission(job_name: str, task: str) -> Path:
+    """runs/<job name>-<task>, absolute (`hpc_ddp`, `mytasks:build` -> runs/hpc_ddp-mytasks-build): the same
+    `submit` command comes back to it and resumes there, as `--local`'s runs/<task> does; a requeued run (the
+    same pickled command) too. Apart from the local run's folder: a Slurm job's world size is another."""
+    return Path("runs", f"{job_name}-{default_for_local_run(task).name}").absolute()
+
+
+def default_for_submitted_check(job_name: str, now: float | None = None) -> Path:
+    """runs/doctor-<job name>-<timestamp>, absolute: a doctor job (`submit --doctor`) trains nothing to come
+    back to."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    return Path("runs", f"{job_name}-{stamp}").absolute()
+    return Path("runs", f"doctor-{job_name}-{stamp}").absolute()
 
 
 # ----- can it be written? ---------------------------------------------------------------------------------
@@ -194,10 +201,15 @@ class FolderLock:
                 pass
 
     def release(self) -> None:
+        """Remove the lock. Never raises: on a folder that turned read-only it stays, and is known for a dead
+        holder's by the next run (its pid, its heartbeat), as a killed holder's is."""
         self._stop.set()
         _HELD.discard(self)
         if self.owned and (_read_lock(self.path) or {}).get("token") == self.token:
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 _HELD: set[FolderLock] = set()  # the locks this process holds (owned, not yet released)

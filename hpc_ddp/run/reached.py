@@ -69,3 +69,17 @@ def step_reached(folder: Path, since: float) -> int | None:
         if isinstance(r.get("step"), int) and isinstance(r.get("time"), (int, float)) and r["time"] >= since
     ]
     return max(steps, default=None)
+
+
+def last_seen(folder: Path, since: float) -> float | None:
+    """When rank 0 of the attempt that began at `since` was last seen at work: its last step (step.json), else
+    its last record in metrics.jsonl; None without either. What a supervisor that closes an attempt after
+    the fact (its batch shell died) takes for its end, rather than the moment it looks."""
+    reached = read(folder)
+    times = [reached[1]] if reached is not None and reached[1] >= since else []
+    times += [
+        float(r["time"])
+        for r in iter_records(Path(folder) / METRICS)
+        if isinstance(r.get("time"), (int, float)) and r["time"] >= since
+    ]
+    return max(times, default=None)

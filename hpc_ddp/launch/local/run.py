@@ -1,7 +1,8 @@
 """`python -m hpc_ddp.submit --local`: check the flags, take the run folder, and hand the job to the Launcher.
 
 Without --folder a training run's folder is its task's (runs/<task>): the same command comes back to it and
-resumes, and a run with other MUST_MATCH options is refused there before any rank starts (`_refuse_another_run`).
+resumes, and a run with other MUST_MATCH options is refused there before any rank starts
+(hpc_ddp.launch.rerun).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from hpc_ddp.launch.local import processes
 from hpc_ddp.launch.local.console import Console
 from hpc_ddp.launch.local.launcher import Launcher
 from hpc_ddp.launch.local.srun_env import LocalJob, fresh_job_id
+from hpc_ddp.launch.rerun import refuse_another_run
 from hpc_ddp.launch.shape import JobShape
 from hpc_ddp.log import count
 from hpc_ddp.proc import run as run_command
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import progress, record
-from hpc_ddp.run.config import TrainConfig, differences
+from hpc_ddp.run import progress
+from hpc_ddp.run.config import TrainConfig
 
 
 def gpu_count() -> int:
@@ -71,7 +73,7 @@ def run_local(
             else run_folder.default_for_local_check(job_id)
         )
     if default and not cfg.overwrite:
-        _refuse_another_run(folder, cfg)
+        refuse_another_run(folder, cfg, f"--task {cfg.task}")
     say = console.line  # a full disk is waited out for a while (hpc_ddp.ledger.files), and said
     run_folder.prepare(folder, warn=lambda m: say(f"[launcher] warning: {m}"))
     # Before anything in the folder changes, and before it says anything: a second run in this folder is
@@ -115,24 +117,6 @@ def run_local(
         return Launcher(job, console, lock).run()  # which hands the console all it has before it returns
     finally:
         lock.release()
-
-
-def _refuse_another_run(folder: Path, cfg: TrainConfig) -> None:
-    """The default folder is the task's, and a rerun there resumes: a run with other MUST_MATCH options
-    (--seed, --batch-size...) is another run, which must not mix its checkpoints and records with that one's.
-    Refused here, in one line, before any rank starts (the ranks' own check would refuse it too, after
-    starting them all)."""
-    saved = record.read_config(folder)
-    diffs = differences(saved, cfg) if saved is not None else []
-    if diffs:
-        n = 2
-        while Path(f"{folder}-{n}").exists():
-            n += 1
-        raise UsageError(
-            f"run folder {folder} (the default for --task {cfg.task}) holds another run, started with "
-            f"{', '.join(diffs)}; a rerun there resumes that run, which needs the same values. Fix: "
-            f"--folder {folder}-{n} (or any new folder) for this one, or the earlier values to resume that one"
-        )
 
 
 def _standard_fds() -> None:

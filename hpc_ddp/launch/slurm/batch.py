@@ -36,8 +36,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -46,7 +45,7 @@ from hpc_ddp.cli import build_parser
 from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.errors import UsageError, run_main
 from hpc_ddp.launch import retry, supervisor
-from hpc_ddp.launch.slurm import min_nodes
+from hpc_ddp.launch.slurm import lost, min_nodes
 from hpc_ddp.launch.slurm.client import Size, SlurmClient
 from hpc_ddp.launch.slurm.parse import JobInfo, hosts
 from hpc_ddp.ledger import attempts as record
@@ -92,10 +91,31 @@ def srun_deaths(lines: Sequence[str]) -> tuple[tuple[int, str], ...]:
     return tuple(deaths)
 
 
-def _down(client: SlurmClient, nodes: Sequence[str]) -> tuple[str, ...]:
-    """The nodes of `nodes` that Slurm reports down, drained or failed (one that sinfo does not list is not)."""
-    states = client.nodes()
-    return tuple(n for n in nodes if retry.usable({n: states.get(n, "idle")}, ()) == [])
+# srun refusing its own options: it starts no task and exits 255 (measured: "srun: unrecognized option
+# '--container-image=x'" where the pyxis plugin is missing). No retry can help: a usage error.
+_SRUN_REFUSAL = re.compile(r"^srun: (?:unrecognized option '([^']+)'|invalid option -- '(.)')")
+_PYXIS = ("--container-image", "--container-mounts", "--container-workdir", "--container-name")
+
+
+def srun_refusal(lines: Sequence[str]) -> str:
+    """'' unless srun refused one of its options before starting any task; then the one line that says which
+    and what to do (pure)."""
+    for line in lines:
+        match = _SRUN_REFUSAL.search(line.strip())
+        if not match:
+            continue
+        option = (match.group(1) or f"-{match.group(2)}").split("=", 1)[0]
+        if option in _PYXIS:
+            return (
+                f"srun does not know {option}: the pyxis plugin (srun --container-image) is not installed on "
+                "this cluster. Fix: run without --container-image (Apptainer: --apptainer IMAGE), or ask the "
+                "cluster's administrators for pyxis"
+            )
+        return (
+            f"srun does not know the option {option} (from --srun-arg, or HPC_DDP_SRUN_ARGS for "
+            "slurm/ddp.sbatch): check `srun --help` on this cluster and drop or fix it"
+        )
+    return ""
 
 
 def first_exit(lines: Sequence[str]) -> int | None:
@@ -152,62 +172,15 @@ def _read_state(folder: Path, job: str, restart: int) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-# Why a job that is over ended, when its own batch shell could not record it (Slurm SIGKILLs the shell KillWait
-# after the time limit's SIGTERM, while its tasks still save): accounting's state of its last run.
-_OVER = {
-    "TIMEOUT": (outcomes.STOPPED, "its time limit ended it before its batch shell could record the attempt"),
-    "CANCELLED": (outcomes.STOPPED, "cancelled before its batch shell could record the attempt"),
-    "DEADLINE": (outcomes.STOPPED, "its deadline ended it before its batch shell could record the attempt"),
-}
-
-
-def close_over(
-    journal: supervisor.Journal, client: SlurmClient, which: Callable[[record.Attempt], bool]
-) -> list[str]:
-    """Close the open attempts of the folder that `which` selects once Slurm says their jobs are over (a time
-    limit before the first checkpoint: Slurm SIGKILLed the batch shell KillWait after its SIGTERM, before
-    `end`), with what ended them; the lines that say so. A job still running, or one Slurm does not answer
-    for, is left alone. Nothing to decide: the job is over, each is recorded as stopped. Called by the next
-    job's `begin` (for other jobs) and by `submit --wait` once its own job is over."""
-    left = [a for a in record.merge(record.read_lines(journal.folder)) if which(a) and a.ended is None]
-    if not left:
-        return []
-    histories = client.histories(sorted({a.job for a in left})) or {}
-    lines = []
-    for attempt in left:
-        history = histories.get(attempt.job)
-        if history is None or not history.current.done:
-            continue
-        outcome, reason = _OVER.get(
-            history.current.state,
-            (outcomes.LOST, f"its job ended {history.current.state} before its batch shell recorded it"),
-        )
-        closed = supervisor.end_attempt(
-            journal,
-            attempt.job,
-            attempt.restart,
-            retry.Ending(outcome, reason, signature=history.current.state.lower()),
-            _no_budgets(),
-            began=attempt.started or 0,
-            checkpoint=supervisor.latest_step(journal.folder),
-            adjust=lambda _this, decision: retry.Decision(outcomes.STOP, "the job is over", decision.exclude),
-        )
-        lines.append(f"job {attempt.job}: {closed.line}")
-    return lines
-
-
 def _close_other_jobs(journal: supervisor.Journal, job: str, client: SlurmClient) -> None:
-    """Close what other jobs left open in this folder (`close_over`): their budgets are theirs."""
-    for line in close_over(journal, client, lambda a: a.job != job):
+    """Close what other jobs left open in this folder once they are over (hpc_ddp.launch.slurm.lost): their
+    budgets are theirs, and they are over."""
+    for line in lost.close_over(journal, client, lambda a: a.job != job):
         say(line)
 
 
 def attempts_of_others(journal: supervisor.Journal, job: str) -> list[record.Attempt]:
     return [a for a in record.merge(record.read_lines(journal.folder)) if a.job != job]
-
-
-def _no_budgets() -> supervisor.Budgets:
-    return supervisor.Budgets(0, 0, outcomes.REQUEUE)
 
 
 def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: SlurmClient) -> int:
@@ -216,57 +189,108 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
     # Here, not only at submission: slurm/ddp.sbatch takes the options as they come. The node count is what
     # Slurm allocated (fewer than asked once the job went on without bad nodes: M is still at most that).
     check_min_nodes(cfg, job_size(environ, None), min_nodes.tasks_per_node(environ))
+    taken = taken_over(folder, job)
+    if taken is not None:
+        # Before srun: its rank 0 would be refused the folder (or, once the other job is gone, resume the
+        # other job's checkpoint). Two jobs never take turns on one folder: this one stops, writing nothing.
+        say(taken)
+        return exitcodes.USAGE
+    unwritable = _unwritable(folder)
+    if unwritable:
+        say(unwritable)
+        return exitcodes.FAILED
     journal = supervisor.Journal(folder)
-    if other_job(folder, job) is None:
-        _close_other_jobs(journal, job, client)
-    history = journal.history(job)
-    for open_attempt in [a for a in history if a.restart < restart and a.ended is None]:
-        # Its batch shell died before its `end` (its node went down with it, most likely): close it now.
-        nodes = list(open_attempt.nodes)
-        down = _down(client, nodes) if nodes else ()
-        ending = retry.judge(
-            retry.Evidence(code=exitcodes.FAILED, rank_nodes=open_attempt.ranks, down=down, node_fail=True)
-        )
-        if not down:
-            ending = replace(
-                ending,
-                outcome=outcomes.LOST,
-                reason="its batch shell ended without a word (the node it ran on failed, or it was killed)",
-                signature="lost",
-            )
-        closed = supervisor.end_attempt(
-            journal,
-            job,
-            open_attempt.restart,
-            ending,
-            _budgets(cfg),
-            began=open_attempt.started or 0,
-            checkpoint=supervisor.latest_step(folder),
-        )
+    _close_other_jobs(journal, job, client)
+    own = [a for a in journal.history(job) if a.restart < restart and a.ended is None]
+    found = lost.ask(client, job) if own else None
+    for open_attempt in own:
+        # Its batch shell died before its `end` (its node failed, or it was killed), and the job was requeued
+        # by Slurm or by a `submit --wait` that did not record it (hpc_ddp.launch.slurm.lost).
+        assert found is not None
+        closed = lost.close(journal, open_attempt, found, _budgets(cfg))
         say(closed.line)
         if closed.decision.action == outcomes.STOP:
             say(f"job {job} stops here: {closed.decision.message}")
             return exitcodes.FAILED
+    _note_start(folder, job, restart, log)
+    # The number attempts.jsonl will give this attempt: its place among the folder's attempts, every job's.
+    everyone = record.merge(record.read_lines(folder))
+    known = record.find(everyone, job, restart)
+    number = known.number if known is not None else len(everyone) + 1
+    say(
+        f"attempt {number} of job {job} (restart {restart}) on {environ.get('SLURM_JOB_NODELIST', '?')}; run "
+        f"folder {folder.absolute()}"
+    )
+    return exitcodes.OK
+
+
+def _note_start(folder: Path, job: str, restart: int, log: str) -> None:
+    """When this attempt began and where its srun lines start in the batch log, for `end` (exits/<job>-<r>/
+    batch.json). Not in a folder that does not exist yet: the tasks create it on a first start, and `end` then
+    goes by rank 0's start record. Advisory: a folder that refuses it is judged by `end`."""
+    if not folder.is_dir():
+        return
     offset = 0
     if log:
         try:
             offset = os.path.getsize(log)
         except OSError:
             offset = 0
-    if (
-        folder.is_dir() and other_job(folder, job) is None
-    ):  # else the tasks create it (a first start); `end` then goes by rank 0's start record
-        where = exits.attempt_folder(folder, job, restart)
+    where = exits.attempt_folder(folder, job, restart)
+    try:
         where.mkdir(parents=True, exist_ok=True)
         run_folder.atomic_write_bytes(
             where / STATE, json.dumps({"began": time.time(), "log": log, "offset": offset}).encode()
         )
-    number = len(journal.history(job)) + 1
-    say(
-        f"attempt {number} of job {job} (restart {restart}) on {environ.get('SLURM_JOB_NODELIST', '?')}; run "
-        f"folder {folder.absolute()}"
+    except OSError:
+        pass
+
+
+def _unwritable(folder: Path) -> str:
+    """'' when the run folder can be written (or does not exist yet: the tasks create it), else the one line
+    that says it cannot and what to do. A folder that turned read-only (a file system remounted after an
+    error) fails every start the same way: the job stops instead of being requeued to fail again."""
+    if not folder.is_dir():
+        return ""
+    error = run_folder.write_test(folder, f".write-test-batch-{os.getpid()}")
+    if not error:
+        return ""
+    return (
+        f"run folder {folder} cannot be written ({error}): nothing can be saved or recorded there, and every "
+        "attempt would fail the same way, so the job stops (not requeued). Fix the file system or its "
+        "permissions, then run the same command again to resume from its latest checkpoint"
     )
-    return exitcodes.OK
+
+
+def taken_over(folder: Path, job: str) -> str | None:
+    """Why this job must not use `folder` any more, or None: another job holds it now (its run.lock), or began
+    an attempt in it after this job's last one (a rerun while this job waited for its requeue: it resumed this
+    job's checkpoint and trains on from there). The line to say; this job then stops and writes nothing there."""
+    holder = other_job(folder, job)
+    if holder is not None:
+        owner = f"job {holder}" if holder else "another run"
+        return (
+            f"run folder {folder} is held by {owner}: this job recorded nothing there and stops (a usage "
+            "error, not retried). Fix: give this job its own --folder"
+        )
+    newer = after_this_job(record.merge(record.read_lines(folder)), job)
+    if newer is None:
+        return None
+    return (
+        f"run folder {folder} was taken over by job {newer} since this job's last attempt (the same command, "
+        "run again while this job waited to start again): two jobs never take turns on one folder, so this job "
+        f"stops here and records nothing; job {newer}'s run is the one that goes on"
+    )
+
+
+def after_this_job(history: Sequence[record.Attempt], job: str) -> str | None:
+    """The other job that began an attempt after this job's last one began, if any (pure)."""
+    mine = [a.started or 0 for a in history if a.job == job]
+    if not mine:
+        return None  # a new job in a folder others used before: it continues their run
+    since = max(mine)
+    later = [a for a in history if a.job != job and (a.started or 0) > since]
+    return later[0].job if later else None
 
 
 def _srun_lines(state: dict[str, Any], log: str) -> list[str]:
@@ -312,14 +336,14 @@ def slurm_requeued(info: JobInfo | None, restart: int) -> bool:
     return info.state.kind.waiting or info.restarts > restart
 
 
-def requeued_healthy(status: int, requeued: bool, down: Sequence[str]) -> retry.Ending | None:
-    """A requeue Slurm performed with every node of the attempt healthy (`scontrol requeue`, which is what
-    PreemptMode=REQUEUE does) is a preemption, counted against --max-requeue, not a node failure (pure)."""
-    if not requeued or down or status == exitcodes.OK:
+def requeued_healthy(status: int, requeued: bool, node_fail: bool) -> retry.Ending | None:
+    """A requeue Slurm performed with no node failure under the attempt (`scontrol requeue`, which is what
+    PreemptMode=REQUEUE does) is a preemption, counted against --max-requeue (pure). `node_fail`: a node of
+    the attempt failed (srun said so, Slurm removed it, its state says so, or accounting says NODE_FAIL)."""
+    if not requeued or node_fail or status == exitcodes.OK:
         return None
     return retry.Ending(
-        outcomes.PREEMPTED,
-        "preempted: Slurm requeued the job (scontrol requeue, or preemption) with every node up",
+        outcomes.PREEMPTED, "Slurm requeued the job (scontrol requeue, or preemption) with every node up"
     )
 
 
@@ -332,14 +356,10 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
         say(f"cannot record this attempt in {folder} ({e.strerror or e}); exiting as srun did ({status})")
         return status
     job, restart = _identity(environ)
-    holder = other_job(folder, job) if status != exitcodes.OK else None
-    if holder is not None:
+    taken = taken_over(folder, job) if status != exitcodes.OK else None
+    if taken is not None:
         # Rank 0 was refused the folder (it exited 2): not this job's record to write, nor its checkpoint.
-        owner = f"job {holder}" if holder else "another run"
-        say(
-            f"run folder {folder} is held by {owner}: this job recorded nothing there and stops (a usage "
-            "error, not retried). Fix: give this job its own --folder"
-        )
+        say(taken)
         return exitcodes.USAGE
     state = _read_state(folder, job, restart)
     journal = supervisor.Journal(folder)
@@ -348,12 +368,18 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
     info = client.job(job)
     requeued = slurm_requeued(info, restart)
     nodes = (list(this.nodes) if this else []) or list(hosts(environ.get("SLURM_JOB_NODELIST", "")))
-    down = _down(client, nodes) if status != exitcodes.OK else ()
+    lines = _srun_lines(state, log)
+    said = lost.srun_node_failures(lines)
+    failed = status != exitcodes.OK
+    gone = lost.lost_nodes(nodes, said, info, client.nodes(), restart) if failed else ()
+    # Slurm requeued the job itself: accounting says whether a node failure ended this run (the node may be
+    # back already: a live slurmd returns at once, ReturnToService=2), or a requeue with every node up.
+    run = lost.run_of(client.history(job), restart) if failed and requeued else None
+    node_fail = bool(gone) or (run is not None and run.state == "NODE_FAIL")
     # This attempt's own preemption record only: an older one (kept for the user) is no decision about it.
     preempted = preemption.read_since(folder, began) if status == exitcodes.PREEMPTED else None
     by_rank0 = preempted is not None and preempted.mode == "scontrol"  # rank 0 decided and requeued itself
-    lines = _srun_lines(state, log)
-    usage = status != exitcodes.OK and first_exit(lines) == exitcodes.USAGE
+    usage = failed and first_exit(lines) == exitcodes.USAGE
     evidence = retry.Evidence(
         code=exitcodes.USAGE if usage else status,
         rank_nodes=this.ranks if this else (),
@@ -362,20 +388,22 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
         killed=srun_deaths(lines),
         requeue=preempted.requeue if preempted else None,
         rank0_requeued=(bool(preempted.requeued) if by_rank0 and preempted else None),
-        down=down,
-        node_fail=requeued and status != exitcodes.OK,
+        lost=gone,
+        node_fail=node_fail,
+        refused=srun_refusal(lines) if failed else "",
+        unwritable=_unwritable(folder) if failed else "",
     )
     size = job_size(environ, info)
     closed = supervisor.end_attempt(
         journal,
         job,
         restart,
-        requeued_healthy(status, requeued, down) or evidence,
+        requeued_healthy(status, requeued, node_fail) or evidence,
         _budgets(cfg),
         began=began,
         checkpoint=supervisor.latest_step(folder),
         adjust=lambda _this, decision: _fits(
-            client, decision, info, size, min_nodes.smaller(cfg, environ, folder)
+            client, decision, info, size, min_nodes.smaller(cfg, environ, folder), cfg.wait_for_nodes
         ),
         exclude=lambda decision: _excluded(decision, info),
     )
@@ -417,10 +445,7 @@ def _budgets(cfg: TrainConfig) -> supervisor.Budgets:
 
 
 def _excluded(decision: retry.Decision, info: JobInfo | None) -> tuple[str, ...]:
-    """The nodes the requeued job must avoid: those it already avoids, and every node blamed so far."""
-    if decision.action != outcomes.REQUEUE or not decision.exclude:
-        return decision.exclude
-    return tuple(dict.fromkeys([*(info.excluded if info else ()), *decision.exclude]))
+    return min_nodes.excluded(decision, info.excluded if info else ())
 
 
 def _fits(
@@ -429,30 +454,15 @@ def _fits(
     info: JobInfo | None,
     needed: int,
     rule: min_nodes.Smaller = min_nodes.EVERY_NODE,
+    wait: bool = False,
 ) -> retry.Decision:
-    """A requeue that excludes nodes must leave the job enough usable ones, or it would pend forever: stop.
-    `needed` is the size the job ran on (`job_size`), never the controller's NumNodes of the moment. With
-    --min-nodes (`rule.least`), fewer will do: the job goes on with every usable node left, if at least
-    that many remain (`Decision.nodes`)."""
-    exclude = _excluded(decision, info)
-    if decision.action != outcomes.REQUEUE or not exclude:
+    """min_nodes.fit, with the partition's nodes as sinfo has them now (asked only for a requeue that
+    excludes nodes)."""
+    if decision.action != outcomes.REQUEUE or not _excluded(decision, info):
         return decision
     partition = info.partition if info else ""
-    usable = retry.usable(client.nodes(partition), exclude)
-    if len(usable) >= needed:
-        return decision
-    least = min_nodes.least(needed, rule)
-    if len(usable) >= least:
-        return min_nodes.go_on(decision, needed, len(usable), exclude, rule)
-    minimum = f" (at least {least}, --min-nodes)" if least < needed else ""
-    return retry.Decision(
-        outcomes.STOP,
-        f"cannot requeue: the job needs {needed} node(s){minimum} and only "
-        f"{len(usable)} usable one(s) remain in partition "
-        f"{partition or '?'} once {','.join(exclude)} are "
-        "excluded (the others are down, drained or excluded)",
-        exclude,
-    )
+    states = client.nodes(partition)
+    return min_nodes.fit(decision, states, info.excluded if info else (), partition, needed, rule, wait)
 
 
 def _requeue(

@@ -24,12 +24,15 @@ from pathlib import Path
 from typing import TextIO, cast
 
 from hpc_ddp import exitcodes
+from hpc_ddp.launch import supervisor
+from hpc_ddp.launch.slurm import lost
 from hpc_ddp.launch.slurm.client import SlurmClient
+from hpc_ddp.launch.slurm.lost import Policy
 from hpc_ddp.launch.slurm.outcome import chatter, log_path, report
 from hpc_ddp.launch.slurm.parse import JobHistory, JobInfo
 from hpc_ddp.launch.slurm.request import pending_hint
 from hpc_ddp.launch.slurm.states import JobState, Kind, meaning
-from hpc_ddp.ledger import attempts
+from hpc_ddp.ledger import attempts, outcomes
 from hpc_ddp.log import TracebackFold
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import progress
@@ -120,11 +123,13 @@ def look(
 
 
 class _LogFollower:
-    """Prints what a growing log file gains, whole lines only, skipping submitit's chatter."""
+    """Prints what a growing log file gains, whole lines only, skipping submitit's chatter. `watch`: a text
+    whose appearance it notes (`seen`)."""
 
-    def __init__(self, path: Path, out: TextIO) -> None:
+    def __init__(self, path: Path, out: TextIO, watch: str = "") -> None:
         self.path, self.out, self.offset, self.partial = path, out, 0, b""
         self.folded = TracebackFold(str(path))
+        self.watch, self.seen = watch, False
 
     def poll(self) -> int:
         """Print the new whole lines; returns how many bytes the file gained."""
@@ -140,6 +145,7 @@ class _LogFollower:
             line = self.folded.feed(raw.decode("utf-8", "replace"))
             if line is not None and not chatter(line):
                 self.out.write(line + "\n")
+                self.seen = self.seen or bool(self.watch and self.watch in line)
         self.out.flush()
         return len(data)
 
@@ -151,9 +157,48 @@ class _Local:
         self.job_id, self.folder = job_id, folder
         self.metrics = progress.MetricsView(folder / run_folder.METRICS, out, job=job_id)
         self.out = cast(TextIO, self.metrics.stream)  # what else is written erases the live line first
-        self.log = _LogFollower(log_path(folder, job_id), self.out)
+        # The batch shell's `end` prints the first error and every attempt when it stops the job (batch._stop).
+        self.log = _LogFollower(log_path(folder, job_id), self.out, watch=f"[hpc_ddp] job {job_id} stops: ")
         self.stamp: tuple[int, int] | None = None
         self.attempts_shown = 0
+        self.stopped_here = False  # this follower stopped the job, and showed every attempt
+
+    @property
+    def stops_shown(self) -> bool:
+        """The stop's first error and every attempt are on the console already (above the final word)."""
+        return self.log.seen or self.stopped_here
+
+    def settle(self, client: SlurmClient, policy: Policy | None) -> bool:
+        """Close the job's attempts whose batch shell died now that their run is over (hpc_ddp.launch.slurm.
+        lost), acting on the decision with the job's `policy` (without one: only once the job is over, as a
+        stop); True when the job was requeued and may run again."""
+        left = [a for a in attempts.of_job(attempts.read(self.folder), self.job_id) if a.ended is None]
+        if not left or self.log.seen:  # the batch shell stopped the job, said so above: its word stands
+            return False
+        found = lost.ask(client, self.job_id)
+        journal = supervisor.Journal(self.folder)
+        again = False
+        for attempt in [a for a in left if lost.over(a, found)]:
+            if policy is None:
+                if not lost.job_over(found):
+                    continue
+                closed = lost.close(journal, attempt, found, lost.no_budgets(), lost.the_job_is_over)
+                said: tuple[str, ...] = ()
+            else:
+                settled = lost.settle(journal, client, attempt, found, policy)
+                closed, said = settled.closed, settled.said
+            self.say(closed.line)
+            for line in said:
+                self.say(line)
+            again = closed.decision.action == outcomes.REQUEUE
+            if closed.decision.action == outcomes.STOP and policy is not None:
+                self.say(f"job {self.job_id} stops: {closed.decision.message}. Attempts:")
+                for a in journal.history(self.job_id):
+                    self.out.write(f"    {attempts.summary(a)}\n")
+                self.stopped_here = True
+        if not journal.flush():
+            self.say(journal.lost())
+        return again
 
     def poll(self, running: bool) -> bool:
         """Show what is new; True when it signals a change of the job's state."""
@@ -194,9 +239,14 @@ def follow(
     client: SlurmClient,
     out: TextIO = sys.stdout,
     clock: Clock = Clock(),
+    policy: Policy | None = None,
+    resume: str = "",
 ) -> int:
     """--wait: print rank 0's log as it grows until the job ends, then report; returns the exit code. The
-    progress line of the job's metrics.jsonl is shown below it (in place on a terminal), with each start."""
+    progress line of the job's metrics.jsonl is shown below it (in place on a terminal), with each start.
+    `policy`: the job's own rules (budgets, size, --min-nodes, --wait-for-nodes), with which an attempt whose
+    batch shell died is closed and acted on (hpc_ddp.launch.slurm.lost); without one, such an attempt is only
+    recorded once the job is over. `resume`: the command that resumes the run, for the final word."""
     local = _Local(job_id, folder, out)
     last: Look | None = None
     history: JobHistory | None = None
@@ -204,6 +254,7 @@ def follow(
     heard = steady_since = last_poll = start
     next_poll = start
     ending_since: float | None = None
+    told_waiting = -NODES_EVERY_S
     while True:
         now = clock.now()
         if local.poll(running=last is not None and last.state.kind is Kind.RUNNING):
@@ -227,29 +278,45 @@ def follow(
                     local.say(line)
                 if last is None or (seen.state.state, seen.restarts) != (last.state.state, last.restarts):
                     steady_since = now
+                if (seen.over or seen.state.kind.waiting) and local.settle(client, policy):
+                    # An attempt whose batch shell died, closed and acted on: the job may run again.
+                    last, next_poll = seen, now + POLL_MIN_S
+                    continue
+                if policy is not None and policy.wait and waiting_for_nodes(seen):
+                    if now - told_waiting >= NODES_EVERY_S:
+                        told_waiting = now
+                        local.say(
+                            f"job {job_id} waits for nodes ({pending_hint(seen.reason)}); --wait-for-nodes: it "
+                            f"starts once enough are back (scancel {job_id} to stop it)"
+                        )
                 ending = seen.state.done or seen.state.kind is Kind.COMPLETING
                 ending_since = (ending_since or now) if ending else None
                 stuck = ending_since is not None and now - ending_since > COMPLETING_S
                 if seen.over or stuck:
                     final = history.current if stuck and history is not None else seen.state
-                    if seen.over:  # every process gone: an attempt still open lost its batch shell
-                        _close_open_attempts(job_id, folder, client)
                     clock.sleep(SETTLE_S)
                     local.poll(running=True)
                     local.metrics.stream.keep()
                     local.out.flush()
-                    return report(job_id, folder, world_size, final, submitted_at, local.out)
+                    return report(
+                        job_id, folder, world_size, final, submitted_at, local.out, local.stops_shown, resume
+                    )
                 last = seen
             next_poll = now + poll_delay(now - steady_since)
         clock.sleep(TICK_S)
 
 
-def _close_open_attempts(job_id: str, folder: Path, client: SlurmClient) -> None:
-    """Record how the job's attempts that its batch shell could not close ended (a time limit before the first
-    checkpoint: Slurm killed the shell before its `end` step), now that the job is over, instead of leaving
-    them open until the next job in the folder. The final word (`report`) says what happened."""
-    from hpc_ddp.launch import supervisor
-    from hpc_ddp.launch.slurm.batch import close_over
+NODES_EVERY_S = 60.0  # --wait-for-nodes: how often a job waiting for nodes is said to be
 
-    if attempts.path(folder).is_file():
-        close_over(supervisor.Journal(folder), client, lambda a: a.job == job_id)
+
+def waiting_for_nodes(seen: Look) -> bool:
+    """The job pends because too few of its nodes are up (pure): Slurm's ReqNodeNotAvail, "Nodes required for
+    job are DOWN, DRAINED...", or Resources once it was requeued."""
+    if not seen.state.kind.waiting:
+        return False
+    reason = seen.reason.replace("_", " ")
+    return (
+        "ReqNodeNotAvail" in reason
+        or "Nodes required" in reason
+        or (seen.restarts > 0 and reason == "Resources")
+    )

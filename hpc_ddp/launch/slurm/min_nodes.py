@@ -1,4 +1,7 @@
-"""--min-nodes: a job that excluded bad nodes goes on with the usable nodes left instead of stopping.
+"""Whether a requeued job still fits once its bad nodes are excluded, and --min-nodes: going on with fewer.
+
+A requeue that excludes nodes must leave the job enough usable ones, or it would pend forever (`fit`): it
+stops instead, or, asked for with --wait-for-nodes, pends until enough come back.
 
 Without it, the batch shell's `end` step stops a job that no longer fits once its blamed nodes are excluded
 (it would pend forever). With `--min-nodes M`, it requeues the job on every usable node left, as long as at
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from hpc_ddp.launch import retry
 from hpc_ddp.launch.slurm.client import Size
+from hpc_ddp.ledger import outcomes
 from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.config import TrainConfig, accum_for
 
@@ -67,6 +71,49 @@ def _saved_accum(folder: Path) -> tuple[int, int] | None:
         return accum, int(meta.get("asked_grad_accum") or accum)  # type: ignore[union-attr]
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def excluded(decision: retry.Decision, already: Sequence[str]) -> tuple[str, ...]:
+    """The nodes a requeued job must avoid: those it avoids `already` (its ExcNodeList), and every node blamed
+    so far (pure)."""
+    if decision.action != outcomes.REQUEUE or not decision.exclude:
+        return decision.exclude
+    return tuple(dict.fromkeys([*already, *decision.exclude]))
+
+
+def fit(
+    decision: retry.Decision,
+    states: Mapping[str, str],
+    already: Sequence[str],
+    partition: str,
+    needed: int,
+    rule: Smaller = EVERY_NODE,
+    wait: bool = False,
+) -> retry.Decision:
+    """A requeue that excludes nodes, checked against the partition's nodes (`states`: sinfo's) (pure).
+    `needed` is the size the job ran on (what it asked for), never the controller's NumNodes of the moment.
+    Enough usable nodes left: the decision stands. Fewer, but at least --min-nodes: it goes on with every
+    usable node left (`Decision.nodes`). Fewer still: it stops (it would pend forever), unless `wait`
+    (--wait-for-nodes) asks it to pend until enough come back."""
+    exclude = excluded(decision, already)
+    if decision.action != outcomes.REQUEUE or not exclude:
+        return decision
+    usable = retry.usable(dict(states), exclude)
+    if len(usable) >= needed:
+        return decision
+    fewest = least(needed, rule)
+    if len(usable) >= fewest:
+        return go_on(decision, needed, len(usable), exclude, rule)
+    minimum = f" (at least {fewest}, --min-nodes)" if fewest < needed else ""
+    short = (
+        f"the job needs {needed} node(s){minimum} and only {len(usable)} usable one(s) remain in partition "
+        f"{partition or '?'} once {','.join(exclude)} are excluded (the others are down, drained or excluded)"
+    )
+    if wait:  # asked for: it pends until enough nodes come back (`submit --wait` says so every minute)
+        return replace(
+            decision, message=f"{decision.message}; {short}: it waits for nodes (--wait-for-nodes)"
+        )
+    return retry.Decision(outcomes.STOP, f"cannot requeue: {short}", exclude)
 
 
 def least(needed: int, rule: Smaller) -> int:

@@ -63,18 +63,33 @@ def rank_error(line: str) -> bool:
 
 
 def report(
-    job_id: str, folder: Path, world_size: int, state: JobState, submitted_at: float, out: TextIO
+    job_id: str,
+    folder: Path,
+    world_size: int,
+    state: JobState,
+    submitted_at: float,
+    out: TextIO,
+    shown: bool = False,
+    resume: str = "",
 ) -> int:
-    """The final word on a finished job, and the exit code that `--wait` returns."""
+    """The final word on a finished job, and the exit code that `--wait` returns. `shown`: the stop's first
+    error and every attempt are above already (the batch shell's `end` printed them in the log followed, or
+    the follower did). `resume`: the command that resumes the run (else "the same command")."""
 
     def say(text: str) -> None:
         print(f"[submit] {text}", file=out, flush=True)
 
-    saved = preemption_record.since(folder, submitted_at)
-    resume = f"; the ranks saved a checkpoint first: run the same command to resume from {folder}"
+    again = f": {resume}" if resume else ""
+    resume_line = f"; the ranks saved a checkpoint first: run the same command to resume from {folder}{again}"
     if state.state == "COMPLETED":
         say(f"job {job_id} completed; run folder {folder}")
         return exitcodes.OK
+    # The kit decided how the job ended (attempts.jsonl): that word stands, whatever the ranks did after the
+    # first cause (saved on a SIGTERM, died of a closed connection) and whatever Slurm's state says.
+    ends = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.ended is not None]
+    last = ends[-1] if ends else None
+    if last is not None and last.decision == outcomes.STOP and last.outcome not in _SLURMS:
+        return _stopped(job_id, folder, last, len(ends), shown, resume, say)
     # A hang verdict decides, not the exit code alone: srun reports the highest task code or 128+signal.
     verdict = hang_verdict.read(folder, since=submitted_at)
     if verdict is not None and state.state != "CANCELLED":
@@ -87,8 +102,9 @@ def report(
             f"above). Fix: check the data, a smaller --lr or --clip-grad, then resume from {folder}"
         )
         return exitcodes.NONFINITE
+    saved = preemption_record.since(folder, submitted_at)
     if state.state == "FAILED" and state.exit_code == exitcodes.PREEMPTED:
-        say(f"job {job_id} stopped after a signal and was not requeued (see the log above){resume}")
+        say(f"job {job_id} stopped after a signal and was not requeued (see the log above){resume_line}")
         return exitcodes.PREEMPTED
     how = {
         "CANCELLED": "was cancelled",
@@ -98,38 +114,70 @@ def report(
         "NODE_FAIL": "lost a node",
     }.get(state.state, f"ended {state.state}")
     if saved:
-        say(f"job {job_id} {how}{resume}")
+        say(f"job {job_id} {how}{resume_line}")
         return exitcodes.PREEMPTED
     signal = f", signal {state.signal}" if state.signal else ""
     if state.state == "TIMEOUT":
-        say(f"job {job_id} {how} (exit code {state.exit_code}{signal}) {_timeout_advice(folder)}")
+        say(f"job {job_id} {how} (exit code {state.exit_code}{signal}) {_timeout_advice(folder, resume)}")
+        return exitcodes.FAILED
+    unwritable = run_folder.write_test(folder, ".write-test-wait") if folder.is_dir() else ""
+    if unwritable:  # its logs and records could not be written either: this is all there is to say
+        say(
+            f"job {job_id} {how} (exit code {state.exit_code}{signal}): its run folder {folder} cannot be "
+            f"written ({unwritable}), so nothing could be saved or recorded there. Fix the file system or its "
+            "permissions, then run the same command again"
+        )
         return exitcodes.FAILED
     say(f"job {job_id} {how} (exit code {state.exit_code}{signal})")
-    ends = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.ended is not None]
-    if ends and ends[-1].decision == outcomes.STOP:
-        # The batch shell's `end` step showed the first error's traceback and every attempt (above): once.
-        last = ends[-1]
-        who = (
-            f"rank {last.rank} failed first" + (f" (on {last.node})" if last.node else "") + ": "
-            if last.rank is not None
-            else ""
-        )
-        say(
-            f"{who}{last.reason}; after {len(ends)} attempt(s) the job stopped: its traceback and every attempt "
-            "are shown above"
-        )
-        return outcomes.exit_code(last.outcome)  # as the batch shell's `end` step exited
+    usage = state.exit_code == exitcodes.USAGE
     if not state.by_slurm:  # Slurm ended it (cancel, node, preemption): no rank's error is the cause
-        _show_failure(job_id, folder, world_size, say)
-    return exitcodes.USAGE if state.exit_code == exitcodes.USAGE else exitcodes.FAILED
+        _show_failure(job_id, folder, world_size, say, usage)
+    return exitcodes.USAGE if usage else exitcodes.FAILED
 
 
-def _timeout_advice(folder: Path) -> str:
+# Outcomes whose stop Slurm caused (a cancel, a time limit: the record says "stopped"): its own words say it.
+_SLURMS = (outcomes.STOPPED,)
+_RESUMABLE = (outcomes.FAILED, outcomes.HANG, outcomes.NODE_FAIL, outcomes.LOST, outcomes.PREEMPTED)
+
+
+def _stopped(
+    job_id: str,
+    folder: Path,
+    last: attempts.Attempt,
+    count: int,
+    shown: bool,
+    resume: str,
+    say: Callable[[str], Any],
+) -> int:
+    """The final word on a job the kit stopped (the batch shell's `end`, or the follower): what the record
+    says, once; the exit code of the outcome that stopped it (hpc_ddp.ledger.outcomes)."""
+    where = f" (on {last.node})" if last.node else ""
+    who = f"rank {last.rank} failed first{where}: " if last.rank is not None else ""
+    if last.outcome == outcomes.NODE_FAIL:
+        who = f"a node failed{where}: "
+    what = last.reason if last.outcome != outcomes.HANG else (last.reason.split(";")[0] or "a hang")
+    above = "; its first error and every attempt are shown above" if shown else ""
+    say(f"job {job_id} stopped after {count} attempt(s): {who}{what}{above}")
+    if not shown:
+        for a in attempts.of_job(attempts.read(folder), job_id):
+            say(f"    {attempts.summary(a)}")
+    if last.outcome in _RESUMABLE:
+        step = latest_step(folder)
+        start = (
+            f"its latest checkpoint (step {step})" if step is not None else "the start (no checkpoint yet)"
+        )
+        command = f": {resume}" if resume else ""
+        say(f"once the cause is fixed, run the same command to resume from {start} in {folder}{command}")
+    return outcomes.exit_code(last.outcome)
+
+
+def _timeout_advice(folder: Path, resume: str = "") -> str:
     step = latest_step(folder)
     if step is not None:
+        command = f": {resume}" if resume else ""
         return (
             f"before the ranks saved at the signal: run the same command to resume from the latest checkpoint "
-            f"(step {step}) in {folder}"
+            f"(step {step}) in {folder}{command}"
         )
     return (
         "before the ranks saved a checkpoint: nothing to resume from. Fix: a longer --time, or a larger "
@@ -154,8 +202,13 @@ def failing_rank(job_id: str, folder: Path, world_size: int) -> int | None:
     return None
 
 
-def _show_failure(job_id: str, folder: Path, world_size: int, say: Callable[[str], Any]) -> None:
+def _show_failure(
+    job_id: str, folder: Path, world_size: int, say: Callable[[str], Any], usage: bool = False
+) -> None:
     rank = failing_rank(job_id, folder, world_size)
+    if rank is None and usage:  # refused before any task ran (srun's options): the batch shell said why
+        say("a usage error, not retried: the line above says what to fix")
+        return
     if rank is None:
         say(f"no rank logged an error; see the logs in {folder / SUBMITIT_DIR}")
         return

@@ -71,6 +71,11 @@ class JobInfo:
         return hosts(self.fields.get("NodeList", ""))
 
     @property
+    def batch_host(self) -> str:
+        """The node the batch script runs on (the job's first)."""
+        return self.fields.get("BatchHost", "")
+
+    @property
     def partition(self) -> str:
         return self.fields.get("Partition", "")
 
@@ -105,12 +110,16 @@ class JobHistory:
 
 
 def parse_sacct(text: str) -> dict[str, JobHistory]:
-    """`sacct -X -D -n -P -o JobID,State,ExitCode,Reason -j IDs` -> {job id: its history}."""
+    """`sacct -X -D -n -P -o JobID,State,ExitCode,Reason -j IDs` -> {job id: its history}.
+
+    A RESIZING record is no run: Slurm writes one when a job changes size (under --no-kill, a failed node
+    removed from it) and the run goes on in the next record. (Slurm 22.05 then writes no REQUEUED record for
+    a requeue of that run: the controller's Restarts counts requeues, accounting may count fewer.)"""
     runs: dict[str, list[JobState]] = {}
     reasons: dict[str, str] = {}
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) < 3 or not parts[0] or not state_word(parts[1]):
+        if len(parts) < 3 or not parts[0] or not state_word(parts[1]) or state_word(parts[1]) == "RESIZING":
             continue
         runs.setdefault(parts[0], []).append(JobState(state_word(parts[1]), *exit_pair(parts[2])))
         reasons[parts[0]] = parts[3] if len(parts) > 3 else ""

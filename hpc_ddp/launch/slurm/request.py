@@ -8,6 +8,12 @@ The job that `submit` builds and `slurm/ddp.sbatch` are the same job in two form
 
 - `--signal=USR2@<s>` without `B:`: the preemption signal goes to every task, not just to the batch shell;
 - `--requeue` and `--open-mode=append`: a requeued run may start again, and appends to its logs;
+- `--no-kill`: a node that fails does not end the job; Slurm removes it, srun's step ends ("Node failure on
+  node2"), and the batch shell, which outlives the step, records the attempt and decides (requeue away from
+  the node, go on with fewer nodes, or stop: never a job left pending on nodes that are gone). Without it
+  Slurm requeues the job itself and ends the batch shell meanwhile, so whether anything recorded the attempt
+  or stopped a job that no longer fits was a race. Losing the batch shell's own node ends the job (Slurm
+  does not requeue it then): hpc_ddp.launch.slurm.lost;
 - `srun --kill-on-bad-exit=1`: one failing task ends the step instead of leaving the others in a collective;
 - `srun --cpus-per-task=N`: since Slurm 22.05, srun no longer inherits sbatch's `--cpus-per-task`.
 """
@@ -41,6 +47,7 @@ _OWN_OPTIONS = {
     "constraint": "--constraint",
     "exclusive": "--exclusive",
     "job-name": "--job-name",
+    "no-kill": "the kit: a failed node is left to the batch shell, which decides",
     "signal": "--signal-delay-s",
     "output": "--folder",
     "error": "--folder",
@@ -95,7 +102,10 @@ def parse_extras(items: Sequence[str]) -> dict[str, Any]:
                 "--slurm mail-type=END (or KEY alone for a flag, e.g. --slurm hold)"
             )
         if key in _OWN_OPTIONS:
-            raise UsageError(f"--slurm {item!r}: {key} is set by {_OWN_OPTIONS[key]}; use that flag instead")
+            owner = _OWN_OPTIONS[key]
+            if not owner.startswith("--"):
+                raise UsageError(f"--slurm {item!r}: {key} is set by {owner}")
+            raise UsageError(f"--slurm {item!r}: {key} is set by {owner}; use that flag instead")
         extras[key] = value if sep else True
     return extras
 
@@ -164,7 +174,7 @@ class SlurmRequest:
             # One log per task, stdout and stderr interleaved in the order they happened.
             "stderr_to_stdout": True,
             "srun_args": srun_args(self.cpus_per_task),
-            "additional_parameters": {"requeue": True, **dict(self.extras)},
+            "additional_parameters": {"requeue": True, "no_kill": True, **dict(self.extras)},
             "wckey": None,  # submitit's default "submitit" is refused where wckeys are enforced
         }
         params.update({k: v for k, v in optional.items() if v is not None})

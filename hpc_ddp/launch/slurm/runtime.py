@@ -86,7 +86,7 @@ def check(
         if value is not None and not value.strip():
             raise UsageError(f"{name} is empty: give a path (or drop the flag)")
     for arg in srun:
-        option = arg.split("=", 1)[0]
+        option = _option(arg)
         if not arg.startswith("-"):
             raise UsageError(
                 f"--srun-arg {arg!r}: expected an srun option, e.g. --srun-arg=--mpi=pmix (with `=`, so that "
@@ -102,6 +102,14 @@ def check(
         apptainer=apptainer or "",
         srun_args=tuple(srun),
     )
+
+
+def _option(arg: str) -> str:
+    """The option an srun argument sets: "--cpus-per-task=2" -> "--cpus-per-task"; a short one may carry its
+    value glued on, as srun (getopt) reads it: "-c2" -> "-c" (pure)."""
+    if arg.startswith("--"):
+        return arg.split("=", 1)[0]
+    return arg[:2]
 
 
 def task_interpreter(rt: Runtime, executable: str) -> str:

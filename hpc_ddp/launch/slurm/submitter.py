@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from hpc_ddp import exitcodes
 from hpc_ddp.cluster import allocator
 from hpc_ddp.errors import UsageError, run_task
+from hpc_ddp.launch import rerun
 from hpc_ddp.launch.slurm import runtime
 from hpc_ddp.launch.slurm.outcome import how_to_follow, log_path
 from hpc_ddp.launch.slurm.outcome import read as _read  # noqa: F401  (tests read logs through it)
@@ -60,6 +61,7 @@ from hpc_ddp.run import preemption
 if TYPE_CHECKING:
     from hpc_ddp.launch.shape import JobShape
     from hpc_ddp.launch.slurm.client import SlurmClient
+    from hpc_ddp.launch.slurm.lost import Policy
     from hpc_ddp.run.config import TrainConfig
 
 SUBMITIT_DIR = run_folder.SUBMITIT
@@ -96,12 +98,17 @@ class TaskEntry:
 
 
 def _submitit_result(kind: str, value: object) -> None:
-    """Write this task's result file as submitit's process_job does after the call returns or raises."""
+    """Write this task's result file as submitit's process_job does after the call returns or raises. Never
+    raises: a folder that cannot take it (read-only, full) costs the file, not a second error over the
+    task's own."""
     from submitit import JobEnvironment
     from submitit.core import utils
 
-    with utils.temporary_save_path(JobEnvironment().paths.result_pickle) as tmp:
-        utils.cloudpickle_dump((kind, value), tmp)
+    try:
+        with utils.temporary_save_path(JobEnvironment().paths.result_pickle) as tmp:
+            utils.cloudpickle_dump((kind, value), tmp)
+    except OSError:
+        pass
 
 
 def request_from(ns: argparse.Namespace, shape: JobShape) -> SlurmRequest:
@@ -196,14 +203,22 @@ def submission_environ() -> Iterator[None]:
 
 
 def submit(
-    ns: argparse.Namespace, shape: JobShape, cfg: TrainConfig, module: str, client: SlurmClient | None = None
+    ns: argparse.Namespace,
+    shape: JobShape,
+    cfg: TrainConfig,
+    module: str,
+    client: SlurmClient | None = None,
+    resume: str = "",
 ) -> int:
     """The non-local path of `python -m hpc_ddp.submit`; returns the exit code. `client` asks Slurm how the
-    job does (`--wait`)."""
+    job does (`--wait`, and whether a job of the run folder is still queued); `resume` is the command that
+    resumes the run (the same one; `--folder` added when it was the default)."""
     request = request_from(ns, shape)
     if importlib.util.find_spec(module) is None:
         raise UsageError(f"{module} is not available in this installation of hpc_ddp")
-    folder = Path(cfg.folder).absolute() if cfg.folder else run_folder.default_for_submission(ns.job_name)
+    trains = module == TRAIN
+    default = not cfg.folder
+    folder = Path(cfg.folder).absolute() if cfg.folder else default_folder(ns, cfg, trains)
     cfg = cfg.with_folder(str(folder))  # the tasks, and a requeued run, write to and resume from here
     argv = (
         *cfg.to_argv(),
@@ -218,6 +233,10 @@ def submit(
             "sbatch not found on PATH: this machine is not a Slurm submit host. Fix: run on a login "
             "node (or load the Slurm module), use --print-sbatch to see the script, or --local"
         )
+    if trains:
+        if default and not cfg.overwrite:
+            rerun.refuse_another_run(folder, cfg, f"--job-name {ns.job_name} --task {cfg.task}")
+        rerun.refuse_unfinished_job(folder, client or _client())
     existed = folder.exists()
     prepare_folder(folder)
     try:
@@ -234,8 +253,10 @@ def submit(
             shutil.rmtree(folder, ignore_errors=True)
         raise
     submitted_at = time.time()
+    where = " (the default for this job name and task: the same command resumes there)" if default else ""
     print(
-        f"Submitted job {job_id}: {shape.nodes} node(s) x {shape.tasks_per_node} task(s), run folder {folder}",
+        f"Submitted job {job_id}: {shape.nodes} node(s) x {shape.tasks_per_node} task(s), run folder "
+        f"{folder}{where}",
         flush=True,
     )
     if not ns.wait:
@@ -246,11 +267,18 @@ def submit(
         "running)",
         flush=True,
     )
-    from hpc_ddp.launch.slurm.client import SlurmClient
     from hpc_ddp.launch.slurm.follow import follow  # not imported by the tasks, which unpickle TaskEntry
 
     try:
-        return follow(job_id, folder, shape.world_size, submitted_at, client or SlurmClient())
+        return follow(
+            job_id,
+            folder,
+            shape.world_size,
+            submitted_at,
+            client or _client(),
+            policy=_policy(cfg, shape, folder) if trains else None,
+            resume=resume if trains else "",
+        )
     except KeyboardInterrupt:
         print(
             f"\nStopped following job {job_id}; it keeps running (scancel {job_id} to stop it). To follow it "
@@ -258,6 +286,37 @@ def submit(
             flush=True,
         )
         return 130
+
+
+def default_folder(ns: argparse.Namespace, cfg: TrainConfig, trains: bool = True) -> Path:
+    """The run folder without --folder: a training job's depends only on the command (its job name and task:
+    the same command comes back to it and resumes, hpc_ddp.launch.rerun); a doctor job's is new each time."""
+    if trains:
+        return run_folder.default_for_submission(ns.job_name, cfg.task)
+    return run_folder.default_for_submitted_check(ns.job_name)
+
+
+def _client() -> SlurmClient:
+    from hpc_ddp.launch.slurm.client import SlurmClient
+
+    return SlurmClient()
+
+
+def _policy(cfg: TrainConfig, shape: JobShape, folder: Path) -> Policy:
+    """The job's own rules, for `--wait` to close and act on an attempt whose batch shell died (its node
+    failed): the same budgets, size and --min-nodes rule as the batch shell's `end` applies."""
+    from hpc_ddp.launch import supervisor
+    from hpc_ddp.launch.slurm import lost, min_nodes
+    from hpc_ddp.ledger import outcomes
+
+    per_node = {"SLURM_NTASKS_PER_NODE": str(shape.tasks_per_node)}
+    return lost.Policy(
+        supervisor.Budgets(cfg.max_restarts, cfg.max_requeue, outcomes.REQUEUE),
+        shape.nodes,
+        min_nodes.smaller(cfg, per_node, folder),
+        cfg.wait_for_nodes,
+        shape.tasks_per_node,
+    )
 
 
 def _submit(

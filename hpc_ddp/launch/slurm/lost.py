@@ -1,0 +1,287 @@
+"""Which nodes an attempt lost, and the attempts whose batch shell died before its `end` step.
+
+The kit's jobs run with `--no-kill` (hpc_ddp.launch.slurm.request): when a node fails, Slurm keeps the job and
+removes that node from it; the step's tasks are killed ("srun: error: Node failure on node2") and the batch
+shell, on the job's first node, decides (hpc_ddp.launch.slurm.batch.end). Measured on Slurm 22.05: the job's
+NodeList then lacks the failed node (`squeue -o %N`), accounting shows a RESIZING record and no NODE_FAIL; a
+node Slurm set DOWN that returns at once (a live slurmd, ReturnToService=2) is idle again before anyone looks,
+and only srun's line and the job's NodeList still tell; a node an administrator drains is "drng" (draining)
+while the job runs and "drain" after, exactly as a node set DOWN then DRAIN: node states alone cannot tell a
+failure from a drain, so a drained node is never blamed on its state.
+
+When the failed node is the batch shell's own, nothing of the job is left to decide: Slurm ends it FAILED
+(Reason JobLaunchFailure, the batch script killed by signal 9), and never requeues it, `--requeue` or not. Its
+attempt stays open until one of the kit's processes finds it, and `close` is the one judge of such an attempt,
+whoever comes first (the record then says the same):
+
+- `submit --wait` (hpc_ddp.launch.slurm.follow) once Slurm says the job's run is over: with the job's own
+  budgets, it requeues the job (a finished job can be requeued while the controller remembers it) away from
+  the lost node, goes on with fewer nodes (--min-nodes), or stops it;
+- the job's own next attempt (`begin`), after a requeue nobody recorded (Slurm's own: `scontrol requeue`, or a
+  job submitted without --no-kill);
+- the next job's `begin` in the same folder (the same command run again), once that job is over: with no
+  budgets, since the job is over.
+
+An attempt a time limit or a cancel ended before its batch shell could record it is closed the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from hpc_ddp.launch import retry, supervisor
+from hpc_ddp.launch.slurm import min_nodes
+from hpc_ddp.launch.slurm.client import SlurmClient
+from hpc_ddp.launch.slurm.parse import JobHistory, JobInfo, hosts
+from hpc_ddp.launch.slurm.states import JobState, Kind
+from hpc_ddp.ledger import attempts as record
+from hpc_ddp.ledger import outcomes
+
+_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
+
+# Why a run is over when its batch shell could not record it: accounting's state of that run.
+OVER = {
+    "TIMEOUT": (outcomes.STOPPED, "its time limit ended it before its batch shell could record the attempt"),
+    "CANCELLED": (outcomes.STOPPED, "cancelled before its batch shell could record the attempt"),
+    "DEADLINE": (outcomes.STOPPED, "its deadline ended it before its batch shell could record the attempt"),
+}
+
+
+# ----- pure parts ----------------------------------------------------------------------------------------
+
+
+def srun_node_failures(lines: Sequence[str]) -> tuple[str, ...]:
+    """The nodes srun said failed under its step ("srun: error: Node failure on node2"), first first (pure)."""
+    found: list[str] = []
+    for line in lines:
+        match = _NODE_FAILURE.search(line)
+        for node in hosts(match.group(1)) if match else ():
+            if node not in found:
+                found.append(node)
+    return tuple(found)
+
+
+def removed(nodes: Sequence[str], info: JobInfo | None, restart: int) -> tuple[str, ...]:
+    """The nodes of run `restart` (`nodes`) that Slurm removed from the job for a failure (pure). Under
+    --no-kill a failed node leaves the NodeList of the job, which runs on; a job whose batch host failed
+    ends FAILED with Reason JobLaunchFailure and a NodeList without that host (measured). Nothing else
+    counts: a job that is ending for any other reason (cancelled, requeued, a time limit) releases its nodes
+    one by one, and its NodeList then lacks nodes that did not fail; nor a later run's nodes."""
+    if info is None or info.gone or not info.nodes or info.restarts != restart:
+        return ()
+    if info.state.kind is Kind.RUNNING:
+        return tuple(n for n in nodes if n not in info.nodes)
+    host = info.batch_host
+    if info.state.done and info.reason == "JobLaunchFailure" and host in nodes and host not in info.nodes:
+        return (host,)
+    return ()
+
+
+def lost_nodes(
+    nodes: Sequence[str], said: Sequence[str], info: JobInfo | None, states: Mapping[str, str], restart: int
+) -> tuple[str, ...]:
+    """The nodes run `restart` on `nodes` lost (pure): those srun said failed (`said`), those Slurm removed
+    from the job, and those whose state says failed (down, fail, not responding; never drained), first
+    first."""
+    failed = [n for n in nodes if retry.failed(states.get(n, "idle"))]
+    return tuple(dict.fromkeys([*said, *removed(nodes, info, restart), *failed]))
+
+
+def run_of(history: JobHistory | None, restart: int) -> JobState | None:
+    """Accounting's record of the job's run number `restart` (one record per start; a resize writes none of
+    its own here: hpc_ddp.launch.slurm.parse), else its latest (pure)."""
+    if history is None or not history.runs:
+        return None
+    return history.runs[restart] if restart < len(history.runs) else history.current
+
+
+def ending(attempt: record.Attempt, run: JobState | None, lost: Sequence[str]) -> retry.Ending:
+    """How an attempt whose batch shell died ended (pure): a node failure when it lost nodes or accounting says
+    NODE_FAIL; a time limit, a deadline or a cancel as accounting says; else lost (its shell was killed)."""
+    state = run.state if run is not None else ""
+    if lost or state == "NODE_FAIL":
+        return retry.judge(retry.Evidence(code=1, rank_nodes=attempt.ranks, lost=tuple(lost), node_fail=True))
+    if state in OVER:
+        outcome, reason = OVER[state]
+        return retry.Ending(outcome, reason, signature=state.lower())
+    how = f"its job ended {state}" if run is not None and run.done else "its batch shell ended"
+    return retry.Ending(
+        outcomes.LOST,
+        f"{how} before its batch shell recorded it (the shell was killed, or its node failed)",
+        "lost",
+    )
+
+
+# ----- closing them ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Found:
+    """What Slurm says about one job, asked once for all its open attempts."""
+
+    info: JobInfo | None
+    history: JobHistory | None
+    states: Mapping[str, str]
+
+
+def ask(client: SlurmClient, job: str) -> Found:
+    return Found(client.job(job), client.history(job), client.nodes())
+
+
+def over(attempt: record.Attempt, found: Found) -> bool:
+    """The attempt's run is over, so its batch shell cannot record it any more: the controller says the job
+    ended, or it has been requeued since that run (pending, held or running again), or it forgot the job while
+    accounting says that run ended (pure)."""
+    info = found.info
+    if info is not None and not info.gone:
+        return info.state.done or info.restarts > attempt.restart
+    run = run_of(found.history, attempt.restart)
+    return info is not None and run is not None and run.done
+
+
+Adjust = Callable[[record.Attempt, retry.Decision], retry.Decision]
+
+
+def close(
+    journal: supervisor.Journal,
+    attempt: record.Attempt,
+    found: Found,
+    budgets: supervisor.Budgets,
+    adjust: Adjust | None = None,
+) -> supervisor.Closed:
+    """Judge and record an attempt whose batch shell died (`over` said so): the one judge of such an attempt,
+    whoever calls it. `budgets` are the job's own (--max-restarts, --max-requeue) when the caller may act on
+    the decision, else none (the job is over: every ending is a stop); `adjust` lets it overrule the decision
+    with what only it knows (the job no longer fits its nodes)."""
+    lost = lost_nodes(attempt.nodes, (), found.info, found.states, attempt.restart)
+    run = run_of(found.history, attempt.restart)
+    when = attempt.started or 0
+    return supervisor.end_attempt(
+        journal,
+        attempt.job,
+        attempt.restart,
+        ending(attempt, run, lost),
+        budgets,
+        began=when,
+        checkpoint=supervisor.latest_step(journal.folder),
+        now=_ended_at(journal, when),
+        adjust=adjust,
+    )
+
+
+def _ended_at(journal: supervisor.Journal, began: float) -> float | None:
+    """When the attempt's processes ended: its last progress record, not now. An attempt closed after the fact
+    (by a follower or the next job, maybe hours later) did not hold its nodes all that while."""
+    from hpc_ddp.run.reached import last_seen
+
+    return last_seen(journal.folder, began) if began else None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A job's own rules for going on, for a closer that may act on its decision (`submit --wait`)."""
+
+    budgets: supervisor.Budgets  # --max-restarts, --max-requeue
+    size: int  # the nodes the job asked for
+    rule: min_nodes.Smaller = min_nodes.EVERY_NODE  # --min-nodes
+    wait: bool = False  # --wait-for-nodes
+    tasks_per_node: int = 0
+
+
+@dataclass(frozen=True)
+class Settled:
+    closed: supervisor.Closed
+    said: tuple[str, ...]  # what was done about the job, one line each
+
+
+def settle(
+    journal: supervisor.Journal, client: SlurmClient, attempt: record.Attempt, found: Found, policy: Policy
+) -> Settled:
+    """Close an attempt whose batch shell died (`close`), with the job's own budgets, and act as its batch
+    shell would have: requeue the job (a finished one too: Slurm requeues it while its controller remembers
+    it) away from the nodes blamed so far, on fewer nodes with --min-nodes; or stop it: a job Slurm requeued
+    itself would pend, maybe forever on nodes that are gone, so it is cancelled (attempts.jsonl keeps why)."""
+    info = found.info
+    already = info.excluded if info is not None else ()
+    partition = info.partition if info is not None else ""
+    pending = info is not None and not info.gone and info.state.kind.waiting
+
+    def fits(this: record.Attempt, decision: retry.Decision) -> retry.Decision:
+        if decision.action == outcomes.REQUEUE and not pending and this.outcome != outcomes.NODE_FAIL:
+            # Over, and no node failed under it: its batch shell ended some other way (killed, or its own
+            # record could not be written). Only a lost node is a reason to bring a job that ended back.
+            return retry.Decision(
+                outcomes.STOP, "the job is over and no node of it failed: not requeued", decision.exclude
+            )
+        return min_nodes.fit(
+            decision, client.nodes(partition), already, partition, policy.size, policy.rule, policy.wait
+        )
+
+    closed = close(journal, attempt, found, policy.budgets, fits)
+    job, decision = attempt.job, closed.decision
+    if decision.action == outcomes.REQUEUE and not pending and not closed.recorded:
+        # A decision that is not in attempts.jsonl would be taken again at the next look, and again: the
+        # budgets count records. Acting on it needs the record.
+        return Settled(
+            closed,
+            (
+                f"not requeued: the decision could not be recorded in {journal.folder} ({journal.error}); "
+                "once the folder can be written, run the same command to resume",
+            ),
+        )
+    if decision.action == outcomes.REQUEUE:
+        per_node = {"SLURM_NTASKS_PER_NODE": str(policy.tasks_per_node)} if policy.tasks_per_node else {}
+        size = min_nodes.size(decision, per_node)
+        exclude = min_nodes.excluded(decision, already)
+        done = client.requeue_excluding(job, exclude, already, pending, size)
+        return Settled(closed, (done.message,))
+    if decision.action == outcomes.STOP and pending:
+        out = client.cancel(job)
+        said = (
+            f"cancelled job {job}: Slurm had requeued it, and it stops here"
+            if out.ok
+            else f"scancel {job} failed ({out.error}): cancel it yourself (scancel {job}), or it may run again"
+        )
+        return Settled(closed, (said,))
+    return Settled(closed, ())
+
+
+def no_budgets() -> supervisor.Budgets:
+    return supervisor.Budgets(0, 0, outcomes.REQUEUE)
+
+
+def the_job_is_over(_this: record.Attempt, decision: retry.Decision) -> retry.Decision:
+    return retry.Decision(outcomes.STOP, "the job is over", decision.exclude)
+
+
+def close_over(
+    journal: supervisor.Journal, client: SlurmClient, which: Callable[[record.Attempt], bool]
+) -> list[str]:
+    """Close the open attempts of the folder that `which` selects once Slurm says their jobs are over, each as a
+    stop (nothing to decide: the job is over); the lines that say so. A job still running, or one Slurm does
+    not answer for, is left alone. The next job's `begin` calls it for the other jobs of its folder."""
+    left = [a for a in record.merge(record.read_lines(journal.folder)) if which(a) and a.ended is None]
+    lines = []
+    for job in sorted({a.job for a in left}):
+        found = ask(client, job)
+        for attempt in [a for a in left if a.job == job]:
+            if found.info is None or (found.info.gone and found.history is None) or not job_over(found):
+                continue
+            closed = close(journal, attempt, found, no_budgets(), the_job_is_over)
+            lines.append(f"job {job}: {closed.line}")
+    return lines
+
+
+def job_over(found: Found) -> bool:
+    """The whole job is over (no run to come): the controller says so, or forgot it while accounting's last
+    record ended a run (pure)."""
+    info = found.info
+    if info is not None and not info.gone:
+        return info.state.done
+    return (
+        found.history is not None
+        and found.history.current.done
+        and found.history.current.kind is not Kind.REQUEUED
+    )
