@@ -116,6 +116,16 @@ def test_a_start_from_an_earlier_checkpoint_keeps_its_new_line_and_sets_the_late
 # --- 2. A finished run is finished ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("epoch, batch, said", [(49, 8, 50), (50, 0, 50), (0, 3, 0), (7, 8, 8)])
+def test_a_finished_run_says_the_epoch_its_end_said(epoch: int, batch: int, said: int) -> None:
+    """Issue 33 item 10: "already finished at epoch 49, step 400" beside "ranks ended at epoch 50, step 400":
+    the checkpoint saved at the last step of epoch 49 holds every batch of it done, the loop's end the next
+    epoch. Both are said as the end says it (8 batches an epoch here)."""
+    from hpc_ddp.run.position import Position, epochs_done
+
+    assert epochs_done(Position(epoch=epoch, batch=batch, step=400), 8) == said
+
+
 @pytest.mark.slow
 @pytest.mark.deadline(45)
 def test_rerunning_a_finished_run_trains_nothing_until_asked_for_more(tmp_path: Path) -> None:

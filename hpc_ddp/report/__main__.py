@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 def line(out: Path, s: timeline.Summary, key: tuple[str, str] | None = None) -> str:
     """The one line printed: where the report is and the headline numbers (`key`: page.key_metric)."""
     goodput = "n/a" if s.goodput is None else f"{s.goodput:.1%}"
-    best = "n/a (no failure)" if s.best_interval_s is None else page.duration(s.best_interval_s)
+    best = f"n/a ({s.no_interval})" if s.best_interval_s is None else page.duration(s.best_interval_s)
     attempts = f"{len(s.attempts)} attempt{'s' * (len(s.attempts) != 1)}"
     return (
         f"report: {out} ({s.state}; {attempts}, step {s.steps}, "

@@ -103,7 +103,7 @@ def headline(s: Summary, key: tuple[str, str] | None = None) -> list[tuple[str, 
     """(name, value) rows of the summary table; the CLI prints some of them on one line. `key`: the headline
     metric (key_metric)."""
     steps = f" (about {s.best_interval_steps} steps)" if s.best_interval_steps else ""
-    interval = "n/a (no failure seen)" if s.best_interval_s is None else duration(s.best_interval_s) + steps
+    interval = f"n/a ({s.no_interval})" if s.best_interval_s is None else duration(s.best_interval_s) + steps
     return [
         ("state", s.state),
         ("attempts", str(len(s.attempts))),

@@ -120,6 +120,14 @@ class Summary:
         return self.productive_s / self.allocated_s if self.allocated_s > 0 else None
 
     @property
+    def no_interval(self) -> str:
+        """Why there is no best checkpoint interval ("" when there is one): the formula needs both a failure
+        and the cost of a save; a run that failed before any timed save has the one and not the other."""
+        if self.best_interval_s is not None:
+            return ""
+        return "no failure seen" if not self.failures else "no checkpoint save was timed"
+
+    @property
     def best_interval_steps(self) -> int | None:
         if self.best_interval_s is None or not self.step_time_s:
             return None

@@ -18,6 +18,13 @@ class Position:
     eval_pending: bool = False  # an evaluation at `step` was stopped by a signal: the resume runs it first
 
 
+def epochs_done(pos: Position, batches_per_epoch: int) -> int:
+    """The epoch a position is at, as the run's end counts it (metrics' end record, "ranks ended at epoch 50"):
+    a position whose epoch has every batch done is at the next one. A checkpoint saved at an epoch's last
+    step holds (49, all batches), the loop's end (50, 0): both are epoch 50, step 400."""
+    return pos.epoch + 1 if batches_per_epoch and pos.batch >= batches_per_epoch else pos.epoch
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How the loop ended: finished, or stopped at an agreed step by a signal."""

@@ -32,6 +32,7 @@ from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import preemption
 from hpc_ddp.run.beacon import FINISHING, STARTUP, USER_CODE, Beacon, publish
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.position import epochs_done
 
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and a usage error must not wait for it
     import torch
@@ -347,8 +348,9 @@ def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
     """Rank 0: a rerun of a finished run trains nothing and writes nothing (but a missing model.pth)."""
     cfg, pos = trainer.cfg, trainer.pos
     limits = f"--epochs {cfg.epochs}" + (f" --max-steps {cfg.max_steps}" if cfg.max_steps else "")
+    epoch = epochs_done(pos, trainer.batches_per_epoch)  # as its end said it: "ranks ended at epoch 50"
     log.info(
-        f"The run in {folder} already finished at epoch {pos.epoch}, step {pos.step} ({limits}): nothing to "
+        f"The run in {folder} already finished at epoch {epoch}, step {pos.step} ({limits}): nothing to "
         "train, nothing written. To train further, raise --epochs or --max-steps; to start over, use "
         "another --folder or --resume never --overwrite"
     )
