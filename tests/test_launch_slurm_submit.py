@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from hpc_ddp import exitcodes
 from hpc_ddp.launch.slurm import states, submitter
 from hpc_ddp.launch.slurm.client import SlurmClient
 from hpc_ddp.launch.slurm.states import JobState
+from hpc_ddp.ledger import attempts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(120)]  # 10-21 s each (measured)
 
@@ -37,7 +39,9 @@ DETERMINISTIC = ["--task", "slow_tasks:slow", "--deterministic", "--save-every-e
 FINAL_STEP = 48
 
 
-def submit_argv(folder: Path, *args: str) -> list[str]:
+def submit_argv(folder: Path | None, *args: str) -> list[str]:
+    """`submit` on 2 x 2, in `folder` (None: its default folder, under the working directory)."""
+    where = ["--folder", str(folder)] if folder is not None else []
     return [
         sys.executable,
         "-m",
@@ -48,10 +52,7 @@ def submit_argv(folder: Path, *args: str) -> list[str]:
         "2",
         "--time",
         "10",
-        "--folder",
-        str(folder),
-        *args,
-    ]
+    ] + [*where, *args]
 
 
 def run_submit(
@@ -68,10 +69,13 @@ def run_submit(
     )
 
 
-def start_submit(folder: Path, *args: str, **env: str) -> tuple[subprocess.Popen[str], str]:
+def start_submit(
+    folder: Path | None, *args: str, cwd: Path | None = None, **env: str
+) -> tuple[subprocess.Popen[str], str]:
     """`submit --wait` in the background; returns it and the job id from its first line."""
     proc = subprocess.Popen(
         submit_argv(folder, *args, "--wait"),
+        cwd=cwd,
         env=clean_environ(**env),
         text=True,
         stdout=subprocess.PIPE,
@@ -383,7 +387,8 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(
     assert wait_job(job_id) == "COMPLETED", submitter._read(log)
     assert sacct_records(job_id) == ["REQUEUED", "COMPLETED"]
     text = log.read_text()
-    assert text.count("[hpc_ddp] attempt 1 preempted: preempted: saved a checkpoint, to be resumed") == 1
+    # Issue 33 item 10: the outcome once ("attempt 1 preempted: preempted: saved ..." before).
+    assert text.count("[hpc_ddp] attempt 1 preempted: saved a checkpoint, to be resumed; requeue 1 of") == 1
     assert text.count(f"[hpc_ddp] requeued job {job_id}") == 1
     folder = workdir / "runs" / job_id
     record = json.loads((folder / "preempted.json").read_text())
@@ -460,7 +465,7 @@ def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any],
     # Rank 0 says what happened, the batch shell's `end` decides within --max-requeue (issue 18: before, rank 0
     # decided: "SIGUSR2: preempted: checkpoint saved, requeue 1 of 3").
     assert logs[0].count("SIGUSR2: preempted: checkpoint saved at step ") == 1
-    assert logs[0].count("preempted: requeue 1 of --max-requeue 3") == 1
+    assert logs[0].count("preempted: saved a checkpoint, to be resumed; requeue 1 of --max-requeue 3") == 1
     assert logs[0].count(f"requeued job {job_id}") == 1
     # Exactly one checkpoint from the preempted run, at the agreed step it resumed from; then the final one.
     resumed = re.findall(r"Resuming from (\S+) at epoch \d+, step (\d+)", logs[0])
@@ -494,9 +499,10 @@ def test_a_raising_task_fails_the_job_and_shows_that_ranks_error(slurm_cluster: 
     )
     assert proc.returncode == 1, proc.stdout
     job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
-    assert f"[submit] job {job_id} ended FAILED" in proc.stdout
-    assert "[submit] rank 1 failed first (on node1)" in proc.stdout
-    assert "RuntimeError: boom from rank 1 (tests/slow_tasks.py:crash)" in proc.stdout
+    assert (
+        f"[submit] job {job_id} stopped after 1 attempt(s): rank 1 failed first (on node1): RuntimeError: boom "
+        "from rank 1 (tests/slow_tasks.py:crash)" in proc.stdout
+    )
     assert sacct_records(job_id) == ["FAILED"]
 
 
@@ -520,23 +526,18 @@ def test_scancel_saves_reports_cancelled_and_is_not_requeued(slurm_cluster: str,
     assert "waiting for them" not in log
 
 
-@pytest.mark.deadline(180)
-def test_a_job_cancelled_while_pending_after_a_requeue_is_reported_as_cancelled(
+@pytest.mark.deadline(240)
+def test_a_job_cancelled_while_pending_after_a_requeue_is_reported_as_cancelled_and_its_advice_resumes(
     slurm_cluster: str, tmp_path: Path
 ) -> None:
     """Issue 23: after a requeue the attempts record says "requeue", and --wait kept silent ~95 s before it
-    reported the scancel. A 2 x 1 job: USR2, the batch shell requeues it, it is held pending, then cancelled."""
-    folder = tmp_path / "run"
-    proc, job_id = start_submit(
-        folder,
-        "--tasks-per-node",
-        "1",
-        "--task",
-        "slow_tasks:slow",
-        "--epochs",
-        "100",
-        SLOW_TASK_SLEEP_S="0.05",
-    )
+    reported the scancel. A 2 x 1 job: USR2, the batch shell requeues it, it is held pending, then cancelled.
+    Issue 33 items 6 and 7: submitted without --folder; the same command, run again while the job waits for
+    its requeue, is refused (the two would take turns on one folder); after the cancel, the command `--wait`
+    advises really resumes, from the checkpoint the preemption saved."""
+    args = ("--tasks-per-node", "1", "--task", "slow_tasks:slow", "--epochs", "6")
+    proc, job_id = start_submit(None, *args, cwd=tmp_path, SLOW_TASK_SLEEP_S="0.2")
+    folder = tmp_path / "runs" / "hpc_ddp-slow_tasks-slow"  # the command's own (issue 33 item 6)
     wait_for_line(submitter.log_path(folder, job_id), "Epoch 0,", proc)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
     assert proc.stdout is not None
@@ -547,16 +548,38 @@ def test_a_job_cancelled_while_pending_after_a_requeue_is_reported_as_cancelled(
     subprocess.run(
         ["scontrol", "hold", job_id], check=False
     )  # it stays pending (if it has not restarted yet)
+    again = subprocess.run(
+        submit_argv(None, *args), cwd=tmp_path, env=clean_environ(), capture_output=True, text=True
+    )
+    assert again.returncode == exitcodes.USAGE, again.stdout + again.stderr
+    assert f"run folder {folder} belongs to job {job_id}, still " in again.stderr  # PENDING, held
+    assert "Submitted job" not in again.stdout
     subprocess.run(["scancel", job_id], check=True)
     rest, _ = proc.communicate(timeout=HANG_GUARD_S)
     out = "".join(seen) + line + rest
     assert proc.returncode == exitcodes.PREEMPTED, out
     assert out.count("was requeued") == 1, out
-    assert out.rstrip().endswith(
+    last = out.rstrip().splitlines()[-1]
+    head = (
         f"[submit] job {job_id} was cancelled; the ranks saved a checkpoint first: run the same command to "
-        f"resume from {folder}"
+        f"resume from {folder}: "
     )
+    assert last.startswith(head), out
     assert sacct_records(job_id) == ["REQUEUED", "CANCELLED"]
+    command = shlex.split(last[len(head) :])
+    assert command[-2:] == ["--folder", str(folder)] and "--wait" in command
+    resumed = subprocess.run(
+        command,
+        cwd=ROOT,
+        env=clean_environ(SLOW_TASK_SLEEP_S="0"),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    first = next(a for a in attempts.read(folder) if a.job == job_id)
+    second = [a for a in attempts.read(folder) if a.job != job_id]
+    assert len(second) == 1 and second[0].resumed_from == first.checkpoint is not None, resumed.stdout
 
 
 @pytest.fixture(scope="module")
@@ -605,9 +628,28 @@ def test_time_limit_signal_checkpoints_requeues_and_finishes(time_limit_job: dic
     assert records[-1] == "COMPLETED" and records.count("REQUEUED") >= 1, records
     text = submitter._read(log)
     assert "SIGUSR2: preempted: checkpoint saved at step " in text
-    assert "preempted: requeue 1 of --max-requeue 5" in text  # the batch shell's decision (issue 18)
+    assert "preempted: saved a checkpoint, to be resumed; requeue 1 of --max-requeue 5" in text  # the batch
+    # shell's decision (issue 18)
     assert "Resuming from" in text and "Model saved by rank 0" in text
     assert "TIMEOUT" not in records
+
+
+def test_a_container_image_without_pyxis_stops_at_once_naming_pyxis(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 33 item 9: this cluster has no pyxis, so srun refuses --container-image (exit 255) before any task
+    starts. Before: requeued once, then stopped as a "crash loop (an error in the code or data)". A usage
+    error: said once, naming pyxis, never requeued, exit 2."""
+    image = "nvcr.io#nvidia/pytorch:24.05-py3"
+    args = ("--tasks-per-node", "1", "--container-image", image, "--task", "slow_tasks:slow", "--wait")
+    proc = run_submit(tmp_path / "run", *args)
+    assert proc.returncode == exitcodes.USAGE, proc.stdout + proc.stderr
+    job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
+    line = "srun does not know --container-image: the pyxis plugin (srun --container-image) is not installed"
+    assert proc.stdout.count(line) == 1, proc.stdout
+    assert "crash loop" not in proc.stdout and "requeued" not in proc.stdout, proc.stdout
+    assert proc.stdout.rstrip().endswith("a usage error, not retried: the line above says what to fix")
+    assert sacct_records(job_id) == ["FAILED"]
 
 
 # ----- Slurm says no -------------------------------------------------------------------------------------

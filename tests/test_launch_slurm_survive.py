@@ -1,11 +1,13 @@
 """On the real local Slurm cluster (3 emulated nodes): failures that are not preemption.
 
-A node that Slurm takes away under a running job, a rank that raises a GPU hardware error on one node, and a
-task that fails everywhere. Each job is a real 2-node x 1-task submitit job followed by `submit --wait`; the
-batch shell's `end` step (hpc_ddp.launch.slurm.batch) decides after every attempt. One task per node: what
-these tests need is more than one node (test_launch_slurm_submit.py runs 2 x 2), and every rank is a process
-that spends seconds of CPU importing torch. This module sorts after
-test_launch_slurm_submit.py, whose background time-limit job must not be on a node these tests take away.
+A node that Slurm takes away under a running job (the batch shell's own, or another), a rank that raises a
+GPU hardware error on one node, a task that fails everywhere, a run folder that turns read-only. Each job is
+a real 2-node x 1-task submitit job followed by `submit --wait`, under the kit's `--no-kill`: the batch
+shell's `end` step (hpc_ddp.launch.slurm.batch) decides after every attempt it outlives, and `--wait`
+(hpc_ddp.launch.slurm.lost) after one it does not. One task per node: what these tests need is more than one
+node (test_launch_slurm_submit.py runs 2 x 2), and every rank is a process that spends seconds of CPU
+importing torch. This module sorts after test_launch_slurm_submit.py, whose background time-limit job must
+not be on a node these tests take away.
 """
 
 from __future__ import annotations
@@ -84,31 +86,31 @@ def uninterrupted(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory) 
     return torch.load(folder / "model.pth", weights_only=True)
 
 
-def test_a_node_taken_away_mid_run_is_survived_bitwise_equal(
+def test_the_batch_hosts_node_taken_away_mid_run_is_survived_bitwise_equal(
     uninterrupted: dict[str, Any], tmp_path: Path, taken_away: list[str]
 ) -> None:
+    """Issue 33 item 1: the batch shell's own node lost. Under --no-kill Slurm ends the job (FAILED,
+    JobLaunchFailure: no batch shell is left to decide) and never requeues it; `--wait` records the node
+    failure, requeues the job away from that node, follows it to the end, and the run is bitwise what an
+    uninterrupted one gives. (A node other than the batch shell's: the batch shell decides, below.)"""
+    wait_all_idle()
     folder = tmp_path / "run"
     proc, job_id = start_submit(folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.1")
     deadline = time.monotonic() + HANG_GUARD_S
     while not (folder / "checkpoints" / "latest").is_file():  # the first checkpoint, at step 4
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
         time.sleep(0.1)
-    first, second = job_nodes(job_id)  # the batch shell runs on the first; any two nodes will do here
-    taken_away.append(second)
-    subprocess.run(
-        ["scontrol", "update", f"NodeName={second}", "State=DOWN", "Reason=hpc_ddp test"], check=True
-    )
-    # DRAIN, so that its slurmd, still alive, does not bring it back mid-test.
-    subprocess.run(
-        ["scontrol", "update", f"NodeName={second}", "State=DRAIN", "Reason=hpc_ddp test"], check=True
-    )
+    first, second = job_nodes(job_id)  # the batch shell runs on the first
+    take_away(first, taken_away)
     out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, out
     assert out.rstrip().endswith(f"[submit] job {job_id} completed; run folder {folder}"), out
     lost, finished = attempts.read(folder)
-    assert (lost.outcome, lost.node, lost.blamed, lost.decision) == ("node_fail", second, True, "requeue")
-    assert lost.exclude == (second,)
-    assert second not in finished.nodes and first in finished.nodes and len(finished.nodes) == 2
+    assert (lost.outcome, lost.node, lost.blamed, lost.decision) == ("node_fail", first, True, "requeue"), out
+    assert lost.exclude == (first,)
+    assert f"[submit] attempt 1 node_fail on {first} (points at the node): node {first} failed" in out
+    assert f"requeued job {job_id}; it will not run on {first}" in out
+    assert first not in finished.nodes and second in finished.nodes and len(finished.nodes) == 2
     assert (finished.outcome, finished.decision) == ("completed", "done")
     assert finished.resumed_from is not None and finished.resumed_from >= 4
     assert (
@@ -139,28 +141,6 @@ def submit_node_fault(
     return proc, found.group(1)
 
 
-def test_a_gpu_error_on_one_node_excludes_that_node(slurm_cluster: str, tmp_path: Path) -> None:
-    folder = tmp_path / "run"
-    proc, job_id = submit_node_fault(folder, "node2")
-    assert proc.returncode == 0, proc.stdout
-    failed, finished = attempts.read(folder)
-    assert failed.nodes == ("node1", "node2")  # the idle cluster's first two nodes
-    assert (failed.outcome, failed.node, failed.blamed, failed.decision, failed.exclude) == (
-        "failed",
-        "node2",
-        True,
-        "requeue",
-        ("node2",),
-    )
-    assert failed.reason == "RuntimeError: CUDA error: uncorrectable ECC error encountered"
-    assert finished.nodes == ("node1", "node3") and finished.outcome == "completed"
-    assert (
-        f"[hpc_ddp] requeued job {job_id}; it will not run on node2 (clear that with: scontrol update "
-        f"JobId={job_id} ExcNodeList=)" in proc.stdout
-    )
-    assert sacct_records(job_id)[-1] == "COMPLETED"
-
-
 def test_a_task_that_fails_everywhere_stops_after_two_attempts_with_one_traceback(
     slurm_cluster: str, tmp_path: Path
 ) -> None:
@@ -177,8 +157,11 @@ def test_a_task_that_fails_everywhere_stops_after_two_attempts_with_one_tracebac
     assert out.count("Traceback (most recent call last)") == 1, out
     assert out.count("ValueError: bad batch at call 3 (tests/retry_tasks.py:fails_everywhere)") >= 1
     assert out.index("Traceback (most recent call last)") < out.index(f"[hpc_ddp] job {job_id} stops")
-    assert f"[submit] job {job_id} ended FAILED" in out
-    assert "[submit] rank 1 failed first (on node2)" in out  # one task per node: rank 1 is node2's
+    # one task per node: rank 1 is node2's; the final word is the record's, said once
+    assert (
+        f"[submit] job {job_id} stopped after 2 attempt(s): rank 1 failed first (on node2): ValueError" in out
+    )
+    assert out.count("[submit]     attempt 1 on") == 0  # `end` listed the attempts above: not again
     log = submitter._read(submitter.log_path(folder, job_id, 0))
     assert log.count("Traceback (most recent call last)") >= 1  # the ranks' own logs keep everything
 
@@ -186,19 +169,32 @@ def test_a_task_that_fails_everywhere_stops_after_two_attempts_with_one_tracebac
 def test_a_job_that_no_longer_fits_once_bad_nodes_are_excluded_stops_instead_of_pending(
     slurm_cluster: str, tmp_path: Path
 ) -> None:
-    """node2 fails, then node3: with both excluded, one node is left for a 2-node job."""
+    """node2 fails (a GPU hardware error), then node3: with both excluded, one node is left for a 2-node job.
+    The first failure is the one-node story too: node2 blamed, the job requeued without it (on node1,node3)."""
     folder = tmp_path / "run"
     proc, job_id = submit_node_fault(folder, "node2,node3")
     assert proc.returncode == 1, proc.stdout
     first, second = attempts.read(folder)
-    assert (first.node, first.decision, first.exclude) == ("node2", "requeue", ("node2",))
+    assert first.nodes == ("node1", "node2")  # the idle cluster's first two nodes
+    assert (first.outcome, first.node, first.blamed, first.decision, first.exclude) == (
+        "failed",
+        "node2",
+        True,
+        "requeue",
+        ("node2",),
+    )
+    assert first.reason == "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+    assert (
+        f"[hpc_ddp] requeued job {job_id}; it will not run on node2 (clear that with: scontrol update "
+        f"JobId={job_id} ExcNodeList=)" in proc.stdout
+    )
     assert (second.nodes, second.node, second.decision) == (("node1", "node3"), "node3", "stop")
     assert second.exclude == ("node2", "node3")
     assert (
         "cannot requeue: the job needs 2 node(s) and only 1 usable one(s) remain in partition debug once "
         "node2,node3 are excluded" in proc.stdout
     )
-    assert f"[submit] job {job_id} ended FAILED" in proc.stdout
+    assert f"[submit] job {job_id} stopped after 2 attempt(s): rank 1 failed first (on node3)" in proc.stdout
 
 
 def freeze_tasks(job_id: str, node: str) -> list[int]:
@@ -240,8 +236,11 @@ def take_away(node: str, taken_away: list[str]) -> None:
 def test_a_lost_node_that_leaves_too_few_stops_the_job_instead_of_pending_forever(
     slurm_cluster: str, tmp_path: Path, taken_away: list[str]
 ) -> None:
-    """Issue 23 item 1: node3 drained, node2 lost under a 2-node job on node1,node2. Slurm requeues the job
-    itself (COMPLETING, it counts one node); the job no longer fits, and the stop ends it: `--wait` returns."""
+    """Issues 23 and 33 item 1: node3 drained, node2 lost under a 2-node job on node1,node2 (its tasks frozen,
+    the node set DOWN, then the tasks killed). Under --no-kill Slurm removes node2 and keeps the job: the
+    batch shell records the node failure and, with one usable node left, stops the job (it ends; nothing
+    pends). Without --no-kill Slurm requeued the job itself, and whether the batch shell's `end` ran before
+    its KillWait, or the survivors saved on SIGTERM first (`--wait` then said 75), was a race."""
     wait_all_idle()
     take_away("node3", taken_away)
     folder = tmp_path / "run"
@@ -263,9 +262,11 @@ def test_a_lost_node_that_leaves_too_few_stops_the_job_instead_of_pending_foreve
     assert proc.returncode == 1, out
     (lost,) = attempts.read(folder)
     assert (lost.outcome, lost.node, lost.decision) == ("node_fail", "node2", "stop"), out
+    assert "[hpc_ddp] attempt 1 node_fail on node2 (points at the node)" in out, out
     assert "cannot requeue: the job needs 2 node(s) and only 1 usable one(s) remain" in out, out
-    assert f"cancelled job {job_id}" in out, out
     assert "pending" not in out.split("cannot requeue")[-1], out
+    assert f"[submit] job {job_id} stopped after 1 attempt(s): a node failed (on node2)" in out, out
+    assert sacct_records(job_id)[-1] == "FAILED", out  # never requeued, never cancelled: it ended
     state = CLIENT.job(job_id)
     assert state is None or state.gone or state.state.done, state
 
@@ -315,7 +316,7 @@ def test_an_illegal_memory_access_blames_the_node_once_then_the_code(
         "stop",
     )
     assert "crash loop" in proc.stdout and "cannot requeue" not in proc.stdout, proc.stdout
-    assert f"[submit] job {job_id} ended FAILED" in proc.stdout
+    assert f"[submit] job {job_id} stopped after 2 attempt(s): rank 1 failed first (on node3)" in proc.stdout
 
 
 def test_a_job_refused_another_jobs_folder_stops_and_leaves_it_alone(
@@ -367,3 +368,34 @@ def test_a_job_refused_another_jobs_folder_stops_and_leaves_it_alone(
     release.touch()
     out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, out  # A is unharmed
+
+
+def test_a_run_folder_that_turns_read_only_stops_the_job_in_one_line(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """Issue 33 item 8: the run folder's file system remounted read-only after an error (here a read-only bind
+    mount over it, mid-run). Every attempt would fail the same way: the job stops, not requeued, and `--wait`
+    ends on one line naming the cause (its logs and records could not be written either), no traceback."""
+    wait_all_idle()
+    folder = tmp_path / "run"
+    # The ranks retry a save for about 31 s before they stop (README "Faults during a run"): 0.05 s first.
+    proc, job_id = start_submit(
+        folder, *DETERMINISTIC, SLOW_TASK_SLEEP_S="0.2", HPC_DDP_SAVE_BACKOFF_S="0.05"
+    )
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not (folder / "checkpoints" / "latest").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
+        out, _ = proc.communicate(timeout=180)  # within the test's deadline: the mount must not outlive it
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+    assert proc.returncode == 1, out
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith(f"[submit] job {job_id} ended FAILED"), out
+    assert f"its run folder {folder} cannot be written (Read-only file system)" in last, out
+    assert sacct_records(job_id) == ["FAILED"], out  # never requeued
+    assert [a.outcome for a in attempts.read(folder)] == ["running"]  # its end could not be written
+    assert "Traceback" not in out and "During handling" not in out, out  # the ranks' own errors, folded

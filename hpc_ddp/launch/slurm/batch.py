@@ -6,10 +6,13 @@
     python -m hpc_ddp.launch.slurm.batch end --status $? -- <training options>
 
 Why the batch shell: it is the one process of the job that outlives every task, so the decision about an
-attempt runs even when every task died (a node lost, a rank SIGKILLed, a hang verdict). `end` reads what the
-attempt left (the ranks' exit notes, hang.json, preempted.json, srun's "task N: Killed" lines, Slurm's view of
-the job and its nodes), judges the first cause (hpc_ddp.launch.retry, through hpc_ddp.launch.supervisor), appends the attempt's end to
-attempts.jsonl, and acts:
+attempt runs even when every task died (a node lost, a rank SIGKILLed, a hang verdict). The kit's jobs run with
+`--no-kill` (hpc_ddp.launch.slurm.request), so it outlives the loss of any node but its own: Slurm removes the
+failed node, srun ends the step. `end` reads what the attempt left (the ranks' exit notes, hang.json,
+preempted.json, srun's "task N: Killed" and "Node failure on node2" lines, srun's refusal of an option,
+Slurm's view of the job and its nodes, whether the run folder can be written), judges the first cause
+(hpc_ddp.launch.retry, through hpc_ddp.launch.supervisor), appends the attempt's end to attempts.jsonl, and
+acts:
 
 - finished: exit 0. A preemption the ranks agreed to requeue: `scontrol requeue` (the tasks run with
   HPC_DDP_BATCH set, so they leave the requeue to this shell).
@@ -19,13 +22,19 @@ attempts.jsonl, and acts:
   `scontrol release`, with SIGTERM blocked meanwhile (the requeue ends this very shell). If the job no longer
   fits on the partition's usable nodes, it stops instead of pending forever; with --min-nodes M, it goes on
   with the usable nodes left while there are at least M (the same update lowers its node and task counts:
-  a smaller world size, which the tasks' sharded checkpoint reshards, --allow-resize).
-- otherwise: stop, with the first error's traceback once and the attempts so far.
+  a smaller world size, which the tasks' sharded checkpoint reshards, --allow-resize); with --wait-for-nodes
+  it is requeued all the same, to pend until enough nodes are back.
+- otherwise: stop, with the first error's traceback once and the attempts so far. Its exit ends the job;
+  one Slurm requeued itself meanwhile is cancelled.
 
-`begin` closes the previous attempt when its batch shell died before `end` could (its node went down: Slurm
-requeued the job itself, NODE_FAIL), applies --max-restarts to it, and notes when this attempt began (a
-hang verdict or preemption record older than that is not its own) and where its srun lines start in the
-batch log.
+This is the one place a job's attempt is decided while it runs; a later in-allocation restart (a new srun on
+the nodes left) would be one more action of `end`, on the same decision.
+
+`begin` stops the job before srun when its run folder cannot be written, or belongs to another job (held by
+it, or taken over since this job's last attempt: `taken_over`); closes the open attempts of other jobs that
+are over, and this job's own attempt whose batch shell died before `end` could (hpc_ddp.launch.slurm.lost,
+the same judge `submit --wait` uses), applying --max-restarts to it; and notes when this attempt began (a hang
+verdict or preemption record older than that is not its own) and where its srun lines start in the batch log.
 """
 
 from __future__ import annotations

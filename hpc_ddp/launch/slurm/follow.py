@@ -10,6 +10,13 @@ metrics.jsonl, or rank 0's log grew while the job was not yet seen running (it s
 (`scontrol show job`) is asked only when accounting has no answer (a fresh job, no accounting) or says the
 run ended: the controller alone knows whether the job is over (no requeue coming, every process gone).
 
+An attempt whose batch shell died (its node was the one lost: Slurm ends such a job under the kit's
+--no-kill) is closed here once Slurm says its run is over, by the same judge as the next `begin`'s
+(hpc_ddp.launch.slurm.lost), with the job's own budgets: the job is requeued away from the lost node, goes on
+with fewer (--min-nodes), or stops (a job Slurm requeued itself is cancelled then, never left pending on
+nodes that are gone). A job that waits for nodes on purpose (--wait-for-nodes) is said to, every minute.
+The final word (hpc_ddp.launch.slurm.outcome) is the record's.
+
 Both the client and the clock are arguments: tests follow a fake cluster on a fake clock.
 """
 
