@@ -201,7 +201,19 @@ def test_the_check_sees_the_imports_that_are_there() -> None:
     assert "hpc_ddp.run.position" in graph["hpc_ddp.run.metrics"]  # under TYPE_CHECKING
     assert "hpc_ddp.launch.slurm.submitter" in graph["hpc_ddp.slurm_job"]
     assert "hpc_ddp.run.strategy.base" in graph["hpc_ddp.run.strategy"]
-    assert "hpc_ddp.run.strategy.ddp" in graph["hpc_ddp.run.trainer"]
+    assert "hpc_ddp.run.checkpoint.storage" in graph["hpc_ddp.run.trainer"]
+
+
+def test_the_loop_names_no_strategy_and_no_checkpoint_format() -> None:
+    """The trainer talks to its Strategy and its Checkpointer (README, "Architecture"): a new strategy, format or
+    storage is a file of its own, and the loop imports none of today's."""
+    from hpc_ddp.run import strategy
+    from hpc_ddp.run.checkpoint import formats
+
+    named = {where.partition(":")[0] for where in strategy.STRATEGIES.values()}
+    named |= {fmt.__module__ for fmt in formats.FORMATS}
+    assert named >= {"hpc_ddp.run.strategy.ddp", "hpc_ddp.run.checkpoint.full"}  # not vacuous
+    assert sorted(named & import_graph()["hpc_ddp.run.trainer"]) == []
 
 
 def test_every_strategy_the_registry_names_loads_lazily_from_its_own_layer() -> None:

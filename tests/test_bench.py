@@ -124,20 +124,18 @@ def test_quick_fsdp_section_measures_memory_twice_and_applies_the_target_to_held
 
 def test_watchdog_baseline_has_no_comm_hook_and_trains_the_same_steps(tmp_path):
     """Neither variant has a comm hook (DDP's built-in all-reduce); the default marks the end of backward for
-    the beacon, Trainer(mark_grads=False) (the section's `without`) does not; the same parameters after the
+    the beacon, a NullBeacon's unwatched rank (the section's `without`) does not; the same parameters after the
     same steps."""
-    cfg = TrainConfig(epochs=1, batch_size=50, save_every_epochs=0, max_steps=3)
+    cfg = TrainConfig(epochs=1, batch_size=50, save_every_epochs=0, max_steps=3, folder=str(tmp_path))
     single = detect({})
     params = []
     with process_group(single, torch.device("cpu")):
-        for kwargs in ({}, {"beacon": NullBeacon(), "mark_grads": False}):
+        for kwargs in ({}, {"beacon": NullBeacon()}):
             torch.manual_seed(cfg.seed)
-            with Trainer(
-                cfg, single, torch.device("cpu"), tasks.build(cfg), tmp_path, RankLog(0), **kwargs
-            ) as trainer:
+            with Trainer(cfg, single, torch.device("cpu"), tasks.build(cfg), RankLog(0), **kwargs) as trainer:
                 hooks = len(trainer.strategy.wrapped._comm_hooks)
                 trainer.run()
-                marked = trainer._grads_ready > 0
+                marked = trainer.clock.grads_ready > 0
             assert hooks == 0 and marked == (not kwargs)
             params.append([p.detach().clone() for p in trainer.model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*params, strict=True))

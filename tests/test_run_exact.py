@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+import trainer_state
 
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
@@ -44,7 +45,8 @@ def _records(folder: Path, event: str) -> list[dict]:
 
 def _trainer(cfg: TrainConfig, folder: Path) -> Trainer:
     rng.seed(cfg.seed)  # as a rank starts (hpc_ddp.run.session)
-    return Trainer(cfg, dist_env.detect({}), torch.device("cpu"), tasks.build(cfg), folder, RankLog(0))
+    cfg = cfg.with_folder(str(folder))
+    return Trainer(cfg, dist_env.detect({}), torch.device("cpu"), tasks.build(cfg), RankLog(0))
 
 
 def train(cfg: TrainConfig, folder: Path) -> Ended:
@@ -53,13 +55,13 @@ def train(cfg: TrainConfig, folder: Path) -> Ended:
     with process_group(dist_env.detect({}), torch.device("cpu")):
         with _trainer(cfg, folder) as first:
             outcome = first.run()
-            state = first.state() if not outcome.finished else None
+            state = trainer_state.gather(first) if not outcome.finished else None
             stopped_at = first.pos.step if not outcome.finished else None
             ended = first
         if state is not None:
             preemption._received[:] = [0, 0]  # the stop was taken: the new process starts without it
             with _trainer(cfg, folder) as second:
-                second.restore(state, folder / "stopped.pt")
+                trainer_state.restore(second, state, folder / "stopped.pt")
                 assert second.run().finished
                 ended = second
         model = {k: v.clone() for k, v in ended.model.state_dict().items()}

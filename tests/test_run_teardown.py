@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import trainer_state
 from conftest import clean_environ, die_with_test
 from slow_tasks import _data
 from torch import nn
@@ -60,10 +61,11 @@ def _task(fail: str) -> tasks.Task:
 def _exercise(fail: str, folder: Path) -> None:
     """One path through a Trainer's life inside a real one-rank gloo group; raises where `fail` says."""
     cfg = TrainConfig(epochs=1, max_steps=3, save_every_epochs=0)
-    with Trainer(cfg, dist_env.detect({}), CPU, _task(fail), folder, RankLog(0)) as trainer:
+    cfg = cfg.with_folder(str(folder))
+    with Trainer(cfg, dist_env.detect({}), CPU, _task(fail), RankLog(0)) as trainer:
         assert any(h is trainer.strategy.wrapped for h in group.live_holders())  # the teardown check sees it
         if fail == "restore":
-            trainer.restore({"world_size": 7, "config": {}}, folder / "ckpt.pt")
+            trainer_state.restore(trainer, {"world_size": 7, "config": {}}, folder / "ckpt.pt")
         if fail == "writer":
             trainer.save()  # into a folder that is a file: the background write fails, close() raises it
             return

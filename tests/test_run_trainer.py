@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 import torch
+import trainer_state
 
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import tasks
+from hpc_ddp.run import strategy, tasks
+from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.trainer import Trainer
 
@@ -25,7 +27,8 @@ def single() -> dist_env.DistEnv:
 
 def make(cfg: TrainConfig, env: dist_env.DistEnv, folder: Path, **kwargs: Any) -> Trainer:
     torch.manual_seed(cfg.seed)
-    return Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), folder, RankLog(0), **kwargs)
+    cfg = cfg.with_folder(str(folder))
+    return Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0), **kwargs)
 
 
 def test_grad_accum_all_reduces_once_per_optimizer_step(single: dist_env.DistEnv, tmp_path: Path) -> None:
@@ -38,11 +41,14 @@ def test_grad_accum_all_reduces_once_per_optimizer_step(single: dist_env.DistEnv
         fut.set_result(bucket.buffer())
         return fut
 
-    with (
-        process_group(single, torch.device("cpu")),
-        make(cfg, single, tmp_path, comm_hook=counting) as trainer,
-    ):
-        outcome = trainer.run()
+    with process_group(single, torch.device("cpu")):
+        torch.manual_seed(cfg.seed)
+        cfg = cfg.with_folder(str(tmp_path))
+        task = tasks.build(cfg)
+        # The caller composes the strategy: DDP with a comm hook of its own.
+        ddp = strategy.for_run(cfg, single, torch.device("cpu"), task, comm_hook=counting)
+        with Trainer(cfg, single, torch.device("cpu"), task, RankLog(0), strategy=ddp) as trainer:
+            outcome = trainer.run()
     assert outcome.finished
     assert trainer.pos.step == 25  # 100 micro-batches / 4
     assert len(calls) == 25  # no all-reduce on the 75 non-final micro-steps
@@ -66,10 +72,10 @@ def test_state_restores_position_optimizer_and_rng(single: dist_env.DistEnv, tmp
     with process_group(single, torch.device("cpu")):
         with make(cfg, single, tmp_path) as first:
             first.run()
-            state = first.state()
+            state = trainer_state.gather(first)
         assert state is not None
         with make(cfg, single, tmp_path) as second:
-            second.restore(state, tmp_path / "x.pt")
+            trainer_state.restore(second, state, tmp_path / "x.pt")
     assert second.pos == first.pos and second.pos.step == 5
     assert all(
         torch.equal(a, b) for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True)
@@ -77,19 +83,20 @@ def test_state_restores_position_optimizer_and_rng(single: dist_env.DistEnv, tmp
     assert torch.equal(torch.get_rng_state(), state["rng"][0]["cpu"])
 
 
-def test_train_step_is_one_step_of_the_loop(single: dist_env.DistEnv, tmp_path: Path) -> None:
-    """The public step the bench drives does what the loop does: same weights after one step, same loss."""
+def test_a_step_driven_alone_is_one_step_of_the_loop(single: dist_env.DistEnv, tmp_path: Path) -> None:
+    """The loop's own step, driven alone (as the bench drives it): same weights after one step, same loss."""
     cfg = TrainConfig(epochs=1, max_steps=1, save_every_epochs=0, log_every_s=0)
     (tmp_path / "loop").mkdir()
+    (tmp_path / "step").mkdir()  # the step records itself as the loop does
     with process_group(single, torch.device("cpu")):
         with make(cfg, single, tmp_path / "loop") as looped:
             looped.run()
             looped.metrics.end(looped.pos)
         with make(cfg, single, tmp_path / "step") as stepped:
-            stepped.sampler.set_epoch(0)
-            stepped.loader_gen.manual_seed(cfg.seed * 1_000_003)
-            inputs, target = next(iter(stepped.loader))
-            agreed = stepped.train_step((inputs, target))
+            stepped.feed.sampler.set_epoch(0)
+            stepped.feed.generator.manual_seed(cfg.seed * 1_000_003)
+            inputs, target = next(iter(stepped.feed.loader))
+            agreed = stepped.step([(inputs, target)], 1)
     assert all(
         torch.equal(a, b) for a, b in zip(looped.model.parameters(), stepped.model.parameters(), strict=True)
     )
@@ -97,22 +104,22 @@ def test_train_step_is_one_step_of_the_loop(single: dist_env.DistEnv, tmp_path: 
     assert agreed.count == 1 and agreed.loss_sum == pytest.approx(first["loss"]) and not agreed.requeue
 
 
-def test_the_checkpoint_commit_is_the_callers_to_swap(single: dist_env.DistEnv, tmp_path: Path) -> None:
-    """Trainer(commit=...) makes every checkpoint durable through the function it is given."""
-    from hpc_ddp.run.checkpoint import full, store
+def test_the_checkpoint_storage_is_the_callers_to_swap(single: dist_env.DistEnv, tmp_path: Path) -> None:
+    """Trainer(storage=...) writes every checkpoint through the storage it is given."""
+    from hpc_ddp.run.checkpoint import store
 
     calls: list[int] = []
 
-    def counted(folder: Path, state: dict, step: int, keep: int) -> tuple[Path, int]:
-        calls.append(step)
-        return full.commit(folder, state, step, keep)
+    class Counted(Local):
+        def write(self, path: str, fill: Any) -> int:
+            calls.append(store.ckpt_step(Path(path)))
+            return super().write(path, fill)
 
     cfg = TrainConfig(epochs=2, save_every_epochs=1)
-    with process_group(single, torch.device("cpu")):
-        torch.manual_seed(cfg.seed)
-        with Trainer(
-            cfg, single, torch.device("cpu"), tasks.build(cfg), tmp_path, RankLog(0), commit=counted
-        ) as trainer:
-            trainer.run()
-            trainer.save(final=True)
+    with (
+        process_group(single, torch.device("cpu")),
+        make(cfg, single, tmp_path, storage=Counted()) as trainer,
+    ):
+        trainer.run()
+        trainer.save(final=True)
     assert calls == [31, 62] and store.read_latest(tmp_path) == tmp_path / "checkpoints" / "ckpt-00000062.pt"

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from hpc_ddp.bench.runs import TASK, Settings, load_average, median, progress, ratios
+from hpc_ddp.run.checkpoint.storage import Local
 
 
 def raw_write(path: Path, data: bytes) -> float:
@@ -24,6 +25,19 @@ def raw_write(path: Path, data: bytes) -> float:
     return elapsed
 
 
+class _Timed(Local):
+    """The local filesystem, noting when each file it writes is durable (renamed into place, its folder
+    fsynced): what `Trainer.save()` costs until the checkpoint is safe, without its promotion."""
+
+    def __init__(self) -> None:
+        self.durable_at: list[float] = []
+
+    def write(self, path: str, fill: Callable[[BinaryIO], object]) -> int:
+        nbytes = super().write(path, fill)
+        self.durable_at.append(time.perf_counter())
+        return nbytes
+
+
 def checkpoint_section(s: Settings) -> dict[str, Any]:
     """Trainer.save() against a raw write + fsync of the same bytes to the same folder, interleaved."""
     import torch
@@ -32,7 +46,6 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     from hpc_ddp.cluster.env import detect
     from hpc_ddp.cluster.group import process_group
     from hpc_ddp.log import RankLog
-    from hpc_ddp.run.checkpoint import full, torchfile
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.run.tasks import build
     from hpc_ddp.run.trainer import Trainer
@@ -45,33 +58,25 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     cfg = TrainConfig(task=TASK, batch_size=s.batch_size, folder=str(folder), keep=2)
     env = detect({})
     device = torch.device("cpu")
-    durable_at: list[float] = []
-
-    def timed_save(obj: Any, path: Path) -> int:  # returns once the file is renamed and its folder fsynced
-        nbytes = torchfile.atomic_save(obj, path)
-        durable_at.append(time.perf_counter())
-        return nbytes
-
-    # The kit's own commit, with its save step timed: the Trainer's checkpoint seam, no patching.
-    timed_commit = functools.partial(full.commit, save=timed_save)
+    storage = _Timed()  # the kit's own storage, its checkpoint writes timed: the Trainer's seam, no patching
     t: dict[str, list[float]] = {"kit_s": [], "raw_s": [], "stall_s": [], "latest_s": []}
     nbytes = 0
     with process_group(env, device, "gloo", 60.0):
         torch.manual_seed(cfg.seed)
-        with Trainer(
-            cfg, env, device, build(cfg), folder, RankLog(0, io.StringIO()), commit=timed_commit
-        ) as trainer:
-            inputs, target = next(iter(trainer.loader))
+        with Trainer(cfg, env, device, build(cfg), RankLog(0, io.StringIO()), storage=storage) as trainer:
+            batch = next(iter(trainer.feed.loader))
 
             def train_step() -> None:
                 """What precedes a save in training: a step, ending with the loop's per-step all-reduce.
                 Before it, `os.sync()`: nothing left pending from the previous trial (saves are minutes apart
                 in training)."""
                 os.sync()
-                trainer.train_step((inputs, target))
+                trainer.step([batch], 1)
 
             for trial in range(-1, s.ckpt_trials):  # trial -1: warm-up, not counted
-                trainer.pos.step = trial + 2  # a new file each time, as in training
+                trainer.pos.step = (
+                    trial + 2
+                )  # a new file each time, as in training (the step counts one more)
                 train_step()
                 start = time.perf_counter()
                 trainer.save()
@@ -83,17 +88,12 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
                 raw = raw_write(folder / "checkpoints" / f"raw-{trial + 1}.bin", data)
                 if trial < 0:
                     continue
-                for key, value in (
-                    ("kit_s", durable_at[-1] - start),
-                    ("raw_s", raw),
-                    ("stall_s", stall),
-                    ("latest_s", latest),
-                ):
+                timings = (storage.durable_at[-1] - start, raw, stall, latest)
+                for key, value in zip(("kit_s", "raw_s", "stall_s", "latest_s"), timings, strict=True):
                     t[key].append(value)
-                kit_rate, raw_rate = nbytes / t["kit_s"][-1] / 1e6, nbytes / raw / 1e6
                 progress(
-                    f"checkpoint {trial + 1}/{s.ckpt_trials}: kit {kit_rate:,.0f} MB/s (stall "
-                    f"{stall * 1000:.1f} ms), raw write {raw_rate:,.0f} MB/s "
+                    f"checkpoint {trial + 1}/{s.ckpt_trials}: kit {nbytes / t['kit_s'][-1] / 1e6:,.0f} MB/s "
+                    f"(stall {stall * 1000:.1f} ms), raw write {nbytes / raw / 1e6:,.0f} MB/s "
                     f"(load {load_average():.1f})"
                 )
     return {

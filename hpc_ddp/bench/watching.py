@@ -9,8 +9,8 @@ seed, one per variant:
   - `with`: the kit as it trains: a `Beacon`, the end-of-backward mark (an autograd callback; DDP keeps its
     built-in C++ all-reduce), the straggler check's all-gather every 5 steps (with more than one rank), and a
     running `Watchdog` with --hang-timeout-s auto.
-  - `without`: a `NullBeacon` (it records nothing), no mark (`Trainer(mark_grads=False)`), no straggler
-    check, no watchdog.
+  - `without`: a `NullBeacon` (it records nothing; its rank is unwatched: no mark, no straggler check),
+    no watchdog.
 
 Both train through the kit's own loop, `Trainer.run()`, in blocks of 10 steps (two straggler windows) that
 alternate between the variants, A B B A A B ...: each block resumes the loop where that Trainer's last block
@@ -125,10 +125,6 @@ def _trainers(env: Any, work: Path, args: argparse.Namespace, stack: contextlib.
     from hpc_ddp.run.trainer import Trainer
     from hpc_ddp.run.watchdog import Identity, Watchdog
 
-    class Unwatched(Trainer):
-        def check_stragglers(self) -> None:  # the straggler all-gather is part of the watch: not here
-            pass
-
     quiet = RankLog(env.rank, stack.enter_context(open(os.devnull, "w")))  # an "Epoch" line per block
     trainers = {}
     for variant in VARIANTS:
@@ -139,18 +135,10 @@ def _trainers(env: Any, work: Path, args: argparse.Namespace, stack: contextlib.
         )
         torch.manual_seed(cfg.seed)
         watched = variant == "with"
-        kind = Trainer if watched else Unwatched
+        # A NullBeacon's rank is unwatched: no end-of-backward mark, no straggler check (hpc_ddp.run.clock).
+        beacon = Beacon() if watched else NullBeacon()
         trainer = stack.enter_context(
-            kind(
-                cfg,
-                env,
-                torch.device("cpu"),
-                build(cfg),
-                folder,
-                quiet,
-                beacon=Beacon() if watched else NullBeacon(),
-                mark_grads=watched,
-            )
+            Trainer(cfg, env, torch.device("cpu"), build(cfg), quiet, beacon=beacon)
         )
         if watched:
             who = Identity(env.rank, env.world_size, socket.gethostname(), tuple(trainer.peers), "bench")

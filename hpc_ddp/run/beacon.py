@@ -49,6 +49,9 @@ class Beacon:
     its own limit in seconds (None: the watchdog's)."""
 
     __slots__ = ("state",)
+    # A watched rank (the hang watchdog reads its beacon) also marks the end of backward and checks for
+    # stragglers every few steps (hpc_ddp.run.clock): what `python -m hpc_ddp.bench watchdog` weighs.
+    watched = True
 
     def __init__(self) -> None:
         self.state: tuple[str, int, float, bool, float | None] = (STARTUP, 0, time.monotonic(), True, None)
@@ -78,9 +81,11 @@ def current() -> Beacon | None:
 
 
 class NullBeacon(Beacon):
-    """A beacon that records nothing: the baseline of `python -m hpc_ddp.bench watchdog`."""
+    """A beacon that records nothing, of an unwatched rank (no end-of-backward mark, no straggler check): the
+    baseline of `python -m hpc_ddp.bench watchdog`."""
 
     __slots__ = ()
+    watched = False
 
     def set(
         self, phase: str, step: int | None = None, long: bool = False, limit_s: float | None = None

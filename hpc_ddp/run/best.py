@@ -82,3 +82,19 @@ class Best:
         self.value, self.step = state.get("value"), state.get("step")
         self.reported = self.value is not None
         return None
+
+
+def for_run(rule: tuple[str, str] | None, task: Any) -> Best | None:
+    """--keep-best's tracker (`rule`: TrainConfig.best_rule()); a usage error now when the task cannot report
+    NAME (known before training)."""
+    if rule is None:
+        return None
+    best = Best(*rule)
+    if task.eval_dataset is None:
+        raise UsageError(
+            f"{best.flag}: the task has no evaluation (no Task.eval_dataset). Fix: drop --keep-best, or give "
+            "the task an eval_dataset"
+        )
+    if task.eval_step is None:  # the evaluation reports the loss only
+        best.check_names(["loss"])
+    return best

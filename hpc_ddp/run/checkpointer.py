@@ -179,7 +179,7 @@ class Checkpointer:
         def job() -> tuple[Path, int]:  # on the writer thread
             done = write()
             if best and self.env.is_main:
-                store.point_best(self.folder, done[0], self.format.keep)
+                store.point_best(self.folder, done[0], self.format.keep, self.format.storage)
             return done
 
         return job
@@ -194,11 +194,14 @@ class Checkpointer:
             self.writer.submit(self._promoting(write, best=True))
         elif self.env.is_main:  # written by an earlier process (this one resumed from it): it is on disk
             path = self._path_of(saved.step)
-            self.writer.submit(lambda: (store.point_best(self.folder, path, self.format.keep), (path, 0))[1])
+            storage = self.format.storage
+            self.writer.submit(
+                lambda: (store.point_best(self.folder, path, self.format.keep, storage), (path, 0))[1]
+            )
 
     def _path_of(self, step: int) -> Path:
         """The checkpoint of `step` in this run's folder (a file or a directory, whichever is there)."""
-        for path in store.list_checkpoints(self.folder):
+        for path in store.list_checkpoints(self.folder, self.format.storage):
             if store.ckpt_step(path) == step:
                 return path
         raise RuntimeError(f"internal error: no checkpoint of step {step} in {store.ckpt_dir(self.folder)}")
@@ -241,7 +244,7 @@ class Checkpointer:
         return NonFinite(message) if code == SAVING_NONFINITE else SavingFailed(message)
 
     def failed_message(self, error: BaseException, step: int) -> str:
-        last = store.read_latest(self.folder)
+        last = store.read_latest(self.folder, storage=self.format.storage)
         kept = f"the last checkpoint written, {last}, is kept" if last else "no checkpoint was written"
         writer = self.writer
         tries = (
@@ -264,13 +267,13 @@ class Checkpointer:
             self.writer.wait()
         with contextlib.suppress(OSError):  # a record lost to a full disk must not hide the stop
             self.record_ended()
-        return store.read_latest(self.folder)
+        return store.read_latest(self.folder, storage=self.format.storage)
 
     # ----- loading --------------------------------------------------------------------------------------------
     def load(self, path: Path, verify: bool = True) -> list[str]:
         """Every rank: load checkpoint `path` (by its own format) into the parts; returns what it changed
         (notes to say once training starts)."""
-        return self.restore(formats.open_checkpoint(path, verify=verify), path)
+        return self.restore(formats.open_checkpoint(path, verify, self.format.storage), path)
 
     def restore(self, opened: Opened, path: Path) -> list[str]:
         """Give each part its state from `opened`, after checking it fits this run (CheckpointError)."""

@@ -95,3 +95,20 @@ def weighed(name: str, value: Any, samples: float) -> tuple[float, float]:
             raise ValueError(f"{name!r} has the weight {weight}; a weight is a finite number >= 0")
         return total, weight
     return _number(value) * samples, samples
+
+
+# ----- when the loop evaluates: pure, so every rank decides the same way ------------------------------------
+def due_after_step(every_steps: int, step: int, mid_epoch: bool, last: bool, finished: bool) -> bool:
+    """After optimizer step `step`: at a step of --eval-every-steps inside an epoch (`mid_epoch`), but not at a
+    stream's last step of the epoch (`last`) nor at the run's last step (`finished`): the evaluations after
+    the epoch's end and at the end of training come then (`due_after_epoch`)."""
+    return bool(every_steps and step % every_steps == 0 and mid_epoch and not last and not finished)
+
+
+def due_after_epoch(every_epochs: int, every_steps: int, epoch: int, step: int, last: bool) -> bool:
+    """At the end of epoch `epoch` (at step `step`): at the end of training (`last`), every `every_epochs`
+    (--eval-every-epochs resolved; 0: not by epochs), and at a step of --eval-every-steps (the epoch's last step
+    is evaluated here, after the epoch's end)."""
+    every_epoch = every_epochs and (epoch + 1) % every_epochs == 0
+    every_step = every_steps and step % every_steps == 0
+    return bool(last or every_epoch or every_step)

@@ -40,11 +40,15 @@ from torch.utils.data import DataLoader, IterableDataset, Subset, default_collat
 
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import UsageError
+from hpc_ddp.log import RankLog
 from hpc_ddp.run import batches as batching
 from hpc_ddp.run import beacon as phase
-from hpc_ddp.run import evaluation, loaders, preemption, rng, seeding
+from hpc_ddp.run import evaluation, loaders, preemption, rng, schedules, seeding
 from hpc_ddp.run.beacon import Beacon
+from hpc_ddp.run.best import Best
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.metrics import Recorder
+from hpc_ddp.run.position import Outcome, Position
 from hpc_ddp.run.strategy.base import Strategy
 from hpc_ddp.run.tasks import Task
 
@@ -250,3 +254,70 @@ def agree_names(names: list[str], env: DistEnv, mismatch: Callable[[Any, int], s
     for rank, theirs in enumerate(everyone):
         if theirs != names:
             raise UsageError(mismatch(theirs, rank))
+
+
+class Evaluations:
+    """When the loop evaluates (hpc_ddp.run.evaluation: pure, the same on every rank) and what an evaluation
+    changes: the best so far (--keep-best), a ReduceLROnPlateau schedule (stepped with the evaluation's
+    --plateau-metric value), the "eval" and "best" records and rank 0's lines. Without an evaluator (a task
+    without eval_dataset) nothing is ever due."""
+
+    def __init__(
+        self,
+        evaluator: Evaluator | None,
+        cfg: TrainConfig,
+        best: Best | None,
+        plateau: Any | None,
+        metrics: Recorder,
+        log: RankLog,
+    ) -> None:
+        self.evaluator, self.cfg, self.best, self.plateau = evaluator, cfg, best, plateau
+        self.metrics, self.log = metrics, log
+        self.last = -1  # the step this process last evaluated at
+
+    def after_step(self, pos: Position, mid_epoch: bool, last: bool, finished: bool) -> bool:
+        """Whether an evaluation is due right after the step of `pos` (see evaluation.due_after_step)."""
+        every = self.cfg.eval_every_steps
+        return self.evaluator is not None and evaluation.due_after_step(
+            every, pos.step, mid_epoch, last, finished
+        )
+
+    def after_epoch(self, pos: Position, last: bool) -> bool:
+        """Whether one is due at the end of the epoch of `pos`, unless its step was evaluated already."""
+        cfg = self.cfg
+        if self.evaluator is None or self.last == pos.step:
+            return False
+        return evaluation.due_after_epoch(cfg.eval_epochs(), cfg.eval_every_steps, pos.epoch, pos.step, last)
+
+    def run(self, pos: Position) -> tuple[Outcome | None, bool]:
+        """Evaluate at `pos` (a collective): (an Outcome if a signal came during it, whether it is a new best).
+        A stopped evaluation is pending in `pos` (the resume evaluates first) and every rank stops right after.
+        A new best makes the save at this step due (it comes right after, at the same step, and is the best); a
+        checkpoint of this step written before the evaluation (the resume of one stopped during it, an epoch's
+        last step saved before the epoch's evaluation) is not written again: it becomes the best."""
+        assert self.evaluator is not None
+        pos.eval_pending = True
+        result = self.evaluator.run(pos.step)
+        if result.requeue or result.stop:
+            return Outcome(False, result.requeue, result.stop), False
+        pos.eval_pending = False
+        self.last = pos.step
+        best = self.best
+        new_best = best is not None and best.offer(pos.step, result.means)
+        if self.plateau is not None:
+            first = self.plateau.last_epoch == 0
+            schedules.after_evaluation(self.plateau, result.means, self.cfg.plateau_metric, first)
+        self.metrics.eval(pos, result.samples, result.means)
+        shown = " | ".join(f"{name} {value:.4f}" for name, value in result.means.items())
+        self.log.main(f"Eval at step {pos.step} (epoch {pos.epoch}, {result.samples} samples): {shown}")
+        if new_best and best is not None:  # --keep-best made visible: a line and a "best" record
+            self.metrics.best(pos, best.name, best.value, best.mode)
+            self.log.main(
+                f"New best {best.name} {best.value:.4f} ({best.mode}) at step {pos.step}: its "
+                "checkpoint is saved now and kept as checkpoints/best"
+            )
+        return None, new_best
+
+    def close(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.close()

@@ -29,6 +29,25 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler, Sampler
 
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.workers import init as worker_start
+
+
+def loader_options(cfg: TrainConfig, device: Any, workers: int) -> dict[str, Any]:
+    """The DataLoader settings a user tunes, for the training and the evaluation loaders: --num-workers,
+    --pin-memory (auto: on a GPU), --prefetch-factor (with workers only: torch refuses it without)."""
+    pin = cfg.pin_memory == "on" or (cfg.pin_memory == "auto" and device.type == "cuda")
+    options: dict[str, Any] = {
+        "num_workers": workers,
+        "pin_memory": pin,
+        "worker_init_fn": worker_start if workers else None,
+        # Workers start once, not at every epoch: a start that opens shards or sockets is paid once.
+        "persistent_workers": workers > 0,
+    }
+    if workers and cfg.prefetch_factor:
+        options["prefetch_factor"] = cfg.prefetch_factor
+    return options
+
 
 def stateful_loader() -> Any | None:
     """torchdata's StatefulDataLoader class, or None when torchdata is not installed."""

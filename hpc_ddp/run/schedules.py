@@ -132,3 +132,36 @@ def after_evaluation(scheduler: Any, means: Mapping[str, float], name: str, firs
         return False
     scheduler.step(means[name])
     return True
+
+
+def for_run(task: Any, cfg: Any, optimizer: Any, total: int | None, say: Callable[[str], None]) -> Any | None:
+    """Task.scheduler(optimizer, total_steps), or --lr-schedule/--warmup-steps; a usage error for a factory
+    that raises or returns something that cannot step and save, or a ReduceLROnPlateau that nothing can step
+    (the same on every rank: never retried). `total` None: no known end (a stream without --max-steps), which
+    a task's scheduler is told of (`say`: once, rank 0's log)."""
+    if task.scheduler is None:
+        return build(cfg.lr_schedule, cfg.warmup_steps, optimizer, total or 0)
+    if cfg.lr_schedule != "constant" or cfg.warmup_steps:
+        raise UsageError(
+            f"--lr-schedule {cfg.lr_schedule} --warmup-steps {cfg.warmup_steps}: this task brings its own "
+            "Task.scheduler, which would be replaced. Fix: drop those flags, or Task.scheduler"
+        )
+    try:
+        scheduler = from_task(task.scheduler, optimizer, total)
+    except Exception as e:
+        unknown = (
+            " (total_steps is None: the dataset is a stream, which has no length, and --max-steps is not set. "
+            "Fix: add --max-steps N, or a schedule that needs no total)"
+            if total is None
+            else ""
+        )
+        raise UsageError(f"Task.scheduler(optimizer, {total}) raised {type(e).__name__}: {e}{unknown}") from e
+    if is_plateau(scheduler):
+        reports = ["loss"] if task.eval_step is None else None
+        check_plateau(cfg.plateau_metric, task.eval_dataset is not None, reports)
+    if total is None:
+        say(
+            "Task.scheduler got total_steps=None: a stream has no length and --max-steps is not set, so "
+            "its schedule cannot end at the run's last step (add --max-steps N for one that does)"
+        )
+    return scheduler

@@ -187,9 +187,7 @@ def _train(
     # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed. The
     # watchdog is stopped first, and covers everything up to then: training, saves, the final barriers.
     with (
-        Trainer(
-            cfg, env, device, task, folder, log, beacon=beacon, asked_grad_accum=asked_grad_accum
-        ) as trainer,
+        Trainer(cfg, env, device, task, log, beacon=beacon, asked_grad_accum=asked_grad_accum) as trainer,
         _watchdog(cfg, env, folder, log, trainer, environ),
     ):
         beacon.set(STARTUP)  # the user's setup is done; the kit resumes and prepares the folder (rank 0)

@@ -25,6 +25,7 @@ Writing (on the rank's background writer thread, hpc_ddp.run.checkpoint.writer):
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import threading
 import time
@@ -33,7 +34,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
+
 ASYNC_SAVES = ("thread", "process")
+# DCP's storage layers by the name a Storage gives (Storage.dcp_layer): its writer and reader classes. An fsspec
+# storage would add "fsspec": torch.distributed.checkpoint._fsspec_filesystem's FsspecWriter, FsspecReader.
+DCP_LAYERS = {"filesystem": ("torch.distributed.checkpoint", "FileSystemWriter", "FileSystemReader")}
 PARENT_POLL_S = 0.5  # how often a saving process checks that its rank is alive
 
 
@@ -52,6 +58,18 @@ def in_saving_process(poll_s: float = PARENT_POLL_S) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="hpc_ddp-exit-with-rank", daemon=True).start()
+
+
+def storage_writer(storage: Storage, path: str) -> Any:
+    """DCP's StorageWriter for directory `path` of `storage`."""
+    module, writer, _ = DCP_LAYERS[storage.dcp_layer]
+    return getattr(importlib.import_module(module), writer)(path)
+
+
+def storage_reader(storage: Storage, path: str) -> Any:
+    """DCP's StorageReader for directory `path` of `storage`."""
+    module, _, reader = DCP_LAYERS[storage.dcp_layer]
+    return getattr(importlib.import_module(module), reader)(path)
 
 
 class Staging:
@@ -112,15 +130,16 @@ class _AsStaged:
 
 
 class ThreadWrite:
-    """`--async-save thread`: dcp.save on the writer thread, over the writers' own gloo group."""
+    """`--async-save thread`: dcp.save on the writer thread, over the writers' own gloo group, into the run's
+    storage (hpc_ddp.run.checkpoint.storage: DCP's writer for it)."""
 
-    def __init__(self, env: Any, group: Any) -> None:
-        self.env, self.group = env, group
+    def __init__(self, env: Any, group: Any, storage: Storage = LOCAL) -> None:
+        self.env, self.group, self.storage = env, group, storage
 
     def write(self, staged: dict[str, Any], folder: Path) -> None:
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(staged, storage_writer=dcp.FileSystemWriter(str(folder)), process_group=self.group)
+        dcp.save(staged, storage_writer=storage_writer(self.storage, str(folder)), process_group=self.group)
 
     def close(self) -> None:
         pass
@@ -135,10 +154,10 @@ class ProcessWrite(ThreadWrite):
     """`--async-save process`: each rank's shards written by a saving process of DCP's own. A collective at
     start (every rank): rank 0 opens the saving processes' store and every rank learns its port."""
 
-    def __init__(self, env: Any, group: Any) -> None:
+    def __init__(self, env: Any, group: Any, storage: Storage = LOCAL) -> None:
         import torch.distributed as dist
 
-        super().__init__(env, group)
+        super().__init__(env, group, storage)
         self.store: Any = None
         port = [0]
         if env.is_main:
@@ -161,7 +180,7 @@ class ProcessWrite(ThreadWrite):
         with _environ(self.rendezvous):
             future = dcp.async_save(
                 staged,
-                storage_writer=dcp.FileSystemWriter(str(folder)),
+                storage_writer=storage_writer(self.storage, str(folder)),
                 process_group=self.group,
                 async_checkpointer_type=AsyncCheckpointerType.PROCESS,
                 async_stager=_AsStaged(),
@@ -195,6 +214,6 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def writer(kind: str, env: Any, group: Any) -> ThreadWrite:
-    """The write of `--async-save kind`, over `group` (a collective for `process`)."""
-    return ProcessWrite(env, group) if kind == "process" else ThreadWrite(env, group)
+def writer(kind: str, env: Any, group: Any, storage: Storage = LOCAL) -> ThreadWrite:
+    """The write of `--async-save kind`, over `group` (a collective for `process`), into `storage`."""
+    return ProcessWrite(env, group, storage) if kind == "process" else ThreadWrite(env, group, storage)

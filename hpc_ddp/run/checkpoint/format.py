@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol
 
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.run.checkpoint.part import Part
+from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
 from hpc_ddp.run.checkpoint.writer import Job
 
 
@@ -38,8 +39,9 @@ class Format(ABC):
 
     name: ClassVar[str]  # what --checkpoint-format calls it
 
-    def __init__(self, folder: Path, env: DistEnv, keep: int) -> None:
+    def __init__(self, folder: Path, env: DistEnv, keep: int, storage: Storage = LOCAL) -> None:
         self.folder, self.env, self.keep = Path(folder), env, keep
+        self.storage = storage  # where every byte of this run's checkpoints is written
         # `stage` calls this on a rank once the collective part of a save is over and the rank's own work (a
         # state_dict, the copy to CPU, the wait for the previous write) begins: the hang watchdog gives that
         # work the long limit, and the collective part the steady one (run/beacon.py).
@@ -63,10 +65,10 @@ class Format(ABC):
 
     @classmethod
     @abstractmethod
-    def open(cls, path: Path, verify: bool = True) -> Opened:
-        """Read checkpoint `path` on this rank (`verify`: check its checksums first). CheckpointCorrupt for
-        damaged bytes, CheckpointRefused for an intact file a weights_only load refuses, CheckpointError for
-        anything else that is no usable checkpoint."""
+    def open(cls, path: Path, verify: bool = True, storage: Storage = LOCAL) -> Opened:
+        """Read checkpoint `path` from `storage` on this rank (`verify`: check its checksums first).
+        CheckpointCorrupt for damaged bytes, CheckpointRefused for an intact file a weights_only load refuses,
+        CheckpointError for anything else that is no usable checkpoint."""
 
     @classmethod
     def verify(cls, path: Path) -> None:

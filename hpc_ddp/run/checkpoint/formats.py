@@ -14,19 +14,17 @@ from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.full import Full
 from hpc_ddp.run.checkpoint.sharded import Sharded
+from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
 
 FORMATS: tuple[type[Format], ...] = (Full, Sharded)
 
 
-def for_run(cfg: Any, folder: Path, env: Any, commit: Any = None) -> Format:
-    """The format this run writes (--checkpoint-format, auto resolved by --strategy). `commit`: the full
-    format's (see full.Commit)."""
+def for_run(cfg: Any, folder: Path, env: Any, storage: Storage = LOCAL) -> Format:
+    """The format this run writes (--checkpoint-format, auto resolved by --strategy), into `storage`."""
     kind = named(cfg.format_name())
-    if kind is Full:
-        return Full(folder, env, cfg.keep, **({"commit": commit} if commit is not None else {}))
     if kind is Sharded:
-        return Sharded(folder, env, cfg.keep, cfg.async_save_kind())
-    return kind(folder, env, cfg.keep)
+        return Sharded(folder, env, cfg.keep, cfg.async_save_kind(), storage)
+    return kind(folder, env, cfg.keep, storage)
 
 
 def named(name: str) -> type[Format]:
@@ -71,6 +69,6 @@ def find_resumable(folder: str | os.PathLike[str], warn: Callable[[str], None]) 
     return None
 
 
-def open_checkpoint(path: Path, verify: bool = True) -> Any:
-    """Checkpoint `path` read back by its own format (`Opened`: meta, each part's state)."""
-    return format_of(path).open(path, verify=verify)
+def open_checkpoint(path: Path, verify: bool = True, storage: Storage = LOCAL) -> Any:
+    """Checkpoint `path` read back from `storage` by its own format (`Opened`: meta, each part's state)."""
+    return format_of(path).open(path, verify=verify, storage=storage)

@@ -12,7 +12,7 @@ whole file to resume. A checkpoint of this format needs the world size it was wr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,27 +23,20 @@ from hpc_ddp.errors import CheckpointError
 from hpc_ddp.run.checkpoint import content, durable, store, torchfile
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.part import PER_RANK, REPLICATED, Part
+from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
 from hpc_ddp.run.checkpoint.writer import Job
-
-# How the format makes a checkpoint durable: commit(folder, state, step, keep) -> (path, bytes). `commit` below
-# unless another is given (the bench passes `commit` with a timed `save`).
-Commit = Callable[[Path, dict[str, Any], int, int], tuple[Path, int]]
 
 
 def commit(
-    folder: str | Path,
-    state: dict[str, Any],
-    step: int,
-    keep: int,
-    save: Callable[[Any, Path], int] = torchfile.atomic_save,
+    folder: str | Path, state: dict[str, Any], step: int, keep: int, storage: Storage = LOCAL
 ) -> tuple[Path, int]:
-    """Write checkpoint `step` with `save` (durable, renamed into place, when it returns), then promote it
+    """Write checkpoint `step` into `storage` (durable, renamed into place, when it returns), then promote it
     (`latest`, rotation to `keep`). Returns the checkpoint's path and size."""
     directory = store.ckpt_dir(folder)
-    directory.mkdir(parents=True, exist_ok=True)
+    storage.makedirs(str(directory))
     path = directory / store.ckpt_name(step)
-    nbytes = save(state, path)
-    store.promote(folder, path, keep)
+    nbytes = torchfile.atomic_save(state, path, storage)
+    store.promote(folder, path, keep, storage)
     return path, nbytes
 
 
@@ -71,10 +64,6 @@ class Loaded:
 
 class Full(Format):
     name = "full"
-
-    def __init__(self, folder: Path, env: Any, keep: int, commit: Commit = commit) -> None:
-        super().__init__(folder, env, keep)
-        self.commit = commit
 
     @classmethod
     def owns(cls, path: Path) -> bool:
@@ -115,17 +104,17 @@ class Full(Format):
             return None
         snapshot = content.to_cpu(state, "the checkpoint state")
         checks = [(part.check, part.key) for part in parts]
-        folder, keep, save = self.folder, self.keep, self.commit
+        folder, keep, storage = self.folder, self.keep, self.storage
 
         def write() -> tuple[Path, int]:  # on the writer thread: the checks cost the training nothing
             for check, key in checks:
                 check(snapshot.get(key), step)
             try:
-                return save(folder, snapshot, step, keep)
+                return commit(folder, snapshot, step, keep, storage)
             except Exception as e:
                 # Whatever torch raised (its zip writer hides a full disk in a RuntimeError): the OSError it
                 # really is, so that it is retried and said in one line.
-                cause = durable.diagnose(e, store.ckpt_dir(folder), store.newest_size(folder))
+                cause = durable.diagnose(e, store.ckpt_dir(folder), store.newest_size(folder, storage))
                 if cause is e or not isinstance(cause, OSError):
                     raise
                 where = cause.filename or str(store.ckpt_dir(folder) / store.ckpt_name(step))
@@ -134,7 +123,8 @@ class Full(Format):
         return write
 
     @classmethod
-    def open(cls, path: Path, verify: bool = True) -> Loaded:
+    def open(cls, path: Path, verify: bool = True, storage: Storage = LOCAL) -> Loaded:
+        # torch reads the file by its path on this machine (its own reader, no copy): Storage's reading note.
         return Loaded(load(path, verify=verify))
 
     @classmethod

@@ -33,10 +33,10 @@ they cost about 2 s of start-up on every rank (sympy comes with them).
 from __future__ import annotations
 
 import errno
+import fnmatch
+import io
 import json
-import os
 import pickle
-import shutil
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,8 +50,8 @@ from hpc_ddp.run import memory
 from hpc_ddp.run.checkpoint import content, dcpwrite, durable, store, streamed, torchfile
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.part import PER_RANK, SHARDED, Part
+from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
 from hpc_ddp.run.checkpoint.writer import Job
-from hpc_ddp.run.folder import atomic_write_bytes, fsync_dir
 
 MANIFEST = store.MANIFEST
 METADATA = ".metadata"
@@ -123,11 +123,10 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name}")
 
 
-def safe_metadata(path: Path) -> None:
+def safe_metadata(path: Path, storage: Storage = LOCAL) -> None:
     """CheckpointRefused unless `path/.metadata` holds only DCP's index (DCP itself unpickles it freely)."""
     try:
-        with open(path / METADATA, "rb") as f:
-            _Unpickler(f).load()
+        _Unpickler(io.BytesIO(storage.read_bytes(str(path / METADATA)))).load()
     except pickle.UnpicklingError as e:
         raise CheckpointRefused(
             f"checkpoint {path}: its {METADATA} holds {e}, which only DCP's index classes may be: it could run "
@@ -141,8 +140,8 @@ class _Lazy:
     """A SHARDED part's tensors, read by `fill(template)` into this rank's layout (a collective: every rank
     loads at the same time); the rest of its state merged back."""
 
-    def __init__(self, path: Path, key: str, rest: Any) -> None:
-        self.path, self.key, self.rest = path, key, rest
+    def __init__(self, path: Path, key: str, rest: Any, storage: Storage = LOCAL) -> None:
+        self.path, self.key, self.rest, self.storage = path, key, rest, storage
 
     def fill(self, template: Any) -> Any:
         tensors, _ = split(template)
@@ -151,13 +150,15 @@ class _Lazy:
         import torch.distributed.checkpoint as dcp
 
         box = {self.key: tensors}
-        dcp.load(box, storage_reader=dcp.FileSystemReader(str(self.path)))
+        dcp.load(box, storage_reader=dcpwrite.storage_reader(self.storage, str(self.path)))
         return merge(box[self.key], self.rest)
 
 
 class Opened:
-    def __init__(self, path: Path, manifest: Mapping[str, Any], verify: bool) -> None:
-        self.path, self.meta, self.verify = path, manifest["meta"], verify
+    def __init__(
+        self, path: Path, manifest: Mapping[str, Any], verify: bool, storage: Storage = LOCAL
+    ) -> None:
+        self.path, self.meta, self.verify, self.storage = path, manifest["meta"], verify, storage
         self._files: dict[int, Any] = {}
 
     def _rank(self, rank: int) -> Any:
@@ -171,15 +172,15 @@ class Opened:
             return self._rank(rank).get(part.key) if rank < saved else None  # a new rank: none of its own
         entry = self._rank(0).get(part.key)
         if part.kind == SHARDED:
-            return _Lazy(self.path, part.key, entry)
+            return _Lazy(self.path, part.key, entry, self.storage)
         return entry
 
 
-def read_manifest(path: Path, verify: bool) -> dict[str, Any]:
+def read_manifest(path: Path, verify: bool, storage: Storage = LOCAL) -> dict[str, Any]:
     """The manifest, after checking every file it names (`verify`); CheckpointCorrupt for a torn or damaged
     checkpoint."""
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads(storage.read_bytes(str(path / MANIFEST)).decode("utf-8"))
         files: dict[str, str] = manifest["files"]
         manifest["meta"]  # noqa: B018
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -189,7 +190,7 @@ def read_manifest(path: Path, verify: bool) -> dict[str, Any]:
     if verify:
         for name, expected in sorted(files.items()):
             try:
-                actual = durable.file_sha256(path / name)
+                actual = storage.sha256(str(path / name))
             except OSError as e:
                 raise CheckpointCorrupt(
                     f"checkpoint {path} cannot be loaded safely: its shard {name} cannot be read "
@@ -200,7 +201,7 @@ def read_manifest(path: Path, verify: bool) -> dict[str, Any]:
                     f"checkpoint {path} cannot be loaded safely: its shard {name} is corrupt (SHA-256 "
                     f"{actual[:16]}..., the manifest recorded {expected[:16]}... when it was written)"
                 )
-        safe_metadata(path)
+        safe_metadata(path, storage)
     return manifest
 
 
@@ -209,15 +210,17 @@ class Sharded(Format):
     name = "sharded"
     reshards = True  # a checkpoint of N ranks loads on M (--allow-resize)
 
-    def __init__(self, folder: Path, env: Any, keep: int, async_save: str = "thread") -> None:
-        super().__init__(folder, env, keep)
+    def __init__(
+        self, folder: Path, env: Any, keep: int, async_save: str = "thread", storage: Storage = LOCAL
+    ) -> None:
+        super().__init__(folder, env, keep, storage)
         # The background writers' own group: created once, by every rank in the same order (a collective).
         self.group = dist.new_group(backend="gloo")
         # Saves staged so far: every rank stages the same ones, in the same order, so every rank names the same
         # temporary folder for a save, and no two saves share one (a save of a step already saved, a finished
         # run's final one, writes beside the first until it replaces it).
         self.staged = 0
-        self.write = dcpwrite.writer(async_save, env, self.group)  # a collective too with `process`
+        self.write = dcpwrite.writer(async_save, env, self.group, storage)  # a collective with `process`
         self.staging = dcpwrite.Staging(shared=async_save == "process")
 
     def close(self) -> None:
@@ -266,7 +269,7 @@ class Sharded(Format):
         directory = store.ckpt_dir(self.folder)
         final = directory / store.ckpt_name(step, suffix="")
         temp = directory / f".{final.name}{TEMP_SUFFIX}-{self.staged}"
-        folder, keep = self.folder, self.keep
+        folder, keep, storage = self.folder, self.keep, self.storage
         done: dict[str, Any] = {}  # what a retry on rank 0 need not do again
 
         def agree(mine: Any) -> list[Any]:
@@ -297,8 +300,8 @@ class Sharded(Format):
             local = _local(staged)
             for check, key in checks:
                 check(merge(local.get(key), extras.get(key)) if key in local else extras.get(key), step)
-            temp.mkdir(parents=True, exist_ok=True)
-            torchfile.atomic_save(extras, temp / rank_file(rank))
+            storage.makedirs(str(temp))
+            torchfile.atomic_save(extras, temp / rank_file(rank), storage)
 
         def write() -> tuple[Path, int]:
             written = False
@@ -323,11 +326,13 @@ class Sharded(Format):
 
                 def checksum() -> None:
                     names = [
-                        n for n in os.listdir(temp) if n.startswith(f"__{rank}_") or n == rank_file(rank)
+                        n
+                        for n in storage.listdir(str(temp))
+                        if n.startswith(f"__{rank}_") or n == rank_file(rank)
                     ]
                     if rank == 0:
                         names.append(METADATA)
-                    done["mine"] = {n: durable.file_sha256(temp / n) for n in names}
+                    done["mine"] = {n: storage.sha256(str(temp / n)) for n in names}
 
                 everyone = agree(attempt(checksum) or ("sums", done.get("mine")))
                 verdict([r if r[0] != "sums" else None for r in everyone])
@@ -335,22 +340,23 @@ class Sharded(Format):
             if rank != 0:
                 return temp, 0
             sums = done["sums"]
-            if temp.is_dir():
-                atomic_write_bytes(temp / MANIFEST, json.dumps({"files": sums, "meta": meta}).encode())
-                fsync_dir(temp)
-                store.install(temp, final)  # the name is given to a complete checkpoint only
-            store.promote(folder, final, keep)
+            if storage.isdir(str(temp)):
+                storage.write_bytes(str(temp / MANIFEST), json.dumps({"files": sums, "meta": meta}).encode())
+                store.install(temp, final, storage)  # the name is given to a complete checkpoint only
+            store.promote(folder, final, keep, storage)
             # An older save that failed and was superseded by this one (writer.py) left its temporary folder.
-            for old in directory.glob(f".ckpt-*{TEMP_SUFFIX}-*"):
-                if 0 <= store.ckpt_step(Path(old.name[1:].partition(TEMP_SUFFIX)[0])) < step:
-                    shutil.rmtree(old, ignore_errors=True)
-            return final, sum((final / n).stat().st_size for n in sums)
+            for old in storage.listdir(str(directory)):
+                if not fnmatch.fnmatchcase(old, f".ckpt-*{TEMP_SUFFIX}-*"):
+                    continue
+                if 0 <= store.ckpt_step(Path(old[1:].partition(TEMP_SUFFIX)[0])) < step:
+                    storage.remove(str(directory / old))
+            return final, sum(storage.size(str(final / n)) for n in sums)
 
         return write
 
     @classmethod
-    def open(cls, path: Path, verify: bool = True) -> Opened:
-        return Opened(path, read_manifest(path, verify), verify)
+    def open(cls, path: Path, verify: bool = True, storage: Storage = LOCAL) -> Opened:
+        return Opened(path, read_manifest(path, verify, storage), verify, storage)
 
     @classmethod
     def world_size_change(cls, saved: int | None, now: int) -> str | None:
@@ -368,15 +374,22 @@ def _oserror(error: BaseException) -> OSError | None:
     return None
 
 
-def export(path: Path, out: Path, verify: bool = True, batch_bytes: int = streamed.BATCH_BYTES) -> int:
+def export(
+    path: Path,
+    out: Path,
+    verify: bool = True,
+    batch_bytes: int = streamed.BATCH_BYTES,
+    storage: Storage = LOCAL,
+) -> int:
     """Write the model of sharded checkpoint `path` as a plain state dict (`model.pth`: loadable with
     torch.load(weights_only=True) into the bare model), with its checksum, in one process. Streaming: the file's
     tensors are read from the shards and written a batch of `batch_bytes` at a time (streamed.save), so no
-    process holds the whole model. `verify`: check the checkpoint's checksums first. Returns the file's size."""
+    process holds the whole model. `verify`: check the checkpoint's checksums first. Returns the file's size
+    (`out`, a local file; the checkpoint is read from `storage`)."""
     import torch.distributed.checkpoint as dcp
 
-    read_manifest(path, verify=verify)
-    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    read_manifest(path, verify, storage)
+    metadata = dcpwrite.storage_reader(storage, str(path)).read_metadata()
     names, shapes = [], []
     for key, item in metadata.state_dict_metadata.items():
         if key.startswith("model.") and hasattr(item, "size"):
@@ -393,14 +406,16 @@ def export(path: Path, out: Path, verify: bool = True, batch_bytes: int = stream
         }
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load({"model": wanted}, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+            dcp.load(
+                {"model": wanted}, storage_reader=dcpwrite.storage_reader(storage, str(path)), no_dist=True
+            )
         return list(wanted.values())
 
     state = merge(dict(zip(names, laters, strict=True)), extras)
     return durable.write_summed(out, lambda f: streamed.save(state, laters, fetch, f, batch_bytes))
 
 
-def load_model(path: Path, model: torch.nn.Module, verify: bool = True) -> None:
+def load_model(path: Path, model: torch.nn.Module, verify: bool = True, storage: Storage = LOCAL) -> None:
     """Read the model of sharded checkpoint `path` straight into `model`'s own tensors (a plain model in one
     process, on any device): DCP copies each stored slice into place, so nothing but the model itself is held.
     `verify`: check the checkpoint's checksums first. CheckpointError if it is for another model."""
@@ -409,13 +424,14 @@ def load_model(path: Path, model: torch.nn.Module, verify: bool = True) -> None:
 
     from hpc_ddp.run.strategy.base import load_model_state
 
-    read_manifest(path, verify=verify)
+    read_manifest(path, verify, storage)
     tensors, _ = split(model.state_dict())
     extras = torchfile.load_file(path / rank_file(0), verify=False).get("model") or {}
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load({"model": tensors or {}}, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+            reader = dcpwrite.storage_reader(storage, str(path))
+            dcp.load({"model": tensors or {}}, storage_reader=reader, no_dist=True)
     except CheckpointException as e:  # a key or a shape the checkpoint does not have (a BaseException)
         raise CheckpointError(
             f"checkpoint {path} is for a different model: {str(e).strip().splitlines()[-1][:300].rstrip('.')}. "

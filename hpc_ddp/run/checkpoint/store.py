@@ -10,8 +10,10 @@ under a temporary name (`.<name>.tmp-...`, never listed) and renames it into pla
 same way (atomically, once the checkpoint it names is durable and promoted), and rotation never deletes the
 checkpoint it names; the `keep` newest are kept besides it.
 
-Supervisors (the local launcher, the Slurm batch step) import this module for `latest_step`, so it and its
-package's `__init__` import no torch (tests/test_run_checkpoint_store.py checks it in a fresh interpreter).
+Every name is made, read and deleted through the run's storage (hpc_ddp.run.checkpoint.storage: the local
+filesystem unless the caller gives another). Supervisors (the local launcher, the Slurm batch step) import this
+module for `latest_step`, so it and its package's `__init__` import no torch
+(tests/test_run_checkpoint_store.py checks it in a fresh interpreter).
 """
 
 from __future__ import annotations
@@ -19,14 +21,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run.checkpoint.durable import checksum_path
-from hpc_ddp.run.folder import CHECKPOINTS, atomic_write_bytes, fsync_dir
+from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
+from hpc_ddp.run.folder import CHECKPOINTS
 
 LATEST = "latest"
 BEST = "best"
@@ -52,41 +54,41 @@ def ckpt_step(path: Path) -> int:
     return int(match.group(1)) if match else -1
 
 
-def is_checkpoint(path: Path) -> bool:
+def is_checkpoint(path: Path, storage: Storage = LOCAL) -> bool:
     """`path` is a checkpoint by the naming rule: `ckpt-<step>.pt` a file, `ckpt-<step>` a directory."""
     match = _NAME.match(path.name)
     if match is None:
         return False
-    return path.is_file() if match.group(2) else path.is_dir()
+    return storage.isfile(str(path)) if match.group(2) else storage.isdir(str(path))
 
 
-def list_checkpoints(folder: str | os.PathLike[str]) -> list[Path]:
+def list_checkpoints(folder: str | os.PathLike[str], storage: Storage = LOCAL) -> list[Path]:
     """Complete checkpoints of a run (files and directories), newest (highest step) first. Temporary names
     are never listed."""
     directory = ckpt_dir(folder)
-    if not directory.is_dir():
-        return []
-    found = [(ckpt_step(p), p) for p in directory.iterdir() if is_checkpoint(p)]
-    return [p for _, p in sorted(found, reverse=True)]
+    found = [(ckpt_step(p), p) for p in map(directory.joinpath, storage.listdir(str(directory)))]
+    return [p for step, p in sorted(found, reverse=True) if step >= 0 and is_checkpoint(p, storage)]
 
 
-def read_latest(folder: str | os.PathLike[str], warn: Callable[[str], None] | None = None) -> Path | None:
+def read_latest(
+    folder: str | os.PathLike[str], warn: Callable[[str], None] | None = None, storage: Storage = LOCAL
+) -> Path | None:
     """The checkpoint `latest` points to, if the pointer exists and names an existing checkpoint. A pointer that
     cannot be read (not UTF-8, a directory, an I/O error) counts as none; `warn` hears about it."""
-    return _read_pointer(folder, LATEST, warn)
+    return _read_pointer(folder, LATEST, warn, storage)
 
 
-def read_best(folder: str | os.PathLike[str]) -> Path | None:
+def read_best(folder: str | os.PathLike[str], storage: Storage = LOCAL) -> Path | None:
     """The checkpoint `best` points to (--keep-best), if the pointer exists and names an existing checkpoint."""
-    return _read_pointer(folder, BEST, None)
+    return _read_pointer(folder, BEST, None, storage)
 
 
 def _read_pointer(
-    folder: str | os.PathLike[str], name: str, warn: Callable[[str], None] | None
+    folder: str | os.PathLike[str], name: str, warn: Callable[[str], None] | None, storage: Storage
 ) -> Path | None:
     pointer = ckpt_dir(folder) / name
     try:
-        text = pointer.read_text(encoding="utf-8")
+        text = storage.read_bytes(str(pointer)).decode("utf-8")
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:  # IsADirectoryError, UnicodeDecodeError, EIO...
@@ -96,7 +98,7 @@ def _read_pointer(
         return None
     target = text.strip()
     path = ckpt_dir(folder) / target
-    if target and "/" not in target and is_checkpoint(path):
+    if target and "/" not in target and is_checkpoint(path, storage):
         return path
     if warn is not None and target:
         warn(
@@ -139,110 +141,87 @@ def latest_step(folder: str | os.PathLike[str]) -> int | None:
     return ckpt_step(path) if path is not None else None
 
 
-def install(temp: Path, final: Path) -> None:
-    """Give the complete checkpoint folder `temp` its final name `final`, durably. Never a rename onto an
-    existing folder (which fails, ENOTEMPTY): a checkpoint of the same step already there (the step saved again
-    with a later state: a run that finished right after a resume at its last step) is first moved aside under a
-    temporary name, which no listing shows and a start removes, then deleted. Rank 0 alone renames."""
-    aside = final.with_name(f".{final.name}.tmp-replaced-{os.getpid()}")
-    replacing = final.exists()
-    if replacing:
-        shutil.rmtree(aside, ignore_errors=True)
-        os.replace(final, aside)
-    os.replace(temp, final)
-    fsync_dir(final.parent)
-    if replacing:
-        shutil.rmtree(aside, ignore_errors=True)
+def install(temp: Path, final: Path, storage: Storage = LOCAL) -> None:
+    """Give the complete checkpoint folder `temp` its final name `final`, durably (Storage.install: a
+    checkpoint of the same step already there, the step saved again with a later state, is replaced). Rank 0
+    alone renames."""
+    storage.install(str(temp), str(final))
 
 
-def point_latest(folder: str | os.PathLike[str], path: Path) -> None:
+def point_latest(folder: str | os.PathLike[str], path: Path, storage: Storage = LOCAL) -> None:
     """Make `latest` name `path` (atomically: readers see the old name or the new one)."""
-    atomic_write_bytes(ckpt_dir(folder) / LATEST, (path.name + "\n").encode())
+    storage.write_bytes(str(ckpt_dir(folder) / LATEST), (path.name + "\n").encode())
 
 
-def promote(folder: str | os.PathLike[str], path: Path, keep: int) -> None:
+def promote(folder: str | os.PathLike[str], path: Path, keep: int, storage: Storage = LOCAL) -> None:
     """`path` is complete and durable under its final name: point `latest` at it, then drop all but the newest
     `keep` of its line (and the one `best` names, which is never dropped).
 
     Rotation keeps this checkpoint and the `keep - 1` newest before it. It never deletes one with a higher step:
     such a checkpoint is no part of the line this run continues (a start from an earlier checkpoint sets those
     aside first, `resume.apply`), and deleting by step number alone once deleted the file just written."""
-    point_latest(folder, path)
-    rotate(folder, ckpt_step(path), keep)
+    point_latest(folder, path, storage)
+    rotate(folder, ckpt_step(path), keep, storage)
 
 
-def point_best(folder: str | os.PathLike[str], path: Path, keep: int) -> None:
+def point_best(folder: str | os.PathLike[str], path: Path, keep: int, storage: Storage = LOCAL) -> None:
     """`path` (complete, durable, promoted) has the best evaluation value so far: make `best` name it
     (atomically), then rotate again, so that the checkpoint it named before goes if it is no longer among the
     `keep` newest."""
-    atomic_write_bytes(ckpt_dir(folder) / BEST, (path.name + "\n").encode())
-    latest = read_latest(folder)
+    storage.write_bytes(str(ckpt_dir(folder) / BEST), (path.name + "\n").encode())
+    latest = read_latest(folder, storage=storage)
     if latest is not None:
-        rotate(folder, ckpt_step(latest), keep)
+        rotate(folder, ckpt_step(latest), keep, storage)
 
 
-def rotate(folder: str | os.PathLike[str], newest: int, keep: int) -> None:
+def rotate(folder: str | os.PathLike[str], newest: int, keep: int, storage: Storage = LOCAL) -> None:
     """Drop the checkpoints before step `newest` beyond the `keep - 1` newest of them, except the one `best`
     names (--keep-best: beside the `keep` ones, not one of them)."""
-    best = read_best(folder)
-    older = [p for p in list_checkpoints(folder) if ckpt_step(p) < newest and p != best]
+    best = read_best(folder, storage)
+    older = [p for p in list_checkpoints(folder, storage) if ckpt_step(p) < newest and p != best]
     for old in older[keep - 1 :]:
-        remove(old)
+        remove(old, storage)
 
 
-def remove(path: Path) -> None:
+def remove(path: Path, storage: Storage = LOCAL) -> None:
     """Delete a checkpoint: a file and its checksum, or a directory and everything in it."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-    checksum_path(path).unlink(missing_ok=True)
+    storage.remove(str(path))
 
 
-def move(path: Path, into: Path) -> None:
+def move(path: Path, into: Path, storage: Storage = LOCAL) -> None:
     """Move a checkpoint (and its checksum, if it has one) into the folder `into`, keeping its name."""
-    os.replace(path, into / path.name)
+    storage.rename(str(path), str(into / path.name))
     sums = checksum_path(path)
-    if sums.is_file():
-        os.replace(sums, into / sums.name)
+    if storage.isfile(str(sums)):
+        storage.rename(str(sums), str(into / sums.name))
 
 
-def remove_stale_temporaries(folder: str | os.PathLike[str]) -> int:
+def remove_stale_temporaries(folder: str | os.PathLike[str], storage: Storage = LOCAL) -> int:
     """Delete temporary files and directories a killed writer left behind (rank 0 at start, before any new
     save). They were never promoted: nothing points at them."""
     directory = ckpt_dir(folder)
-    stale = (
-        [p for p in directory.iterdir() if p.name.startswith(".") and ".tmp-" in p.name]
-        if directory.is_dir()
-        else []
-    )
-    for path in stale:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+    stale = [n for n in storage.listdir(str(directory)) if n.startswith(".") and ".tmp-" in n]
+    for name in stale:
+        storage.remove(str(directory / name))
     return len(stale)
 
 
-def newest_size(folder: str | os.PathLike[str]) -> int:
+def newest_size(folder: str | os.PathLike[str], storage: Storage = LOCAL) -> int:
     """Bytes of the newest complete checkpoint (0 if none): about what the next one needs on disk."""
-    listed = list_checkpoints(folder)
+    listed = list_checkpoints(folder, storage)
     if not listed:
         return 0
-    newest = listed[0]
     try:
-        if newest.is_dir():
-            return sum(p.stat().st_size for p in newest.rglob("*") if p.is_file())
-        return newest.stat().st_size
+        return storage.size(str(listed[0]))
     except OSError:
         return 0
 
 
-def written_with(path: Path) -> dict[str, Any] | None:
+def written_with(path: Path, storage: Storage = LOCAL) -> dict[str, Any] | None:
     """The `meta` a directory checkpoint's manifest records (world size, config), or None when `path` has no
     readable one (a one-file checkpoint, a torn one). No torch, no checksum check: for what a supervisor tells."""
     try:
-        meta = json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("meta")
+        meta = json.loads(storage.read_bytes(str(path / MANIFEST)).decode("utf-8")).get("meta")
     except (OSError, ValueError, AttributeError):
         return None
     return meta if isinstance(meta, dict) else None

@@ -21,6 +21,7 @@ import torch
 
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused
 from hpc_ddp.run.checkpoint import durable
+from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
 
 _CRC_LOCK = threading.Lock()
 
@@ -43,10 +44,10 @@ def _save_stream(obj: Any, out: durable.Writeback) -> None:
                 set_(previous)
 
 
-def atomic_save(obj: Any, path: Path) -> int:
-    """torch.save `obj` to `path` atomically, its SHA-256 in `<path>.sha256` (durable.write_summed); returns the
-    bytes written."""
-    return durable.write_summed(path, lambda out: _save_stream(obj, out))
+def atomic_save(obj: Any, path: Path, storage: Storage = LOCAL) -> int:
+    """torch.save `obj` to `path` atomically, its SHA-256 in `<path>.sha256` (Storage.write; locally:
+    durable.write_summed); returns the bytes written."""
+    return storage.write(str(path), lambda out: _save_stream(obj, out))  # type: ignore[arg-type]
 
 
 def load_file(path: str | os.PathLike[str], map_location: Any = "cpu", verify: bool = True) -> Any:

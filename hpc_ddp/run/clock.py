@@ -1,0 +1,104 @@
+"""Where a step's time goes: the beacon's phase for the hang watchdog, and the straggler window's split.
+
+The loop says which phase it enters (`data`, `compute`, `backward_done`, `all_reduce`, `optimizer`,
+`step_done`); the clock sets the beacon (run/beacon.py) and adds each phase's time to this rank's window
+(run/stragglers.py): data (waiting for the next batch), compute (forward and backward until the last gradient
+bucket is ready, the optimizer) and communication wait (what remained of the gradient all-reduce after
+backward, plus the step's all-reduce). Every phase of a process's first step is long for the watchdog: it pays
+warm-up, lazy initialisation and a resumed checkpoint's first use.
+
+Every `stragglers.EVERY_STEPS` steps the ranks compare their windows (`compare`, one small all-gather). An
+unwatched rank (a `NullBeacon`: the bench's baseline) neither marks the end of backward nor compares.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from hpc_ddp.run import beacon as phase
+from hpc_ddp.run import stragglers
+from hpc_ddp.run.beacon import Beacon
+from hpc_ddp.run.position import Position
+
+
+class StepClock:
+    def __init__(self, beacon: Beacon) -> None:
+        self.beacon = beacon
+        self.window = stragglers.Window()  # this rank's time split since the last straggler check
+        self.judge = stragglers.Judge()
+        self.first_step = True  # this process's first optimizer step (after a start or a resume)
+        self.data_s = 0.0  # this step's wait for data (rank 0 records it)
+        self.grads_ready = 0.0  # when backward's last gradient bucket was ready (the comm wait starts)
+        self._since = 0.0  # when the current phase of the step began
+        self._ready = 0.0
+
+    @property
+    def watched(self) -> bool:
+        return self.beacon.watched
+
+    def timed(self, batches: Iterator[Any], pos: Position) -> Iterator[Any]:
+        """`batches`, each fetched in the "data loading" phase of the step in the making (after `pos`), and
+        timed. The first batch of an epoch is long for the watchdog: the loader's workers start (and open their
+        data)."""
+        first = True
+        while True:
+            start = self.beacon.set(phase.DATA, pos.step + 1, long=first or self.first_step)
+            first = False
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            waited = time.monotonic() - start
+            self.window.data_s += waited
+            self.data_s += waited
+            yield batch
+
+    def compute(self, step: int | None = None) -> None:
+        """A micro-batch's forward and backward begin."""
+        self._since = self.beacon.set(phase.COMPUTE, step, long=self.first_step)
+        self.grads_ready = 0.0
+
+    def mark_grads_ready(self) -> None:
+        """Backward has computed every gradient (the strategy's end-of-backward callback, watched ranks only)."""
+        self.grads_ready = self.beacon.set(phase.GRAD_ALLREDUCE, long=self.first_step)
+
+    def micro_done(self) -> None:
+        """A micro-batch that is not the step's last is done (its gradients stay local)."""
+        self.window.compute_s += time.monotonic() - self._since
+
+    def backward_done(self) -> None:
+        """The step's last backward returned: its gradients are synchronised."""
+        self._ready = self.grads_ready or time.monotonic()  # no end-of-backward mark: an unwatched rank
+
+    def all_reduce(self) -> None:
+        """The step's own all-reduce begins; what came since backward's end was communication wait."""
+        now = self.beacon.set(phase.STEP_ALLREDUCE, long=self.first_step)
+        self.window.compute_s += self._ready - self._since
+        self.window.comm_s += now - self._ready
+        self._since = now
+
+    def optimizer(self) -> None:
+        start = self.beacon.set(phase.OPTIMIZER, long=self.first_step)
+        self.window.comm_s += start - self._since
+        self._since = start
+
+    def step_done(self) -> None:
+        self.window.compute_s += time.monotonic() - self._since
+        self.window.steps += 1
+        self.first_step = False
+
+    def compare(self, world_size: int, device: Any) -> tuple[list[list[float]], list[stragglers.Straggler]]:
+        """A collective, every `stragglers.EVERY_STEPS` steps on every rank: every rank's window (one
+        fixed-size row each; this rank's starts anew), and the stragglers it names (the same on every rank)."""
+        import torch
+        import torch.distributed as dist
+
+        self.beacon.set(phase.STRAGGLER_GATHER)
+        mine = torch.tensor(self.window.row(), dtype=torch.float64, device=device)
+        rows = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(rows, mine)
+        self.window.reset()
+        table = [row.tolist() for row in rows]
+        return table, self.judge.add(table)
