@@ -24,6 +24,7 @@ stacks. The rules, in order:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hpc_ddp import log
@@ -44,6 +45,31 @@ def _where(frame: Mapping[str, Any] | None) -> str:
     return f'File "{frame["file"]}", line {frame["line"]}, in {frame["function"]}'
 
 
+@dataclass
+class _Seen:
+    """What the reports say, sorted once for the rules."""
+
+    by_rank: dict[int, Mapping[str, Any]]
+    missing: list[int]  # ranks without a report: unresponsive
+    waiting: list[int]  # ranks waiting in a collective
+    working: list[int]  # ranks that are not
+    step: int | None
+    head: str  # "hang at step S: "
+    record: dict[str, Any]
+
+    def waiters(self, culprits: Sequence[int]) -> str:
+        """ "; ranks 1-3 wait for it in <phases>", or nothing when no other rank waits."""
+        others = [r for r in self.waiting if r not in culprits]
+        if not others:
+            return ""
+        phases = sorted({str(self.by_rank[r]["phase"]) for r in others})
+        who = f"rank {others[0]} waits" if len(others) == 1 else f"ranks {ranks_text(others)} wait"
+        return f"; {who} for {'it' if len(culprits) == 1 else 'them'} in " + " / ".join(phases)
+
+    def names(self, ranks: Sequence[int]) -> str:
+        return ", ".join(_who(r, str(self.by_rank[r]["host"]), self.by_rank[r].get("pid")) for r in ranks)
+
+
 def decide(
     reports: Sequence[Mapping[str, Any]], world_size: int, peers: Sequence[tuple[str, int]], window_s: float
 ) -> dict[str, Any]:
@@ -56,7 +82,7 @@ def decide(
     steps = [int(r["step"]) for r in reports]
     step = min(steps) if steps else None
     head = f"hang at step {step}: " if step is not None else "hang: "
-    record: dict[str, Any] = {
+    record = {
         "step": step,
         "unresponsive": missing,
         "waiting": waiting,
@@ -64,80 +90,104 @@ def decide(
         "phase": None,
         "host": None,
     }
+    seen = _Seen(by_rank, missing, waiting, working, step, head, record)
+    return (
+        _busy(seen)
+        or _unresponsive(seen, peers, window_s)
+        or _user_code(seen, reports, world_size)
+        or _stuck(seen)
+        or _all_waiting(seen, reports)
+    )
 
-    def waiters_text(culprits: Sequence[int]) -> str:
-        others = [r for r in waiting if r not in culprits]
-        if not others:
-            return ""
-        phases = sorted({str(by_rank[r]["phase"]) for r in others})
-        who = f"rank {others[0]} waits" if len(others) == 1 else f"ranks {ranks_text(others)} wait"
-        return f"; {who} for {'it' if len(culprits) == 1 else 'them'} in " + " / ".join(phases)
 
+def _busy(seen: _Seen) -> dict[str, Any] | None:
+    """Rule 0: ranks busy within their own limit, every other rank reporting: no hang (yet)."""
+    by_rank = seen.by_rank
     busy = sorted(r for r, rep in by_rank.items() if rep.get("busy"))
-    if busy and not missing:
-        first = by_rank[busy[0]]
-        wait_s = max(0.0, max(float(by_rank[r]["limit_s"]) - float(by_rank[r]["stalled_s"]) for r in busy))
-        names = ", ".join(_who(r, str(by_rank[r]["host"]), by_rank[r].get("pid")) for r in busy)
-        line = (
-            f"no hang at step {step}: {names} {'is' if len(busy) == 1 else 'are'} in {first['phase']} for "
-            f"{float(first['stalled_s']):.0f} s, within {'its' if len(busy) == 1 else 'their'} limit of "
-            f"{float(first['limit_s']):.0f} s{waiters_text(busy)}; judged again in {wait_s:.0f} s"
-        )
-        return {**record, "line": line, "reason": "busy", "busy": busy, "wait_s": round(wait_s, 1)}
-    if missing:
-        hosts = [peers[r][0] if r < len(peers) else "?" for r in missing]
-        names = ", ".join(
-            _who(r, h, peers[r][1] if r < len(peers) else None) for r, h in zip(missing, hosts, strict=True)
-        )
-        verb = "is" if len(missing) == 1 else "are"
-        line = (
-            f"{head}{names} {verb} unresponsive: no report within {window_s:g} s (stopped, frozen in native "
-            f"code, or its node is gone)" + waiters_text(missing)
-        )
-        record.update(culprits=missing, reason="unresponsive", host=hosts[0])
-        if working:
-            line += f". Also not waiting: ranks {ranks_text(working)}"
-        return {**record, "line": line}
+    if not busy or seen.missing:
+        return None
+    first = by_rank[busy[0]]
+    wait_s = max(0.0, max(float(by_rank[r]["limit_s"]) - float(by_rank[r]["stalled_s"]) for r in busy))
+    line = (
+        f"no hang at step {seen.step}: {seen.names(busy)} {'is' if len(busy) == 1 else 'are'} in "
+        f"{first['phase']} for {float(first['stalled_s']):.0f} s, within "
+        f"{'its' if len(busy) == 1 else 'their'} limit of {float(first['limit_s']):.0f} s"
+        f"{seen.waiters(busy)}; judged again in {wait_s:.0f} s"
+    )
+    return {**seen.record, "line": line, "reason": "busy", "busy": busy, "wait_s": round(wait_s, 1)}
+
+
+def _unresponsive(seen: _Seen, peers: Sequence[tuple[str, int]], window_s: float) -> dict[str, Any] | None:
+    """Rule 1: the ranks that sent nothing are the culprits."""
+    missing = seen.missing
+    if not missing:
+        return None
+    hosts = [peers[r][0] if r < len(peers) else "?" for r in missing]
+    names = ", ".join(
+        _who(r, h, peers[r][1] if r < len(peers) else None) for r, h in zip(missing, hosts, strict=True)
+    )
+    verb = "is" if len(missing) == 1 else "are"
+    line = (
+        f"{seen.head}{names} {verb} unresponsive: no report within {window_s:g} s (stopped, frozen in native "
+        f"code, or its node is gone)" + seen.waiters(missing)
+    )
+    if seen.working:
+        line += f". Also not waiting: ranks {ranks_text(seen.working)}"
+    return {**seen.record, "culprits": missing, "reason": "unresponsive", "host": hosts[0], "line": line}
+
+
+def _user_code(seen: _Seen, reports: Sequence[Mapping[str, Any]], world_size: int) -> dict[str, Any] | None:
+    """Rule 2: two ranks or more at one line of the task's code (a single rank stuck alone is named, rule 3)."""
     same = {(str(r["phase"]), int(r["step"]), _where(r.get("user_frame"))) for r in reports}
-    # Two ranks or more at one line of the task's code (a single rank stuck alone is named, rule 3).
-    if world_size > 1 and working and not waiting and len(same) == 1 and _where(reports[0].get("user_frame")):
-        phase, _, where = same.pop()
-        stalled = max(float(r["stalled_s"]) for r in reports)
-        line = (
-            f"{head}every rank ({world_size}) has been in {phase} for {stalled:.0f} s at the same line of the "
-            f"task's code: {where}. No rank or node is to blame: that code is slow, or stuck, on every rank. "
-            'Fix: mark long legitimate work with `with hpc_ddp.long_work("what", limit_s=...)`, or raise '
-            "--hang-timeout-s"
-        )
-        record.update(reason="user-code", phase=phase, user_frame=reports[0].get("user_frame"))
-        return {**record, "line": line}
-    if working:
-        first = by_rank[working[0]]
-        names = ", ".join(_who(r, str(by_rank[r]["host"]), by_rank[r].get("pid")) for r in working)
-        verb = "has" if len(working) == 1 else "have"
-        line = (
-            f"{head}{names} {verb} been in {first['phase']} for {float(first['stalled_s']):.0f} s"
-            + waiters_text(working)
-        )
-        where = _where(first.get("user_frame"))
-        if where:
-            line += f". Rank {first['rank']}'s stack: ... {where}"
-        record.update(culprits=working, reason="stuck", phase=first["phase"], host=first["host"])
-        return {**record, "line": line}
+    one_line = len(same) == 1 and _where(reports[0].get("user_frame"))
+    if not (world_size > 1 and seen.working and not seen.waiting and one_line):
+        return None
+    phase, _, where = same.pop()
+    stalled = max(float(r["stalled_s"]) for r in reports)
+    line = (
+        f"{seen.head}every rank ({world_size}) has been in {phase} for {stalled:.0f} s at the same line of the "
+        f"task's code: {where}. No rank or node is to blame: that code is slow, or stuck, on every rank. "
+        'Fix: mark long legitimate work with `with hpc_ddp.long_work("what", limit_s=...)`, or raise '
+        "--hang-timeout-s"
+    )
+    frame = reports[0].get("user_frame")
+    return {**seen.record, "reason": "user-code", "phase": phase, "user_frame": frame, "line": line}
+
+
+def _stuck(seen: _Seen) -> dict[str, Any] | None:
+    """Rule 3: the ranks not waiting in a collective are the culprits; the others wait for them."""
+    working = seen.working
+    if not working:
+        return None
+    first = seen.by_rank[working[0]]
+    verb = "has" if len(working) == 1 else "have"
+    line = (
+        f"{seen.head}{seen.names(working)} {verb} been in {first['phase']} for "
+        f"{float(first['stalled_s']):.0f} s" + seen.waiters(working)
+    )
+    where = _where(first.get("user_frame"))
+    if where:
+        line += f". Rank {first['rank']}'s stack: ... {where}"
+    record = {**seen.record, "culprits": working, "reason": "stuck"}
+    return {**record, "phase": first["phase"], "host": first["host"], "line": line}
+
+
+def _all_waiting(seen: _Seen, reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Rule 4: every rank waits in a collective: in different ones (mismatched), or all in the same one."""
     spots = sorted({(str(r["phase"]), int(r["step"])) for r in reports})
     if len(spots) > 1:
         groups = "; ".join(
-            f"ranks {ranks_text([r for r, rep in by_rank.items() if (rep['phase'], rep['step']) == spot])} in "
-            f"{spot[0]} at step {spot[1]}"
+            f"ranks {ranks_text([r for r, rep in seen.by_rank.items() if (rep['phase'], rep['step']) == spot])}"
+            f" in {spot[0]} at step {spot[1]}"
             for spot in spots
         )
         line = (
-            f"{head}no single rank is to blame: the ranks wait in different collectives ({groups}); a "
+            f"{seen.head}no single rank is to blame: the ranks wait in different collectives ({groups}); a "
             "collective that only some ranks call (rank-dependent code) deadlocks like this"
         )
-        return {**record, "line": line, "reason": "mismatched"}
+        return {**seen.record, "line": line, "reason": "mismatched"}
     line = (
-        f"{head}no single rank is to blame: every rank waits in {spots[0][0]} (a peer outside this job, "
+        f"{seen.head}no single rank is to blame: every rank waits in {spots[0][0]} (a peer outside this job, "
         "or the network between the nodes)"
     )
-    return {**record, "line": line, "reason": "all-waiting"}
+    return {**seen.record, "line": line, "reason": "all-waiting"}
