@@ -83,8 +83,7 @@ class Trainer:
         storage: Storage = LOCAL,
         asked_grad_accum: int | None = None,
     ) -> None:
-        if not cfg.folder:
-            raise ValueError("internal error: the Trainer needs the run folder (TrainConfig.folder)")
+        assert cfg.folder, "the Trainer needs the run folder (TrainConfig.folder)"
         self.cfg, self.env, self.device, self.log, self.folder = cfg, env, device, log, Path(cfg.folder)
         self.clock = StepClock(beacon or Beacon())  # the beacon's phases and the straggler window
         self.beacon = self.clock.beacon
