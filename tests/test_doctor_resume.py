@@ -31,13 +31,15 @@ def test_stops_cover_every_kind_of_point_once_in_run_order_one_per_attempt(seed:
     chosen, skipped = stops.choose(SHAPE, seed)
     assert skipped == []
     assert sorted(s.what for s in chosen) == sorted(
-        [stops.ACCUM, stops.EVAL, stops.EPOCH_END, stops.SAVE, stops.AFTER_RESUME]
+        [stops.LAST, stops.ACCUM, stops.EVAL, stops.EPOCH_END, stops.SAVE, stops.AFTER_RESUME]
     )
     assert [s.attempt for s in chosen] == list(range(len(chosen)))
     steps = [s.step for s in chosen]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)  # two stops never share a step
     by = {s.what: s for s in chosen}
-    assert by[stops.EPOCH_END].key() == ("train", 16, 0)  # the run's last epoch end: stop there, then finish
+    # The run's last step (a micro-batch of it, or of its final evaluation): stop there, then only its end to do.
+    assert by[stops.LAST].key() in [("train", 16, 0), ("train", 16, 1)] + [("eval", 16, b) for b in range(3)]
+    assert by[stops.EPOCH_END].key() == ("train", 8, 0)  # an epoch's last step, the next epoch after it
     assert by[stops.ACCUM].index < 1 and by[stops.ACCUM].step < 16  # a micro-batch before the step's last
     assert by[stops.SAVE].step - 1 in SHAPE.saves and by[stops.SAVE].save
     assert by[stops.SAVE].step - 1 not in steps  # else that save is the other stop's, and none is in flight
@@ -51,9 +53,14 @@ def test_stops_are_seeded_and_say_what_the_run_cannot_try() -> None:
     assert len({tuple(stops.choose(SHAPE, seed)[0]) for seed in range(10)}) > 1
     plain = stops.Shape(micro={s: 1 for s in range(1, 41)})  # 40 plain steps, no epoch end, no eval, no save
     chosen, skipped = stops.choose(plain, 0)
-    assert [s.what for s in chosen] == [stops.STEP, stops.AFTER_RESUME]
+    assert sorted(s.what for s in chosen) == sorted([stops.LAST, stops.STEP, stops.AFTER_RESUME])
+    assert next(s for s in chosen if s.what == stops.LAST).key() == ("train", 40, 0)
     assert [line.split(":")[0] for line in skipped] == [stops.EPOCH_END, stops.EVAL, stops.SAVE]
-    assert "raise --max-steps" in skipped[0] and "--save-every-steps" in skipped[2]
+    assert "raise --steps" in skipped[0] and "--save-every-steps" in skipped[2]
+    # Ended by --max-steps inside an epoch: its epoch record is at the last step, which is no epoch's end.
+    cut = stops.Shape(micro={s: 1 for s in range(1, 8)}, epoch_ends=[4, 7])
+    by = {s.what: s for s in stops.choose(cut, 0)[0]}
+    assert by[stops.LAST].key() == ("train", 7, 0) and by[stops.EPOCH_END].key() == ("train", 4, 0)
     one = stops.describe(Stop(0, "eval", 10, 1, stops.EVAL), {}, {10: 3})
     assert one == "during an evaluation: batch 2 of 3 of the evaluation at step 10"
 
@@ -78,7 +85,12 @@ def batch(kind: str, step: int, index: int, attempt: int = 0, **fields: object) 
 
 def run(*records: dict[str, object], **kw: object) -> Evidence:
     trace = {(r["k"], r["s"], r["i"], 0): r for r in records}  # type: ignore[misc]
-    base: dict[str, object] = {"losses": {1: 1.0, 2: 0.5}, "evals": {2: (8, {"loss": 0.25})}, "best": 2}
+    base: dict[str, object] = {
+        "losses": {1: 1.0, 2: 0.5},
+        "evals": {2: (8, {"loss": 0.25})},
+        "epochs": {2: [(0, 0.75)]},
+        "best": 2,
+    }
     return Evidence(trace=trace, **{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -105,6 +117,10 @@ def changed(position: int, **fields: object) -> list[dict[str, object]]:
         (run(*STRAIGHT[:3]), divergence.LOST, "", 2),  # the evaluation's batch never came
         (run(*STRAIGHT, evals={}), divergence.LOST, "the evaluation", 2),
         (run(*STRAIGHT, batch("train", 3, 0)), divergence.EXTRA, "", 3),
+        # The run's end lost (a stop in its last step taken for a finished run), or done twice; another mean.
+        (run(*STRAIGHT, epochs={}), divergence.LOST, "the epoch's record", 2),
+        (run(*STRAIGHT, epochs={2: [(0, 0.75)] * 2}), divergence.EXTRA, "the epoch's record", 2),
+        (run(*STRAIGHT, epochs={2: [(0, 0.5)]}), divergence.EPOCHS, "", 2),
         (run(*STRAIGHT, model={"w": "z"}), divergence.MODEL, "w", None),
         (run(*STRAIGHT, best=1), divergence.BEST, "", None),
     ],
@@ -153,6 +169,12 @@ def test_the_explanation_names_the_stop_it_followed_the_cause_and_the_fix() -> N
     found = divergence.first_divergence(run(*STRAIGHT), run(*STRAIGHT[:3]))
     assert found is not None
     assert "a stop in the step at which an evaluation was due" in "\n".join(
+        divergence.explain(found, stopped_at)
+    )
+    # So does a lost end of an epoch (after the evaluation: its record comes last in the step).
+    found = divergence.first_divergence(run(*STRAIGHT), run(*STRAIGHT, epochs={}))
+    assert found is not None
+    assert "a stop in that last step, or during its evaluation, lost the end of it" in "\n".join(
         divergence.explain(found, stopped_at)
     )
 
@@ -208,7 +230,7 @@ def test_a_task_refused_at_start_is_its_own_line_and_exit_2(tmp_path: Path) -> N
 def test_stops_limits_the_kinds_and_a_resume_stop_always_follows_another(seed: int) -> None:
     chosen, _ = stops.choose(SHAPE, seed, limit=2)
     kinds = [s.what for s in chosen]
-    assert len(kinds) == 2 and len(set(kinds)) == 2
+    assert len(kinds) == 2 and len(set(kinds)) == 2 and stops.LAST in kinds  # the run's last step always
     if stops.AFTER_RESUME in kinds:
         after = next(s for s in chosen if s.what == stops.AFTER_RESUME)
         assert any(s.step == after.step - 1 for s in chosen if s is not after)

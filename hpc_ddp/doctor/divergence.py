@@ -3,14 +3,16 @@
 Each run's evidence (`Evidence`, read by hpc_ddp.doctor.resume) is the probe's trace merged over its attempts
 (for a position reached twice, an evaluation a resume reruns, the later attempt's record counts: it is the one
 training went on from), the step losses and evaluation records of metrics.jsonl, the fingerprints of `model.pth`
-and of the final checkpoint's parts, and the `best` and `latest` pointers.
+and of the final checkpoint's parts, the `best` and `latest` pointers, and each epoch's record (its mean loss,
+the `Epoch N, Loss:` line), once.
 
 `first_divergence` walks the run in the order things happen and returns the first difference: step by step, each
 micro-batch's data, then the random-number generators, then (at the step's first micro-batch) the parameters,
 buffers and optimizer state the step starts from; the step's loss; the evaluation at that step (its batches,
-then its record); after the last step, `model.pth`, the final checkpoint and the pointers. A position one run
-reached and the other did not is a difference too (work lost, or done twice). `explain` turns it into the lines
-the check prints: the part, the step, which stop it followed, the likely cause and the fix.
+then its record); the record of the epoch that ended there (or of the run's end); after the last step,
+`model.pth`, the final checkpoint and the pointers. A position one run reached and the other did not is a
+difference too (work lost, or done twice). `explain` turns it into the lines the check prints: the part, the
+step, which stop it followed, the likely cause and the fix.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ DATA, RNG, PARAMS, BUFFERS, OPTIMIZER = (
     "optimizer state",
 )
 LOSS, EVAL_DATA, EVAL_RNG, EVALS = "the loss", "evaluation data", "the evaluation's RNG", "evaluation records"
+EPOCHS = "epoch records"
 MODEL, CHECKPOINT, BEST, LATEST, LOST, EXTRA = (
     "model.pth",
     "the final checkpoint",
@@ -48,6 +51,9 @@ class Evidence:
     trace: Mapping[Key, Mapping[str, Any]] = field(default_factory=dict)
     losses: Mapping[int, Any] = field(default_factory=dict)  # step -> its loss (None: not finite)
     evals: Mapping[int, Any] = field(default_factory=dict)  # step -> (samples, {name: mean})
+    epochs: Mapping[int, Any] = field(
+        default_factory=dict
+    )  # step -> [(epoch, mean loss)] of those ended there
     model: Mapping[str, str] = field(default_factory=dict)  # model.pth: tensor name -> fingerprint
     checkpoint: Mapping[str, str] = field(default_factory=dict)  # the final checkpoint: path -> fingerprint
     best: int | None = None  # the step `best` names
@@ -68,11 +74,12 @@ class Divergence:
 
     @property
     def evaluation(self) -> bool:
-        return self.at is not None and self.at[1] >= 2
+        return self.at is not None and self.at[1] in (EVAL_BATCH, EVAL_RECORD)
 
 
-# Phases of a step in run order: its micro-batches, its loss, its evaluation's batches, its evaluation's record.
-TRAIN, STEP_LOSS, EVAL_BATCH, EVAL_RECORD = 0, 1, 2, 3
+# Phases of a step in run order: its micro-batches, its loss, its evaluation's batches, its evaluation's record,
+# the record of the epoch that ended there.
+TRAIN, STEP_LOSS, EVAL_BATCH, EVAL_RECORD, EPOCH_RECORD = 0, 1, 2, 3, 4
 
 
 def _order(key: Key) -> tuple[int, int, int, int]:
@@ -123,11 +130,14 @@ def _same(x: Any, y: Any) -> bool:
 def first_divergence(straight: Evidence, stopped: Evidence) -> Divergence | None:
     """The first difference of the stopped run from the uninterrupted one, in the order things happened."""
     keys = sorted(set(straight.trace) | set(stopped.trace), key=_order)
-    steps = sorted(set(straight.losses) | set(stopped.losses) | set(straight.evals) | set(stopped.evals))
-    # Events in run order: each step's batches, its loss, its evaluation's batches, its evaluation's record.
+    tables = (straight.losses, stopped.losses, straight.evals, stopped.evals, straight.epochs, stopped.epochs)
+    steps = sorted(set().union(*tables))
+    # Events in run order: each step's batches, its loss, its evaluation's batches, its evaluation's record, the
+    # record of the epoch that ended there.
     events: list[tuple[tuple[int, int, int, int], str, Any]] = [(_order(k), "batch", k) for k in keys]
     events += [((s, STEP_LOSS, 0, 0), "loss", s) for s in steps]
     events += [((s, EVAL_RECORD, 0, 0), "eval", s) for s in steps]
+    events += [((s, EPOCH_RECORD, 0, 0), "epoch", s) for s in steps]
     for _, what, key in sorted(events, key=lambda e: e[0]):
         found = _event(straight, stopped, what, key)
         if found is not None:
@@ -141,6 +151,8 @@ def _event(straight: Evidence, stopped: Evidence, what: str, key: Any) -> Diverg
         if a is None or b is None:
             return Divergence(LOST if b is None else EXTRA, "", key[1], _where(key), _order(key)[:3])
         return _record(key, a, b)
+    if what == "epoch":
+        return _epoch_event(straight.epochs.get(key) or [], stopped.epochs.get(key) or [], key)
     table_a, table_b = (
         (straight.losses, stopped.losses) if what == "loss" else (straight.evals, stopped.evals)
     )
@@ -157,6 +169,17 @@ def _event(straight: Evidence, stopped: Evidence, what: str, key: Any) -> Diverg
     if missing:
         return Divergence(missing, "the evaluation", key, where, at)
     return None if x == y else Divergence(EVALS, _eval_name(x, y), key, where, at, x, y)
+
+
+def _epoch_event(a: Sequence[Any], b: Sequence[Any], step: int) -> Divergence | None:
+    """The epochs that ended at `step`: each recorded once, with the same mean loss, in both runs."""
+    at, where = (step, EPOCH_RECORD, 0), f"the end of an epoch at step {step}"
+    if len(b) < len(a):
+        return Divergence(LOST, "the epoch's record", step, where, at, a, b)
+    if len(b) > len(a):
+        return Divergence(EXTRA, "the epoch's record", step, where, at, a, b)
+    same = all(x[0] == y[0] and _same(x[1], y[1]) for x, y in zip(a, b, strict=True))
+    return None if same else Divergence(EPOCHS, "", step, where, at, a, b)
 
 
 def _eval_name(x: Any, y: Any) -> str:
@@ -237,6 +260,11 @@ CAUSES: dict[str, tuple[str, str]] = {
         "stop during it, then the rerun, drew twice), or depends on state outside the checkpoint",
         "draw an evaluation's random numbers from a generator of its own, seeded from (--seed, step)",
     ),
+    EPOCHS: (
+        "an epoch's mean loss differs while its steps matched: the resumed epoch did not go on from the sums "
+        "its checkpoint holds",
+        "report it with the check's folders",
+    ),
     MODEL: (
         "every step matched but the final weights differ: the end of the run (model.pth written from another "
         "checkpoint, a final step trained twice or not at all) differs",
@@ -288,6 +316,12 @@ def explain(found: Divergence, stops: Sequence[tuple[tuple[str, int, int], str]]
         cause = (
             "the uninterrupted run evaluated here and the stopped one never did: a stop in the step at which "
             "an evaluation was due (or during it) lost that evaluation"
+        )
+    elif found.at is not None and found.at[1] == EPOCH_RECORD and found.part in (LOST, EXTRA):
+        cause = "the uninterrupted run ended an epoch (or the run) here, once; the stopped one " + (
+            "never did: a stop in that last step, or during its evaluation, lost the end of it"
+            if found.part == LOST
+            else "did it twice: a resume ended it again"
         )
     if not before and found.step is not None:
         cause, fix = (

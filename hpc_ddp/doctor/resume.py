@@ -3,9 +3,9 @@
 It runs the task locally twice with the same options (`python -m hpc_ddp.submit --local`, 1 node x 2 CPU
 processes unless told otherwise, `--deterministic`, at most --steps optimizer steps): once uninterrupted, then
 again stopped by real preemption signals (SIGUSR2) at points chosen from the first run's shape with a seeded
-generator (hpc_ddp.doctor.stops): within gradient accumulation, during an evaluation, at an epoch's last step,
-while a save is in flight, the first step after a resume. Each stop saves, the launcher starts the run again,
-and it resumes. A probe inside every rank (hpc_ddp.doctor.probe) fingerprints every batch, every generator and
+generator (hpc_ddp.doctor.stops): in the run's last step, within gradient accumulation, during an evaluation, at
+an epoch's last step, while a save is in flight, the first step after a resume. Each stop saves, the launcher
+starts the run again, and it resumes. A probe inside every rank (hpc_ddp.doctor.probe) fingerprints every batch, every generator and
 the state every step starts from. The two runs are then compared bit for bit (hpc_ddp.doctor.divergence), and
 the first divergence is named: which part, at which step, after which stop, the likely cause and the fix. Last,
 the same command is run once more on the finished run, which must say it is finished and write nothing.
@@ -169,7 +169,7 @@ def run(check: Check, tell: Any = say) -> int:
     if found is None and not problems and not rerun:
         tell(
             f"every stop matched: parameters, optimizer state, buffers, RNG streams, data order, evaluation "
-            f"records and the best pointer are bitwise equal to the uninterrupted run ({seconds:.0f} s)"
+            f"and epoch records and the best pointer are bitwise equal to the uninterrupted run ({seconds:.0f} s)"
         )
         return exitcodes.OK
     tell(f"the resume is not exact; the runs are in {check.folder} ({seconds:.0f} s)")
@@ -253,11 +253,16 @@ def evidence(folder: Path) -> Evidence:
     records = list(iter_records(folder / run_folder.METRICS))
     losses = {r["step"]: r.get("loss") for r in records if r.get("event") == "step"}
     evals = {r["step"]: (r.get("samples"), r.get("metrics")) for r in records if r.get("event") == "eval"}
+    epochs: dict[int, list[tuple[Any, Any]]] = {}
+    for r in records:
+        if r.get("event") == "epoch":
+            epochs.setdefault(r["step"], []).append((r.get("epoch"), r.get("loss")))
     best, latest = store.read_best(folder), store.read_latest(folder)
     return Evidence(
         trace=read_trace(folder / "trace"),
         losses=losses,
         evals=evals,
+        epochs=epochs,
         model=_model_fingerprints(folder / run_folder.MODEL),
         checkpoint=checkpoint_fingerprints(latest) if latest is not None else {},
         best=store.ckpt_step(best) if best is not None else None,

@@ -2,9 +2,12 @@
 
 The points a preemption can hit that an exact resume must survive (issue 32), each where the run has one:
 
+    in the run's last step             a micro-batch of it, or a batch of its final evaluation (the resume has
+                                       only the run's end left to do: the final evaluation, the epoch's
+                                       record, the final save and model.pth)
     within gradient accumulation       a micro-batch before a step's last (a plain step without --grad-accum)
     during an evaluation               one of its batches
-    at an epoch's last step            the run's last step among them (a stop there, then finishing)
+    at an epoch's last step            the last one before the run's last step (the next epoch follows)
     while a save is in flight          the step right after a checkpoint (the check delays the write)
     the first step after a resume      the step right after another stop's
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from hpc_ddp.doctor.probe import Stop
 
+LAST = "in the run's last step"
 ACCUM = "within gradient accumulation"
 STEP = "in the middle of a training step"  # the same point, without --grad-accum
 EVAL = "during an evaluation"
@@ -45,32 +49,37 @@ class Shape:
 
 def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[str]]:
     """The stops (attempts numbered in run order), and a line for each kind of point the run does not have.
-    `limit` > 0: that many kinds at most, an epoch's last step always among them when the run has one, the others
-    chosen with the same generator (a quicker check; the next seed tries others)."""
+    `limit` > 0: that many kinds at most, the run's last step always among them, the others chosen with the same
+    generator (a quicker check; the next seed tries others)."""
     rng = random.Random(seed)
     last = shape.last
     evals = dict(shape.evals or {})
     skipped: list[str] = []
-    ends = [s for s in shape.epoch_ends if s in shape.micro]
+    # The run's last step has an epoch record too, whether its epoch ended there or --max-steps ended the run.
+    ends = [s for s in shape.epoch_ends if s in shape.micro and s < last]
     accum = [("train", s, i) for s, n in shape.micro.items() if n > 1 and s < last for i in range(n - 1)]
     options: dict[str, list[tuple[str, int, int]]] = {
-        EPOCH_END: [("train", max(ends), 0)] if ends else [],  # the run's last epoch end: the hardest case
+        # The hardest case: the run's end (final evaluation, records, final save, model.pth) is all that is left.
+        LAST: [("train", last, i) for i in range(shape.micro.get(last, 0))]
+        + [("eval", last, b) for b in range(evals.get(last, 0))],  # its final evaluation
+        EPOCH_END: [("train", max(ends), 0)] if ends else [],
+        # Before the kinds with many points: a save in flight has few, and no other stop may save before it.
+        SAVE: [("train", s + 1, 0) for s in shape.saves if s + 1 <= last],
         ACCUM if accum else STEP: accum or [("train", s, 0) for s in shape.micro if 1 < s < last],
         EVAL: [("eval", s, b) for s, n in evals.items() for b in range(n)],
-        SAVE: [("train", s + 1, 0) for s in shape.saves if s + 1 <= last],
     }
     if not ends:
-        skipped.append(f"{EPOCH_END}: no epoch ended within the {last} steps checked (raise --max-steps)")
+        skipped.append(f"{EPOCH_END}: no epoch ended before the run's last step, {last} (raise --steps)")
     if not evals:
         skipped.append(f"{EVAL}: the task has no evaluation (Task.eval_dataset)")
     if not options[SAVE]:
         skipped.append(f"{SAVE}: no checkpoint before the last step (add --save-every-steps)")
     kinds = [k for k, found in options.items() if found] + [AFTER_RESUME]
     if limit > 0:
-        # The run's last epoch end first (the hardest case: a stop, then finishing), then the other kinds in a
-        # seeded order, a resume's stop after some other: the first `limit` that fit.
-        first = [k for k in kinds if k == EPOCH_END]
-        rest = rng.sample([k for k in kinds if k != EPOCH_END], len(kinds) - len(first))
+        # The run's last step first (the hardest case: a stop, then only the run's end to do), then the other
+        # kinds in a seeded order, a resume's stop after some other: the first `limit` that fit.
+        first = [k for k in kinds if k == LAST]
+        rest = rng.sample([k for k in kinds if k != LAST], len(kinds) - len(first))
         if not first and rest[0] == AFTER_RESUME and len(rest) > 1:
             rest[0], rest[1] = rest[1], rest[0]
         kinds = first + rest
@@ -79,9 +88,11 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
     for what in kinds:
         if 0 < limit <= len(picks):
             break
+        # A stop at the step a save-in-flight stop follows would save there itself: that save would be the stop's,
+        # and none would be in flight after it.
+        saving = {p[2] - 1 for p in picks if p[0] == SAVE}
         if what == AFTER_RESUME:
             # The first step after one of the stops: its attempt resumes there and is stopped again at once.
-            saving = {p[2] - 1 for p in picks if p[0] == SAVE}  # a stop there would take that save's place
             free = [
                 ("train", p[2] + 1, 0)
                 for p in picks
@@ -90,8 +101,8 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
             if not free:
                 skipped.append(f"{AFTER_RESUME}: every stop's next step is taken or past the end")
         else:
-            free = [o for o in options[what] if o[1] not in taken]
-            if what == SAVE:  # a save at a step another stop saved at is that stop's: none is in flight after
+            free = [o for o in options[what] if o[1] not in taken and o[1] not in saving]
+            if what == SAVE:
                 free = [o for o in free if o[1] - 1 not in taken]
         if free:
             kind, step, index = rng.choice(free)

@@ -177,8 +177,9 @@ class Feed:
             self.state = loaders.wrap(copy.deepcopy(self.loader.state_dict()))
 
     def load(self, state: Any) -> None:
-        """The stream's state from a checkpoint: where the next `stream_epoch` goes on."""
-        self.loaded = state
+        """The stream's state from a checkpoint: where the next `stream_epoch` goes on, and what a save holds
+        until then (a run resumed only to end, stopped in its last step, saves the stream where it was)."""
+        self.loaded = self.state = state
 
     def close(self) -> None:
         """DataLoader workers end at once here (not at the garbage collector's pace, 5 s a worker)."""

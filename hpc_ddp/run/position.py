@@ -16,6 +16,9 @@ class Position:
     loss_sum: float = 0.0  # this epoch's reduced loss so far, so a resumed epoch reports the same mean
     loss_count: float = 0.0
     eval_pending: bool = False  # an evaluation at `step` was stopped by a signal: the resume runs it first
+    # --max-steps was reached at `step`, inside an epoch, but the run's end (its final evaluation, the epoch's
+    # record) was not: a signal came in that last step or during that evaluation. The resume ends the run.
+    end_pending: bool = False
 
 
 def epochs_done(pos: Position, batches_per_epoch: int) -> int:

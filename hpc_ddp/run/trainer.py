@@ -201,10 +201,15 @@ class Trainer:
         self.notes = self.checkpointer.restore(opened, path)
         self.checkpointer.resumed(self.pos)
 
-    def finished(self) -> bool:
-        """Nothing left to train at this position under the current --epochs and --max-steps."""
+    def trained(self) -> bool:
+        """No step left to train at this position under the current --epochs and --max-steps."""
         cfg, pos = self.cfg, self.pos
         return pos.epoch >= cfg.epochs or bool(cfg.max_steps and pos.step >= cfg.max_steps)
+
+    def finished(self) -> bool:
+        """Nothing left to do: every step trained and the run's end done (a run stopped in its last step has
+        its final evaluation and epoch record still to come)."""
+        return self.trained() and not self.pos.end_pending
 
     # ----- one optimizer step -------------------------------------------------------------------------
     def step(self, micro_batches: Iterable[Any], count: int, ahead: Any = None) -> Agreed:
@@ -316,27 +321,48 @@ class Trainer:
             stopped = self._evaluate()
             if stopped is not None:
                 return stopped
-            self._periodic_save(False)  # --keep-best: a new best is saved at its step
-        if self.finished():  # never one more step than --max-steps, also after a resume
+            if not self.pos.end_pending:  # else the final save comes right after, at this step
+                self._periodic_save(False)  # --keep-best: a new best is saved at its step
+        if self.pos.end_pending:  # stopped in the run's last step (--max-steps) or in its final evaluation
+            return self._end_inside_epoch()
+        if self.trained():  # never one more step than --max-steps, also after a resume
             return Outcome(True)
         while self.pos.epoch < self.cfg.epochs:
             outcome = self._epoch(self.pos.epoch)
             if outcome is not None and not outcome.finished:
                 return outcome
-            last = outcome is not None or self.pos.epoch + 1 >= self.cfg.epochs
-            if self.evaluations.after_epoch(self.pos, last):
-                stopped = self._evaluate()
-                if stopped is not None:
-                    return stopped
-            mean = self.pos.loss_sum / max(self.pos.loss_count, 1.0)
-            self.metrics.epoch(self.pos, mean)  # first: it erases the live progress line
-            self.log.main(f"Epoch {self.pos.epoch}, Loss: {mean:.4f}")
             if outcome is not None:  # --max-steps reached inside the epoch
-                return outcome
+                return self._end_inside_epoch()
+            stopped = self._epoch_end(last=self.pos.epoch + 1 >= self.cfg.epochs)
+            if stopped is not None:
+                return stopped
             self.pos = Position(epoch=self.pos.epoch + 1, step=self.pos.step)
             self._periodic_save(
                 bool(self.cfg.save_every_epochs and self.pos.epoch % self.cfg.save_every_epochs == 0)
             )
+        return Outcome(True)
+
+    def _epoch_end(self, last: bool) -> Outcome | None:
+        """The end of an epoch (`last`: of the run): its evaluation when due, then its record and line; an
+        Outcome if a signal came during the evaluation."""
+        if self.evaluations.after_epoch(self.pos, last):
+            stopped = self._evaluate()
+            if stopped is not None:
+                return stopped
+        mean = self.pos.loss_sum / max(self.pos.loss_count, 1.0)
+        self.metrics.epoch(self.pos, mean)  # first: it erases the live progress line
+        self.log.main(f"Epoch {self.pos.epoch}, Loss: {mean:.4f}")
+        return None
+
+    def _end_inside_epoch(self) -> Outcome:
+        """--max-steps reached inside an epoch: the run's end, the epoch's end at its last step. Until it is
+        done the position says so (`end_pending`), so that a stop during the final evaluation, or in the step
+        before it, is resumed into this end and not taken for a finished run."""
+        self.pos.end_pending = True
+        stopped = self._epoch_end(last=True)
+        if stopped is not None:
+            return stopped
+        self.pos.end_pending = False
         return Outcome(True)
 
     def _epoch(self, epoch: int) -> Outcome | None:
@@ -380,8 +406,9 @@ class Trainer:
         mid_epoch = pos.batch < self.batches_per_epoch
         evaluate = self.evaluations.after_step(pos, mid_epoch, last, finished)
         if agreed.requeue or agreed.stop:
-            # The step's evaluation is still due: the checkpoint says so, and the resume runs it first.
-            pos.eval_pending = bool(evaluate)
+            # The step's evaluation is still due: the checkpoint says so, and the resume runs it first. So is the
+            # run's end, when this was its last step (--max-steps): the resume evaluates and ends the run.
+            pos.eval_pending, pos.end_pending = bool(evaluate), finished
             return Outcome(False, agreed.requeue, agreed.stop)
         if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1 and self.clock.watched:
             # Every rank's time split of the window, judged the same way everywhere (hpc_ddp.run.clock).
