@@ -21,7 +21,7 @@ import pytest
 from conftest import clean_environ, die_with_test
 
 from hpc_ddp.errors import DiskFull, UsageError
-from hpc_ddp.ledger import files
+from hpc_ddp.ledger import exits, files
 from hpc_ddp.run.sinks.jsonl import JsonLines
 
 
@@ -112,7 +112,12 @@ def test_a_restart_on_a_disk_still_full_waits_for_space_instead_of_a_usage_error
     # Freed once the restart's rank 0 said it waits for space.
     code, out, run = on_tmpfs(tmp_path, "cannot write run folder", *TASK, FULL_AT="10", CRASH_AT="12")
     assert code == 0, out  # before the fix: "run folder ... is not writable", exit 2, never retried
-    assert re.search(r"attempt 1 failed .*; restarting from the checkpoint at step \d+", out), out
+    # The crash is named, though the disk was full when rank 1 wrote its exit note (before the fix the note was
+    # lost: "the job step ended with exit code 1").
+    crash = "RuntimeError: a crash at step 12 while the disk is full (tests/robust_tasks.py)"
+    assert re.search(
+        rf"attempt 1 failed on node 0 \S+: {re.escape(crash)}; restarting from the checkpoint", out
+    )
     assert "cannot write run folder" in out and "retrying for up to 6.2 s until there is space" in out
     assert "not writable" not in out
     assert sorted(set(steps(run))) == list(range(1, 25))
@@ -131,6 +136,29 @@ def test_a_disk_still_full_after_the_window_is_a_failure_of_one_line_not_a_usage
     assert "cannot be written: No space left on device, still after waiting 3.1 s for space" in out, out
     assert "Fix: free space (or quota) there, then run the same command" in out
     assert "Traceback" not in out and "not writable" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(120)
+@needs_mount_ns
+def test_a_disk_full_for_good_stops_the_run_naming_its_cause_and_never_retries(tmp_path: Path) -> None:
+    # Full from step 6 to the end: the checkpoint writer (rank 0's, ddp) gives up; every rank stops, rank 0 on
+    # SavingFailed, rank 1 on its consequence. The exit notes go to space set aside at start.
+    code, out, run = on_tmpfs(
+        tmp_path, "never", *TASK[:-4], "--epochs", "2", "--save-every-steps", "5", FULL_AT="6",
+        HPC_DDP_SAVE_BACKOFF_S="0.1",
+    )  # fmt: skip
+    assert code == 1, out
+    # Before the fix the notes were lost: "the job step ended with exit code 1; restarting from the checkpoint"
+    # (a SavingFailed retried, on a disk still full), naming whichever rank the launcher saw end first.
+    assert "attempt 1 failed on node 0 (127.0.0.1): SavingFailed: checkpoints cannot be written" in out, out
+    assert "not retried: the run stopped itself" in out and "restarting" not in out
+    assert "rank 0 failed first, with the one-line error above" in out
+    (attempt,) = (run / "exits").iterdir()
+    notes = {p.name: json.loads(p.read_text()) for p in attempt.iterdir()}
+    assert notes["rank0.json"]["type"] == "SavingFailed" and notes["rank0.json"]["retry"] is False
+    assert set(notes) == {"rank0.json", "rank1.json"}  # notes, not placeholders
 
 
 # ----- the rules, as unit tables ---------------------------------------------------------------------------------
@@ -171,6 +199,35 @@ def test_patiently_waits_out_a_full_disk_for_the_window_and_no_other_error() -> 
     with pytest.raises(OSError, match="No space left on device"):
         files.patiently(failing(10**6), "x", None, 31, clock, clock.sleep)
     assert 31 <= clock.now < 33  # the whole window, not one retry more
+
+
+def test_an_exit_note_takes_the_space_set_aside_for_it_when_the_disk_is_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exits.reserve(tmp_path, "7", 0, 1)
+    placeholder = tmp_path / "exits" / "7-0" / "rank1.json"
+    assert placeholder.stat().st_size == exits.NOTE_BYTES and exits.read(tmp_path, "7", 0) == []  # no note
+    try:
+        raise ValueError("é" * 5000)  # escaped in JSON, six bytes a letter: longer than the space set aside
+    except ValueError as e:
+        error = e
+
+    def full(*_args: object) -> None:  # what a full disk does to a new file (the real one: the tests above)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(exits, "atomic_write_bytes", full)
+    exits.note(tmp_path, "7", 0, 1, "node3", error)
+    (note,) = exits.read(tmp_path, "7", 0)
+    assert (note["rank"], note["node"], note["type"]) == (1, "node3", "ValueError")
+    assert note["traceback"].startswith("...") and note["traceback"].endswith("é")  # its end kept
+    assert placeholder.stat().st_size == exits.NOTE_BYTES  # written in place, blanks after it
+    exits.release(tmp_path, "7", 0, 1)  # a note stays
+    assert exits.read(tmp_path, "7", 0) == [note]
+    monkeypatch.undo()
+    exits.reserve(tmp_path, "7", 1, 0)
+    exits.release(tmp_path, "7", 1, 0)  # an attempt that left no note leaves nothing
+    assert not (tmp_path / "exits" / "7-1").exists()
+    exits.note(tmp_path / "gone", "7", 0, 0, "node3", error)  # nothing set aside, no folder: no error either
 
 
 def test_metrics_records_are_held_on_a_full_disk_and_written_in_order_after(tmp_path: Path) -> None:

@@ -6,25 +6,63 @@ launcher, or the batch shell after srun returns) reads the notes of the attempt 
 error that started it from the errors it caused on the other ranks (a peer that vanished), to blame a node
 for a hardware error, and to show the first error's traceback once. A rank killed by a signal writes nothing:
 its supervisor sees the signal instead. No torch.
+
+A full disk must not lose a note: the supervisor would name another rank's consequence as the first cause, and
+retry what cannot succeed (checkpoints that cannot be written). Waiting for space is no answer here: a rank on
+its way out is stopped by its supervisor as soon as a peer has left. So each rank sets its note's space aside
+when its attempt starts training (`reserve`: a placeholder file the readers skip), and a note that cannot be
+written anew on a full disk is written over that placeholder in place, on blocks the file already holds.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import RunStopped
-from hpc_ddp.ledger.files import atomic_write_bytes
+from hpc_ddp.ledger.files import atomic_write_bytes, is_full
 from hpc_ddp.ledger.signature import signature
 
 EXITS = "exits"
+NOTE_BYTES = 32 * 1024  # the space set aside for a note; a longer traceback is cut (its end is kept) to fit
+_PLACEHOLDER = b'{"reserved": true}'  # a note's space, set aside: not a note (no "rank")
 
 
 def attempt_folder(folder: Path, job: str, restart: int) -> Path:
     return Path(folder) / EXITS / f"{job}-{restart}"
+
+
+def _path(folder: Path, job: str, restart: int, rank: int) -> Path:
+    return attempt_folder(folder, job, restart) / f"rank{rank}.json"
+
+
+def reserve(folder: Path, job: str, restart: int, rank: int) -> None:
+    """Set aside the space of this rank's note for this attempt (never raises: without it the note is written
+    as before, unless the disk is full then)."""
+    path = _path(folder, job, restart, rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, _PLACEHOLDER.ljust(NOTE_BYTES))
+    except OSError:
+        pass
+
+
+def release(folder: Path, job: str, restart: int, rank: int) -> None:
+    """This rank leaves without a note: its placeholder goes (a note written over it stays), and the attempt's
+    folder with it once empty. Never raises."""
+    path = _path(folder, job, restart, rank)
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(_PLACEHOLDER)) != _PLACEHOLDER:
+                return
+        path.unlink()
+        path.parent.rmdir()  # only once empty: the other ranks' placeholders, a note, the batch shell's state
+    except OSError:
+        pass
 
 
 def note(folder: Path, job: str, restart: int, rank: int, node: str, error: BaseException) -> None:
@@ -42,12 +80,43 @@ def note(folder: Path, job: str, restart: int, rank: int, node: str, error: Base
         # The kit stopped the run on purpose (checkpoints cannot be written...): a retry fails the same way.
         "retry": not isinstance(error, RunStopped),
     }
+    data = _encoded(record)
+    path = _path(folder, job, restart, rank)
     try:
-        where = attempt_folder(folder, job, restart)
-        where.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(where / f"rank{rank}.json", json.dumps(record).encode())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, data)
+    except OSError as e:
+        if is_full(e):
+            _over_placeholder(path, data)
+
+
+def _encoded(record: dict[str, Any]) -> bytes:
+    """The note as JSON, at most NOTE_BYTES: a traceback too long for that keeps its last lines."""
+    data, text = json.dumps(record).encode(), str(record["traceback"])
+    while len(data) > NOTE_BYTES and text:
+        per_char = len(json.dumps(text)) / len(text)  # JSON escapes: up to 6 bytes a character
+        text = text[max(int((len(data) - NOTE_BYTES) / per_char) + 16, 1) :]
+        data = json.dumps({**record, "traceback": "..." + text if text else ""}).encode()
+    return data
+
+
+def _over_placeholder(path: Path, data: bytes) -> None:
+    """Write `data` over this rank's placeholder, in place (its blocks are allocated: a full disk takes it),
+    padded with blanks to its length (JSON allows trailing blanks). A rank killed midway leaves a torn note,
+    which the readers skip, as they would a lost one."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return  # none was set aside (the disk was full already when the attempt started)
+    try:
+        size = os.fstat(fd).st_size
+        if size >= len(data):
+            os.pwrite(fd, data.ljust(size), 0)
+            os.fsync(fd)
     except OSError:
         pass
+    finally:
+        os.close(fd)
 
 
 def read(folder: Path, job: str, restart: int) -> list[dict[str, Any]]:

@@ -71,6 +71,7 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
             exits.note(folder, env.job_id or "", env.restart, env.rank, env.node, e)
         raise
     finally:
+        exits.release(folder, env.job_id or "", env.restart, env.rank)  # the space its note had (if unused)
         if lock is not None:
             lock.release()
 
@@ -207,6 +208,9 @@ def _train(
         if trainer.not_exact:  # what cannot resume bit for bit, said before training (hpc_ddp.run.exact)
             log.main(f"not bitwise resumable: {'; '.join(trainer.not_exact)}")
         _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log, trainer.not_exact))
+        # Every rank, in the folder rank 0 now holds for this attempt: the space of its exit note, which a disk
+        # that fills during training must not lose (hpc_ddp.ledger.exits).
+        exits.reserve(folder, env.job_id or "", env.restart, env.rank)
         _record_start(env, folder, environ, trainer.pos.step if start is not None else None)
         for note in trainer.notes:
             log.main(note)
