@@ -122,6 +122,32 @@ def test_augmentation_in_workers_resumes_exactly(
     assert_same_end(straight(AUGMENTED, tmp_path_factory), ended)
 
 
+def test_a_run_stopped_in_its_last_step_and_given_more_steps_trains_on(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--max-steps 10 stopped in step 10, its last (its end, the final evaluation, still to do), then resumed
+    with --max-steps 15: the resume trains on to step 15 (before the fix it only ended the run at step 10, and
+    exited), with the evaluation --eval-every-steps 5 has at step 10, as a run of --max-steps 15 does."""
+    more = replace(AUGMENTED, num_workers=0, max_steps=15)
+    monkeypatch.setenv("EXACT_STOP_MARK", str(tmp_path / "stop-"))
+    monkeypatch.setenv("EXACT_STOP_STEP", "10")
+    with process_group(dist_env.detect({}), torch.device("cpu")):
+        with _trainer(replace(more, max_steps=10), tmp_path) as first:
+            assert not first.run().finished and first.pos.step == 10 and first.pos.end_pending
+            state = trainer_state.gather(first)
+        preemption._received[:] = [0, 0]
+        with _trainer(more, tmp_path) as second:
+            trainer_state.restore(second, state, tmp_path / "stopped.pt")
+            assert not second.finished()
+            assert second.run().finished and second.pos.step == 15 and not second.pos.end_pending
+            model = {k: v.clone() for k, v in second.model.state_dict().items()}
+    reference = straight(more, tmp_path_factory)
+    assert [s for s, _ in reference.evals] == [5, 10, 15]
+    resumed = [(r["step"], r["metrics"]) for r in _records(tmp_path, "eval")]
+    assert resumed == reference.evals and [r["step"] for r in _records(tmp_path, "step")][-1] == 15
+    assert all(torch.equal(model[k], reference.model[k]) for k in model)
+
+
 def test_an_evaluation_that_draws_and_is_stopped_reruns_identically(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

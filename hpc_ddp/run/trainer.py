@@ -314,6 +314,13 @@ class Trainer:
     # ----- the loop -------------------------------------------------------------------------------------
     def run(self) -> Outcome:
         """Train from `self.pos` to the end, or until every rank agreed to stop."""
+        pos = self.pos
+        if pos.end_pending and not self.trained():
+            # Stopped in what was the run's last step, resumed with a higher --max-steps (or --epochs): that end
+            # is no end any more. Training goes on, after the step's evaluation if the schedule has one there.
+            mid_epoch = pos.batch < self.batches_per_epoch
+            pos.end_pending = False
+            pos.eval_pending = self.evaluations.after_step(pos, mid_epoch, last=False, finished=False)
         if self.pos.eval_pending:  # stopped during the evaluation at this step, or before it: it comes first
             self.log.main(
                 f"the evaluation at step {self.pos.step} was stopped by the signal (or not begun): it runs first"
