@@ -57,6 +57,10 @@ def test_stops_are_seeded_and_say_what_the_run_cannot_try() -> None:
     assert next(s for s in chosen if s.what == stops.LAST).key() == ("train", 40, 0)
     assert [line.split(":")[0] for line in skipped] == [stops.EPOCH_END, stops.EVAL, stops.SAVE]
     assert "raise --steps" in skipped[0] and "--save-every-steps" in skipped[2]
+    # The run's last step: its training or its final evaluation at even odds, however many batches that has.
+    wide = stops.Shape(micro={s: 1 for s in range(1, 9)}, evals={8: 4})
+    picks = [next(s for s in stops.choose(wide, seed)[0] if s.what == stops.LAST) for seed in range(200)]
+    assert 70 <= sum(s.kind == "train" for s in picks) <= 130  # 1 of 5 points: 40 of 200 without the odds
     # Ended by --max-steps inside an epoch: its epoch record is at the last step, which is no epoch's end.
     cut = stops.Shape(micro={s: 1 for s in range(1, 8)}, epoch_ends=[4, 7])
     by = {s.what: s for s in stops.choose(cut, 0)[0]}

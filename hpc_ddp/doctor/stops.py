@@ -102,6 +102,9 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
                 skipped.append(f"{AFTER_RESUME}: every stop's next step is taken or past the end")
         else:
             free = [o for o in options[what] if o[1] not in taken and o[1] not in saving]
+            if what == LAST and len({o[0] for o in free}) > 1:  # its training or its evaluation, even odds
+                part = rng.choice(["train", "eval"])
+                free = [o for o in free if o[0] == part]
             if what == SAVE:
                 free = [o for o in free if o[1] - 1 not in taken]
         if free:
