@@ -153,8 +153,8 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
 
 # Where a run goes without --folder (hpc_ddp.run.folder: default_for_local_run, default_for_submission).
 FOLDER_DEFAULT = (
-    "--local: runs/<task>, e.g. runs/linear, so the same command resumes there; a Slurm job: "
-    "runs/<job-name>-<timestamp>, absolute"
+    "--local: runs/<task>, e.g. runs/linear; a Slurm job: runs/<job-name>-<task>, absolute: the same command "
+    "resumes there; --doctor: runs/doctor-<job-name>-<timestamp>"
 )
 
 

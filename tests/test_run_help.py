@@ -86,12 +86,15 @@ def test_folder_says_where_each_entry_point_puts_a_run() -> None:
     said = helps(submit.build_argparser())["--folder"]
     assert (
         "--local: runs/<task>, e.g. runs/linear" in said
-        and "a Slurm job: runs/<job-name>-<timestamp>" in said
+        and "a Slurm job: runs/<job-name>-<task>, absolute" in said
+        and "--doctor: runs/doctor-<job-name>-<timestamp>" in said
     )
     assert folder.default_for_local_run("linear") == Path("runs/linear")
-    submitted = folder.default_for_submission("hpc_ddp", 1_700_000_000.0)
+    submitted = folder.default_for_submission("hpc_ddp", "mytasks:build")
     assert (
-        submitted.is_absolute() and submitted.parent.name == "runs" and submitted.name.startswith("hpc_ddp-")
+        submitted.is_absolute()
+        and submitted.parent.name == "runs"
+        and submitted.name == "hpc_ddp-mytasks-build"
     )
 
 
