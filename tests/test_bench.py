@@ -89,7 +89,7 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     assert watch["with_cpu_ms_per_step"] > 0 and watch["cpu_with_vs_without"] > 0
 
 
-@pytest.mark.slow  # four 2-rank runs of a tiny model: about 20 s
+@pytest.mark.slow  # five 2-rank runs of a tiny model: about 30 s
 @pytest.mark.deadline(300)  # beside other workers, 4-5 times that (see above)
 @pytest.mark.alone  # CPU-bound runs: never beside a timing-sensitive test (tests/workers.py)
 def test_quick_fsdp_section_measures_memory_twice_and_applies_the_target_to_held_memory(tmp_path):
@@ -102,7 +102,7 @@ def test_quick_fsdp_section_measures_memory_twice_and_applies_the_target_to_held
     report = json.loads(out.read_text())
     assert list(report["sections"]) == ["fsdp"]
     f = report["sections"]["fsdp"]
-    assert f["ranks"] == 2 and f["returned_env"] == {"MALLOC_MMAP_THRESHOLD_": str(4 * 2**20)}
+    assert f["ranks"] == 2 and f["returned_env"] == {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4194304"}
     for key in ("samples_per_s", "peak_rss_bytes", "held_rss_bytes", "stall_s"):
         ratio = f[f"{key}_ratio"]
         assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0, key
@@ -112,14 +112,46 @@ def test_quick_fsdp_section_measures_memory_twice_and_applies_the_target_to_held
     names = [t["name"] for t in report["targets"]]
     assert names == [
         "fsdp / ddp peak memory per rank, freed memory returned",
+        "fsdp / ddp peak memory per rank, the kit's settings",
+        "fsdp / ddp samples/s",
         "fsdp async / ddp rank-0 save stall",
     ]
     assert report["targets"][0]["value"] == f["held_rss_bytes_ratio"]
-    # Four runs per trial, each in its own folder: both contenders with glibc's defaults, then both again.
+    assert report["targets"][1]["value"] == f["peak_rss_bytes_ratio"]
+    # --async-save thread against process: each one's stall, write and step times during and between writes.
+    for kind in ("fsdp", "fsdp_process"):
+        for key in ("stall_s", "write_s", "first_write_s", "step_s_during_write", "step_s_quiet"):
+            assert math.isfinite(f[f"{kind}_{key}"]) and f[f"{kind}_{key}"] >= 0, (kind, key)
+    assert f["process_stall_s_ratio"] == pytest.approx(f["fsdp_process_stall_s"] / f["fsdp_stall_s"])
+    # Five runs per trial, each in its own folder: the three contenders with the kit's settings, then ddp and
+    # fsdp again with freed memory returned.
     runs = sorted(p.name for p in (tmp_path / "runs").glob("*/*") if p.is_dir() and p.name[:3].isdigit())
-    assert [r[4:] for r in runs] == ["ddp", "fsdp", "ddp-returned", "fsdp-returned"], runs
-    assert "peak RSS fsdp / ddp (glibc defaults)" in proc.stdout
+    assert [r[4:] for r in runs] == ["ddp", "fsdp", "fsdp-process", "ddp-returned", "fsdp-returned"], runs
+    assert "peak RSS fsdp / ddp (the kit's settings)" in proc.stdout
+    assert "--async-save thread / process: loop stall per save" in proc.stdout
     assert "trial 1/1 fsdp, freed memory returned:" in proc.stderr
+
+
+def test_a_saves_costs_are_read_from_its_records() -> None:
+    """Saves after steps 3 (written in 1.5 s) and 6 (2.5 s), a step a second but 7 (3 s): steps 4 and 5 run
+    during the first write (left out: a process-based save starts its processes then), 7 during the second,
+    2, 3, 6, 8 and 9 during none (1, warm-up, is not counted); the first save is left out of the medians and
+    given on its own; the final save is none of them."""
+    from hpc_ddp.bench.sharding import writes
+
+    times = {1: 101, 2: 102, 3: 103, 4: 104, 5: 105, 6: 106, 7: 109, 8: 110, 9: 111}
+    records = [
+        {"event": "step", "step": n, "time": float(t), "step_time_s": 3.0 if n == 7 else 1.0}
+        for n, t in times.items()
+    ]
+    records += [
+        {"event": "save", "step": 3, "stall_s": 0.5, "write_s": 1.5},
+        {"event": "save", "step": 6, "stall_s": 0.1, "write_s": 2.5},
+        {"event": "save", "step": 9, "stall_s": 0.3, "write_s": 0.2, "final": True},
+    ]
+    found = writes(records)
+    assert found["stall_s"] == 0.1 and found["write_s"] == 2.5 and found["first_write_s"] == 1.5
+    assert found["step_s_during_write"] == 3.0 and found["step_s_quiet"] == 1.0
 
 
 def test_watchdog_baseline_has_no_comm_hook_and_trains_the_same_steps(tmp_path):
@@ -219,7 +251,7 @@ def test_the_header_names_the_fsdp_sections_own_task_and_batch() -> None:
     header = report.header
     s = Settings(trials=1, steps=6, world_size=4, batch_size=32, work=Path("."), quick=False)
     assert header(s, ["fsdp"]).startswith(
-        "hpc_ddp.bench: task hpc_ddp.bench.sharding:wide, 4 ranks x batch 4, 6"
+        "hpc_ddp.bench: task hpc_ddp.bench.sharding:wide, 4 ranks x batch 16, 9 steps"  # 3 saves at least
     )
     assert "task mlp, 4 ranks x batch 32" in header(s, ["overhead", "fsdp"])
     assert "fsdp: its own model and batch" in header(s, ["overhead", "fsdp"])

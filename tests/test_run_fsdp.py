@@ -81,11 +81,10 @@ def test_fsdp_loss_curve_matches_ddp_with_accumulation_and_clipping(tmp_path: Pa
         assert bool((final["decayed"] < 0.49).all()), final["decayed"]
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_fsdp_starts_from_the_same_initial_weights_on_1_and_3_ranks(tmp_path: Path, n: int) -> None:
-    """3 ranks shard the blocks' 16 rows unevenly (6, 5, 5); 1 rank holds them all as one shard. 2 ranks, and
-    ddp: the loss-curve test above."""
-    args = (*TASK, *ranks(n), "--strategy", "fsdp", "--max-steps", "1", "--seed", "7")
+def test_fsdp_starts_from_the_same_initial_weights_on_3_ranks(tmp_path: Path) -> None:
+    """3 ranks shard the blocks' 16 rows unevenly (6, 5, 5). 2 ranks, and ddp: the loss-curve test above; 1
+    rank (the whole model one shard, a real one-rank group): tests/test_run_materialize.py."""
+    args = (*TASK, *ranks(3), "--strategy", "fsdp", "--max-steps", "1", "--seed", "7")
     code, out = finish(start(tmp_path, *args, INITIAL_OUT=str(tmp_path / "initial.pt")))
     assert code == 0, out
     assert_bitwise(initial(tmp_path / "initial.pt"), reference_initial(7))

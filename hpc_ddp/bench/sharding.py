@@ -1,23 +1,21 @@
 """The fsdp section (`python -m hpc_ddp.bench fsdp`, not in the default run: minutes, gigabytes): the same
-model trained by ddp with rank 0's full checkpoints and by fsdp with sharded asynchronous ones, interleaved,
-`--world-size` ranks (4 by default) on one node.
+model, given as a factory (fsdp builds it on the meta device), trained by ddp with rank 0's full checkpoints
+and by fsdp with sharded asynchronous ones, written by a thread (`--async-save thread`) and by DCP's saving
+processes (`process`), interleaved, `--world-size` ranks (4 for the README's figures) on one node.
 
 Figures: samples/s (fsdp / ddp), peak resident memory per rank (fsdp / ddp, the largest rank of each; the task
-writes each rank's `ru_maxrss` twice a second), the loop's stall per periodic checkpoint (the "save" records' stall_s,
-sharded async / rank-0 full) and the background write time against the checkpoint interval.
+writes each rank's `ru_maxrss` twice a second), the loop's stall per periodic checkpoint (the "save" records'
+stall_s: sharded async / rank-0 full, and thread / process), the background write time against the
+checkpoint interval, and the step time while a write is in the background against the step time without one
+(`writes`: what each kind of write costs training besides its stall).
 
-Memory is measured twice, in runs of their own. On CPU with glibc's defaults, fsdp's RSS is mostly not its
-shards: every step it frees and reallocates each block's gathered parameters and gradients, glibc raises its
-mmap threshold to their size and keeps the freed blocks in its heap, where later long-lived tensors fragment
-it (measured at 100 M parameters, 4 ranks: fsdp 2.4-2.7 GB a rank, ddp 3.2 GB). So each trial runs both
-contenders once more with `MALLOC_MMAP_THRESHOLD_` fixed at 4 MiB: a freed block of that size or more goes back
-to the system at once, and the peak RSS is what the rank held (fsdp 1.1-1.4 GB, ddp 2.7-3.1 GB). That ratio is
-the one the target applies to; it is the CPU stand-in for a GPU's allocated-memory peak, where the caching
-allocator's reserve is not the strategy's either. Those runs are 2-3 times slower (every gather faults fresh
-pages), so the speed and stall figures come from the runs with glibc's defaults, as users run them.
-
-The model is built whole on every rank before it is sharded (no meta-device init in the kit), so fsdp's peak
-includes one full copy of the parameters at start.
+Memory is measured twice. The runs with the kit's settings are what users get: the local launcher starts
+every rank with glibc's tunables of hpc_ddp.cluster.allocator (blocks of 4 MiB or more mapped on their own, on
+huge pages; without them fsdp's RSS is mostly freed blocks kept in fragmented heaps: 2.6-3.0 GB a rank against
+1.1 GB, measured at 100 M parameters, 4 ranks, load 8-12). Then ddp and fsdp run once more with freed memory
+returned and nothing else (`RETURNED`: the same threshold, no huge pages): the peak RSS is what the rank held,
+the CPU stand-in for a GPU's allocated-memory peak. Those runs are slower (every gather faults in 4 KiB pages),
+so the speed and stall figures come from the runs with the kit's settings.
 """
 
 from __future__ import annotations
@@ -36,9 +34,9 @@ WIDTH, DEPTH = 2048, 24  # 24 blocks of Linear(2048, 2048): about 100.7 M parame
 QUICK = (128, 2)
 SAVE_EVERY = 3
 RSS_FILE = "bench-rss-{rank}.txt"
-# Blocks of 4 MiB or more (each gathered 2048 x 2048 weight is 16 MiB) are mmapped and unmapped when freed;
-# setting it also stops glibc from raising the threshold by itself.
-RETURNED = {"MALLOC_MMAP_THRESHOLD_": str(4 * 2**20)}
+# Blocks of 4 MiB or more (each gathered 2048 x 2048 weight is 16 MiB) are mapped on their own and unmapped when
+# freed, in 4 KiB pages (GLIBC_TUNABLES given: the launcher adds none of its own).
+RETURNED = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4194304"}
 
 
 def wide(config: Any) -> Any:
@@ -69,7 +67,7 @@ def wide(config: Any) -> Any:
     gen = torch.Generator().manual_seed(config.seed)
     x = torch.randn(512, width, generator=gen)
     return Task(
-        model=Wide(),
+        model=Wide,  # a factory: fsdp builds it on the meta device, each rank allocating only its shards
         dataset=torch.utils.data.TensorDataset(x, x.mean(dim=1, keepdim=True)),
         loss_fn=nn.functional.mse_loss,
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4),
@@ -95,20 +93,31 @@ TASK = "hpc_ddp.bench.sharding:wide"
 
 
 def batch(s: Settings) -> int:
-    """Samples per rank per step: at most 4 (a step of the 100 M model on CPU takes seconds)."""
-    return min(s.batch_size, 4)
+    """Samples per rank per step: at most 16. Fewer, and a CPU step of the 100 M model is mostly gloo moving
+    parameters, which measures gloo, not the strategies: fsdp moves them three times a step (two all-gathers, a
+    reduce-scatter), ddp once (an all-reduce), and on loopback each costs about the same per byte (16 MiB over
+    4 ranks: all-gather 70 ms, reduce-scatter 107 ms, all-reduce 75 ms). At 4 samples fsdp / ddp is 0.67-0.74x,
+    at 16 about 0.9x (README); a GPU step is compute-bound well before either."""
+    return min(s.batch_size, 16)
 
 
 def steps(s: Settings) -> int:
-    """At least two periodic saves."""
-    return max(s.steps, 2 * SAVE_EVERY)
+    """At least three periodic saves: the first of a process-based save also starts the saving processes, so
+    the per-save figures come from the others."""
+    return max(s.steps, 3 * SAVE_EVERY)
 
 
-def _cmd(s: Settings, folder: Path, strategy: str) -> list[str]:
+# The contenders of the runs with the kit's settings: ddp, and fsdp with either kind of background write.
+CONTENDERS = {"ddp": ("ddp", ()), "fsdp": ("fsdp", ("--async-save", "thread"))}
+CONTENDERS["fsdp-process"] = ("fsdp", ("--async-save", "process"))
+
+
+def _cmd(s: Settings, folder: Path, contender: str) -> list[str]:
     task = TASK + ("_quick" if s.quick else "")
+    strategy, options = CONTENDERS[contender]
     return [
         sys.executable, "-m", "hpc_ddp.submit", "--local", "--nodes", "1",
-        "--tasks-per-node", str(s.world_size), "--task", task, "--strategy", strategy,
+        "--tasks-per-node", str(s.world_size), "--task", task, "--strategy", strategy, *options,
         "--batch-size", str(batch(s)), "--max-steps", str(steps(s)),
         "--save-every-steps", str(SAVE_EVERY), "--save-every-epochs", "0", "--folder", str(folder),
         "--log-every-s", "0",
@@ -122,51 +131,81 @@ def _peak_rss(s: Settings, folder: Path) -> float:
     return float(max(rss))
 
 
-def _measure(s: Settings, runner: Runner, strategy: str, trial: int) -> dict[str, float]:
-    """One run with glibc's defaults: speed, stall, write time and the peak RSS users would see."""
-    folder = runner.folder(strategy)
-    run_cmd(_cmd(s, folder, strategy), folder.with_suffix(".log"), timeout=1800)
+def writes(records: list[dict[str, Any]]) -> dict[str, float]:
+    """What the periodic saves of one run cost the loop (pure, from its metrics.jsonl records): the stall per
+    save and the background write's time (medians over the saves after the first), the first save's write
+    (a process-based save starts its saving processes then), and the median step time of the steps that ran
+    while a later write was in the background against that of the steps that ran with none (the first step,
+    warm-up, and those during the first write left out). A save follows the step of its number: its write runs
+    from that step's end plus the stall, for write_s seconds; a step runs for step_time_s up to its record's
+    time."""
+    steps = {r["step"]: r for r in records if r.get("event") == "step"}
+    saves = [r for r in records if r.get("event") == "save" and not r.get("final")]
+    windows = []
+    for save in saves:
+        begin = steps[save["step"]]["time"] + save["stall_s"]
+        windows.append((begin, begin + (save["write_s"] or 0.0)))
+    during, quiet = [], []
+    for number, step in steps.items():
+        end, start = step["time"], step["time"] - step["step_time_s"]
+        overlaps = [a < end and start < b for a, b in windows]
+        if number <= 1 or (overlaps and overlaps[0]):  # warm-up; the first write (a process's start)
+            continue
+        (during if any(overlaps) else quiet).append(step["step_time_s"])
+    later = saves[1:] or saves
+    return {
+        "stall_s": median([r["stall_s"] for r in later]),
+        "write_s": median([r["write_s"] or 0.0 for r in later]),
+        "first_write_s": float(saves[0]["write_s"] or 0.0) if saves else float("nan"),
+        "step_s_during_write": median(during),
+        "step_s_quiet": median(quiet),
+    }
+
+
+def _measure(s: Settings, runner: Runner, contender: str, trial: int) -> dict[str, float]:
+    """One run with the kit's settings: speed, the saves' costs and the peak RSS users would see."""
+    folder = runner.folder(contender)
+    run_cmd(_cmd(s, folder, contender), folder.with_suffix(".log"), timeout=1800)
     records = read_records(folder / "metrics.jsonl")
     end = [r for r in records if r.get("event") == "end"]
-    saves = [r for r in records if r.get("event") == "save" and not r.get("final")]
-    steps = [r["step_time_s"] for r in records if r.get("event") == "step" and r.get("step", 0) > 1]
-    if not end or not saves:
+    steps_s = [r["step_time_s"] for r in records if r.get("event") == "step" and r.get("step", 0) > 1]
+    if not end or not any(r.get("event") == "save" and not r.get("final") for r in records):
         raise RunFailed(f"{folder}: no end record or periodic save")
     figures = {
         "samples_per_s": float(end[0]["samples_per_s"]),
         "peak_rss_bytes": _peak_rss(s, folder),
-        "stall_s": median([r["stall_s"] for r in saves]),
-        "write_s": median([r["write_s"] or 0.0 for r in saves]),
-        "interval_s": SAVE_EVERY * median(steps),
+        "interval_s": SAVE_EVERY * median(steps_s),
+        **writes(records),
     }
     runner.done(
         trial,
-        strategy,
-        f"{figures['samples_per_s']:,.1f} samples/s, {figures['peak_rss_bytes'] / 2**20:,.0f} MiB peak",
+        contender,
+        f"{figures['samples_per_s']:,.1f} samples/s, {figures['peak_rss_bytes'] / 2**20:,.0f} MiB peak, "
+        f"stall {figures['stall_s'] * 1e3:,.0f} ms",
     )
     return figures
 
 
-def _measure_held(s: Settings, runner: Runner, strategy: str, trial: int) -> float:
+def _measure_held(s: Settings, runner: Runner, contender: str, trial: int) -> float:
     """One run with freed blocks returned at once (RETURNED): the peak RSS is what the rank held."""
-    folder = runner.folder(f"{strategy}-returned")
-    run_cmd(_cmd(s, folder, strategy), folder.with_suffix(".log"), timeout=1800, extra_env=RETURNED)
+    folder = runner.folder(f"{contender}-returned")
+    run_cmd(_cmd(s, folder, contender), folder.with_suffix(".log"), timeout=1800, extra_env=RETURNED)
     peak = _peak_rss(s, folder)
-    runner.done(trial, f"{strategy}, freed memory returned", f"{peak / 2**20:,.0f} MiB peak")
+    runner.done(trial, f"{contender}, freed memory returned", f"{peak / 2**20:,.0f} MiB peak")
     return peak
 
 
 def fsdp_section(s: Settings) -> dict[str, Any]:
     runner = Runner(s)
-    trials: dict[str, list[dict[str, float]]] = {"ddp": [], "fsdp": []}
-    for trial in range(s.trials):  # interleaved: a load that comes and goes hits both
-        for strategy in ("ddp", "fsdp"):
-            trials[strategy].append(_measure(s, runner, strategy, trial))
-        for strategy in ("ddp", "fsdp"):
-            trials[strategy][-1]["held_rss_bytes"] = _measure_held(s, runner, strategy, trial)
+    trials: dict[str, list[dict[str, float]]] = {name: [] for name in CONTENDERS}
+    for trial in range(s.trials):  # interleaved: a load that comes and goes hits every contender
+        for contender in CONTENDERS:
+            trials[contender].append(_measure(s, runner, contender, trial))
+        for contender in ("ddp", "fsdp"):
+            trials[contender][-1]["held_rss_bytes"] = _measure_held(s, runner, contender, trial)
 
-    def ratio(key: str) -> tuple[float, list[float]]:
-        per_trial = ratios([t[key] for t in trials["fsdp"]], [t[key] for t in trials["ddp"]])
+    def ratio(key: str, a: str = "fsdp", b: str = "ddp") -> tuple[float, list[float]]:
+        per_trial = ratios([t[key] for t in trials[a]], [t[key] for t in trials[b]])
         return median(per_trial), per_trial
 
     out: dict[str, Any] = {"ranks": s.world_size, "params": (WIDTH + 1) * WIDTH * DEPTH + WIDTH + 1}
@@ -176,7 +215,9 @@ def fsdp_section(s: Settings) -> dict[str, Any]:
     keys = ("samples_per_s", "peak_rss_bytes", "held_rss_bytes", "stall_s")
     for key in keys:
         out[f"{key}_ratio"], out.setdefault("trials", {})[key] = ratio(key)
-    for strategy in ("ddp", "fsdp"):
-        for key in (*keys, "write_s", "interval_s"):
-            out[f"{strategy}_{key}"] = median([t[key] for t in trials[strategy]])
+    out["process_stall_s_ratio"], out["trials"]["process_stall_s"] = ratio("stall_s", "fsdp-process", "fsdp")
+    for contender, runs in trials.items():
+        prefix = contender.replace("-", "_")
+        for key in runs[0]:
+            out[f"{prefix}_{key}"] = median([t[key] for t in runs])
     return out
