@@ -60,8 +60,9 @@ def test_dcp_rendezvous_variables_are_set_only_around_its_call(monkeypatch: pyte
 
 
 @pytest.mark.process
-def test_a_saving_process_ends_when_its_rank_is_killed() -> None:
-    """The rank (here a plain python) starts the saving process from a thread, as DCP does; SIGKILL the rank."""
+def test_a_saving_process_outlives_stop_signals_and_ends_when_its_rank_is_killed() -> None:
+    """The rank (here a plain python) starts the saving process from a thread, as DCP does; the stop signals
+    leave it alone; SIGKILL the rank and it is gone."""
     child = (
         "from hpc_ddp.run.checkpoint.dcpwrite import in_saving_process; in_saving_process(0.05); "
         "import time; print('up', flush=True); time.sleep(60)"
@@ -79,6 +80,10 @@ def test_a_saving_process_ends_when_its_rank_is_killed() -> None:
     assert proc.stdout is not None
     saver = int(proc.stdout.readline())
     assert proc.stdout.readline().strip() == "up"
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):  # Slurm's, to every process of the step
+        os.kill(saver, sig)
+    time.sleep(0.3)
+    assert _alive(saver)  # they are its rank's to act on
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     deadline = time.monotonic() + 10

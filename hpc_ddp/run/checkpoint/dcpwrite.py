@@ -18,8 +18,9 @@ Writing (on the rank's background writer thread, hpc_ddp.run.checkpoint.writer):
   so nothing else can take it; DCP's default instead finds a free port, closes it and binds it again later
   in another process, a race with anything else on the node). The kit's derived ports (cluster/env.py) stay
   the training group's alone. A saving process ends when its rank does: DCP stops it on a normal exit, and a
-  rank that dies leaves it watching for that (`exit_with_parent`, run by hpc_ddp.train in the spawned
-  interpreter), since a process started from a thread cannot use PR_SET_PDEATHSIG.
+  rank that dies leaves it watching for that (`in_saving_process`, run by hpc_ddp.train in the spawned
+  interpreter), since a process started from a thread cannot use PR_SET_PDEATHSIG; the stop signals Slurm
+  sends every process of a step are its rank's to act on, and it ignores them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -43,12 +45,21 @@ DCP_LAYERS = {"filesystem": ("torch.distributed.checkpoint", "FileSystemWriter",
 PARENT_POLL_S = 0.5  # how often a saving process checks that its rank is alive
 
 
+# Signals a saving process ignores: they are its rank's to act on. Slurm signals every process of a step (a
+# preemption's USR1/USR2, the time limit's TERM), and each would end a fresh interpreter at once, with the save
+# its rank stops for still to write.
+IGNORED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP)
+
+
 def in_saving_process(poll_s: float = PARENT_POLL_S) -> None:
     """In a process a rank spawned (DCP's saving process), before anything else is imported (no torch here):
-    exit at once when that rank is gone (checked every `poll_s` on a daemon thread), and keep DCP's progress
-    lines (it logs every request at INFO on the root logger) out of the rank's log; its errors stay."""
+    leave the stop signals to the rank (IGNORED), exit at once when that rank is gone (checked every `poll_s`
+    on a daemon thread), and keep DCP's progress lines (it logs every request at INFO on the root logger) out
+    of the rank's log; its errors stay."""
     import logging
 
+    for sig in IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
     logging.getLogger().addFilter(lambda record: record.levelno >= logging.WARNING)
     parent = os.getppid()
 
@@ -197,6 +208,8 @@ class ProcessWrite(ThreadWrite):
         if saver is not None:
             with contextlib.suppress(Exception):  # already gone: nothing to stop
                 saver.__del__()
+            if saver._save_process.is_alive():  # it ignores DCP's SIGTERM (IGNORED): not its rank's exit
+                saver._save_process.kill()
 
 
 @contextmanager
