@@ -198,8 +198,9 @@ def _measure_held(s: Settings, runner: Runner, contender: str, trial: int) -> fl
 def fsdp_section(s: Settings) -> dict[str, Any]:
     runner = Runner(s)
     trials: dict[str, list[dict[str, float]]] = {name: [] for name in CONTENDERS}
-    for trial in range(s.trials):  # interleaved: a load that comes and goes hits every contender
-        for contender in CONTENDERS:
+    for trial in range(s.trials):  # interleaved A B C, C B A, ...: a load that comes and goes hits every one
+        order = list(CONTENDERS) if trial % 2 == 0 else list(reversed(CONTENDERS))
+        for contender in order:
             trials[contender].append(_measure(s, runner, contender, trial))
         for contender in ("ddp", "fsdp"):
             trials[contender][-1]["held_rss_bytes"] = _measure_held(s, runner, contender, trial)
