@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import re
 import time
 from pathlib import Path
@@ -176,7 +177,10 @@ def test_a_failed_background_save_is_retried_with_backoff_until_it_is_written(tm
 
 
 def test_saving_that_keeps_failing_is_reported_when_the_retries_are_spent(tmp_path: Path) -> None:
-    writer = AsyncWriter(warn=lambda _: None, retries=2, backoff_s=0.01)
+    # The writer's clock advances 1 ms each time it is read (only between writes), not with the wall: under
+    # load a retry started late must not spend the 30 ms budget before its third attempt.
+    ticks = itertools.count()
+    writer = AsyncWriter(warn=lambda _: None, retries=2, backoff_s=0.01, clock=lambda: next(ticks) * 0.001)
     attempts = [0]
 
     def full() -> tuple[Path, int]:
