@@ -125,7 +125,10 @@ def sacct_records(job_id: str, settle_s: float = 60) -> list[str]:
     """Every record of an ended job, requeued runs included: e.g. ['REQUEUED', 'COMPLETED'].
 
     slurmctld sends a job's end to slurmdbd on its own time, so accounting may lag the controller that said the
-    job is over: read again, up to `settle_s`, until the last record ends a run (states.Kind.terminal)."""
+    job is over: read again, up to `settle_s`, until the last record ends a run (states.Kind.terminal). A job
+    cancelled on its way back to pending (the batch shell's stop after Slurm requeued it) never gets a record
+    after its last REQUEUED one: settled once the controller says the job is over (waiting the whole
+    `settle_s` for it cost a minute)."""
     deadline = time.monotonic() + settle_s
     while True:
         out = subprocess.run(
@@ -136,6 +139,9 @@ def sacct_records(job_id: str, settle_s: float = 60) -> list[str]:
         ).stdout
         records = [line.split()[0] for line in out.splitlines() if line.strip()]
         settled = bool(records) and states.meaning(states.state_word(records[-1])).kind.terminal
+        if records and records[-1] == "REQUEUED":
+            info = CLIENT.job(job_id)
+            settled = info is not None and (info.gone or info.state.done)
         if settled or time.monotonic() >= deadline:
             return records
         time.sleep(0.5)
