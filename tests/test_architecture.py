@@ -8,6 +8,7 @@ from its path; a new module outside the known places fails until it is given one
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -18,7 +19,7 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "hpc_ddp"
 # Lowest first. A module may import its own layer and the ones before it.
-LAYERS = ("base", "cluster", "ledger", "run", "launch", "tools", "entry")
+LAYERS = ("base", "cluster", "scheduler", "ledger", "run", "launch", "tools", "entry")
 BASE = {
     "hpc_ddp._version",
     "hpc_ddp.cli",
@@ -32,6 +33,7 @@ ENTRY = {"hpc_ddp", "hpc_ddp.__main__", "hpc_ddp.train", "hpc_ddp.submit"}
 PACKAGES = {
     "hpc_ddp.cluster": "cluster",
     "hpc_ddp.dist": "cluster",
+    "hpc_ddp.scheduler": "scheduler",
     "hpc_ddp.ledger": "ledger",
     "hpc_ddp.run": "run",
     "hpc_ddp.launch": "launch",
@@ -379,3 +381,102 @@ def test_a_ddp_rank_does_not_import_dcp_dtensor_or_sympy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# ----- the scheduler seam: Slurm's commands and variables stay in hpc_ddp/scheduler -------------------------------
+
+SCHEDULER = "hpc_ddp.scheduler"
+# The one table of launcher variables (and `detect`, which reads it): its names may stand there too.
+ENV_TABLES = ("hpc_ddp.cluster.env",)
+SLURM_COMMANDS = frozenset(
+    {"scontrol", "sacct", "squeue", "sinfo", "sbatch", "scancel", "srun", "salloc", "sattach", "sstat"}
+)
+SLURM_VARIABLE = re.compile(r"(SLURM|SLURMD|SRUN|SALLOC|SBATCH)_[A-Z0-9_]*")
+SUBMITIT_SUBMITS = frozenset({"SlurmExecutor", "AutoExecutor", "_make_sbatch_string"})  # what runs sbatch
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def slurm_uses(source: str) -> list[tuple[int, str]]:
+    """(line, what) for each place `source` runs a Slurm command (an argv whose first word is one; a call given
+    one's name, as shutil.which("sbatch") or a runner), submits through submitit, or names a Slurm variable (a
+    string that is one whole name, or a prefix of them). Docstrings, comments and messages that mention a
+    command or a variable among other words are prose, not uses."""
+    tree = ast.parse(source)
+    prose = _docstrings(tree)
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
+            first = node.elts[0]
+            if isinstance(first, ast.Constant) and first.value in SLURM_COMMANDS:
+                found.append((node.lineno, f"runs {first.value}"))
+        if isinstance(node, ast.Call):
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                if isinstance(arg, ast.Constant) and arg.value in SLURM_COMMANDS:
+                    found.append((node.lineno, f"asks for {arg.value}"))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            if SLURM_VARIABLE.fullmatch(node.value):
+                found.append((node.lineno, f"names {node.value}"))
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        if name in SUBMITIT_SUBMITS:
+            found.append((node.lineno, f"submits through submitit ({name})"))
+    return found
+
+
+def test_only_the_scheduler_package_runs_slurm_or_names_its_variables() -> None:
+    """Issue 34: 30 files outside the Slurm folder named Slurm's commands or variables; run/preemption ran
+    `scontrol requeue`, run/record `scontrol --version`, report/sources had its own `sacct` call and parser.
+    Everything Slurm is asked goes through hpc_ddp/scheduler; its variables are named in the one table."""
+    found = []
+    for name, path in all_modules().items():
+        if name == SCHEDULER or name.startswith(SCHEDULER + ".") or name in ENV_TABLES:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in slurm_uses(path.read_text())]
+    assert found == [], "\n".join(found)
+
+
+def test_the_scheduler_package_is_where_slurm_is_asked() -> None:
+    """Not vacuous: the check sees the scheduler's own commands and the emulated step's variables."""
+    modules = all_modules()
+    client = slurm_uses(modules["hpc_ddp.scheduler.slurm.client"].read_text())
+    assert {"sacct", "scontrol", "squeue", "sinfo", "scancel"} <= {w.split()[-1] for _, w in client}
+    assert "names SLURM_PROCID" in {w for _, w in slurm_uses(modules["hpc_ddp.scheduler.local"].read_text())}
+
+
+@pytest.mark.parametrize(
+    "source, what",
+    [
+        ('proc.run(["scontrol", "requeue", job])\n', "runs scontrol"),
+        ('out = run(("sacct", "-j", job))\n', "runs sacct"),
+        ('shutil.which("sbatch")\n', "asks for sbatch"),
+        ('environ.get("SLURM_JOB_NODELIST")\n', "names SLURM_JOB_NODELIST"),
+        ('[k for k in env if k.startswith("SLURM_")]\n', "names SLURM_"),
+        ('env["SLURMD_NODENAME"]\n', "names SLURMD_NODENAME"),
+        ("ex = submitit.SlurmExecutor(folder=f)\n", "submits through submitit (SlurmExecutor)"),
+    ],
+)
+def test_the_check_names_a_slurm_use(source: str, what: str) -> None:
+    assert [w for _, w in slurm_uses(source)] == [what]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        '"""Runs `scontrol requeue` on SLURM_JOB_ID."""\n',  # a docstring
+        'if mode == "scontrol":\n    pass\n',  # a mode's name, compared
+        'REQUEUE_BY = ("auto", "scontrol", "launcher")\n',  # a choice among others
+        'say(f"scancel {job} failed: cancel it yourself")\n',  # advice in a message
+        'raise ValueError(f"SLURM_PROCID={rank} is out of range")\n',  # a variable named in a message
+    ],
+)
+def test_the_check_leaves_prose_and_mode_names_alone(source: str) -> None:
+    assert slurm_uses(source) == []

@@ -1,6 +1,6 @@
 """The Slurm side without a cluster: request rules, Slurm's answers, the submitter, --print-sbatch, ddp.sbatch.
 
-Flag tables and Slurm's answers (hpc_ddp.launch.slurm.request), the submitter's folder, follower and report
+Flag tables and Slurm's answers (hpc_ddp.scheduler.slurm.request), the submitter's folder, follower and report
 (hpc_ddp.launch.slurm.submitter), the --print-sbatch golden file, and the consistency of `slurm/ddp.sbatch`
 with what `submit` generates.
 
@@ -28,9 +28,10 @@ from conftest import DATA, ROOT, clean_environ, die_with_test, run_module
 
 from hpc_ddp import exitcodes
 from hpc_ddp.errors import UsageError
-from hpc_ddp.launch.slurm import follow, outcome, parse, request, submitter
-from hpc_ddp.launch.slurm.states import JobState
+from hpc_ddp.launch.slurm import follow, outcome, submitter
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.scheduler.slurm import parse, request
+from hpc_ddp.scheduler.slurm.states import JobState
 
 GOLDEN = DATA / "golden" / "print_sbatch.txt"
 DDP_SBATCH = ROOT / "slurm" / "ddp.sbatch"

@@ -13,10 +13,11 @@ from fake_slurm import FakeSlurm
 
 from hpc_ddp import exitcodes
 from hpc_ddp.launch.slurm import batch
-from hpc_ddp.launch.slurm.client import SlurmClient
-from hpc_ddp.launch.slurm.parse import JobInfo
 from hpc_ddp.ledger import attempts, preemption
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.scheduler.slurm import parse
+from hpc_ddp.scheduler.slurm.client import SlurmClient
+from hpc_ddp.scheduler.slurm.parse import JobInfo
 
 pytestmark = pytest.mark.unit
 
@@ -109,7 +110,7 @@ def test_a_requeue_slurm_performs_with_every_node_healthy_is_a_preemption(tmp_pa
     ],
 )
 def test_the_first_task_exit_srun_reports(lines: list[str], expected: int | None) -> None:
-    assert batch.first_exit(lines) == expected
+    assert parse.first_exit(lines) == expected
 
 
 def test_a_task_that_exits_2_is_a_usage_error_never_retried(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from fake_slurm import FakeSlurm
 
-from hpc_ddp.launch.slurm import client as slurm_client
-from hpc_ddp.launch.slurm.client import SlurmClient, requeue_steps
-from hpc_ddp.launch.slurm.parse import JobHistory, parse_job, parse_sacct, parse_sinfo, parse_squeue
-from hpc_ddp.launch.slurm.states import TABLE, JobState, Kind, meaning, state_word
+from hpc_ddp.scheduler.slurm import client as slurm_client
+from hpc_ddp.scheduler.slurm.client import SlurmClient, requeue_steps
+from hpc_ddp.scheduler.slurm.parse import JobHistory, parse_job, parse_sacct, parse_sinfo, parse_squeue
+from hpc_ddp.scheduler.slurm.states import TABLE, JobState, Kind, meaning, state_word
 
 # ----- the state table ---------------------------------------------------------------------------------------
 

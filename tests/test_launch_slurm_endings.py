@@ -20,10 +20,11 @@ from fake_slurm import FakeClock, FakeSlurm
 from hpc_ddp import exitcodes
 from hpc_ddp.launch import supervisor
 from hpc_ddp.launch.slurm import batch, lost
-from hpc_ddp.launch.slurm.client import SlurmClient
 from hpc_ddp.launch.slurm.follow import Clock, follow
 from hpc_ddp.ledger import attempts, exits
 from hpc_ddp.ledger.outcomes import REQUEUE
+from hpc_ddp.scheduler.slurm import parse
+from hpc_ddp.scheduler.slurm.client import SlurmClient
 
 pytestmark = pytest.mark.unit
 
@@ -256,7 +257,7 @@ def test_srun_without_pyxis_is_a_usage_error_at_once(
     ],
 )
 def test_srun_refusals(lines: list[str], found: str) -> None:
-    said = batch.srun_refusal(lines)
+    said = parse.srun_refusal(lines)
     assert (found in said) if found else said == ""
 
 
@@ -269,7 +270,7 @@ def test_srun_refusals(lines: list[str], found: str) -> None:
     ],
 )
 def test_the_nodes_srun_says_failed(lines: list[str], nodes: tuple[str, ...]) -> None:
-    assert lost.srun_node_failures(lines) == nodes
+    assert parse.srun_node_failures(lines) == nodes
 
 
 def test_two_nodes_lost_together_are_both_recorded_and_excluded(tmp_path: Path) -> None:

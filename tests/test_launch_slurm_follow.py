@@ -17,13 +17,14 @@ from conftest import die_with_test
 from fake_slurm import FakeClock, FakeSlurm
 
 from hpc_ddp.launch.shape import job_shape
-from hpc_ddp.launch.slurm import follow, outcome, request, submitter
-from hpc_ddp.launch.slurm.client import SlurmClient
+from hpc_ddp.launch.slurm import follow, outcome, submitter
 from hpc_ddp.launch.slurm.follow import Look
-from hpc_ddp.launch.slurm.parse import JobHistory, JobInfo
-from hpc_ddp.launch.slurm.states import JobState
 from hpc_ddp.ledger import attempts
 from hpc_ddp.run.config import from_namespace
+from hpc_ddp.scheduler.slurm import request
+from hpc_ddp.scheduler.slurm.client import SlurmClient
+from hpc_ddp.scheduler.slurm.parse import JobHistory, JobInfo
+from hpc_ddp.scheduler.slurm.states import JobState
 from hpc_ddp.submit import build_argparser
 
 # ----- the rules -------------------------------------------------------------------------------------------

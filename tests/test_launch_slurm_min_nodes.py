@@ -18,13 +18,13 @@ from hpc_ddp import exitcodes
 from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.launch import retry
 from hpc_ddp.launch.slurm import batch, min_nodes
-from hpc_ddp.launch.slurm.client import Size, SlurmClient, requeue_steps
-from hpc_ddp.launch.slurm.parse import JobInfo
-from hpc_ddp.launch.slurm.request import TASK_COUNT
 from hpc_ddp.ledger import attempts, outcomes
 from hpc_ddp.run import resume
 from hpc_ddp.run.checkpoint import sharded
 from hpc_ddp.run.config import TrainConfig, accum_for, check_min_nodes
+from hpc_ddp.scheduler.slurm.client import Size, SlurmClient, requeue_steps
+from hpc_ddp.scheduler.slurm.parse import JobInfo
+from hpc_ddp.scheduler.slurm.request import TASK_COUNT
 
 FSDP = {"strategy": "fsdp", "allow_resize": True}
 

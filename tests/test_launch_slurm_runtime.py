@@ -1,6 +1,6 @@
 """Where a job's tasks run (issue 21 item 2): which python, which container, which extra srun options.
 
-Unit tables for hpc_ddp.launch.slurm.runtime, and the lines `submit --print-sbatch` generates from them
+Unit tables for hpc_ddp.scheduler.slurm.runtime, and the lines `submit --print-sbatch` generates from them
 (pyxis cannot run here: its srun line is checked as text). The real job through a stand-in `apptainer` is
 tests/test_launch_slurm_submit.py::test_submit_wait_runs_4_ranks_on_2_nodes."""
 
@@ -13,7 +13,8 @@ import pytest
 from conftest import run_module
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.launch.slurm import request, runtime, submitter
+from hpc_ddp.launch.slurm import submitter
+from hpc_ddp.scheduler.slurm import request, runtime
 
 pytestmark = [pytest.mark.deadline(60)]
 

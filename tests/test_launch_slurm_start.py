@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import clean_environ, die_with_test
 
-from hpc_ddp.launch.slurm import request, submitter
+from hpc_ddp.launch.slurm import submitter
+from hpc_ddp.scheduler.slurm import request
 
 pytestmark = [pytest.mark.process, pytest.mark.deadline(60)]
 

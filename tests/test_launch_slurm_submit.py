@@ -24,10 +24,11 @@ import workers
 from conftest import DATA, ROOT, clean_environ, die_with_test
 
 from hpc_ddp import exitcodes
-from hpc_ddp.launch.slurm import states, submitter
-from hpc_ddp.launch.slurm.client import SlurmClient
-from hpc_ddp.launch.slurm.states import JobState
+from hpc_ddp.launch.slurm import submitter
 from hpc_ddp.ledger import attempts
+from hpc_ddp.scheduler.slurm import states
+from hpc_ddp.scheduler.slurm.client import SlurmClient
+from hpc_ddp.scheduler.slurm.states import JobState
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(120)]  # 10-21 s each (measured)
 

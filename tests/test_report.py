@@ -31,11 +31,13 @@ import pytest
 from conftest import clean_environ, run_module
 from report_check import IMAGES, inline_images, not_white
 
+from hpc_ddp import proc
 from hpc_ddp.report import recorded, timeline
 from hpc_ddp.report.recorded import heat_map as records_heat
-from hpc_ddp.report.sources import parse_sacct, plausible, read_run
+from hpc_ddp.report.sources import plausible, read_run, sacct_windows
 from hpc_ddp.report.timeline import Window
 from hpc_ddp.run.folder import _start_ticks, hold_folder
+from hpc_ddp.scheduler.slurm.client import SlurmClient
 
 JOB = "77"
 
@@ -243,7 +245,12 @@ def test_sacct_rows_become_windows_in_start_order_and_implausible_ones_are_dropp
         "78|x|y|z|COMPLETED",
         "garbage",
     ]
-    windows = parse_sacct(JOB, rows)
+    asked: list[tuple[str, ...]] = []
+    answer = "\n".join(rows)  # whatever is asked, as a sacct that prints these rows would
+    windows = sacct_windows(
+        JOB, SlurmClient(lambda argv, _t: asked.append(tuple(argv)) or proc.Output(answer))
+    )
+    assert asked and asked[0][0] == "sacct"  # through the one Slurm client and its one sacct parser
     assert sorted(windows) == [(JOB, 0), (JOB, 1)]
     assert windows[(JOB, 1)].start - windows[(JOB, 0)].end == 60 and windows[(JOB, 1)].end is None
     t0 = windows[(JOB, 0)].start

@@ -35,7 +35,7 @@ def test_the_ranks_allocator_settings_are_the_launchers_default_and_the_users_wi
 
     from hpc_ddp.cluster import allocator
     from hpc_ddp.launch.local.srun_env import LocalJob, child_environ
-    from hpc_ddp.launch.slurm.submitter import submission_environ
+    from hpc_ddp.scheduler.slurm.submit import submission_environ
 
     def submitted(environ: dict[str, str]) -> dict[str, str]:  # what sbatch exports into the job
         with pytest.MonkeyPatch.context() as mp:

@@ -14,10 +14,10 @@ from fake_slurm import FakeClock, FakeSlurm
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch import local
 from hpc_ddp.launch.slurm import follow, submitter
-from hpc_ddp.launch.slurm.client import SlurmClient
 from hpc_ddp.run import progress, tblog
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.progress import LIVE
+from hpc_ddp.scheduler.slurm.client import SlurmClient
 
 
 class FakeTerminal(io.StringIO):

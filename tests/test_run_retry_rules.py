@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.launch import retry
-from hpc_ddp.launch.slurm import batch
 from hpc_ddp.ledger import attempts
 from hpc_ddp.ledger.attempts import Attempt
+from hpc_ddp.scheduler.slurm import parse
+from hpc_ddp.scheduler.slurm import states as slurm_states
 
 
 def note(rank: int, kind: str, message: str, t: float, node: str = "n1", again: bool = True) -> dict:
@@ -207,7 +208,7 @@ def test_every_node_blamed_so_far_is_excluded_and_the_fit_is_checked() -> None:
     decision = retry.decide(history, ended(3, "node_fail", 12, "node failure n3", node="n3", blamed=True), 9)
     assert decision.exclude == ("n2", "n3")  # n1's error was not the node's fault
     states = {"n1": "idle", "n2": "idle", "n3": "down*", "n4": "drain", "n5": "mix"}
-    assert retry.usable(states, decision.exclude) == ["n1", "n5"]
+    assert slurm_states.usable(states, decision.exclude) == ["n1", "n5"]
 
 
 HANG_IN_CODE = retry.signature("Hang", "stuck in user code")
@@ -307,17 +308,15 @@ def test_the_record_merges_starts_and_ends_and_survives_a_cut_line(tmp_path: Pat
     ],
 )
 def test_srun_deaths(lines: list[str], deaths: tuple) -> None:
-    assert batch.srun_deaths(lines) == deaths
+    assert parse.srun_deaths(lines) == deaths
 
 
 def test_scontrol_and_sinfo_readings() -> None:
-    from hpc_ddp.launch.slurm import parse
-
     info = parse.parse_job(
         "JobId=7 JobName=x JobState=PENDING Reason=BeginTime Restarts=1 NumNodes=2-2 "
         "Partition=debug ExcNodeList=node2"
     )
-    assert info is not None  # the one parser of `scontrol show job` (hpc_ddp.launch.slurm.parse)
+    assert info is not None  # the one parser of `scontrol show job` (hpc_ddp.scheduler.slurm.parse)
     fields = info.fields
     assert (fields["JobState"], fields["NumNodes"], fields["ExcNodeList"]) == ("PENDING", "2-2", "node2")
     assert parse.parse_sinfo("node1 idle\nnode2 drain\nnode3 down*\n") == {

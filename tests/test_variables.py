@@ -12,7 +12,7 @@ from conftest import ROOT
 from hpc_ddp import variables
 from hpc_ddp.cluster.env import without_launcher
 from hpc_ddp.launch.local import LocalJob, child_environ
-from hpc_ddp.launch.slurm.request import submit_environ
+from hpc_ddp.scheduler.slurm.request import submit_environ
 
 # An HPC_DDP_ name on its own: not the tail of a longer identifier (SLURM_HPC_DDP_CANARY is a test's Slurm one).
 NAME = re.compile(r"(?<![A-Za-z0-9_])HPC_DDP_[A-Z0-9_]*[A-Z0-9]")

@@ -55,6 +55,20 @@ SLURM_VARS: dict[str, tuple[str, ...]] = {
     "job_id": ("SLURM_JOB_ID", "SLURM_JOBID"),
     # srun exports these to its tasks; the batch shell and salloc have neither (they have SLURM_PROCID=0 too).
     "step_id": ("SLURM_STEP_ID", "SLURM_STEPID"),
+    # This task's node as Slurm names it (what ExcNodeList takes): the host name may differ.
+    "node_name": ("SLURMD_NODENAME",),
+    # The job's, not the step's: its whole allocation (attempts.jsonl's nodes), the node count it asked for
+    # (the batch shell's: hpc_ddp.scheduler.slurm.env), its --ntasks-per-node (set only when given), and the
+    # directory srun starts the tasks in.
+    "job_nodelist": ("SLURM_JOB_NODELIST",),
+    "job_num_nodes": ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+    "ntasks_per_node": ("SLURM_NTASKS_PER_NODE",),
+    "working_dir": ("SLURM_WORKING_DIR",),
+    # How srun bound this task's CPUs (hpc_ddp.cluster.placement), and what the job asked for (the doctor).
+    "cpu_bind": ("SLURM_CPU_BIND",),
+    "cpu_bind_type": ("SLURM_CPU_BIND_TYPE",),
+    "cpu_bind_list": ("SLURM_CPU_BIND_LIST",),
+    "cpus_per_task": ("SLURM_CPUS_PER_TASK",),
 }
 
 # What torchrun sets; the first seven are also what `DistEnv.torch_env` writes for user code.
@@ -80,7 +94,8 @@ TORCHRUN_RESTART_VARS = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTART
 # SLURM_*/SRUN_* as defaults: a stale SLURM_CPUS_PER_TASK from an outer job would reshape an inner one). The
 # kit's own channels between processes (hpc_ddp.variables.CHANNELS: HPC_DDP_BATCH, the run folder's file and
 # lock, the live progress line) belong to the job that set them, like a launcher's variables.
-LAUNCHER_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
+SLURM_PREFIX = "SLURM_"  # every variable Slurm sets for a job's processes but SLURMD_NODENAME
+LAUNCHER_PREFIXES = (SLURM_PREFIX, "SLURMD_", "SRUN_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
 LAUNCHER_NAMES = frozenset({name for names in TORCHRUN_VARS.values() for name in names} | CHANNELS)
 # Kept: which cluster to talk to is the site's setting, not the job's. (SBATCH_* are kept too: Slurm never sets
 # them, so they are the user's own defaults.)

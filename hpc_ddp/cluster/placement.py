@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hpc_ddp.cluster.env import SLURM_VARS
 from hpc_ddp.errors import ClusterConfigError
 from hpc_ddp.log import count
 
@@ -65,8 +66,8 @@ class CpuPlan:
 
 def _slurm_bound(environ: Mapping[str, str]) -> bool:
     """Did srun already bind each task to its own CPUs (--cpu-bind=cores/map_cpu/mask_cpu...)?"""
-    bind = environ.get("SLURM_CPU_BIND_TYPE", "")
-    return bool(bind) and not bind.startswith("none") and bool(environ.get("SLURM_CPU_BIND_LIST"))
+    bind = environ.get(SLURM_VARS["cpu_bind_type"][0], "")
+    return bool(bind) and not bind.startswith("none") and bool(environ.get(SLURM_VARS["cpu_bind_list"][0]))
 
 
 def plan_cpus(
@@ -84,7 +85,8 @@ def plan_cpus(
             ) from None
         return CpuPlan(mask, threads, "OMP_NUM_THREADS set by the user", pin=False)
     if _slurm_bound(environ):
-        return CpuPlan(mask, len(mask), f"bound by Slurm ({environ['SLURM_CPU_BIND_TYPE']})", pin=False)
+        how = environ[SLURM_VARS["cpu_bind_type"][0]]
+        return CpuPlan(mask, len(mask), f"bound by Slurm ({how})", pin=False)
     if local_world_size <= 1:
         return CpuPlan(mask, len(mask), "only rank on its node", pin=False)
     share = len(mask) // local_world_size

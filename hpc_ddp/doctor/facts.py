@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp import scheduler
 from hpc_ddp.cluster import placement
 from hpc_ddp.cluster.env import SLURM_VARS
 from hpc_ddp.errors import ClusterConfigError
@@ -29,10 +30,10 @@ if TYPE_CHECKING:
 # The variables the rules look at; only these travel to rank 0.
 RULE_VARS = (
     "OMP_NUM_THREADS",
-    "SLURM_CPU_BIND",
-    "SLURM_CPU_BIND_TYPE",
-    "SLURM_CPU_BIND_LIST",
-    "SLURM_CPUS_PER_TASK",
+    *SLURM_VARS["cpu_bind"],
+    *SLURM_VARS["cpu_bind_type"],
+    *SLURM_VARS["cpu_bind_list"],
+    *SLURM_VARS["cpus_per_task"],
     *SLURM_VARS["step_id"],
     "GLOO_SOCKET_IFNAME",
     "NCCL_SOCKET_IFNAME",
@@ -262,11 +263,10 @@ def write_probe(folder: Path, rank: int, nonce: str) -> str:
 def slurm_version(environ: Mapping[str, str], requeue_by: str = "auto") -> str | None:
     """None outside Slurm and where the launcher, not Slurm, restarts the run (--requeue-by launcher: the local
     launcher's emulated job), '' if scontrol is missing."""
-    if not environ.get("SLURM_JOB_ID") or requeue_by == "launcher":
+    who = scheduler.for_task(requeue_by)
+    if who.name != "slurm" or not who.identity(environ).job:
         return None
-    from hpc_ddp.run import record
-
-    return record.slurm_version() or ""
+    return who.version() or ""
 
 
 def gather(

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpc_ddp.cluster.env import SLURM_RESTART_VAR
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import tasks
@@ -230,7 +231,7 @@ def build(config: TrainConfig) -> Task:
     """The user's task, wrapped (see the module docstring)."""
     plan = plan_from_environ()
     inner = tasks.build(dataclasses.replace(config, task=plan.task))
-    probe = Probe(plan, int(os.environ.get("RANK", "0")), int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+    probe = Probe(plan, int(os.environ.get("RANK", "0")), int(os.environ.get(SLURM_RESTART_VAR) or 0))
     made = inner.optimizer or (lambda params: torch.optim.SGD(params, lr=config.lr))
 
     def optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:

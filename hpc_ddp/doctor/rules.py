@@ -21,6 +21,9 @@ from hpc_ddp.cluster.env import SLURM_VARS
 from hpc_ddp.doctor.facts import RankFacts
 from hpc_ddp.log import count, ranks_text
 
+# How srun bound a task's CPUs: inherited from another allocation, they bind an srun started here wrongly.
+BIND_VARS = (*SLURM_VARS["cpu_bind"], *SLURM_VARS["cpu_bind_type"], *SLURM_VARS["cpu_bind_list"])
+
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 VERSION_KEYS = ("torch", "cuda", "nccl", "python", "hpc_ddp")
 OUTLIER_FACTOR = 1.5  # a rank whose all-reduce time is this far from the median (either way) is flagged
@@ -362,7 +365,7 @@ def cpu_binding(facts: Sequence[RankFacts]) -> Check:
     """A SLURM_CPU_BIND that leaked in from another allocation, and Slurm 22.05's --cpus-per-task change."""
     for f in facts:
         in_step = any(f.environ.get(name) for name in SLURM_VARS["step_id"])
-        bind = {k: v for k, v in f.environ.items() if k.startswith("SLURM_CPU_BIND")}
+        bind = {k: v for k, v in f.environ.items() if k in BIND_VARS}
         if bind and not in_step:
             k, v = next(iter(bind.items()))
             return Check(
@@ -373,7 +376,7 @@ def cpu_binding(facts: Sequence[RankFacts]) -> Check:
                 "started here would bind CPUs of another allocation",
                 f"unset {' '.join(bind)} before sbatch/srun",
             )
-        wanted = f.environ.get("SLURM_CPUS_PER_TASK", "")
+        wanted = f.environ.get(SLURM_VARS["cpus_per_task"][0], "")
         if in_step and wanted.isdigit() and len(f.affinity) < int(wanted):
             reason = (
                 f"{who([f])} may use {len(f.affinity)} CPU(s) but the job asked "
@@ -381,7 +384,7 @@ def cpu_binding(facts: Sequence[RankFacts]) -> Check:
             )
             fix = "pass --cpus-per-task to srun, or export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK"
             return Check(WARN, "cpu-bind", reason, fix)
-    bound = facts[0].environ.get("SLURM_CPU_BIND", "")
+    bound = facts[0].environ.get(SLURM_VARS["cpu_bind"][0], "")
     return Check(PASS, "cpu-bind", f"SLURM_CPU_BIND={bound}" if bound else "no inherited SLURM_CPU_BIND")
 
 

@@ -24,7 +24,7 @@ from hpc_ddp.run import record
 from hpc_ddp.run.config import TrainConfig, differences
 
 if TYPE_CHECKING:
-    from hpc_ddp.launch.slurm.client import SlurmClient
+    from hpc_ddp.scheduler.base import Scheduler
 
 
 def refuse_another_run(folder: Path, cfg: TrainConfig, default_for: str) -> None:
@@ -52,13 +52,13 @@ def unfinished_jobs(folder: Path) -> list[str]:
     return [job for job, a in last.items() if a.ended is None or a.decision == "requeue"]
 
 
-def refuse_unfinished_job(folder: Path, client: SlurmClient) -> None:
+def refuse_unfinished_job(folder: Path, scheduler: Scheduler) -> None:
     """Refuse a submission into `folder` while one of its jobs is still queued or running (see the module
-    docstring). A job Slurm does not answer for is taken as over."""
+    docstring). A job the scheduler does not answer for is taken as over."""
     jobs = unfinished_jobs(folder)
     if not jobs:
         return
-    queued = client.queue(jobs) or {}
+    queued = scheduler.queued(jobs) or {}
     for job in jobs:
         if job in queued:
             state, reason = queued[job]

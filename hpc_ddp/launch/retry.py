@@ -393,20 +393,3 @@ def decide(
     return Decision(
         again, f"restarting from {since} (failure {failures} of --max-restarts {max_restarts})", exclude
     )
-
-
-def failed(state: str) -> bool:
-    """A node state (sinfo's short form) that says the node failed: DOWN, FAIL/FAILING, or not responding
-    (`*`). Not a drain: an administrator drains a healthy node (no new jobs; running ones go on), so a
-    drained node is never blamed for an attempt's end (pure)."""
-    low = state.lower()
-    return low.endswith("*") or low.rstrip("~#!%$@^-").startswith(("down", "fail"))
-
-
-def usable(states: dict[str, str], exclude: Sequence[str]) -> list[str]:
-    """The nodes a job could still run on: not excluded and not down, drained or failed (`states` maps node
-    -> Slurm state as sinfo prints it). The job fits when it needs no more nodes than these. Pure."""
-    bad = ("down", "drain", "drng", "fail", "maint", "inval", "unk", "futr", "npc")
-    return [
-        n for n, s in states.items() if n not in exclude and not s.lower().rstrip("*~#!%$@^-").startswith(bad)
-    ]

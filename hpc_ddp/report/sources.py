@@ -1,27 +1,28 @@
-"""Read what a run folder says about itself: metrics.jsonl, attempts.jsonl, and Slurm's accounting if any.
+"""Read what a run folder says about itself: metrics.jsonl, attempts.jsonl, and its scheduler's accounting.
 
-Every reader is tolerant: a torn or foreign line is skipped, a missing file is no records, and a missing or
-failing `sacct` only means the queue waits come from the gaps between attempts.
+Every reader is tolerant: a torn or foreign line is skipped, a missing file is no records, and a scheduler that
+does not answer (no `sacct`, no accounting) only means the queue waits come from the gaps between attempts.
+The scheduler's answers come through hpc_ddp.scheduler (Slurm: one `sacct` query per job, read by the one sacct
+parser); a job id is any the scheduler has, an array task's "123_4" too.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_ddp import proc
+from hpc_ddp import scheduler
 from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import attempts
 from hpc_ddp.ledger.attempts import ATTEMPTS  # written by rank 0 (start) and the supervisor (end)
 from hpc_ddp.report.recorded import Recorded, compile_records
 from hpc_ddp.report.records import AttemptLine, merge_attempt_lines
-from hpc_ddp.report.timeline import Window
 from hpc_ddp.run.folder import CHECKPOINTS, METRICS, RUN_RECORD, is_held
 from hpc_ddp.run.metrics_read import iter_records
+from hpc_ddp.scheduler.base import Scheduler, Window, is_job_id
 
-SACCT_FORMAT = "JobID,Submit,Start,End,State"
+SACCT_TIMEOUT_S = 10.0  # the report waits no longer for accounting: without it, the gaps between attempts
 
 
 @dataclass(frozen=True)
@@ -62,35 +63,13 @@ def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
     return RunFiles(folder, records, lines, slurm, running=is_held(folder))
 
 
-def sacct_windows(job: str) -> dict[tuple[str, int], Window]:
-    """Start and end of each run of Slurm job `job` ({} when it is no Slurm job id, or sacct cannot tell)."""
-    if not job.isdigit():
+def sacct_windows(job: str, asked: Scheduler | None = None) -> dict[tuple[str, int], Window]:
+    """Start and end of each run of job `job` as its scheduler's accounting has them ({} when it is no job id
+    of a scheduler, or the scheduler cannot tell), as restart 0, 1, 2..."""
+    if not is_job_id(job):
         return {}
-    out = proc.run(["sacct", "-j", job, "--duplicates", "-X", "-P", "-n", "-o", SACCT_FORMAT], timeout_s=10)
-    return parse_sacct(job, out.stdout.splitlines()) if out.ok else {}
-
-
-def parse_sacct(job: str, lines: Iterable[str]) -> dict[tuple[str, int], Window]:
-    """sacct's parsable rows of one job (`--duplicates`: one row per run of a requeued job), oldest start
-    first, as restart 0, 1, 2...; rows that never started are skipped."""
-    runs: list[tuple[float, float | None]] = []
-    for line in lines:
-        fields = line.strip().split("|")
-        if len(fields) < 4 or fields[0].split(".")[0].split("_")[0] != job:
-            continue
-        start, end = _slurm_time(fields[2]), _slurm_time(fields[3])
-        if start is not None:
-            runs.append((start, end))
-    runs.sort(key=lambda r: r[0])
-    return {(job, k): Window(start, end) for k, (start, end) in enumerate(runs)}
-
-
-def _slurm_time(text: str) -> float | None:
-    """Slurm's local time "2026-12-02T10:01:00" in seconds since the epoch; None for Unknown/None."""
-    try:
-        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
+    runs = (asked or scheduler.of("slurm", timeout_s=SACCT_TIMEOUT_S)).runs(job)
+    return {(job, k): w for k, w in enumerate(runs or [])}
 
 
 def plausible(

@@ -35,19 +35,12 @@ from typing import Any
 
 from hpc_ddp.report.recorded import Recorded, Save, Segment, compile_records
 from hpc_ddp.report.records import AttemptLine, StepClock, duration_or_none, int_or_none, num, ordered, stamp
+from hpc_ddp.scheduler.base import Window  # when the scheduler says each run held its nodes
 
 # Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
 # count as failures for the MTBF. A preemption saves at an agreed step and loses nothing (unless it lost
 # steps: then it counts too).
 FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost"})  # hpc_ddp.ledger.outcomes.FAILURES
-
-
-@dataclass(frozen=True)
-class Window:
-    """Queue and run times that Slurm's accounting gives for one attempt (seconds since the epoch)."""
-
-    start: float
-    end: float | None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ the same optimizer step that *some* rank was signalled, and they stop together: 
 - SIGUSR1/SIGUSR2 (`--signal=USR2@90` ahead of the time limit, or `scancel --signal=USR2`): ask to start
   again; rank 0 writes the facts (hpc_ddp.ledger.preemption) and every rank exits PREEMPTED. The attempt's
   supervisor (the local launcher, the kit's batch shell) decides within --max-requeue; with none of the kit
-  there (a plain srun step, --requeue-by scontrol), rank 0 decides alone and runs `scontrol requeue`.
+  there (a plain srun step, --requeue-by scontrol), rank 0 decides alone and asks its scheduler to requeue the
+  job (hpc_ddp.scheduler: `scontrol requeue`).
 - SIGTERM (scancel, Slurm's own preemption, the end of a grace period): save and exit PREEMPTED, never
   requeue (Slurm's preemption requeues by itself; a user's scancel must stay cancelled).
 
@@ -25,12 +26,11 @@ in C++ (the store, gloo's connect), where no Python handler runs, so a noted SIG
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpc_ddp import proc
+from hpc_ddp import scheduler
 from hpc_ddp.variables import BATCH
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -124,7 +124,12 @@ def requeue_mode(requeue_by: str, launcher: str, supervised: bool = False) -> st
     id is no Slurm job."""
     if requeue_by == "scontrol":
         return "scontrol"
-    if requeue_by == "auto" and launcher == "slurm" and not supervised and shutil.which("scontrol"):
+    if (
+        requeue_by == "auto"
+        and launcher == "slurm"
+        and not supervised
+        and scheduler.of("slurm").can_requeue()
+    ):
         return "scontrol"
     return "exit"
 
@@ -135,9 +140,3 @@ def supervisor(requeue_by: str, environ: Mapping[str, str]) -> str | None:
     if requeue_by == "launcher":
         return "launcher"
     return "batch" if environ.get(BATCH_VAR) else None
-
-
-def scontrol_requeue(job_id: str) -> str | None:
-    """Ask Slurm to requeue the job; returns an error text, or None on success."""
-    out = proc.run(["scontrol", "requeue", job_id])
-    return None if out.ok else out.error

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp import proc
+from hpc_ddp import proc, scheduler
 from hpc_ddp.run.folder import RUN_RECORD, atomic_write_bytes
 
 
@@ -26,8 +26,8 @@ def _command_output(argv: list[str], cwd: str | None = None) -> str | None:
 
 
 def slurm_version() -> str | None:
-    out = _command_output(["scontrol", "--version"])  # "slurm 22.05.8"
-    return out.split()[-1] if out else None
+    """Slurm's version on this machine ("22.05.8"), or None: recorded whoever started the run."""
+    return scheduler.of("slurm").version()
 
 
 def git_commit(cwd: str) -> str | None:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hpc_ddp import exitcodes
+from hpc_ddp import exitcodes, scheduler
 from hpc_ddp.cluster.env import DistEnv, detect
 from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import attempts, exits, files, outcomes
@@ -211,7 +211,7 @@ def _train(
         # Every rank, in the folder rank 0 now holds for this attempt: the space of its exit note, which a disk
         # that fills during training must not lose (hpc_ddp.ledger.exits).
         exits.reserve(folder, env.job_id or "", env.restart, env.rank)
-        _record_start(env, folder, environ, trainer.pos.step if start is not None else None)
+        _record_start(env, folder, environ, trainer.pos.step if start is not None else None, cfg.requeue_by)
         for note in trainer.notes:
             log.main(note)
         if start is not None:
@@ -274,22 +274,19 @@ def _take_folder(
     configfile.save(folder, cfg)  # the resolved options, for --config
 
 
-def _record_start(env: DistEnv, folder: Path, environ: Mapping[str, str], resumed_from: int | None) -> None:
+def _record_start(
+    env: DistEnv, folder: Path, environ: Mapping[str, str], resumed_from: int | None, requeue_by: str
+) -> None:
     """This attempt starts training: rank 0 appends it to attempts.jsonl with the node of every rank (what
     the supervisor blames when a rank fails without a word: killed by a signal, hung). A record that cannot be
     written (a full disk) costs the record, not the run: the supervisor judges the attempt all the same."""
     import torch.distributed as dist
 
-    from hpc_ddp.cluster.hostlist import expand
-
     nodes: list[Any] = [None] * env.world_size
     dist.all_gather_object(nodes, env.node)
     if env.is_main:
-        listed = environ.get("SLURM_JOB_NODELIST") or ""
-        try:
-            job_nodes = expand(listed) if listed else list(dict.fromkeys(nodes))
-        except ValueError:
-            job_nodes = list(dict.fromkeys(nodes))
+        # The job's allocation as its scheduler lists it, else the nodes its ranks run on.
+        job_nodes = list(scheduler.for_task(requeue_by).identity(environ).nodes or dict.fromkeys(nodes))
         start = functools.partial(
             attempts.record_start, folder, env.job_id or "", env.restart, job_nodes, nodes, resumed_from
         )
@@ -447,9 +444,11 @@ def _preemption_facts(
     _patiently(lambda: preemption_record.write(folder, decided), "preempted.json", log)
     log.info(f"{name}: {decision.message}")
     if decision.requeue and env.job_id:
-        error = preemption.scontrol_requeue(env.job_id)
-        if error is None:
-            log.info(f"requeued job {env.job_id}")
+        done = scheduler.for_task(cfg.requeue_by).requeue(env.job_id)
+        if done.ok:
+            log.info(done.message)
         else:
             preemption_record.write(folder, replace(facts, requeued=False))
-            log.info(f"scontrol requeue {env.job_id} failed: {error}; exiting {exitcodes.PREEMPTED} instead")
+            log.info(
+                f"scontrol requeue {env.job_id} failed: {done.message}; exiting {exitcodes.PREEMPTED} instead"
+            )

@@ -1,6 +1,7 @@
 """The local launcher: N emulated nodes x T tasks on this machine, each task given what `srun` would give it.
 
-    srun_env    the emulated srun step: LocalJob, slurm_env, child_environ, nodelist, fresh_job_id
+    srun_env    the job (LocalJob) and each rank's environment (child_environ): the emulated srun step of
+                hpc_ddp.scheduler.local (slurm_env, nodelist, fresh_job_id)
     processes   process control: start with signals held, die with the launcher, signal, stop and kill
     forkserver  training ranks forked from one process that imported torch once (processes.start: fallback)
     console     console pumping: each rank's pipe drained to its log, the one terminal (Console)
@@ -22,15 +23,15 @@ from typing import Any
 # imports this package first, and a package that imported its own `forkserver` already would make runpy warn
 # on every local run ("found in sys.modules after import of package ..."): the server would run a second copy.
 _WHERE = {
-    "Console": "console",
-    "Launcher": "launcher",
-    "gpu_count": "run",
-    "run_local": "run",
-    "LocalJob": "srun_env",
-    "child_environ": "srun_env",
-    "fresh_job_id": "srun_env",
-    "nodelist": "srun_env",
-    "slurm_env": "srun_env",
+    "Console": f"{__name__}.console",
+    "Launcher": f"{__name__}.launcher",
+    "gpu_count": f"{__name__}.run",
+    "run_local": f"{__name__}.run",
+    "LocalJob": f"{__name__}.srun_env",
+    "child_environ": f"{__name__}.srun_env",
+    "fresh_job_id": "hpc_ddp.scheduler.local",
+    "nodelist": "hpc_ddp.scheduler.local",
+    "slurm_env": "hpc_ddp.scheduler.local",
 }
 
 __all__ = sorted(_WHERE)
@@ -39,4 +40,4 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    return getattr(importlib.import_module(_WHERE[name]), name)

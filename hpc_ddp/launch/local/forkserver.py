@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
+from hpc_ddp.cluster.env import SLURM_PREFIX, SLURM_VARS
 from hpc_ddp.launch.local import processes
 
 # Modules whose ranks are forked (they import torch first thing); any other runs the plain way.
@@ -165,7 +166,7 @@ class Server:
             # The server gets the first rank's environment minus its own rank's variables: whatever it reads
             # at start-up is then what every rank would have read.
             try:
-                self._open({k: v for k, v in env.items() if not k.startswith("SLURM_")})
+                self._open({k: v for k, v in env.items() if not k.startswith(SLURM_PREFIX)})
             except OSError as e:
                 self._fail(f"the fork server did not start ({e})")
                 return None
@@ -275,7 +276,7 @@ def _become_rank(module: str, request: dict, out: int, sock: socket.socket, done
         sock.close()
         # Before the launcher learns the pid: it signals the rank's process group by it, and tells ranks by name.
         os.setsid()
-        rank = name(request["env"].get("SLURM_PROCID", "?"))
+        rank = name(request["env"].get(SLURM_VARS["rank"][0], "?"))
         processes.prctl(processes.PR_SET_NAME, ctypes.c_char_p(rank.encode()), 0, 0, 0)
         os.close(done)
         os.dup2(out, 1)

@@ -31,11 +31,12 @@ from hpc_ddp import exitcodes
 from hpc_ddp.launch import retry, supervisor
 from hpc_ddp.launch.local import forkserver, processes
 from hpc_ddp.launch.local.console import TAIL_LINES, Console, RankOutput
-from hpc_ddp.launch.local.srun_env import LocalJob, child_environ, slurm_env
+from hpc_ddp.launch.local.srun_env import LocalJob, child_environ
 from hpc_ddp.ledger import attempts, exits, outcomes, preemption
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.watchdog import WINDOW_S
+from hpc_ddp.scheduler.local import node_name
 
 # After the ranks are gone, all their readers together get this long to copy the last lines.
 READER_JOIN_S = 5.0
@@ -239,7 +240,7 @@ class Launcher:
         processes.wait_gone([r.proc for r in self._alive()], WINDOW_S)  # the rest: stopped with the others
 
     def _node(self, rank: int) -> str:
-        return slurm_env(self.job, rank, 0)["SLURMD_NODENAME"]
+        return node_name(rank // self.job.tasks_per_node)
 
     def _node_name(self, address: str | None) -> str | None:
         """An emulated node as every launcher line names it: "node 1 (127.0.0.2)", its index (the ranks' own

@@ -17,7 +17,7 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.local import processes
 from hpc_ddp.launch.local.console import Console
 from hpc_ddp.launch.local.launcher import Launcher
-from hpc_ddp.launch.local.srun_env import LocalJob, fresh_job_id
+from hpc_ddp.launch.local.srun_env import LocalJob
 from hpc_ddp.launch.rerun import refuse_another_run
 from hpc_ddp.launch.shape import JobShape
 from hpc_ddp.log import count
@@ -25,6 +25,7 @@ from hpc_ddp.proc import run as run_command
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import progress
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.scheduler.local import fresh_job_id
 
 
 def gpu_count() -> int:

@@ -1,4 +1,4 @@
-"""Slurm: `request` turns flags into an sbatch request (pure); `submitter` submits the job with submitit and
-defines what each task runs (`TaskEntry`); `client` runs every Slurm command, read by `parse` (one parser per
-command) and `states` (the job-state table); `follow` is `submit --wait`, `outcome` its final word; `batch`
-holds the batch shell's steps around srun."""
+"""The kit's side of a Slurm job (Slurm itself is asked through hpc_ddp.scheduler.slurm): `submitter` submits
+the job and defines what each task runs (`TaskEntry`); `start` starts each task with the preemption signals
+blocked; `batch` holds the batch shell's steps around srun; `lost` closes the attempts whose batch shell died;
+`min_nodes` says whether a requeued job still fits; `follow` is `submit --wait`, `outcome` its final word."""

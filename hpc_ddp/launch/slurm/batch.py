@@ -7,7 +7,7 @@
 
 Why the batch shell: it is the one process of the job that outlives every task, so the decision about an
 attempt runs even when every task died (a node lost, a rank SIGKILLed, a hang verdict). The kit's jobs run with
-`--no-kill` (hpc_ddp.launch.slurm.request), so it outlives the loss of any node but its own: Slurm removes the
+`--no-kill` (hpc_ddp.scheduler.slurm.request), so it outlives the loss of any node but its own: Slurm removes the
 failed node, srun ends the step. `end` reads what the attempt left (the ranks' exit notes, hang.json,
 preempted.json, srun's "task N: Killed" and "Node failure on node2" lines, srun's refusal of an option,
 Slurm's view of the job and its nodes, whether the run folder can be written), judges the first cause
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -51,25 +50,24 @@ from typing import Any, NoReturn
 
 from hpc_ddp import exitcodes
 from hpc_ddp.cli import build_parser
-from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.errors import UsageError, run_main
 from hpc_ddp.launch import retry, supervisor
 from hpc_ddp.launch.slurm import lost, min_nodes
-from hpc_ddp.launch.slurm.client import Size, SlurmClient
-from hpc_ddp.launch.slurm.parse import JobInfo, hosts
 from hpc_ddp.ledger import attempts as record
 from hpc_ddp.ledger import exits, outcomes, preemption
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import configfile
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, check_min_nodes, from_namespace
+from hpc_ddp.scheduler.base import Size
+from hpc_ddp.scheduler.slurm import env as slurm_env
+from hpc_ddp.scheduler.slurm import parse
+from hpc_ddp.scheduler.slurm.client import SlurmClient
+from hpc_ddp.scheduler.slurm.parse import JobInfo, first_exit, hosts, srun_deaths, srun_refusal
 from hpc_ddp.variables import FOLDER_FILE
 
 PROG = "python -m hpc_ddp.launch.slurm.batch"
 STATE = "batch.json"  # in exits/<job>-<restart>/: when this attempt began, where its srun lines start
-
-_SRUN_LINE = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)$")
-_SIGNAL_TEXT = {signal.strsignal(s) or "": s.name for s in signal.Signals}
 
 
 def say(text: str) -> None:
@@ -77,70 +75,6 @@ def say(text: str) -> None:
 
 
 # ----- pure parts ----------------------------------------------------------------------------------------
-
-
-def srun_deaths(lines: Sequence[str]) -> tuple[tuple[int, str], ...]:
-    """srun's "task N: <signal text>" lines -> ((rank, signal name), ...), but only when a death by a signal
-    came first: after a task exits with an error, srun's --kill-on-bad-exit kills the others and reports them
-    the same way (pure)."""
-    deaths: list[tuple[int, str]] = []
-    for line in lines:
-        match = _SRUN_LINE.search(line)
-        if not match:
-            continue
-        what = match.group(3).strip()
-        if what.startswith("Exited with exit code"):
-            if not deaths:
-                return ()  # a task failed on its own first: its exit note tells the cause
-            continue
-        name = _SIGNAL_TEXT.get(what, what)
-        for part in match.group(2).split(","):
-            low, _, high = part.partition("-")
-            deaths.extend((rank, name) for rank in range(int(low), int(high or low) + 1))
-    return tuple(deaths)
-
-
-# srun refusing its own options: it starts no task and exits 255 (measured: "srun: unrecognized option
-# '--container-image=x'" where the pyxis plugin is missing). No retry can help: a usage error.
-_SRUN_REFUSAL = re.compile(r"^srun: (?:unrecognized option '([^']+)'|invalid option -- '(.)')")
-_PYXIS = ("--container-image", "--container-mounts", "--container-workdir", "--container-name")
-
-
-def srun_refusal(lines: Sequence[str]) -> str:
-    """'' unless srun refused one of its options before starting any task; then the one line that says which
-    and what to do (pure)."""
-    for line in lines:
-        match = _SRUN_REFUSAL.search(line.strip())
-        if not match:
-            continue
-        option = (match.group(1) or f"-{match.group(2)}").split("=", 1)[0]
-        if option in _PYXIS:
-            return (
-                f"srun does not know {option}: the pyxis plugin (srun --container-image) is not installed on "
-                "this cluster. Fix: run without --container-image (Apptainer: --apptainer IMAGE), or ask the "
-                "cluster's administrators for pyxis"
-            )
-        return (
-            f"srun does not know the option {option} (from --srun-arg, or HPC_DDP_SRUN_ARGS for "
-            "slurm/ddp.sbatch): check `srun --help` on this cluster and drop or fix it"
-        )
-    return ""
-
-
-def first_exit(lines: Sequence[str]) -> int | None:
-    """The exit code of the first task that exited on its own ("task 0: Exited with exit code 2"), unless a
-    task died by a signal first; None when srun said neither (pure). A task that exits 2 made a usage error
-    (a bad option, a run folder another job holds): srun's own status is then 1 or a signal's, not 2."""
-    for line in lines:
-        match = _SRUN_LINE.search(line)
-        if not match:
-            continue
-        what = match.group(3).strip()
-        if not what.startswith("Exited with exit code"):
-            return None
-        code = what.rsplit(" ", 1)[-1]
-        return int(code) if code.isdigit() else None
-    return None
 
 
 def other_job(folder: Path, job: str) -> str | None:
@@ -155,18 +89,18 @@ def _resolve(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[TrainConf
     configfile.add_argument(parser)  # sbatch slurm/ddp.sbatch --config run.toml: the tasks read it too
     add_train_arguments(parser)
     cfg = from_namespace(configfile.parse(parser, list(argv)))
-    folder = Path(cfg.folder) if cfg.folder else run_folder.default_for_task(environ.get("SLURM_JOB_ID"))
+    folder = (
+        Path(cfg.folder) if cfg.folder else run_folder.default_for_task(slurm_env.job_id(environ) or None)
+    )
     # A relative folder is the tasks': srun starts them in SLURM_WORKING_DIR when that is set, not here.
-    return cfg, Path(environ.get("SLURM_WORKING_DIR") or ".") / folder
+    return cfg, Path(slurm_env.working_dir(environ) or ".") / folder
 
 
 def _identity(environ: Mapping[str, str]) -> tuple[str, int]:
-    job = environ.get("SLURM_JOB_ID") or ""
-    if not job:
+    me = slurm_env.identity(environ)  # the batch shell is no srun step: the job's count, as its tasks read it
+    if not me.job:
         raise UsageError("SLURM_JOB_ID is not set: this runs in a Slurm batch script (slurm/ddp.sbatch)")
-    return job, restart_count(
-        environ
-    )  # the batch shell is no srun step: the job's count, as its tasks read it
+    return me.job, me.restart
 
 
 def _state_path(folder: Path, job: str, restart: int) -> Path:
@@ -197,7 +131,7 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
     job, restart = _identity(environ)
     # Here, not only at submission: slurm/ddp.sbatch takes the options as they come. The node count is what
     # Slurm allocated (fewer than asked once the job went on without bad nodes: M is still at most that).
-    check_min_nodes(cfg, job_size(environ, None), min_nodes.tasks_per_node(environ))
+    check_min_nodes(cfg, job_size(environ, None), slurm_env.tasks_per_node(environ))
     taken = taken_over(folder, job)
     if taken is not None:
         # Before srun: its rank 0 would be refused the folder (or, once the other job is gone, resume the
@@ -227,7 +161,7 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
     known = record.find(everyone, job, restart)
     number = known.number if known is not None else len(everyone) + 1
     say(
-        f"attempt {number} of job {job} (restart {restart}) on {environ.get('SLURM_JOB_NODELIST', '?')}; run "
+        f"attempt {number} of job {job} (restart {restart}) on {slurm_env.job_nodelist(environ) or '?'}; run "
         f"folder {folder.absolute()}"
     )
     return exitcodes.OK
@@ -330,11 +264,7 @@ def job_size(environ: Mapping[str, str], info: JobInfo | None) -> int:
     COMPLETING, and NumNodes then counts only the nodes still completing (`sbatch -N2 --requeue` with a node
     lost: `JobState=COMPLETING Restarts=1 NumNodes=1`), so a job that no longer fits looked as if it did and
     pended forever (pure)."""
-    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
-        text = environ.get(name, "").strip()
-        if text.isdigit() and int(text) > 0:
-            return int(text)
-    return max(info.num_nodes if info else 0, 1)
+    return slurm_env.job_size(environ) or max(info.num_nodes if info else 0, 1)
 
 
 def slurm_requeued(info: JobInfo | None, restart: int) -> bool:
@@ -376,9 +306,9 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
     began = float(state.get("began") or (this.started if this else 0) or 0)
     info = client.job(job)
     requeued = slurm_requeued(info, restart)
-    nodes = (list(this.nodes) if this else []) or list(hosts(environ.get("SLURM_JOB_NODELIST", "")))
+    nodes = (list(this.nodes) if this else []) or list(hosts(slurm_env.job_nodelist(environ)))
     lines = _srun_lines(state, log)
-    said = lost.srun_node_failures(lines)
+    said = parse.srun_node_failures(lines)
     failed = status != exitcodes.OK
     gone = lost.lost_nodes(nodes, said, info, client.nodes(), restart) if failed else ()
     # Slurm requeued the job itself: accounting says whether a node failure ended this run (the node may be
@@ -441,11 +371,11 @@ def _cancel(client: SlurmClient, job: str) -> None:
     not held: a held job pends forever too (only quieter), and `--wait` would follow it for good; a cancelled
     one is over, and attempts.jsonl keeps why. The cancel ends this shell: SIGTERM is blocked until then."""
     signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP))
-    out = client.cancel(job)
+    done = client.cancel(job)
     say(
         f"cancelled job {job}: Slurm had requeued it, and it stops here"
-        if out.ok
-        else f"scancel {job} failed ({out.error}): cancel it yourself (scancel {job}), or it may run again"
+        if done.ok
+        else f"scancel {job} failed ({done.message}): cancel it yourself (scancel {job}), or it may run again"
     )
 
 

@@ -33,16 +33,17 @@ from typing import TextIO, cast
 from hpc_ddp import exitcodes
 from hpc_ddp.launch import supervisor
 from hpc_ddp.launch.slurm import lost
-from hpc_ddp.launch.slurm.client import SlurmClient
 from hpc_ddp.launch.slurm.lost import Policy
 from hpc_ddp.launch.slurm.outcome import chatter, log_path, report
-from hpc_ddp.launch.slurm.parse import JobHistory, JobInfo
-from hpc_ddp.launch.slurm.request import pending_hint
-from hpc_ddp.launch.slurm.states import JobState, Kind, meaning
 from hpc_ddp.ledger import attempts, outcomes
 from hpc_ddp.log import TracebackFold
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import progress
+from hpc_ddp.scheduler.base import Kind
+from hpc_ddp.scheduler.slurm.client import SlurmClient
+from hpc_ddp.scheduler.slurm.parse import JobHistory, JobInfo
+from hpc_ddp.scheduler.slurm.request import pending_hint
+from hpc_ddp.scheduler.slurm.states import JobState, meaning
 
 POLL_MIN_S = 2.0  # never two looks at Slurm closer than this
 POLL_MAX_S = 30.0  # a steady job is looked at this often

@@ -1,6 +1,6 @@
 """Which nodes an attempt lost, and the attempts whose batch shell died before its `end` step.
 
-The kit's jobs run with `--no-kill` (hpc_ddp.launch.slurm.request): when a node fails, Slurm keeps the job and
+The kit's jobs run with `--no-kill` (hpc_ddp.scheduler.slurm.request): when a node fails, Slurm keeps the job and
 removes that node from it; the step's tasks are killed ("srun: error: Node failure on node2") and the batch
 shell, on the job's first node, decides (hpc_ddp.launch.slurm.batch.end). Measured on Slurm 22.05: the job's
 NodeList then lacks the failed node (`squeue -o %N`), accounting shows a RESIZING record and no NODE_FAIL; a
@@ -27,19 +27,18 @@ An attempt a time limit or a cancel ended before its batch shell could record it
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hpc_ddp.launch import retry, supervisor
 from hpc_ddp.launch.slurm import min_nodes
-from hpc_ddp.launch.slurm.client import SlurmClient
-from hpc_ddp.launch.slurm.parse import JobHistory, JobInfo, hosts
-from hpc_ddp.launch.slurm.states import JobState, Kind
 from hpc_ddp.ledger import attempts as record
 from hpc_ddp.ledger import outcomes
-
-_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
+from hpc_ddp.scheduler.base import Kind
+from hpc_ddp.scheduler.slurm import states as slurm_states
+from hpc_ddp.scheduler.slurm.client import SlurmClient
+from hpc_ddp.scheduler.slurm.parse import JobHistory, JobInfo
+from hpc_ddp.scheduler.slurm.states import JobState
 
 # Why a run is over when its batch shell could not record it: accounting's state of that run.
 OVER = {
@@ -50,17 +49,6 @@ OVER = {
 
 
 # ----- pure parts ----------------------------------------------------------------------------------------
-
-
-def srun_node_failures(lines: Sequence[str]) -> tuple[str, ...]:
-    """The nodes srun said failed under its step ("srun: error: Node failure on node2"), first first (pure)."""
-    found: list[str] = []
-    for line in lines:
-        match = _NODE_FAILURE.search(line)
-        for node in hosts(match.group(1)) if match else ():
-            if node not in found:
-                found.append(node)
-    return tuple(found)
 
 
 def removed(nodes: Sequence[str], info: JobInfo | None, restart: int) -> tuple[str, ...]:
@@ -85,13 +73,13 @@ def lost_nodes(
     """The nodes run `restart` on `nodes` lost (pure): those srun said failed (`said`), those Slurm removed
     from the job, and those whose state says failed (down, fail, not responding; never drained), first
     first."""
-    failed = [n for n in nodes if retry.failed(states.get(n, "idle"))]
+    failed = [n for n in nodes if slurm_states.node_failed(states.get(n, "idle"))]
     return tuple(dict.fromkeys([*said, *removed(nodes, info, restart), *failed]))
 
 
 def run_of(history: JobHistory | None, restart: int) -> JobState | None:
     """Accounting's record of the job's run number `restart` (one record per start; a resize writes none of
-    its own here: hpc_ddp.launch.slurm.parse), else its latest (pure)."""
+    its own here: hpc_ddp.scheduler.slurm.parse), else its latest (pure)."""
     if history is None or not history.runs:
         return None
     return history.runs[restart] if restart < len(history.runs) else history.current
@@ -232,17 +220,16 @@ def settle(
             ),
         )
     if decision.action == outcomes.REQUEUE:
-        per_node = {"SLURM_NTASKS_PER_NODE": str(policy.tasks_per_node)} if policy.tasks_per_node else {}
-        size = min_nodes.size(decision, per_node)
+        size = min_nodes.size_for(decision, policy.tasks_per_node or None)
         exclude = min_nodes.excluded(decision, already)
         done = client.requeue_excluding(job, exclude, already, pending, size)
         return Settled(closed, (done.message,))
     if decision.action == outcomes.STOP and pending:
-        out = client.cancel(job)
+        done = client.cancel(job)
         said = (
             f"cancelled job {job}: Slurm had requeued it, and it stops here"
-            if out.ok
-            else f"scancel {job} failed ({out.error}): cancel it yourself (scancel {job}), or it may run again"
+            if done.ok
+            else f"scancel {job} failed ({done.message}): cancel it yourself (scancel {job}), or it may run again"
         )
         return Settled(closed, (said,))
     return Settled(closed, ())

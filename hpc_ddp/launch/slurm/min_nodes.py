@@ -12,10 +12,10 @@ Why not Slurm's own `--nodes=M-N`: Slurm pins a job's node and task counts to th
 requeued `--nodes=1-2` job that ran on 2 nodes pends with BadConstraints once one node is left), and at
 submission it may start a range job on fewer nodes than are free (`--nodes=1-2 --ntasks-per-node=1` on an
 idle cluster got 1; measured on Slurm 22.05). So the job is submitted with --nodes N, and the requeue that
-excludes the bad nodes also lowers NumNodes and NumTasks (hpc_ddp.launch.slurm.client.requeue_steps). The
+excludes the bad nodes also lowers NumNodes and NumTasks (hpc_ddp.scheduler.slurm.client.requeue_steps). The
 batch environment still carries the task count sbatch computed at submission (SLURM_NTASKS, SLURM_NPROCS),
 which srun would start on the nodes left: the batch scripts set it from the allocation first
-(hpc_ddp.launch.slurm.request.TASK_COUNT). Everything here is pure (tests/test_launch_slurm_min_nodes.py).
+(hpc_ddp.scheduler.slurm.request.TASK_COUNT). Everything here is pure (tests/test_launch_slurm_min_nodes.py).
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpc_ddp.launch import retry
-from hpc_ddp.launch.slurm.client import Size
 from hpc_ddp.ledger import outcomes
 from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.config import TrainConfig, accum_for
+from hpc_ddp.scheduler.base import Size
+from hpc_ddp.scheduler.slurm import env as slurm_env
+from hpc_ddp.scheduler.slurm.states import usable as usable_nodes
 
 
 @dataclass(frozen=True)
@@ -44,21 +46,20 @@ class Smaller:
 EVERY_NODE = Smaller()  # no --min-nodes: the job needs every node it ran on
 
 
-def tasks_per_node(environ: Mapping[str, str]) -> int | None:
-    """The job's --ntasks-per-node (SLURM_NTASKS_PER_NODE, which sbatch sets only when it was given)."""
-    text = environ.get("SLURM_NTASKS_PER_NODE", "").strip()
-    return int(text) if text.isdigit() and int(text) > 0 else None
-
-
 def smaller(cfg: TrainConfig, environ: Mapping[str, str], folder: Path | None = None) -> Smaller:
-    """The rule for this job. Its --grad-accum is the one its latest checkpoint trains with when a resize
-    chose it (a job that already went on with fewer nodes) and the command line still says what that run was
-    asked: what the tasks will go on from (hpc_ddp.run.resume.resize)."""
+    """The rule for this job, in its batch shell (its --ntasks-per-node from the environment)."""
+    return rule(cfg, slurm_env.tasks_per_node(environ) or 0, folder)
+
+
+def rule(cfg: TrainConfig, per_node: int, folder: Path | None = None) -> Smaller:
+    """The rule for a job of `per_node` tasks per node (0: unknown). Its --grad-accum is the one its latest
+    checkpoint trains with when a resize chose it (a job that already went on with fewer nodes) and the command
+    line still says what that run was asked: what the tasks will go on from (hpc_ddp.run.resume.resize)."""
     accum = cfg.grad_accum
     saved = _saved_accum(folder) if folder is not None else None
     if saved is not None and saved[1] == cfg.grad_accum:
         accum = saved[0]
-    return Smaller(cfg.min_nodes, tasks_per_node(environ) or 0, cfg.batch_size, accum)
+    return Smaller(cfg.min_nodes, per_node, cfg.batch_size, accum)
 
 
 def _saved_accum(folder: Path) -> tuple[int, int] | None:
@@ -98,7 +99,7 @@ def fit(
     exclude = excluded(decision, already)
     if decision.action != outcomes.REQUEUE or not exclude:
         return decision
-    usable = retry.usable(dict(states), exclude)
+    usable = usable_nodes(states, exclude)
     if len(usable) >= needed:
         return decision
     fewest = least(needed, rule)
@@ -152,7 +153,11 @@ def went_on(ran: int, left: int, exclude: Sequence[str], rule: Smaller) -> str:
 
 def size(decision: retry.Decision, environ: Mapping[str, str]) -> Size | None:
     """The smaller size of a requeued job that goes on with fewer nodes, else None."""
-    per_node = tasks_per_node(environ)
+    return size_for(decision, slurm_env.tasks_per_node(environ))
+
+
+def size_for(decision: retry.Decision, per_node: int | None) -> Size | None:
+    """The smaller size of a requeued job that goes on with fewer nodes, at `per_node` tasks each; else None."""
     if decision.nodes is None or per_node is None:
         return None
     return Size(decision.nodes, decision.nodes * per_node)

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc_ddp import exitcodes
-from hpc_ddp.launch.slurm.states import JobState
 from hpc_ddp.launch.supervisor import latest_step
 from hpc_ddp.ledger import attempts, outcomes
 from hpc_ddp.ledger import preemption as preemption_record
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.scheduler.slurm.states import JobState
 
 TAIL_LINES = 20  # lines of the failing rank's log shown when the job failed
 SUBMITIT_DIR = run_folder.SUBMITIT

@@ -25,44 +25,38 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import io
-import os
 import shlex
 import shutil
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, redirect_stderr
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from hpc_ddp import exitcodes
-from hpc_ddp.cluster import allocator
 from hpc_ddp.errors import UsageError, run_task
 from hpc_ddp.launch import rerun
-from hpc_ddp.launch.slurm import runtime
 from hpc_ddp.launch.slurm.outcome import how_to_follow, log_path
 from hpc_ddp.launch.slurm.outcome import read as _read  # noqa: F401  (tests read logs through it)
-from hpc_ddp.launch.slurm.request import (
+from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run import preemption
+from hpc_ddp.scheduler.slurm import runtime
+from hpc_ddp.scheduler.slurm import submit as slurm_submit
+from hpc_ddp.scheduler.slurm.request import (
     SlurmRequest,
     check_signal_delay,
     mem_text,
     parse_extras,
     parse_time,
-    sbatch_error,
-    submit_environ,
-    with_batch_steps,
 )
-from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import preemption
 
 if TYPE_CHECKING:
     from hpc_ddp.launch.shape import JobShape
-    from hpc_ddp.launch.slurm.client import SlurmClient
     from hpc_ddp.launch.slurm.lost import Policy
     from hpc_ddp.run.config import TrainConfig
+    from hpc_ddp.scheduler.slurm.client import SlurmClient
 
 SUBMITIT_DIR = run_folder.SUBMITIT
 TRAIN = "hpc_ddp.train"
@@ -141,65 +135,24 @@ def request_from(ns: argparse.Namespace, shape: JobShape) -> SlurmRequest:
     )
 
 
+def submission(
+    request: SlurmRequest, folder: Path, module: str = "", argv: tuple[str, ...] = (), max_requeue: int = 0
+) -> slurm_submit.Submission:
+    """The job submitit submits (hpc_ddp.scheduler.slurm.submit), built once for both `--print-sbatch` and
+    sbatch: a training job gets the batch shell's steps around srun (attempts, retries)."""
+    steps = argv if module == TRAIN else None
+    return slurm_submit.build(request, folder, folder / SUBMITIT_DIR, steps, max_requeue)
+
+
 def sbatch_text(request: SlurmRequest, folder: Path, module: str = "", argv: tuple[str, ...] = ()) -> str:
     """The sbatch script submitit writes for this request (what `--print-sbatch` shows)."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    python = task_python(request, folder)
-    command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder / SUBMITIT_DIR))}"
-    return _ended(
-        _make_sbatch_string(
-            command=command, folder=folder / SUBMITIT_DIR, **_parameters(request, folder, module, argv)
-        )
-    )
-
-
-def task_python(request: SlurmRequest, folder: Path) -> str:
-    """How each task starts python (submitit's `python` parameter): the interpreter `runtime` chooses, in the
-    Apptainer image if any, through hpc_ddp.launch.slurm.start, which blocks the preemption signals from its
-    first instruction until the task's handler takes them (a USR2 while a task starts killed it)."""
-    return runtime.task_command(request.runtime, sys.executable, str(folder))
-
-
-def _ended(text: str) -> str:
-    """The script with its last line ended: submitit's has none, which `--print-sbatch > job.sh` and `cat`
-    show as a prompt glued to the last line."""
-    return text if text.endswith("\n") else text + "\n"
-
-
-def _parameters(request: SlurmRequest, folder: Path, module: str, argv: tuple[str, ...]) -> dict[str, Any]:
-    """submitit's parameters: the request's, the container's and the user's srun options, a comment that says
-    which python runs; a training job gets the batch shell's steps around srun (attempts, retries)."""
-    rt = request.runtime
-    params = request.executor_parameters()
-    params["srun_args"] = [*params["srun_args"], *runtime.srun_options(rt, str(folder))]
-    params["setup"] = [runtime.explain(rt, sys.executable), *params.get("setup", [])]
-    if module != TRAIN:
-        return params
-    python = shlex.quote(runtime.batch_interpreter(rt, sys.executable))
-    return with_batch_steps(params, python, argv, str(folder / SUBMITIT_DIR))
+    return submission(request, folder, module, argv).script()
 
 
 def prepare_folder(folder: Path) -> None:
     """Create the run folder and its submitit folder, owner-only; refuse one that others can write."""
     for path in (folder, folder / SUBMITIT_DIR):
         run_folder.prepare(path, private=True)
-
-
-@contextmanager
-def submission_environ() -> Iterator[None]:
-    """os.environ without an enclosing job's variables, while sbatch runs (sbatch exports it into the job), and
-    with the allocator settings the tasks start with unless set (hpc_ddp.cluster.allocator)."""
-    saved = dict(os.environ)
-    clean = submit_environ(saved)
-    for key in set(saved) - set(clean):
-        del os.environ[key]
-    os.environ.update(allocator.for_ranks(clean))
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def submit(
@@ -224,30 +177,21 @@ def submit(
         *cfg.to_argv(),
         *(["--collective"] if getattr(ns, "collective", False) else []),
     )  # a doctor option
+    job = submission(request, folder, module, argv, cfg.max_requeue)
     if ns.print_sbatch:
-        print(sbatch_text(request, folder, module, argv), end="")  # ends with a newline, as a file should
+        print(job.script(), end="")  # ends with a newline, as a file should
         print(f"# every task runs: python -m {module} {shlex.join(argv)}", file=sys.stderr)
         return exitcodes.OK
-    if shutil.which("sbatch") is None:
-        raise UsageError(
-            "sbatch not found on PATH: this machine is not a Slurm submit host. Fix: run on a login "
-            "node (or load the Slurm module), use --print-sbatch to see the script, or --local"
-        )
+    slurm_submit.check_submit_host()
+    client = client or _client()
     if trains:
         if default and not cfg.overwrite:
             rerun.refuse_another_run(folder, cfg, f"--job-name {ns.job_name} --task {cfg.task}")
-        rerun.refuse_unfinished_job(folder, client or _client())
+        rerun.refuse_unfinished_job(folder, client)
     existed = folder.exists()
     prepare_folder(folder)
     try:
-        job_id = _submit(
-            request,
-            folder,
-            TaskEntry(module, argv),
-            cfg.max_requeue,
-            _parameters(request, folder, module, argv),
-            task_python(request, folder),
-        )
+        job_id = _submit(client, job, TaskEntry(module, argv))
     except UsageError:
         if not existed:  # leave nothing behind for a job that never was
             shutil.rmtree(folder, ignore_errors=True)
@@ -275,7 +219,7 @@ def submit(
             folder,
             shape.world_size,
             submitted_at,
-            client or _client(),
+            client,
             policy=_policy(cfg, shape, folder) if trains else None,
             resume=resume if trains else "",
         )
@@ -297,7 +241,7 @@ def default_folder(ns: argparse.Namespace, cfg: TrainConfig, trains: bool = True
 
 
 def _client() -> SlurmClient:
-    from hpc_ddp.launch.slurm.client import SlurmClient
+    from hpc_ddp.scheduler.slurm.client import SlurmClient
 
     return SlurmClient()
 
@@ -309,37 +253,15 @@ def _policy(cfg: TrainConfig, shape: JobShape, folder: Path) -> Policy:
     from hpc_ddp.launch.slurm import lost, min_nodes
     from hpc_ddp.ledger import outcomes
 
-    per_node = {"SLURM_NTASKS_PER_NODE": str(shape.tasks_per_node)}
     return lost.Policy(
         supervisor.Budgets(cfg.max_restarts, cfg.max_requeue, outcomes.REQUEUE),
         shape.nodes,
-        min_nodes.smaller(cfg, per_node, folder),
+        min_nodes.rule(cfg, shape.tasks_per_node, folder),
         cfg.wait_for_nodes,
         shape.tasks_per_node,
     )
 
 
-def _submit(
-    request: SlurmRequest,
-    folder: Path,
-    entry: TaskEntry,
-    max_requeue: int,
-    params: dict[str, Any],
-    python: str,
-) -> str:
-    import submitit
-    from submitit.core.utils import FailedJobError
-
-    class Executor(submitit.SlurmExecutor):  # type: ignore[misc]
-        def _make_submission_file_text(self, command: str, uid: str) -> str:
-            return _ended(super()._make_submission_file_text(command, uid))  # as --print-sbatch shows it
-
-    executor = Executor(folder=folder / SUBMITIT_DIR, max_num_timeout=max_requeue, python=python)
-    executor.update_parameters(**params)
-    # submitit prints sbatch's stderr when sbatch fails; it is in the exception too, and becomes one line.
-    with submission_environ(), redirect_stderr(io.StringIO()):
-        try:
-            job = executor.submit(entry)
-        except FailedJobError as e:
-            raise UsageError(sbatch_error(str(e))) from None
-    return str(job.job_id)
+def _submit(client: SlurmClient, job: slurm_submit.Submission, entry: TaskEntry) -> str:
+    """Submit `job`, whose tasks run `entry`: the job id (the seam a test replaces to submit nothing)."""
+    return client.submit(job, entry)

@@ -1,7 +1,7 @@
 """The Slurm side of `submit`, as pure functions: flags -> submitit parameters, and Slurm's answers -> meaning.
 
 Nothing here runs a command or reads `os.environ`: `submitter` (the thin shell) passes the environment and
-the text that `sbatch` printed; hpc_ddp.launch.slurm.parse reads the other commands. Every rule here is
+the text that `sbatch` printed; hpc_ddp.scheduler.slurm.parse reads the other commands. Every rule here is
 testable with a table.
 
 The job that `submit` builds and `slurm/ddp.sbatch` are the same job in two forms; both carry:
@@ -28,7 +28,7 @@ from typing import Any
 
 from hpc_ddp.cluster.env import without_launcher
 from hpc_ddp.errors import UsageError
-from hpc_ddp.launch.slurm.runtime import Runtime
+from hpc_ddp.scheduler.slurm.runtime import Runtime
 
 SIGNAL = "USR2"  # submitit's default too; NCCL has been known to catch USR1
 SRUN_FLAGS = ("--kill-on-bad-exit=1",)  # plus --cpus-per-task=N when it is known

@@ -12,34 +12,18 @@ over is the controller's to say (hpc_ddp.launch.slurm.follow).
 PREEMPTED is terminal for a run: Slurm preempted it. With PreemptMode=REQUEUE the job comes back as a new
 run (sacct: a PREEMPTED record, then a PENDING one; the controller: PENDING, Restarts + 1); with
 PreemptMode=CANCEL the job is over, and `--wait` says "was preempted".
+
+Each terminal word also says how the run ended in the kit's neutral words (`End`, hpc_ddp.scheduler.base): by
+its processes' exit, or by Slurm and why; the ledger's judge reads that, never a word. The node states sinfo
+prints are read here too (`node_failed`, `usable`).
 """
 
 from __future__ import annotations
 
-import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-
-class Kind(enum.Enum):
-    """What a state word means for someone following the job."""
-
-    PENDING = "pending"  # waiting for resources or its begin time; starts by itself
-    HELD = "held"  # pending, but starts only once released (scontrol release, a new reservation)
-    REQUEUED = "requeued"  # this run is over and the job goes back to pending
-    RUNNING = "running"  # has an allocation (running, suspended, being set up or resized)
-    COMPLETING = "completing"  # over, but processes may still run on some nodes (KillWait, epilog, stage-out)
-    SUCCESS = "success"  # over: every process exited 0
-    FAILURE = "failure"  # over: otherwise (an error, a signal, Slurm ended it)
-    UNKNOWN = "unknown"  # a word this table lacks ("?" or a newer Slurm's): treated as not over
-
-    @property
-    def terminal(self) -> bool:
-        return self in (Kind.SUCCESS, Kind.FAILURE)
-
-    @property
-    def waiting(self) -> bool:
-        """Pending, held or on its way back to pending: no allocation now, one to come (maybe)."""
-        return self in (Kind.PENDING, Kind.HELD, Kind.REQUEUED)
+from hpc_ddp.scheduler.base import End, Kind
 
 
 @dataclass(frozen=True)
@@ -48,6 +32,8 @@ class Meaning:
     text: str  # Slurm's own words (squeue(1), JOB STATE CODES), shortened
     by_slurm: bool = False  # a terminal state that Slurm (or a person through it) caused, not the job's exit
     requeues: bool = False  # after a run ends so, Slurm itself may requeue the job (--requeue)
+    end: End | None = None  # a terminal state: how the run ended, in the kit's neutral words
+    said: str = ""  # a terminal state Slurm caused: what it did to the job, as `submit --wait` says it
 
 
 TABLE: dict[str, Meaning] = {
@@ -55,15 +41,30 @@ TABLE: dict[str, Meaning] = {
     "PENDING": Meaning(Kind.PENDING, "awaiting resource allocation"),
     "RUNNING": Meaning(Kind.RUNNING, "has an allocation"),
     "SUSPENDED": Meaning(Kind.RUNNING, "has an allocation, execution suspended and CPUs released"),
-    "COMPLETED": Meaning(Kind.SUCCESS, "every process on every node exited 0"),
-    "CANCELLED": Meaning(Kind.FAILURE, "cancelled by the user or an administrator", by_slurm=True),
-    "FAILED": Meaning(Kind.FAILURE, "a non-zero exit code or another failure"),
-    "TIMEOUT": Meaning(Kind.FAILURE, "reached its time limit", by_slurm=True),
-    "NODE_FAIL": Meaning(Kind.FAILURE, "one of its nodes failed", by_slurm=True, requeues=True),
-    "PREEMPTED": Meaning(Kind.FAILURE, "preempted", by_slurm=True, requeues=True),
-    "BOOT_FAIL": Meaning(Kind.FAILURE, "its nodes failed to boot or launch it", by_slurm=True),
-    "DEADLINE": Meaning(Kind.FAILURE, "reached its deadline (--deadline)", by_slurm=True),
-    "OUT_OF_MEMORY": Meaning(Kind.FAILURE, "a process ran out of memory"),
+    "COMPLETED": Meaning(Kind.SUCCESS, "every process on every node exited 0", end=End.EXITED),
+    "CANCELLED": Meaning(
+        Kind.FAILURE,
+        "cancelled by the user or an administrator",
+        True,
+        end=End.CANCELLED,
+        said="was cancelled",
+    ),
+    "FAILED": Meaning(Kind.FAILURE, "a non-zero exit code or another failure", end=End.EXITED),
+    "TIMEOUT": Meaning(
+        Kind.FAILURE, "reached its time limit", True, end=End.TIME_LIMIT, said="hit its time limit"
+    ),
+    "NODE_FAIL": Meaning(
+        Kind.FAILURE, "one of its nodes failed", True, True, end=End.NODE_FAILURE, said="lost a node"
+    ),
+    "PREEMPTED": Meaning(Kind.FAILURE, "preempted", True, True, end=End.PREEMPTED, said="was preempted"),
+    "BOOT_FAIL": Meaning(Kind.FAILURE, "its nodes failed to boot or launch it", True, end=End.BOOT_FAILURE),
+    "DEADLINE": Meaning(Kind.FAILURE, "reached its deadline (--deadline)", True, end=End.DEADLINE),
+    "OUT_OF_MEMORY": Meaning(
+        Kind.FAILURE,
+        "a process ran out of memory",
+        end=End.OUT_OF_MEMORY,
+        said="ran out of memory (--mem-gb)",
+    ),
     # flag states: shown instead of the base state while the flag is set
     "COMPLETING": Meaning(Kind.COMPLETING, "ending; processes on some nodes may still be active"),
     "STAGE_OUT": Meaning(Kind.COMPLETING, "ended; staging out files (burst buffer)"),
@@ -74,7 +75,7 @@ TABLE: dict[str, Meaning] = {
     "REQUEUE_HOLD": Meaning(Kind.HELD, "requeued and held (scontrol requeuehold): starts once released"),
     "SPECIAL_EXIT": Meaning(Kind.HELD, "requeued in the special-exit state, held: starts once released"),
     "STOPPED": Meaning(Kind.RUNNING, "has an allocation, execution stopped with SIGSTOP"),
-    "REVOKED": Meaning(Kind.FAILURE, "revoked: a sibling started on another cluster", by_slurm=True),
+    "REVOKED": Meaning(Kind.FAILURE, "revoked: a sibling started on another cluster", True, end=End.REVOKED),
     "RESV_DEL_HOLD": Meaning(Kind.HELD, "held: its reservation was deleted"),
     "SIGNALING": Meaning(Kind.RUNNING, "being signaled"),
 }
@@ -112,6 +113,16 @@ class JobState:
     def by_slurm(self) -> bool:
         return meaning(self.state).by_slurm
 
+    @property
+    def end(self) -> End | None:
+        """How this run ended (None while it has not): by its processes' exit, or by Slurm, and why."""
+        return meaning(self.state).end
+
+    @property
+    def said(self) -> str:
+        """What Slurm did to the job, in a few words ("hit its time limit"); else "ended <STATE>"."""
+        return meaning(self.state).said or f"ended {self.state}"
+
 
 def exit_pair(text: str) -> tuple[int, int]:
     """Slurm's ExitCode "code:signal" -> (code, signal); (0, 0) for anything else (pure)."""
@@ -120,3 +131,30 @@ def exit_pair(text: str) -> tuple[int, int]:
         return int(code or 0), int(sig or 0)
     except ValueError:
         return 0, 0
+
+
+# ----- node states (sinfo's short form) ------------------------------------------------------------------------
+
+# A node state's suffix says more about it (`*` not responding, `~` powered off, `#` powering up, `!` powering
+# down, `%` powering down, `$` maintenance reservation, `@` pending reboot, `^` rebooting, `-` planned).
+_SUFFIXES = "*~#!%$@^-"
+# A state a job cannot start on: down, drained or draining, failed, under maintenance, unknown, future.
+_NOT_USABLE = ("down", "drain", "drng", "fail", "maint", "inval", "unk", "futr", "npc")
+
+
+def node_failed(state: str) -> bool:
+    """A node state that says the node failed: DOWN, FAIL/FAILING, or not responding (`*`). Not a drain: an
+    administrator drains a healthy node (no new jobs; running ones go on), so a drained node is never blamed
+    for an attempt's end (pure)."""
+    low = state.lower()
+    return low.endswith("*") or low.rstrip(_SUFFIXES).startswith(("down", "fail"))
+
+
+def usable(states: Mapping[str, str], exclude: Sequence[str]) -> list[str]:
+    """The nodes a job could still run on: not excluded and not down, drained or failed (`states` maps node
+    -> Slurm state as sinfo prints it). The job fits when it needs no more nodes than these. Pure."""
+    return [
+        n
+        for n, s in states.items()
+        if n not in exclude and not s.lower().rstrip(_SUFFIXES).startswith(_NOT_USABLE)
+    ]

@@ -1,5 +1,9 @@
 """The one Slurm client: every Slurm command the kit runs goes through `SlurmClient.call`, and every answer
-through one parser (hpc_ddp.launch.slurm.parse) and one state table (hpc_ddp.launch.slurm.states).
+through one parser (hpc_ddp.scheduler.slurm.parse) and one state table (hpc_ddp.scheduler.slurm.states).
+It is the Slurm implementation of the scheduler interface (hpc_ddp.scheduler.base.Scheduler), plus the
+questions only Slurm's own supervisors ask (the controller's and accounting's whole view of a job, a
+partition's nodes, the held requeue that excludes nodes). sbatch runs through submitit
+(hpc_ddp.scheduler.slurm.submit), which this client hands a submission to.
 
 The client is an argument: `submit --wait` (hpc_ddp.launch.slurm.follow) and the batch shell's steps take
 one, and tests give them one over a fake cluster (tests/fake_slurm.py) that answers as Slurm 22.05 does and
@@ -13,11 +17,15 @@ which every user's `--wait` shares. One `sacct -D` answers for every run of any 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+import shutil
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from hpc_ddp import proc
-from hpc_ddp.launch.slurm.parse import (
+from hpc_ddp.scheduler.base import Done, Identity, Size, Window
+from hpc_ddp.scheduler.slurm import env, states
+from hpc_ddp.scheduler.slurm.parse import (
+    RUN_FIELDS,
     SACCT_FIELDS,
     SQUEUE_FORMAT,
     JobHistory,
@@ -27,30 +35,20 @@ from hpc_ddp.launch.slurm.parse import (
     parse_sinfo,
     parse_squeue,
 )
-from hpc_ddp.launch.slurm.states import JobState
+from hpc_ddp.scheduler.slurm.states import JobState
+
+if TYPE_CHECKING:
+    from hpc_ddp.scheduler.slurm.submit import Submission
+
+__all__ = ["Done", "Identity", "Size", "SlurmClient", "requeue_steps"]
 
 TIMEOUT_S = 30.0  # a controller that does not answer within this is busy: ask again later
+VERSION_TIMEOUT_S = 5.0  # `scontrol --version` answers without the controller: a slow one is no answer
 Runner = Callable[[Sequence[str], float], proc.Output]
 
 
 def _run(argv: Sequence[str], timeout_s: float) -> proc.Output:
     return proc.run(argv, timeout_s=timeout_s)
-
-
-@dataclass(frozen=True)
-class Requeue:
-    """What `requeue_excluding` did: whether every step worked, and the line to tell."""
-
-    ok: bool
-    message: str
-
-
-@dataclass(frozen=True)
-class Size:
-    """A smaller size for a requeued job (--min-nodes): `nodes` nodes, `tasks` tasks in all."""
-
-    nodes: int
-    tasks: int
 
 
 def requeue_steps(
@@ -82,16 +80,56 @@ class SlurmClient:
     """Slurm's commands as questions and actions. `runner(argv, timeout_s)` runs one command (the default:
     hpc_ddp.proc.run); tests pass a fake cluster."""
 
+    name = "slurm"
+
     def __init__(self, runner: Runner = _run, timeout_s: float = TIMEOUT_S) -> None:
         self.runner, self.timeout_s = runner, timeout_s
 
-    def call(self, *argv: str) -> proc.Output:
+    def call(self, *argv: str, timeout_s: float | None = None) -> proc.Output:
         """Run one Slurm command: its output, or why there is none."""
-        return self.runner(argv, self.timeout_s)
+        return self.runner(argv, self.timeout_s if timeout_s is None else timeout_s)
 
     def _text(self, *argv: str) -> str | None:
         out = self.call(*argv)
         return out.stdout if out.ok else None
+
+    # ----- the scheduler interface (hpc_ddp.scheduler.base) ----------------------------------------------
+
+    def identity(self, environ: Mapping[str, str]) -> Identity:
+        return env.identity(environ)
+
+    def version(self) -> str | None:
+        """Slurm's version ("22.05.8"), or None when scontrol does not say."""
+        out = self.call("scontrol", "--version", timeout_s=VERSION_TIMEOUT_S)  # "slurm 22.05.8"
+        words = out.stdout.split() if out.ok else []
+        return words[-1] if words else None
+
+    def can_requeue(self) -> bool:
+        return shutil.which("scontrol") is not None
+
+    def requeue(self, job: str) -> Done:
+        out = self.call("scontrol", "requeue", job)
+        return Done(True, f"requeued job {job}") if out.ok else Done(False, out.error)
+
+    def runs(self, job: str) -> list[Window] | None:
+        """When each run of `job` held its nodes (its n-th window is restart n's); None when sacct did not
+        answer. An array task ("123_4") is a job of its own."""
+        text = self._text("sacct", "-X", "-D", "-n", "-P", "-o", ",".join(RUN_FIELDS), "-j", job)
+        if text is None:
+            return None
+        history = parse_sacct(text, RUN_FIELDS).get(job)
+        return history.windows if history is not None else []
+
+    def queued(self, jobs: Sequence[str]) -> dict[str, tuple[JobState, str]] | None:
+        return self.queue(jobs)
+
+    def usable(self, exclude: Sequence[str] = (), partition: str = "") -> list[str]:
+        return states.usable(self.nodes(partition), exclude)
+
+    def submit(self, submission: Submission, call: object) -> str:
+        """sbatch the job whose every task runs `call` (through submitit, which runs sbatch itself); its id.
+        Raises UsageError when sbatch refuses it (its reason in one line)."""
+        return submission.submit(call)
 
     # ----- questions -------------------------------------------------------------------------------------
 
@@ -125,9 +163,6 @@ class SlurmClient:
 
     # ----- actions -----------------------------------------------------------------------------------------
 
-    def requeue(self, job: str) -> proc.Output:
-        return self.call("scontrol", "requeue", job)
-
     def requeue_hold(self, job: str) -> proc.Output:
         return self.call("scontrol", "requeuehold", job)
 
@@ -141,9 +176,10 @@ class SlurmClient:
         """Set the nodes the job must not run on (replaces the list; "" clears it). Refused while it runs."""
         return self.call("scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(nodes)}")
 
-    def cancel(self, job: str, signal: str = "") -> proc.Output:
+    def cancel(self, job: str, signal: str = "") -> Done:
         """scancel the job, or only send it `signal` (e.g. "USR2": every step's tasks)."""
-        return self.call("scancel", *([f"--signal={signal}"] if signal else []), job)
+        out = self.call("scancel", *([f"--signal={signal}"] if signal else []), job)
+        return Done(True, f"cancelled job {job}") if out.ok else Done(False, out.error)
 
     def requeue_excluding(
         self,
@@ -152,7 +188,7 @@ class SlurmClient:
         excluded: Iterable[str] = (),
         already: bool = False,
         size: Size | None = None,
-    ) -> Requeue:
+    ) -> Done:
         """Requeue the job (unless Slurm did) so that it will not run on `exclude`, on `size` if given
         (`requeue_steps`). A step that fails stops the sequence, and the job is released: never left held."""
         listed = ",".join(exclude)
@@ -161,12 +197,12 @@ class SlurmClient:
             if not out.ok:
                 if argv[1] != "release":
                     self.release(job)
-                return Requeue(False, f"{' '.join(argv)} failed: {out.error}")
+                return Done(False, f"{' '.join(argv)} failed: {out.error}")
         smaller = f" on {size.nodes} node(s), {size.tasks} task(s)" if size is not None else ""
         if exclude:
-            return Requeue(
+            return Done(
                 True,
                 f"requeued job {job}{smaller}; it will not run on {listed} (clear that with: scontrol update "
                 f"JobId={job} ExcNodeList=)",
             )
-        return Requeue(True, f"requeued job {job}" if not already else f"job {job} was requeued by Slurm")
+        return Done(True, f"requeued job {job}" if not already else f"job {job} was requeued by Slurm")

@@ -1,0 +1,43 @@
+"""The scheduler seam: what the kit asks of a scheduler, behind one interface, and the code that asks it.
+
+    base     the interface (`Scheduler`: who am I, requeue me, what happened to job J, which nodes are usable,
+             submit, cancel, exclude, its version) and the words every scheduler answers in (Identity, Done,
+             Size, Window, Kind, End; job ids such as an array task's "123_4")
+    slurm/   Slurm: `client` runs every Slurm command of the kit (scontrol, sacct, squeue, sinfo, scancel;
+             sbatch through submitit in `submit`), `parse` reads each command's output, `states` is the one
+             table of job and node states, `env` reads the job's variables, `request` and `runtime` build the
+             sbatch options and srun's
+    local    the local launcher's emulation: the srun step it gives each rank, and the interface as it
+             answers on one machine (`LocalScheduler`)
+
+Below the run, ledger and launch layers, above the cluster layer (whose `env` holds the one table of launcher
+variables this package reads). No code outside this package runs a Slurm command or builds srun's options
+(tests/test_architecture.py checks it). A new scheduler is a folder beside `slurm/`, named in `of`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpc_ddp.scheduler.base import Scheduler
+
+
+def of(name: str, **options: Any) -> Scheduler:
+    """The scheduler named `name`: "slurm" (the Slurm client; `options` are its own), or "local" (the local
+    launcher's emulation; `nodes`). Imported when asked for: a task that never asks pays nothing."""
+    if name == "slurm":
+        from hpc_ddp.scheduler.slurm.client import SlurmClient
+
+        return SlurmClient(**options)
+    if name == "local":
+        from hpc_ddp.scheduler.local import LocalScheduler
+
+        return LocalScheduler(**options)
+    raise ValueError(f"no scheduler named {name!r}: expected 'slurm' or 'local'")
+
+
+def for_task(requeue_by: str) -> Scheduler:
+    """The scheduler of a training task: the local launcher's (its ranks are told `--requeue-by launcher`: their
+    job id is fake), else Slurm's (a task outside Slurm asks it nothing, or gets no answer)."""
+    return of("local") if requeue_by == "launcher" else of("slurm")
