@@ -1,8 +1,9 @@
 """The docs speak to users first: README opens with the user guide, and no `--help` names an internal module.
 
 A user reads the README from the top and stops after a few screens: those screens must be how to start, how to
-bring a model, how to run on a cluster, what happens when things fail and how to see a run. The reference
-(run-folder rules, hang doctor internals, records, exit codes, architecture) follows a table of contents.
+bring a model, how to run on a cluster, what happens when things fail, how to see a run, and the options by
+topic. The reference (run-folder rules, hang doctor internals, records, exit codes, architecture) follows a
+table of contents.
 `--help` is for options and behaviour; names like `hpc_ddp.run.session` or `resume.plan` mean nothing to a user.
 """
 
@@ -16,7 +17,14 @@ import pytest
 from conftest import ROOT
 
 # The user guide, in this order, before anything else (matched at the start of each `## ` header).
-GUIDE = ("Quick start", "Your own model", "On a Slurm cluster", "When things fail", "See a run")
+GUIDE = (
+    "Quick start",
+    "Your own model",
+    "On a Slurm cluster",
+    "When things fail",
+    "See a run",
+    "Options by topic",
+)
 ENTRY_POINTS = (
     "hpc_ddp",
     "hpc_ddp.train",
