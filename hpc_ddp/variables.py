@@ -33,6 +33,8 @@ LIVE_PROGRESS = "HPC_DDP_LIVE_PROGRESS"
 SAVE_BACKOFF_S = "HPC_DDP_SAVE_BACKOFF_S"
 SAVE_DELAY_S = "HPC_DDP_SAVE_DELAY_S"
 RESUME_PROBE = "HPC_DDP_RESUME_PROBE"
+IN_PLACE = "HPC_DDP_IN_PLACE"
+STEP_ARGS = "HPC_DDP_STEP_ARGS"
 
 VARIABLES: tuple[Variable, ...] = (
     # ----- channels between the kit's processes -----
@@ -59,6 +61,19 @@ VARIABLES: tuple[Variable, ...] = (
         "channel",
         "1 when the local launcher's console is a terminal: rank 0, whose stdout is a pipe, then sends its "
         "live progress line for the launcher to draw in place (hpc_ddp.run.metrics.live_mode)",
+    ),
+    Variable(
+        IN_PLACE,
+        "channel",
+        "set by the batch shell of a job with --spare-nodes for each step it starts inside the allocation: how "
+        "many restarts in place came before it in this allocation (hpc_ddp.cluster.env.restart_count; "
+        "hpc_ddp.launch.slurm.inplace)",
+    ),
+    Variable(
+        STEP_ARGS,
+        "channel",
+        "a file in which the batch shell's first srun of a job with --spare-nodes writes its arguments, so "
+        "that the steps started inside the allocation run the same command (hpc_ddp.launch.slurm.inplace)",
     ),
     # ----- user settings -----
     Variable(

@@ -58,6 +58,8 @@ def test_each_variable_is_listed_once_with_its_meaning() -> None:
         "HPC_DDP_FOLDER_FILE",
         "HPC_DDP_FOLDER_LOCK",
         "HPC_DDP_LIVE_PROGRESS",
+        "HPC_DDP_IN_PLACE",
+        "HPC_DDP_STEP_ARGS",
     }
 
 

@@ -36,7 +36,7 @@ SLURM = "slurm"
 SLURM_2 = "slurm2"
 # The Slurm files that run on the second cluster when there is one: about half the Slurm chain's time (in the
 # last whole run: submit 383 s + fsdp 183 s against survive 511 s + early signal 70 s + doctor's srun runs).
-SECOND_CLUSTER = ("test_launch_slurm_submit.py", "test_launch_slurm_fsdp.py")
+SECOND_CLUSTER = ("test_launch_slurm_submit.py", "test_launch_slurm_fsdp.py", "test_launch_slurm_inplace.py")
 SECOND_CLUSTER_DIR = "HPC_DDP_SLURM_DIR_2"  # its state folder, exported by env/test.sh
 
 

@@ -22,7 +22,7 @@ from typing import Literal, TypeVar
 
 from hpc_ddp.cluster import hostlist
 from hpc_ddp.errors import ClusterConfigError
-from hpc_ddp.variables import CHANNELS
+from hpc_ddp.variables import CHANNELS, IN_PLACE
 
 Launcher = Literal["torchrun", "slurm", "single"]
 T = TypeVar("T")
@@ -88,6 +88,12 @@ TORCHRUN_VARS: dict[str, tuple[str, ...]] = {
 # it the same way at every restart); torchrun's agent numbers its rounds in TORCHELASTIC_RESTART_COUNT, out of
 # TORCHELASTIC_MAX_RESTARTS. Read by `restart_count`, and nowhere else.
 SLURM_RESTART_VAR = "SLURM_RESTART_COUNT"
+# A step started inside the allocation after a failure (--spare-nodes, hpc_ddp.launch.slurm.inplace) keeps the
+# job's SLURM_RESTART_COUNT: the batch shell numbers it in HPC_DDP_IN_PLACE (1, 2, ...), and its restart count
+# is SLURM_RESTART_COUNT + IN_PLACE_STRIDE x that number. A job without restarts in place numbers its
+# attempts as before; `requeues` gives back Slurm's count (what accounting and the controller number runs by),
+# `in_place` the step's number, and `order` sorts attempts as they happened.
+IN_PLACE_STRIDE = 1000
 TORCHRUN_RESTART_VARS = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
 # Everything else Slurm, srun, salloc, submitit and torchrun set for a task goes by these prefixes (srun reads
@@ -196,9 +202,24 @@ def restart_count(environ: Mapping[str, str]) -> int:
     requeue's first round is a restart too. Anything unreadable counts as 0."""
     slurm = _count(environ.get(SLURM_RESTART_VAR))
     if not environ.get("TORCHELASTIC_RUN_ID"):
-        return slurm
+        return slurm + IN_PLACE_STRIDE * _count(environ.get(IN_PLACE))
     rounds = _count(environ.get(TORCHRUN_RESTART_VARS[1])) + 1
     return slurm * rounds + _count(environ.get(TORCHRUN_RESTART_VARS[0]))
+
+
+def requeues(restart: int) -> int:
+    """Slurm's SLURM_RESTART_COUNT of an attempt's restart count (pure): the run accounting knows it by."""
+    return restart % IN_PLACE_STRIDE
+
+
+def in_place(restart: int) -> int:
+    """How many restarts inside the allocation came before this attempt's step (0: its first step; pure)."""
+    return restart // IN_PLACE_STRIDE
+
+
+def order(restart: int) -> tuple[int, int]:
+    """A sort key of restart counts in the order the attempts happened: by requeue, then step (pure)."""
+    return (requeues(restart), in_place(restart))
 
 
 def _count(text: str | None) -> int:

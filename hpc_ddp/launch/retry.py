@@ -310,6 +310,8 @@ class Decision:
     exclude: tuple[str, ...] = field(default_factory=tuple)  # every node blamed in this job so far
     crash_loop: bool = False
     nodes: int | None = None  # the nodes a requeued job goes on with, fewer than it ran on (--min-nodes)
+    left: tuple[str, ...] = ()  # a restart in place (--spare-nodes): the nodes the next step leaves out
+    spares_in: tuple[str, ...] = ()  # ... and the spares it takes in their place
 
 
 def blamed_nodes(history: Sequence[Attempt]) -> tuple[str, ...]:

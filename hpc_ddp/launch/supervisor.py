@@ -149,7 +149,9 @@ def end_attempt(
     if adjust is not None:
         decision = adjust(closed, decision)
     listed = tuple(exclude(decision)) if exclude is not None else decision.exclude
-    final = replace(closed, decision=decision.action, exclude=listed)
+    final = replace(
+        closed, decision=decision.action, exclude=listed, left=decision.left, spares_in=decision.spares_in
+    )
     recorded = journal.append(attempts.end_record(final)) if attempts.worth_recording(final) else False
     return Closed(final, decision, ending, recorded)
 

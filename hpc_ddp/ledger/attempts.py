@@ -67,6 +67,8 @@ class Attempt:
     decision: str = ""
     exclude: tuple[str, ...] = field(default_factory=tuple)
     lost: tuple[str, ...] = ()  # a node failure: every node that failed under it (`node` is the first)
+    left: tuple[str, ...] = ()  # restarted in place (--spare-nodes): the nodes the next step left out
+    spares_in: tuple[str, ...] = ()  # ... and the spare nodes it took in their place
 
     @property
     def key(self) -> tuple[str, int]:
@@ -171,6 +173,8 @@ def end_record(attempt: Attempt, now: float | None = None) -> dict[str, Any]:
         "decision": attempt.decision,
         "exclude": list(attempt.exclude),
         **({"lost": list(attempt.lost)} if attempt.lost else {}),
+        **({"left": list(attempt.left)} if attempt.left else {}),
+        **({"spares_in": list(attempt.spares_in)} if attempt.spares_in else {}),
     }
 
 
@@ -227,6 +231,8 @@ def merge(records: Iterable[dict[str, Any]]) -> list[Attempt]:
                 decision=str(r.get("decision") or ""),
                 exclude=tuple(r.get("exclude") or ()),
                 lost=tuple(r.get("lost") or ()),
+                left=tuple(r.get("left") or ()),
+                spares_in=tuple(r.get("spares_in") or ()),
             )
         merged[key] = a
     return list(merged.values())

@@ -122,6 +122,15 @@ class TrainConfig:
             "(default: 0)"
         },
     )
+    spare_nodes: int = field(
+        default=0,
+        metadata={
+            "help": "Slurm: allocate this many nodes more than the job trains on and keep them idle: after a "
+            "failure (a node lost, a GPU error, a crashed or hung rank) the batch shell starts the next step "
+            "inside the same allocation, a spare in place of the blamed node, instead of requeueing the job. "
+            "sbatch slurm/ddp.sbatch: --nodes counts them. 0: requeue as before (default: 0)"
+        },
+    )
     wait_for_nodes: bool = field(
         default=False,
         metadata={
@@ -319,6 +328,7 @@ class TrainConfig:
             "max_requeue": self.max_requeue,
             "max_restarts": self.max_restarts,
             "min_nodes": self.min_nodes,
+            "spare_nodes": self.spare_nodes,
             "clip_grad": self.clip_grad,
             "log_every_s": self.log_every_s,
         }

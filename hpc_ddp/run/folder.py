@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hpc_ddp.cluster.env import order
 from hpc_ddp.errors import DiskFull, UsageError
 from hpc_ddp.ledger import files
 
@@ -367,7 +368,7 @@ def _holder_gone(
     if (
         holder.get("job_id")
         and holder.get("job_id") == me["job_id"]
-        and int(holder.get("restarts") or 0) < me["restarts"]
+        and order(int(holder.get("restarts") or 0)) < order(me["restarts"])  # a requeue, or a step in place
     ):
         return f"job {me['job_id']} was restarted (restart {me['restarts']}); the lock was its previous run's"
     if me["boot_id"] and holder.get("boot_id") == me["boot_id"] and holder.get("pid_ns") == me["pid_ns"]:

@@ -285,7 +285,8 @@ def _record_start(
     nodes: list[Any] = [None] * env.world_size
     dist.all_gather_object(nodes, env.node)
     if env.is_main:
-        # The job's allocation as its scheduler lists it, else the nodes its ranks run on.
+        # The step's nodes as its scheduler lists them (in a job with spare nodes, --spare-nodes, the
+        # allocation holds more than the step runs on), else the nodes its ranks run on.
         job_nodes = list(scheduler.for_task(requeue_by).identity(environ).nodes or dict.fromkeys(nodes))
         start = functools.partial(
             attempts.record_start, folder, env.job_id or "", env.restart, job_nodes, nodes, resumed_from

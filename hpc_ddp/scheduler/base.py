@@ -94,7 +94,7 @@ class Identity:
 
     job: str  # the job id ("" outside a job)
     restart: int  # which start of the job this is, 0 the first
-    nodes: tuple[str, ...]  # the job's allocation, in the scheduler's order (empty when not said)
+    nodes: tuple[str, ...]  # its step's nodes (the job's allocation outside a step), in the scheduler's order
     node: str = ""  # this process's node, as the scheduler names it ("" when not said)
 
 

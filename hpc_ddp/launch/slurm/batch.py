@@ -50,9 +50,10 @@ from typing import Any, NoReturn
 
 from hpc_ddp import exitcodes
 from hpc_ddp.cli import build_parser
+from hpc_ddp.cluster.env import in_place, order, requeues, restart_count
 from hpc_ddp.errors import UsageError, run_main
-from hpc_ddp.launch import retry, supervisor
-from hpc_ddp.launch.slurm import lost, min_nodes
+from hpc_ddp.launch import retry, spares, supervisor
+from hpc_ddp.launch.slurm import inplace, lost, min_nodes
 from hpc_ddp.ledger import attempts as record
 from hpc_ddp.ledger import exits, outcomes, preemption
 from hpc_ddp.ledger import verdict as hang_verdict
@@ -61,10 +62,10 @@ from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, check_min_nodes, from_namespace
 from hpc_ddp.scheduler.base import Size
 from hpc_ddp.scheduler.slurm import env as slurm_env
-from hpc_ddp.scheduler.slurm import parse
+from hpc_ddp.scheduler.slurm import parse, steps
 from hpc_ddp.scheduler.slurm.client import SlurmClient
 from hpc_ddp.scheduler.slurm.parse import JobInfo, first_exit, hosts, srun_deaths, srun_refusal
-from hpc_ddp.variables import FOLDER_FILE
+from hpc_ddp.variables import FOLDER_FILE, IN_PLACE
 
 PROG = "python -m hpc_ddp.launch.slurm.batch"
 STATE = "batch.json"  # in exits/<job>-<restart>/: when this attempt began, where its srun lines start
@@ -131,7 +132,9 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
     job, restart = _identity(environ)
     # Here, not only at submission: slurm/ddp.sbatch takes the options as they come. The node count is what
     # Slurm allocated (fewer than asked once the job went on without bad nodes: M is still at most that).
-    check_min_nodes(cfg, job_size(environ, None), slurm_env.tasks_per_node(environ))
+    first = _first_step(cfg, environ)
+    size = len(first.nodes) if first is not None else job_size(environ, None)
+    check_min_nodes(cfg, size, slurm_env.tasks_per_node(environ))
     taken = taken_over(folder, job)
     if taken is not None:
         # Before srun: its rank 0 would be refused the folder (or, once the other job is gone, resume the
@@ -144,7 +147,7 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
         return exitcodes.FAILED
     journal = supervisor.Journal(folder)
     _close_other_jobs(journal, job, client)
-    own = [a for a in journal.history(job) if a.restart < restart and a.ended is None]
+    own = [a for a in journal.history(job) if order(a.restart) < order(restart) and a.ended is None]
     found = lost.ask(client, job) if own else None
     for open_attempt in own:
         # Its batch shell died before its `end` (its node failed, or it was killed), and the job was requeued
@@ -155,7 +158,15 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
         if closed.decision.action == outcomes.STOP:
             say(f"job {job} stops here: {closed.decision.message}")
             return exitcodes.FAILED
-    _note_start(folder, job, restart, log)
+    _note_start(folder, job, restart, log, first.nodes if first is not None else ())
+    if first is not None:
+        # The script evals this: its srun starts the first step on these nodes (hpc_ddp.launch.slurm.inplace).
+        per_node = slurm_env.tasks_per_node(environ) or 1
+        print(steps.first_step(first.nodes, per_node, job), end="", flush=True)
+        say(
+            f"--spare-nodes {cfg.spare_nodes}: the step runs on {','.join(first.nodes)}; "
+            f"spare(s) {','.join(first.spares) or 'none'}"
+        )
     # The number attempts.jsonl will give this attempt: its place among the folder's attempts, every job's.
     everyone = record.merge(record.read_lines(folder))
     known = record.find(everyone, job, restart)
@@ -167,7 +178,27 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
     return exitcodes.OK
 
 
-def _note_start(folder: Path, job: str, restart: int, log: str) -> None:
+def _first_step(cfg: TrainConfig, environ: Mapping[str, str]) -> spares.Placement | None:
+    """The first step's nodes in a job with spares (None without): every node of the allocation but
+    --spare-nodes of them, the batch shell's own kept as a spare."""
+    if cfg.spare_nodes <= 0:
+        return None
+    if slurm_env.tasks_per_node(environ) is None:
+        raise UsageError(
+            f"--spare-nodes {cfg.spare_nodes}: the job has no --ntasks-per-node, so a step on fewer nodes than "
+            "the allocation could not say how many tasks to run. Fix: submit with --ntasks-per-node (one "
+            "task per GPU)"
+        )
+    allocation = steps.allocation(environ)
+    if len(allocation) <= cfg.spare_nodes:
+        say(
+            f"--spare-nodes {cfg.spare_nodes}: the allocation has {len(allocation)} node(s) "
+            f"({','.join(allocation)}), no more than its spares: the step runs on all of them, no spare left"
+        )
+    return spares.first(allocation, cfg.spare_nodes, steps.batch_host(environ))
+
+
+def _note_start(folder: Path, job: str, restart: int, log: str, nodes: Sequence[str] = ()) -> None:
     """When this attempt began and where its srun lines start in the batch log, for `end` (exits/<job>-<r>/
     batch.json). Not in a folder that does not exist yet: the tasks create it on a first start, and `end` then
     goes by rank 0's start record. Advisory: a folder that refuses it is judged by `end`."""
@@ -183,7 +214,8 @@ def _note_start(folder: Path, job: str, restart: int, log: str) -> None:
     try:
         where.mkdir(parents=True, exist_ok=True)
         run_folder.atomic_write_bytes(
-            where / STATE, json.dumps({"began": time.time(), "log": log, "offset": offset}).encode()
+            where / STATE,
+            json.dumps({"began": time.time(), "log": log, "offset": offset, "nodes": list(nodes)}).encode(),
         )
     except OSError:
         pass
@@ -287,6 +319,36 @@ def requeued_healthy(status: int, requeued: bool, node_fail: bool) -> retry.Endi
 
 
 def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], client: SlurmClient) -> int:
+    """Judge the step srun ran and act; in a job with spares (--spare-nodes), a failure that would be requeued
+    starts the next step here instead, inside the allocation, and that step is judged in turn
+    (hpc_ddp.launch.slurm.inplace)."""
+    lines: Sequence[str] | None = None
+    ran_on: tuple[str, ...] = ()
+    try:
+        while True:
+            result = _end_step(argv, status, log, environ, client, lines, ran_on)
+            if isinstance(result, int):
+                return result
+            args = steps.step_args(environ) or []
+            per_node = slurm_env.tasks_per_node(environ) or 1
+            ran = steps.run(result.placement.nodes, result.number, args, per_node, environ)
+            environ, status, lines, ran_on = ran.environ, ran.status, ran.lines, result.placement.nodes
+    finally:
+        steps.remove_step_files(environ)
+
+
+def _end_step(
+    argv: Sequence[str],
+    status: int,
+    log: str,
+    environ: Mapping[str, str],
+    client: SlurmClient,
+    given: Sequence[str] | None = None,
+    ran_on: Sequence[str] = (),
+) -> int | inplace.Next:
+    """One step's end: its record, and the exit code of the batch shell, or the next step to start in place.
+    `given`: srun's lines of a step this process ran (else the batch log's, from where `begin` noted);
+    `ran_on`: that step's nodes."""
     cfg, folder = _resolve(argv, environ)
     folder = _told_folder(environ) or folder
     try:  # the tasks may have ended before rank 0 made it (srun could not start them, a usage error)
@@ -305,15 +367,21 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
     this = record.find(journal.history(job), job, restart)
     began = float(state.get("began") or (this.started if this else 0) or 0)
     info = client.job(job)
-    requeued = slurm_requeued(info, restart)
-    nodes = (list(this.nodes) if this else []) or list(hosts(slurm_env.job_nodelist(environ)))
-    lines = _srun_lines(state, log)
+    slurm_run = requeues(restart)  # Slurm's number of this run: a restart in place is a step of the same one
+    requeued = slurm_requeued(info, slurm_run)
+    nodes = (
+        list(ran_on)
+        or (list(this.nodes) if this else [])
+        or list(state.get("nodes") or ())
+        or list(hosts(slurm_env.job_nodelist(environ)))
+    )
+    lines = list(given) if given is not None else _srun_lines(state, log)
     said = parse.srun_node_failures(lines)
     failed = status != exitcodes.OK
-    gone = lost.lost_nodes(nodes, said, info, client.nodes(), restart) if failed else ()
+    gone = lost.lost_nodes(nodes, said, info, client.nodes(), slurm_run) if failed else ()
     # Slurm requeued the job itself: accounting says whether a node failure ended this run (the node may be
     # back already: a live slurmd returns at once, ReturnToService=2), or a requeue with every node up.
-    run = lost.run_of(client.history(job), restart) if failed and requeued else None
+    run = lost.run_of(client.history(job), slurm_run) if failed and requeued else None
     node_fail = bool(gone) or (run is not None and run.state == "NODE_FAIL")
     # This attempt's own preemption record only: an older one (kept for the user) is no decision about it.
     preempted = preemption.read_since(folder, began) if status == exitcodes.PREEMPTED else None
@@ -333,6 +401,27 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
         unwritable=_unwritable(folder) if failed else "",
     )
     size = job_size(environ, info)
+    rule = min_nodes.smaller(cfg, environ, folder)
+    placed: list[spares.Placement] = []
+
+    def adjust(this: record.Attempt, decision: retry.Decision) -> retry.Decision:
+        # Inside the allocation first (--spare-nodes): a spare in place of the blamed node, or fewer nodes
+        # (--min-nodes); else today's requeue, checked against the partition's usable nodes.
+        if not requeued and info is not None and steps.step_args(environ) is not None:
+            decision, placement = inplace.plan(
+                decision,
+                this.outcome,
+                cfg.spare_nodes,
+                info.nodes,
+                nodes,
+                info.batch_host or steps.batch_host(environ),
+                rule,
+            )
+            if placement is not None:
+                placed.append(placement)
+                return decision
+        return _fits(client, decision, info, size, rule, cfg.wait_for_nodes)
+
     closed = supervisor.end_attempt(
         journal,
         job,
@@ -341,9 +430,7 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
         _budgets(cfg),
         began=began,
         checkpoint=supervisor.latest_step(folder),
-        adjust=lambda _this, decision: _fits(
-            client, decision, info, size, min_nodes.smaller(cfg, environ, folder), cfg.wait_for_nodes
-        ),
+        adjust=adjust,
         exclude=lambda decision: _excluded(decision, info),
     )
     this, decision, ending = closed.attempt, closed.decision, closed.ending
@@ -354,6 +441,11 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
         say(journal.lost())
     if decision.action == outcomes.DONE:
         return exitcodes.OK
+    if decision.action == outcomes.RESTART and placed:
+        number = in_place(restart) + 1
+        following = restart_count({**environ, IN_PLACE: str(number)})
+        _note_start(folder, job, following, "", placed[0].nodes)
+        return inplace.Next(placed[0], number)
     if decision.action == outcomes.REQUEUE:
         # Rank 0 requeued the job itself after an agreed save (--requeue-by scontrol): nothing left to do here.
         resize = min_nodes.size(decision, environ)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from hpc_ddp.cluster.env import requeues
 from hpc_ddp.launch import retry, supervisor
 from hpc_ddp.launch.slurm import min_nodes
 from hpc_ddp.ledger import attempts as record
@@ -124,8 +125,8 @@ def over(attempt: record.Attempt, found: Found) -> bool:
     accounting says that run ended (pure)."""
     info = found.info
     if info is not None and not info.gone:
-        return info.state.done or info.restarts > attempt.restart
-    run = run_of(found.history, attempt.restart)
+        return info.state.done or info.restarts > requeues(attempt.restart)
+    run = run_of(found.history, requeues(attempt.restart))
     return info is not None and run is not None and run.done
 
 
@@ -143,8 +144,9 @@ def close(
     whoever calls it. `budgets` are the job's own (--max-restarts, --max-requeue) when the caller may act on
     the decision, else none (the job is over: every ending is a stop); `adjust` lets it overrule the decision
     with what only it knows (the job no longer fits its nodes)."""
-    lost = lost_nodes(attempt.nodes, (), found.info, found.states, attempt.restart)
-    run = run_of(found.history, attempt.restart)
+    # Slurm numbers runs by requeue; a restart in place (hpc_ddp.launch.slurm.inplace) is a step of one.
+    lost = lost_nodes(attempt.nodes, (), found.info, found.states, requeues(attempt.restart))
+    run = run_of(found.history, requeues(attempt.restart))
     when = attempt.started or 0
     return supervisor.end_attempt(
         journal,

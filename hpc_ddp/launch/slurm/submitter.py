@@ -23,6 +23,7 @@ latest checkpoint, is still to come.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import shlex
@@ -166,7 +167,8 @@ def submit(
     """The non-local path of `python -m hpc_ddp.submit`; returns the exit code. `client` asks Slurm how the
     job does (`--wait`, and whether a job of the run folder is still queued); `resume` is the command that
     resumes the run (the same one; `--folder` added when it was the default)."""
-    request = request_from(ns, shape)
+    # --spare-nodes K: the allocation holds K nodes more than the job trains on (hpc_ddp.launch.spares).
+    request = dataclasses.replace(request_from(ns, shape), nodes=shape.nodes + cfg.spare_nodes)
     if importlib.util.find_spec(module) is None:
         raise UsageError(f"{module} is not available in this installation of hpc_ddp")
     trains = module == TRAIN
@@ -199,7 +201,8 @@ def submit(
     submitted_at = time.time()
     where = " (the default for this job name and task: the same command resumes there)" if default else ""
     print(
-        f"Submitted job {job_id}: {shape.nodes} node(s) x {shape.tasks_per_node} task(s), run folder "
+        f"Submitted job {job_id}: {shape.nodes} node(s) x {shape.tasks_per_node} task(s)"
+        f"{f' + {cfg.spare_nodes} spare node(s)' if cfg.spare_nodes else ''}, run folder "
         f"{folder}{where}",
         flush=True,
     )
@@ -255,7 +258,7 @@ def _policy(cfg: TrainConfig, shape: JobShape, folder: Path) -> Policy:
 
     return lost.Policy(
         supervisor.Budgets(cfg.max_restarts, cfg.max_requeue, outcomes.REQUEUE),
-        shape.nodes,
+        shape.nodes + cfg.spare_nodes,  # the allocation: a requeued job asks for its spares again
         min_nodes.rule(cfg, shape.tasks_per_node, folder),
         cfg.wait_for_nodes,
         shape.tasks_per_node,

@@ -42,11 +42,25 @@ def job_nodes(environ: Mapping[str, str]) -> tuple[str, ...] | None:
         return None
 
 
+def step_nodes(environ: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The nodes of this process's step (SLURM_STEP_NODELIST), else the job's; None when neither is readable.
+    A job with spare nodes (--spare-nodes) runs its steps on part of its allocation."""
+    listed = value(environ, "nodelist")
+    try:
+        return tuple(hostlist.expand(listed)) if listed else None
+    except ValueError:
+        return None
+
+
 def identity(environ: Mapping[str, str]) -> Identity:
     """Who this process is in its job: the job id, its restart count (hpc_ddp.cluster.env.restart_count: the
-    batch shell is no srun step, and counts as its tasks do), the job's nodes and this node."""
+    batch shell is no srun step, and counts as its tasks do), its step's nodes (the job's, outside a step)
+    and this node."""
     return Identity(
-        job_id(environ), restart_count(environ), job_nodes(environ) or (), value(environ, "node_name")
+        job_id(environ),
+        restart_count(environ),
+        step_nodes(environ) or job_nodes(environ) or (),
+        value(environ, "node_name"),
     )
 
 

@@ -223,7 +223,8 @@ def with_batch_steps(
         USR_TRAP,
         *params.get("setup", []),
         "export HPC_DDP_BATCH=1  # the tasks leave requeueing to this shell's `end` step",
-        f"{module} begin --log {log} {options} || exit $?",
+        f"step=$({module} begin --log {log} {options}) || exit $?",
+        'eval "$step"  # --spare-nodes: an srun function that starts the step on all nodes but the spares',
         TRAP,
         TASK_COUNT,
     ]

@@ -1,0 +1,167 @@
+"""On the real local Slurm cluster (3 emulated nodes): recovering inside the allocation (--spare-nodes, issue 35).
+
+Two jobs, each one job id from start to end, several steps, never requeued (sacct: no REQUEUED record):
+
+- `submit --wait`, ddp, 2 nodes x 1 task + 1 spare. The first step runs on node2,node3 (the batch shell's
+  node1 is the spare); the node that hosts rank 0 and the rendezvous, node2, is set DOWN mid-step. The batch
+  shell starts a second step on node1,node3, whose rank 0 (and rendezvous host) is node1, and the run ends
+  bitwise equal to an uninterrupted one.
+- `sbatch slurm/ddp.sbatch`, fsdp, 2 nodes x 2 tasks + 1 spare, --min-nodes 1: node3's tasks raise a GPU ECC
+  error (blamed: the spare node1 replaces it), then node1's do (no spare left: the job goes on in place on
+  node2 alone, 2 ranks instead of 4, its sharded checkpoint resharded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import DETERMINISTIC_2X1, clean_environ, die_with_test
+from test_launch_slurm_submit import DDP_SBATCH, HANG_GUARD_S, sacct_records, start_submit, wait_job
+from test_launch_slurm_survive import job_nodes, take_away, taken_away, wait_all_idle
+
+from hpc_ddp.ledger import attempts
+
+__all__ = ["taken_away"]  # a fixture, imported for the tests below
+
+# Measured: about 40 s and 45 s on an idle machine.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(300)]
+
+TRAINING = [*DETERMINISTIC_2X1, "--save-every-steps", "4"]  # 48 steps, a checkpoint every 4
+
+
+def start_reference(folder: Path) -> subprocess.Popen[str]:
+    """The same 2 x 1 run, uninterrupted, here (`submit --local`: the same two ranks, gloo), in the background
+    while the job runs."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpc_ddp.submit",
+            "--local",
+            "--nodes",
+            "2",
+            "--folder",
+            str(folder),
+            *TRAINING,
+        ],
+        env=clean_environ(SLOW_TASK_SLEEP_S="0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=die_with_test,
+    )
+
+
+def test_losing_rank_0s_node_brings_the_spare_in_without_a_requeue_bitwise_equal(
+    slurm_cluster: str, tmp_path: Path, taken_away: list[str]
+) -> None:
+    wait_all_idle()  # the job gets node[1-3], its batch shell on node1
+    folder = tmp_path / "run"
+    proc, job_id = start_submit(folder, *TRAINING, "--spare-nodes", "1", SLOW_TASK_SLEEP_S="0.1")
+    reference = start_reference(tmp_path / "reference")
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not (folder / "checkpoints" / "latest").is_file():  # the first checkpoint, at step 4
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    assert job_nodes(job_id) == ["node1", "node2", "node3"]
+    (first,) = attempts.read(folder)
+    assert first.nodes == ("node2", "node3"), first  # rank 0 on node2; node1, the batch shell's, is the spare
+    take_away("node2", taken_away)
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, out
+    lost, finished = attempts.read(folder)
+    assert (lost.outcome, lost.node, lost.decision) == ("node_fail", "node2", "restart"), out
+    assert (lost.left, lost.spares_in, lost.restart) == (("node2",), ("node1",), 0), out
+    assert (finished.nodes, finished.outcome, finished.restart) == (("node1", "node3"), "completed", 1000), (
+        out
+    )
+    assert finished.job == job_id and finished.resumed_from is not None and finished.resumed_from >= 4
+    assert (
+        "in place on node1,node3 (node2 left, spare node1 in, 0 spare(s) left)" in out
+        and "Process 0 initialized on node1" in out  # the new step's rank 0, and its rendezvous host
+    ), out
+    assert "REQUEUED" not in sacct_records(job_id), out
+    assert sacct_records(job_id)[-1] == "COMPLETED", out
+    ref_out, _ = reference.communicate(timeout=HANG_GUARD_S)
+    assert reference.returncode == 0, ref_out
+    want = torch.load(tmp_path / "reference" / "model.pth", weights_only=True)
+    got = torch.load(folder / "model.pth", weights_only=True)
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_a_gpu_error_takes_the_spare_then_with_none_left_min_nodes_goes_on_in_place(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    wait_all_idle()
+    folder = tmp_path / "run"
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--nodes=3", "--gpus-per-node=0"]
+        + ["--ntasks-per-node=2", "--cpus-per-task=1", str(DDP_SBATCH), "--folder", str(folder)]
+        + [
+            "--task",
+            "retry_tasks:node_fault",
+            "--epochs",
+            "2",
+            "--strategy",
+            "fsdp",
+            "--save-every-steps",
+            "2",
+        ]
+        + ["--allow-resize", "--min-nodes", "1", "--spare-nodes", "1"],
+        cwd=tmp_path,
+        env=clean_environ(
+            PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", RETRY_BAD_NODE="node3,node1"
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    job_id = submitted.stdout.strip().split(";")[0]
+    assert wait_job(job_id) == "COMPLETED"
+    log = (tmp_path / f"hpc_ddp-{job_id}.out").read_text()
+    records = sacct_records(job_id)
+    assert "REQUEUED" not in records and records[-1] == "COMPLETED", (records, log)
+    gpu, shrunk, finished = attempts.read(folder)
+    assert {a.job for a in (gpu, shrunk, finished)} == {job_id}
+    assert [a.restart for a in (gpu, shrunk, finished)] == [0, 1000, 2000]
+    # node3's GPU: blamed, the spare (node1, the batch shell's) takes its place, same world size
+    assert gpu.nodes == ("node2", "node3") and gpu.reason.endswith("uncorrectable ECC error encountered")
+    assert (gpu.node, gpu.blamed, gpu.decision, gpu.left, gpu.spares_in) == (
+        "node3",
+        True,
+        "restart",
+        ("node3",),
+        ("node1",),
+    ), log
+    # node1's GPU: no spare left; --min-nodes 1 goes on with node2 alone, in place
+    assert shrunk.nodes == ("node1", "node2")
+    assert (shrunk.node, shrunk.decision, shrunk.left, shrunk.spares_in) == (
+        "node1",
+        "restart",
+        ("node1",),
+        (),
+    )
+    assert "--min-nodes 1: it goes on with the 1 usable node(s) left of the 2 it ran on" in log, log
+    assert "--allow-resize: the checkpoint of 4 ranks is resharded onto 2" in log, log
+    assert (finished.nodes, finished.outcome, finished.exclude) == (
+        ("node2",),
+        "completed",
+        ("node3", "node1"),
+    )
+    starts = [
+        r
+        for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+        if r["event"] == "start"
+    ]
+    assert [s["world_size"] for s in starts] == [4, 4, 2]
+    weights = torch.load(folder / "model.pth", weights_only=True)
+    model = torch.nn.Linear(10, 1)
+    model.load_state_dict(weights)  # the plain model's full state dict, whole
+    assert all(torch.isfinite(v).all() for v in weights.values())

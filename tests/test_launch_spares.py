@@ -1,0 +1,266 @@
+"""Restarting inside the allocation (--spare-nodes), its pure rules: which nodes a step runs on
+(hpc_ddp.launch.spares), when a requeue becomes a restart in place (hpc_ddp.launch.slurm.inplace.plan), how a
+step in place is numbered (hpc_ddp.cluster.env), and the shell text `begin` hands the batch script
+(hpc_ddp.scheduler.slurm.steps). The real
+thing, on the local Slurm cluster: tests/test_launch_slurm_inplace.py."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from hpc_ddp.cluster.env import in_place, order, requeues, restart_count
+from hpc_ddp.launch import retry, spares
+from hpc_ddp.launch.slurm import inplace, min_nodes
+from hpc_ddp.ledger import attempts, outcomes
+from hpc_ddp.scheduler.slurm import steps
+
+N3 = ("node1", "node2", "node3")
+N4 = ("node1", "node2", "node3", "node4")
+
+
+@pytest.mark.parametrize(
+    ("allocation", "spare", "batch", "nodes", "left_spare"),
+    [
+        (N3, 1, "node1", ("node2", "node3"), ("node1",)),  # the batch shell's node is the spare
+        (N3, 1, "", ("node1", "node2"), ("node3",)),  # unknown batch host: the last node waits
+        (N4, 2, "node1", ("node2", "node3"), ("node1", "node4")),
+        (N3, 0, "node1", N3, ()),  # no spares: every node
+        (("node1",), 1, "node1", ("node1",), ()),  # no more nodes than spares: all of them, none held back
+        (("node2", "node3"), 1, "node2", ("node3",), ("node2",)),  # a requeued job on other nodes
+    ],
+)
+def test_the_first_step_leaves_the_spares_out_the_batch_hosts_node_first(
+    allocation: tuple[str, ...], spare: int, batch: str, nodes: tuple[str, ...], left_spare: tuple[str, ...]
+) -> None:
+    placed = spares.first(allocation, spare, batch)
+    assert (placed.nodes, placed.spares) == (nodes, left_spare)
+
+
+@pytest.mark.parametrize(
+    ("allocation", "ran_on", "blamed", "least", "batch", "want"),
+    [
+        # a node lost (Slurm removed it): the spare (the batch shell's node) takes its place; rank 0's too
+        (
+            ("node1", "node2"),
+            ("node2", "node3"),
+            ("node3",),
+            2,
+            "node1",
+            (("node1", "node2"), ("node3",), ("node1",), ()),
+        ),
+        (
+            ("node1", "node3"),
+            ("node2", "node3"),
+            ("node2",),
+            2,
+            "node1",
+            (("node1", "node3"), ("node2",), ("node1",), ()),
+        ),
+        # a GPU error blamed on node2: still in the allocation, left out all the same
+        (N3, ("node2", "node3"), ("node2",), 2, "node1", (("node1", "node3"), ("node2",), ("node1",), ())),
+        # a code error blames nothing: the same nodes, no spare spent
+        (N3, ("node2", "node3"), (), 2, "node1", (("node2", "node3"), (), (), ("node1",))),
+        # two spares: the one that is not the batch shell's first
+        (
+            N4,
+            ("node2", "node3"),
+            ("node3",),
+            2,
+            "node1",
+            (("node2", "node4"), ("node3",), ("node4",), ("node1",)),
+        ),
+        # no spare left, --min-nodes 1: one node goes on
+        (
+            ("node1", "node3"),
+            ("node1", "node3"),
+            ("node2", "node3"),
+            1,
+            "node1",
+            (("node1",), ("node3",), (), ()),
+        ),
+        # a node blamed before (excluded) is never taken back as a spare
+        (N3, ("node1", "node3"), ("node2", "node3"), 1, "node1", (("node1",), ("node3",), (), ())),
+    ],
+)
+def test_the_next_step_keeps_the_healthy_nodes_and_takes_spares_for_the_rest(
+    allocation: tuple[str, ...],
+    ran_on: tuple[str, ...],
+    blamed: tuple[str, ...],
+    least: int,
+    batch: str,
+    want: tuple[tuple[str, ...], ...],
+) -> None:
+    placed = spares.after(allocation, ran_on, blamed, least, batch)
+    assert placed is not None
+    assert (placed.nodes, placed.left, placed.spares_in, placed.spares) == want
+    assert placed.shrunk == (len(placed.nodes) < len(ran_on))
+
+
+@pytest.mark.parametrize(
+    ("allocation", "ran_on", "blamed", "least"),
+    [
+        (("node1", "node3"), ("node1", "node3"), ("node3",), 2),  # no spare, no --min-nodes: requeue
+        (("node1",), ("node1", "node3"), ("node3", "node1"), 1),  # nothing usable left
+        ((), ("node1", "node2"), (), 1),
+    ],
+)
+def test_no_placement_when_too_few_nodes_are_left(
+    allocation: tuple[str, ...], ran_on: tuple[str, ...], blamed: tuple[str, ...], least: int
+) -> None:
+    assert spares.after(allocation, ran_on, blamed, least, "node1") is None
+
+
+def test_a_step_is_placed_by_its_environment_ranks_in_node_order() -> None:
+    assert steps.step_environ(("node1", "node3"), 2, "/tmp/h") == {
+        "SLURM_HOSTFILE": "/tmp/h",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NTASKS": "4",
+        "SLURM_NPROCS": "4",
+    }
+    assert steps.hostfile_text(("node1", "node3"), 2) == "node1\nnode1\nnode3\nnode3\n"
+
+
+REQUEUE = retry.Decision(
+    outcomes.REQUEUE, "restarting from the checkpoint at step 4 (failure 1 of --max-restarts 3)"
+)
+ELASTIC = min_nodes.Smaller(least=1, per_node=2, batch=8, grad_accum=1)
+
+
+@pytest.mark.parametrize(
+    ("decision", "outcome", "spare", "allocation", "rule", "action", "message"),
+    [
+        (
+            retry.Decision(outcomes.REQUEUE, REQUEUE.message, ("node3",)),
+            outcomes.NODE_FAIL,
+            1,
+            ("node1", "node2"),
+            min_nodes.EVERY_NODE,
+            outcomes.RESTART,
+            f"{REQUEUE.message}, in place on node1,node2 (node3 left, spare node1 in, 0 spare(s) left)",
+        ),
+        (  # a code error: the same nodes, no spare spent
+            REQUEUE,
+            outcomes.FAILED,
+            1,
+            N3,
+            min_nodes.EVERY_NODE,
+            outcomes.RESTART,
+            f"{REQUEUE.message}, in place on node2,node3 (1 spare(s) left)",
+        ),
+        (  # no spare left, --min-nodes 1: fewer nodes, said as a --min-nodes requeue says it
+            retry.Decision(outcomes.REQUEUE, REQUEUE.message, ("node1", "node3")),
+            outcomes.FAILED,
+            1,
+            ("node2", "node3"),
+            ELASTIC,
+            outcomes.RESTART,
+            f"{REQUEUE.message}, in place on node2 (node3 left, 0 spare(s) left); --min-nodes 1: it goes on with "
+            "the 1 usable node(s) left of the 2 it ran on (node1,node3 excluded), 2 rank(s) instead of 4",
+        ),
+        (  # no spare left, no --min-nodes: today's requeue
+            retry.Decision(outcomes.REQUEUE, REQUEUE.message, ("node1", "node3")),
+            outcomes.FAILED,
+            1,
+            ("node2", "node3"),
+            min_nodes.EVERY_NODE,
+            outcomes.REQUEUE,
+            REQUEUE.message,
+        ),
+        (REQUEUE, outcomes.PREEMPTED, 1, N3, min_nodes.EVERY_NODE, outcomes.REQUEUE, REQUEUE.message),
+        (REQUEUE, outcomes.FAILED, 0, N3, min_nodes.EVERY_NODE, outcomes.REQUEUE, REQUEUE.message),
+        (
+            retry.Decision(outcomes.STOP, "crash loop: ..."),
+            outcomes.FAILED,
+            1,
+            N3,
+            min_nodes.EVERY_NODE,
+            outcomes.STOP,
+            "crash loop: ...",
+        ),
+    ],
+)
+def test_only_a_failure_of_a_job_with_spares_restarts_in_place(
+    decision: retry.Decision,
+    outcome: str,
+    spare: int,
+    allocation: tuple[str, ...],
+    rule: min_nodes.Smaller,
+    action: str,
+    message: str,
+) -> None:
+    got, placement = inplace.plan(decision, outcome, spare, allocation, ("node2", "node3"), "node1", rule)
+    assert got.action == action
+    assert got.message.startswith(message), got.message
+    assert (placement is not None) == (action == outcomes.RESTART)
+    if placement is not None:
+        assert (got.left, got.spares_in) == (placement.left, placement.spares_in)
+
+
+@pytest.mark.parametrize(
+    ("environ", "restart"),
+    [
+        ({}, 0),
+        ({"SLURM_RESTART_COUNT": "2"}, 2),
+        ({"HPC_DDP_IN_PLACE": "1"}, 1000),
+        ({"SLURM_RESTART_COUNT": "2", "HPC_DDP_IN_PLACE": "3"}, 3002),
+    ],
+)
+def test_a_step_in_place_has_a_restart_count_of_its_own_and_keeps_slurms(
+    environ: dict[str, str], restart: int
+) -> None:
+    got = restart_count(environ)
+    assert got == restart
+    assert requeues(got) == int(environ.get("SLURM_RESTART_COUNT", "0"))
+    assert in_place(got) == int(environ.get("HPC_DDP_IN_PLACE", "0"))
+
+
+def test_attempts_sort_by_requeue_then_step() -> None:
+    assert sorted([1, 2000, 1000, 0, 1001], key=order) == [0, 1000, 2000, 1, 1001]
+
+
+def test_the_ledger_keeps_which_nodes_left_and_which_spares_came_in() -> None:
+    attempt = attempts.Attempt("7", 0, outcome=outcomes.NODE_FAIL, left=("node3",), spares_in=("node1",))
+    record = attempts.end_record(attempt, now=1.0)
+    assert (record["left"], record["spares_in"]) == (["node3"], ["node1"])
+    (merged,) = attempts.merge([record])
+    assert (merged.left, merged.spares_in) == (("node3",), ("node1",))
+    assert "left" not in attempts.end_record(attempts.Attempt("7", 0), now=1.0)
+
+
+def test_the_batch_scripts_srun_function_records_its_arguments_and_places_the_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The text `begin` prints, run by bash with a stand-in srun on PATH: the script's own srun line starts
+    the step through the environment, and its arguments are kept for the steps in place."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(
+        '#!/bin/sh\necho "$SLURM_HOSTFILE $SLURM_NNODES $SLURM_NTASKS $*"; cat "$SLURM_HOSTFILE"\n'
+    )
+    (bin_dir / "srun").chmod(0o755)
+    placed = spares.first(N3, 1, "node1")
+    args_file = tmp_path / "args"
+    text = steps.shell_function(placed.nodes, 2, str(tmp_path / "hosts"), str(args_file))
+    (tmp_path / "hosts").write_text(steps.hostfile_text(placed.nodes, 2))
+    out = subprocess.run(
+        ["bash", "-c", f'{text}\nsrun --kill-on-bad-exit=1 python -c "print(1)" "a b"'],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.splitlines() == [
+        f"{tmp_path / 'hosts'} 2 4 --kill-on-bad-exit=1 python -c print(1) a b",
+        "node2",
+        "node2",
+        "node3",
+        "node3",
+    ]
+    assert steps.step_args({"HPC_DDP_STEP_ARGS": str(args_file)}) == [
+        "--kill-on-bad-exit=1",
+        "python",
+        "-c",
+        "print(1)",
+        "a b",
+    ]
