@@ -381,8 +381,8 @@ def test_uneven_streams_end_the_epoch_together_and_a_resume_restarts_the_epoch(t
 @pytest.mark.deadline(240)
 def test_a_stream_with_state_preempted_twice_ends_bitwise_equal(tmp_path: Path) -> None:
     args = ("--task", "model_tasks:stateful_stream", *TWO, "--epochs", "3", "--batch-size", "8")
-    slow = {"STEP_SLEEP_S": "0.4"}
-    code, out = finish(start(tmp_path / "straight", *args, **slow))
+    slow = {"STEP_SLEEP_S": "0.4"}  # the signals' room to land mid-epoch; the uninterrupted run needs none
+    code, out = finish(start(tmp_path / "straight", *args))
     assert code == 0, out
     out = preempted_twice(tmp_path / "twice", *args, **slow)
     assert "cannot be resumed mid-epoch" not in out
@@ -398,8 +398,8 @@ def test_a_stream_with_state_read_by_two_workers_preempted_twice_ends_bitwise_eq
     # and 64 samples: rank 0 has 5 + 6 batches of 8, rank 1 more; every epoch ends after 11 steps.
     args = ("--task", "model_tasks:stateful_stream", *TWO, "--epochs", "3", "--batch-size", "8")
     args += ("--num-workers", "2")
-    slow = {"STEP_SLEEP_S": "0.3"}
-    code, out = finish(start(tmp_path / "straight", *args, **slow), timeout=200)
+    slow = {"STEP_SLEEP_S": "0.3"}  # the signals' room to land mid-epoch; the uninterrupted run needs none
+    code, out = finish(start(tmp_path / "straight", *args), timeout=200)
     assert code == 0, out
     # Each rank runs on 1 CPU here: one line of the kit's says so, instead of torch's warning for every loader
     # of every rank (issue 37 item 4).
