@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -87,6 +88,14 @@ def test_losing_rank_0s_node_brings_the_spare_in_without_a_requeue_bitwise_equal
         "in place on node1,node3 (node2 left, spare node1 in, 0 spare(s) left)" in out
         and "Process 0 initialized on node1" in out  # the new step's rank 0, and its rendezvous host
     ), out
+    # --wait says it: the new step's start, then what the restart cost, at its first step
+    assert "[submit] attempt 2 on node1,node3 (restart in place 1): resumed from step" in out, out
+    said = re.search(
+        rf"\[submit\] restart in place 1 of job {job_id} \(node2 left, spare node1 in\): ([0-9.]+) s from the "
+        "failure of attempt 1 to the first step of attempt 2, without leaving the allocation",
+        out,
+    )
+    assert said and 0 < float(said.group(1)) < HANG_GUARD_S, out  # a figure, not a target: the bench times it
     assert "REQUEUED" not in sacct_records(job_id), out
     assert sacct_records(job_id)[-1] == "COMPLETED", out
     ref_out, _ = reference.communicate(timeout=HANG_GUARD_S)

@@ -264,3 +264,62 @@ def test_the_batch_scripts_srun_function_records_its_arguments_and_places_the_st
         "print(1)",
         "a b",
     ]
+
+
+def test_the_record_says_a_restart_in_place_and_what_it_cost() -> None:
+    failed = attempts.Attempt(
+        "7",
+        0,
+        number=1,
+        ended=100.0,
+        outcome=outcomes.NODE_FAIL,
+        decision=outcomes.RESTART,
+        left=("node2",),
+        spares_in=("node1",),
+    )
+    again = attempts.Attempt("7", 1000, number=2, started=108.0, nodes=("node1", "node3"), resumed_from=4)
+    assert attempts.start_line(again) == "attempt 2 on node1,node3 (restart in place 1): resumed from step 4"
+    assert attempts.restarted_in_place([failed, again], again) == failed
+    assert attempts.restarted_in_place([failed], failed) is None  # a first step
+    requeued = attempts.Attempt("7", 1, number=2)
+    assert attempts.restarted_in_place([failed, requeued], requeued) is None  # a requeue: Slurm's count
+    assert attempts.recovery_line(failed, again, 111.25) == (
+        "restart in place 1 of job 7 (node2 left, spare node1 in): 11.2 s from the failure of attempt 1 to "
+        "the first step of attempt 2, without leaving the allocation"
+    )
+
+
+def test_goodput_counts_the_time_a_restart_in_place_held_the_allocation() -> None:
+    """Between a failure and the step started in place the job held its nodes: allocated time (it lowers
+    goodput), not a queue wait; a requeue's gap stays outside the allocation."""
+    from hpc_ddp.report import page, timeline
+    from hpc_ddp.report.records import AttemptLine
+
+    def run(second: int, decision: str) -> timeline.Summary:
+        records = [
+            {"event": "start", "job": "7", "restart": 0, "time": 10.0, "step": 0, "startup_s": 0.0},
+            {"event": "step", "step": 1, "time": 20.0, "loss": 1.0},
+            {"event": "start", "job": "7", "restart": second, "time": 60.0, "step": 0, "startup_s": 0.0},
+            {"event": "step", "step": 1, "time": 70.0, "loss": 1.0},
+        ]
+        lines = [
+            AttemptLine(
+                "7", 0, start_time=10.0, end_time=50.0, outcome="node_fail", step=1, decision=decision
+            ),
+            AttemptLine(
+                "7", second, start_time=60.0, end_time=80.0, outcome="completed", step=1, decision="done"
+            ),
+        ]
+        return timeline.summarize(records, lines, running=False)
+
+    held = run(1000, "restart")
+    assert (held.held_s, held.queue_s, held.restarts_in_place, held.allocated_s) == (10.0, 0.0, 1, 70.0)
+    assert dict(page.headline(held))["restarts in place (allocation held)"] == "1: 10.0 s"
+    queued = run(1, "requeue")
+    assert (queued.held_s, queued.queue_s, queued.restarts_in_place, queued.allocated_s) == (
+        0.0,
+        10.0,
+        0,
+        60.0,
+    )
+    assert "restarts in place (allocation held)" not in dict(page.headline(queued))

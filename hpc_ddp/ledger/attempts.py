@@ -39,7 +39,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.ledger.outcomes import COMPLETED, FAILURES, HANG, LOST, RUNNING, USAGE
+from hpc_ddp.cluster.env import in_place
+from hpc_ddp.ledger.outcomes import COMPLETED, FAILURES, HANG, LOST, RESTART, RUNNING, USAGE
 
 ATTEMPTS = "attempts.jsonl"
 
@@ -281,12 +282,40 @@ def line(attempt: Attempt, message: str) -> str:
 
 
 def start_line(attempt: Attempt) -> str:
-    """How an attempt started, as one line: "attempt 2 on node1,node3: resumed from step 120"."""
+    """How an attempt started, as one line: "attempt 2 on node1,node3: resumed from step 120"; a step started
+    inside the allocation (--spare-nodes) says so: "attempt 2 on node1,node3 (restart in place 1): ..."."""
     nodes = ",".join(attempt.nodes) or "?"
     resumed = (
         f"resumed from step {attempt.resumed_from}" if attempt.resumed_from is not None else "from the start"
     )
-    return f"attempt {attempt.number} on {nodes}: {resumed}"
+    where = f" (restart in place {in_place(attempt.restart)})" if in_place(attempt.restart) else ""
+    return f"attempt {attempt.number} on {nodes}{where}: {resumed}"
+
+
+def restarted_in_place(history: Iterable[Attempt], attempt: Attempt) -> Attempt | None:
+    """The attempt whose failure `attempt` restarted in place from (its job's attempt just before it, when that
+    one's decision was a restart and `attempt` is a step in place), else None (pure)."""
+    if not in_place(attempt.restart):
+        return None
+    before = [a for a in history if a.job == attempt.job and a.number < attempt.number]
+    last = before[-1] if before else None
+    return last if last is not None and last.decision == RESTART else None
+
+
+def recovery_line(failed: Attempt, attempt: Attempt, first_step: float) -> str:
+    """What a restart in place cost, as one line (pure): which node left, which spare came in, and the
+    seconds from the failure (its end's record) to the first step the new step committed (`first_step`)."""
+    moves = [
+        *([f"{','.join(failed.left)} left"] if failed.left else []),
+        *([f"spare {','.join(failed.spares_in)} in"] if failed.spares_in else []),
+    ]
+    seconds = first_step - failed.ended if failed.ended is not None else None
+    took = f"{seconds:.1f} s" if seconds is not None else "? s"
+    return (
+        f"restart in place {in_place(attempt.restart)} of job {attempt.job}"
+        f"{' (' + ', '.join(moves) + ')' if moves else ' (same nodes)'}: {took} from the failure of attempt "
+        f"{failed.number} to the first step of attempt {attempt.number}, without leaving the allocation"
+    )
 
 
 def summary(attempt: Attempt) -> str:

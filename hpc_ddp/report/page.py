@@ -118,6 +118,11 @@ def headline(s: Summary, key: tuple[str, str] | None = None) -> list[tuple[str, 
         ("lost work", f"{duration(s.lost_s)} ({steps_text(s.lost_steps)} replayed)"),
         ("after the last step", duration(s.after_s)),
         ("queue wait between attempts" if s.queued else "time between attempts", duration(s.queue_s)),
+        *(
+            [("restarts in place (allocation held)", f"{s.restarts_in_place}: {duration(s.held_s)}")]
+            if s.restarts_in_place
+            else []
+        ),
         ("failures", str(s.failures)),
         ("MTBF", duration(s.mtbf_s)),
         ("checkpoint cost C (mean stall)", duration(s.save_cost_s)),

@@ -1,7 +1,7 @@
 """Where a run's allocation went, computed from its records alone (pure: no files, no clock, no plotting).
 
 Every time is in seconds: wall-clock stamps are seconds since the epoch, as the records carry them. An attempt
-is one start of the run's processes, identified by (job, restart). Its allocated time is cut into five parts
+is one start of the run's processes, identified by (job, restart). Its allocated time is cut into six parts
 that add up to it exactly:
 
     startup      process start -> first step (the start record's startup_s)
@@ -13,12 +13,15 @@ that add up to it exactly:
     after        the attempt's last step (its end record, else its last record) -> its end: writing
                  model.pth, teardown, hang detection, exit (for a running attempt: nothing yet)
 
-    allocated = startup + productive + stalls + lost + after = end - process start, summed over attempts
+    held         a restart in place (--spare-nodes): the previous attempt's end -> this one's process start,
+                 when the job kept its allocation between them (hpc_ddp.launch.slurm.inplace)
+
+    allocated = startup + productive + stalls + lost + after + held = end - process start + held, summed
     goodput   = productive / allocated
 
 The time an attempt's job waited in the queue after the previous attempt (Slurm's accounting when there is
 one, else the gap between the previous attempt's end and this one's process start) is shown beside it but is
-not allocated time. The checkpoint interval that would have maximised goodput given the failures seen is
+not allocated time; after a restart in place there is no queue, and that gap is `held`. The checkpoint interval that would have maximised goodput given the failures seen is
 Young's (Daly's first order): tau = sqrt(2 x save cost x MTBF), with the save cost the mean stall of a save
 and MTBF = allocated time / failures, all in seconds.
 """
@@ -33,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hpc_ddp.cluster.env import in_place
 from hpc_ddp.report.recorded import Recorded, Save, Segment, compile_records
 from hpc_ddp.report.records import AttemptLine, StepClock, duration_or_none, int_or_none, num, ordered, stamp
 from hpc_ddp.scheduler.base import Window  # when the scheduler says each run held its nodes
@@ -67,10 +71,13 @@ class Attempt:
     reason: str = ""
     decision: str = ""
     queued: bool = False  # that time was a wait in Slurm's queue (a requeue, or sacct says so)
+    # A restart in place (--spare-nodes): from the previous attempt's end to this one's start, the job held its
+    # allocation (and its spare nodes): allocated time, not a queue wait.
+    held_before_s: float = 0.0
 
     @property
     def allocated_s(self) -> float:
-        return self.end - self.process_start
+        return self.end - self.process_start + self.held_before_s
 
     @property
     def lost_steps(self) -> int:
@@ -107,6 +114,8 @@ class Summary:
     step_time_s: float | None  # median step time
     state: str  # "finished", "running", "failed" or "stopped" (the last attempt ended, not completed)
     queued: bool = False  # some time between attempts was a wait in Slurm's queue (else: a local run's gaps)
+    held_s: float = 0.0  # between attempts restarted in place: allocated (Attempt.held_before_s)
+    restarts_in_place: int = 0
 
     @property
     def goodput(self) -> float | None:
@@ -297,6 +306,9 @@ def _with_queue(
         wait, queued = mine.start - theirs.end, True
     else:
         wait, queued = attempt.process_start - previous.end, previous.decision == "requeue"
+    if in_place(attempt.restart) and previous.decision == "restart" and previous.job == attempt.job:
+        # A step started inside the allocation: the nodes were held all along (hpc_ddp.launch.slurm.inplace).
+        return replace(attempt, held_before_s=max(0.0, attempt.process_start - previous.end))
     return replace(attempt, queue_before_s=max(0.0, wait), queued=queued)
 
 
@@ -348,6 +360,8 @@ def summarize(
         step_time_s=_median(step_times) if step_times else None,
         state=_state(attempts, running),
         queued=any(a.queued for a in attempts),
+        held_s=sum(a.held_before_s for a in attempts),
+        restarts_in_place=sum(1 for a in attempts if in_place(a.restart)),
     )
 
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO, cast
+from typing import Any, TextIO, cast
 
 from hpc_ddp import exitcodes
 from hpc_ddp.launch import supervisor
@@ -170,6 +170,7 @@ class _Local:
         self.stamp: tuple[int, int] | None = None
         self.attempts_shown = 0
         self.stopped_here = False  # this follower stopped the job, and showed every attempt
+        self.recovering: int | None = None  # the restart count of a start whose first step is still to come
 
     @property
     def stops_shown(self) -> bool:
@@ -220,8 +221,26 @@ class _Local:
         if changed:  # first: an attempt's start comes before the lines of the run it starts
             self._show_attempts()
         grew = self.log.poll() > 0
-        events = [r for r in self.metrics.poll() if r.get("event") in ("start", "end")]
+        records = self.metrics.poll()
+        self._show_recovery(records)
+        events = [r for r in records if r.get("event") in ("start", "end")]
         return changed or bool(events) or (grew and not running)
+
+    def _show_recovery(self, records: list[dict[str, Any]]) -> None:
+        """After a restart in place (--spare-nodes), at its first step: which node left, which spare came in,
+        and the seconds from the failure to that step (attempts.recovery_line)."""
+        for r in records:
+            if r.get("event") == "start" and r.get("job") == self.job_id:
+                self.recovering = r.get("restart") if isinstance(r.get("restart"), int) else None
+            elif (
+                r.get("event") == "step" and self.recovering is not None and isinstance(r.get("time"), float)
+            ):
+                history = attempts.of_job(attempts.read(self.folder), self.job_id)
+                this = attempts.find(history, self.job_id, self.recovering)
+                failed = attempts.restarted_in_place(history, this) if this is not None else None
+                if this is not None and failed is not None:
+                    self.say(attempts.recovery_line(failed, this, r["time"]))
+                self.recovering = None
 
     def _show_attempts(self) -> None:
         """Each new attempt of the job as it starts ("attempt 2 on node1,node3: resumed from step 120"); how
