@@ -323,3 +323,33 @@ def test_goodput_counts_the_time_a_restart_in_place_held_the_allocation() -> Non
         60.0,
     )
     assert "restarts in place (allocation held)" not in dict(page.headline(queued))
+
+
+def test_the_recovery_bench_reports_both_paths_and_its_two_targets(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`python -m hpc_ddp.bench recovery` (hpc_ddp/bench/recovery.py; a minute a trial on the Slurm cluster,
+    so not run here): its figures become rows and targets; without a cluster it says why it skipped."""
+    from hpc_ddp.bench import report
+    from hpc_ddp.bench.runs import Settings
+
+    s = Settings(trials=2, steps=4, world_size=2, batch_size=32, work=tmp_path)
+    results = {
+        "recovery": {
+            "requeue_s": 40.0,
+            "in_place_s": 11.0,
+            "in_place_vs_requeue": 0.275,
+            "trials": {"requeue": [38.0, 42.0], "in_place": [10.0, 12.0]},
+        }
+    }
+    found = {t.name: (t.value, t.op, t.threshold, t.met) for t in report.targets(results)}
+    assert found == {
+        "recovery in place, s": (11.0, "<=", 15.0, True),
+        "recovery in place / requeue": (0.275, "<=", 0.3, True),
+    }
+    assert [r[1:] for r in report.rows(results, s)] == [
+        ("node lost -> next step, requeue (2 nodes)", "40.0 s"),
+        ("node lost -> next step, in place (2 + 1 spare)", "11.0 s"),
+        ("in place / requeue", "0.28x"),
+    ]
+    skipped = {"recovery": {"skipped": "no Slurm cluster answers (sinfo)"}}
+    assert report.targets(skipped) == []
+    assert report.rows(skipped, s) == [("recovery", "skipped", "no Slurm cluster answers (sinfo)")]

@@ -116,6 +116,11 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
         )
         target("fsdp / ddp samples/s", f["samples_per_s_ratio"], ">=", 0.85, t.get("samples_per_s", []))
         target("fsdp async / ddp rank-0 save stall", f["stall_s_ratio"], "<=", 0.1, t.get("stall_s", []))
+    if "recovery" in results and "skipped" not in results["recovery"]:
+        r, t = results["recovery"], results["recovery"].get("trials", {})
+        target("recovery in place, s", r["in_place_s"], "<=", 15.0, t.get("in_place", []))
+        trials = ratios(t.get("in_place", []), t.get("requeue", []))
+        target("recovery in place / requeue", r["in_place_vs_requeue"], "<=", 0.3, trials)
     if "watchdog" in results:
         w, t = results["watchdog"], results["watchdog"].get("trials", {})
         trials = ratios(t.get("with", []), t.get("without", []))
@@ -234,6 +239,16 @@ def rows(results: dict[str, dict[str, Any]], s: Settings) -> list[tuple[str, str
                 f"{f['fsdp_process_first_write_s']:.2f} s",
             ),
         ]
+    if "recovery" in results:
+        r = results["recovery"]
+        if "skipped" in r:
+            out.append(("recovery", "skipped", r["skipped"]))
+        else:
+            out += [
+                ("recovery", "node lost -> next step, requeue (2 nodes)", f"{r['requeue_s']:.1f} s"),
+                ("", "node lost -> next step, in place (2 + 1 spare)", f"{r['in_place_s']:.1f} s"),
+                ("", "in place / requeue", f"{r['in_place_vs_requeue']:.2f}x"),
+            ]
     if "watchdog" in results:
         w = results["watchdog"]
         out += [

@@ -13,13 +13,14 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.bench import saving, sharding, startup, throughput, watching
+from hpc_ddp.bench import recovery, saving, sharding, startup, throughput, watching
 from hpc_ddp.bench.report import header, table, targets
 from hpc_ddp.bench.runs import TASK, RunFailed, Settings, load_average, progress
 
 PROG = "python -m hpc_ddp.bench"
 SECTIONS = ("overhead", "scaling", "checkpoint", "launch", "watchdog")  # the default run
-OPTIONAL = ("fsdp",)  # asked for by name only: minutes and gigabytes
+# Asked for by name only: fsdp takes minutes and gigabytes; recovery a Slurm cluster whose nodes it takes away.
+OPTIONAL = ("fsdp", "recovery")
 
 
 def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -34,6 +35,8 @@ def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, An
         results["watchdog"] = watching.watchdog_section(s)
     if "fsdp" in sections:
         results["fsdp"] = sharding.fsdp_section(s)
+    if "recovery" in sections:
+        results["recovery"] = recovery.recovery_section(s)
     return {name: results[name] for name in SECTIONS + OPTIONAL if name in results}
 
 

@@ -176,6 +176,12 @@ class SlurmClient:
         """Set the nodes the job must not run on (replaces the list; "" clears it). Refused while it runs."""
         return self.call("scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(nodes)}")
 
+    def set_node(self, node: str, state: str, reason: str = "hpc_ddp") -> proc.Output:
+        """Set a node's state (DOWN, DRAIN, RESUME): an administrator's action, which the recovery bench
+        (hpc_ddp.bench.recovery) takes on the local test cluster to fail a node under a running job."""
+        why = [f"Reason={reason}"] if state.upper() != "RESUME" else []
+        return self.call("scontrol", "update", f"NodeName={node}", f"State={state}", *why)
+
     def cancel(self, job: str, signal: str = "") -> Done:
         """scancel the job, or only send it `signal` (e.g. "USR2": every step's tasks)."""
         out = self.call("scancel", *([f"--signal={signal}"] if signal else []), job)
