@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,144 +129,166 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
 
 
 def rows(results: dict[str, dict[str, Any]], s: Settings) -> list[tuple[str, str, str]]:
+    """The table's rows (section, what, figure), the sections in the bench's order."""
     out: list[tuple[str, str, str]] = []
-    if "overhead" in results:
-        o = results["overhead"]
-        out += [
-            (
-                "overhead",
-                f"kit, submit --local, {s.world_size} ranks",
-                f"{o['kit_samples_per_s']:,.0f} samples/s",
-            ),
-            ("", "hand loop, mp.spawn, default threads", f"{o['naive_samples_per_s']:,.0f} samples/s"),
-            ("", "hand loop, mp.spawn, tuned threads", f"{o['tuned_samples_per_s']:,.0f} samples/s"),
-            ("", "kit / default-threads loop", f"{o['kit_vs_naive']:.2f}x"),
-            ("", "kit / tuned loop", f"{o['kit_vs_tuned']:.2f}x"),
-        ]
-    if "scaling" in results:
-        c = results["scaling"]
-        out += [
-            (
-                "scaling",
-                f"kit, 1 rank on {c['one_rank_cpus']} CPU(s)",
-                f"{c['one_rank_samples_per_s']:,.0f} samples/s",
-            ),
-            ("", f"kit, {c['ranks']} ranks", f"{c['samples_per_s']:,.0f} samples/s"),
-            ("", f"efficiency, {c['ranks']} ranks / ({c['ranks']} x 1 rank)", f"{c['efficiency']:.2f}"),
-        ]
-    if "checkpoint" in results:
-        k = results["checkpoint"]
-        out += [
-            (
-                "checkpoint",
-                f"kit save ({k['bytes'] / 1e6:.1f} MB), call to durable rename",
-                f"{k['kit_mb_per_s']:,.0f} MB/s",
-            ),
-            ("", "raw write + fsync, same bytes and folder", f"{k['raw_mb_per_s']:,.0f} MB/s"),
-            ("", "kit / raw", f"{k['kit_vs_raw']:.2f}x"),
-            ("", "training stall per save", f"{k['stall_ms']:.1f} ms"),
-            ("", "save call to `latest` updated", f"{k['latest_ms']:.1f} ms"),
-        ]
-    if "launch" in results:
-        la = results["launch"]
-        out += [
-            ("launch", "submit --local: start to first step", f"{la['local_s']:.2f} s"),
-            ("", "torchrun --standalone: start to first step", f"{la['torchrun_s']:.2f} s"),
-            ("", "submit --local / torchrun", f"{la['local_vs_torchrun']:.2f}x"),
-            ("", "submit --local: CPU, the whole run", f"{la['local_cpu_s']:.2f} CPU s"),
-            ("", "torchrun --standalone: CPU, the whole run", f"{la['torchrun_cpu_s']:.2f} CPU s"),
-            ("", "CPU submit --local / torchrun", f"{la['local_vs_torchrun_cpu']:.2f}x"),
-            ("", "rank's torch import, collector paused", f"{la['import_rank_cpu_s']:.2f} CPU s"),
-            ("", "the same imports, plainly", f"{la['import_plain_cpu_s']:.2f} CPU s"),
-            ("", "paused / plain", f"{la['import_rank_vs_plain']:.2f}x"),
-        ]
-    if "fsdp" in results:
-        f = results["fsdp"]
-        out += [
-            (
-                "fsdp",
-                f"ddp, {f['ranks']} ranks, {f['params'] / 1e6:.1f} M parameters, AdamW",
-                f"{f['ddp_samples_per_s']:,.1f} samples/s",
-            ),
-            ("", "fsdp, sharded async checkpoints", f"{f['fsdp_samples_per_s']:,.1f} samples/s"),
-            ("", "samples/s fsdp / ddp", f"{f['samples_per_s_ratio']:.2f}x"),
-            (
-                "",
-                "peak RSS per rank, ddp / fsdp (the kit's settings)",
-                f"{f['ddp_peak_rss_bytes'] / 2**20:,.0f} / {f['fsdp_peak_rss_bytes'] / 2**20:,.0f} MiB",
-            ),
-            ("", "peak RSS fsdp / ddp (the kit's settings)", f"{f['peak_rss_bytes_ratio']:.2f}x"),
-            (
-                "",
-                "peak RSS per rank, ddp / fsdp (freed memory returned)",
-                f"{f['ddp_held_rss_bytes'] / 2**20:,.0f} / {f['fsdp_held_rss_bytes'] / 2**20:,.0f} MiB",
-            ),
-            ("", "peak RSS fsdp / ddp (freed memory returned)", f"{f['held_rss_bytes_ratio']:.2f}x"),
-            (
-                "",
-                "loop stall per save, ddp full / fsdp sharded",
-                f"{f['ddp_stall_s'] * 1e3:,.0f} / {f['fsdp_stall_s'] * 1e3:,.0f} ms",
-            ),
-            ("", "stall fsdp / ddp", f"{f['stall_s_ratio']:.3f}x"),
-            (
-                "",
-                "fsdp background write / save interval",
-                f"{f['fsdp_write_s']:.2f} / {f['fsdp_interval_s']:.2f} s",
-            ),
-            (
-                "",
-                "--async-save thread / process: loop stall per save",
-                f"{f['fsdp_stall_s'] * 1e3:,.0f} / {f['fsdp_process_stall_s'] * 1e3:,.0f} ms",
-            ),
-            (
-                "",
-                "--async-save thread / process: background write",
-                f"{f['fsdp_write_s']:.2f} / {f['fsdp_process_write_s']:.2f} s",
-            ),
-            (
-                "",
-                "step time during a write / without one, thread",
-                f"{f['fsdp_step_s_during_write']:.2f} / {f['fsdp_step_s_quiet']:.2f} s",
-            ),
-            (
-                "",
-                "step time during a write / without one, process",
-                f"{f['fsdp_process_step_s_during_write']:.2f} / {f['fsdp_process_step_s_quiet']:.2f} s",
-            ),
-            (
-                "",
-                "process: first save's write (starts the saving processes)",
-                f"{f['fsdp_process_first_write_s']:.2f} s",
-            ),
-        ]
-    if "recovery" in results:
-        r = results["recovery"]
-        if "skipped" in r:
-            out.append(("recovery", "skipped", r["skipped"]))
-        else:
-            out += [
-                ("recovery", "node lost -> next step, requeue (2 nodes)", f"{r['requeue_s']:.1f} s"),
-                ("", "node lost -> next step, in place (2 + 1 spare)", f"{r['in_place_s']:.1f} s"),
-                ("", "in place / requeue", f"{r['in_place_vs_requeue']:.2f}x"),
-            ]
-    if "watchdog" in results:
-        w = results["watchdog"]
-        out += [
-            (
-                "watchdog",
-                f"on: beacons, backward mark, watchdog, {w['ranks']} ranks",
-                f"{w['with_samples_per_s']:,.0f} samples/s",
-            ),
-            ("", "off: NullBeacon, no mark, no watchdog", f"{w['without_samples_per_s']:,.0f} samples/s"),
-            ("", "on / off", f"{w['with_vs_without']:.3f}x"),
-            (
-                "",
-                "rank 0 CPU per step, on / off",
-                f"{w['with_cpu_ms_per_step']:.1f} / {w['without_cpu_ms_per_step']:.1f} ms",
-            ),
-            ("", "CPU on / off", f"{w['cpu_with_vs_without']:.3f}x"),
-        ]
+    for section, section_rows in ROWS.items():
+        if section in results:
+            out += section_rows(results[section], s)
     return out
+
+
+def _overhead_rows(o: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
+    return [
+        (
+            "overhead",
+            f"kit, submit --local, {s.world_size} ranks",
+            f"{o['kit_samples_per_s']:,.0f} samples/s",
+        ),
+        ("", "hand loop, mp.spawn, default threads", f"{o['naive_samples_per_s']:,.0f} samples/s"),
+        ("", "hand loop, mp.spawn, tuned threads", f"{o['tuned_samples_per_s']:,.0f} samples/s"),
+        ("", "kit / default-threads loop", f"{o['kit_vs_naive']:.2f}x"),
+        ("", "kit / tuned loop", f"{o['kit_vs_tuned']:.2f}x"),
+    ]
+
+
+def _scaling_rows(c: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
+    return [
+        (
+            "scaling",
+            f"kit, 1 rank on {c['one_rank_cpus']} CPU(s)",
+            f"{c['one_rank_samples_per_s']:,.0f} samples/s",
+        ),
+        ("", f"kit, {c['ranks']} ranks", f"{c['samples_per_s']:,.0f} samples/s"),
+        ("", f"efficiency, {c['ranks']} ranks / ({c['ranks']} x 1 rank)", f"{c['efficiency']:.2f}"),
+    ]
+
+
+def _checkpoint_rows(k: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
+    return [
+        (
+            "checkpoint",
+            f"kit save ({k['bytes'] / 1e6:.1f} MB), call to durable rename",
+            f"{k['kit_mb_per_s']:,.0f} MB/s",
+        ),
+        ("", "raw write + fsync, same bytes and folder", f"{k['raw_mb_per_s']:,.0f} MB/s"),
+        ("", "kit / raw", f"{k['kit_vs_raw']:.2f}x"),
+        ("", "training stall per save", f"{k['stall_ms']:.1f} ms"),
+        ("", "save call to `latest` updated", f"{k['latest_ms']:.1f} ms"),
+    ]
+
+
+def _launch_rows(la: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
+    return [
+        ("launch", "submit --local: start to first step", f"{la['local_s']:.2f} s"),
+        ("", "torchrun --standalone: start to first step", f"{la['torchrun_s']:.2f} s"),
+        ("", "submit --local / torchrun", f"{la['local_vs_torchrun']:.2f}x"),
+        ("", "submit --local: CPU, the whole run", f"{la['local_cpu_s']:.2f} CPU s"),
+        ("", "torchrun --standalone: CPU, the whole run", f"{la['torchrun_cpu_s']:.2f} CPU s"),
+        ("", "CPU submit --local / torchrun", f"{la['local_vs_torchrun_cpu']:.2f}x"),
+        ("", "rank's torch import, collector paused", f"{la['import_rank_cpu_s']:.2f} CPU s"),
+        ("", "the same imports, plainly", f"{la['import_plain_cpu_s']:.2f} CPU s"),
+        ("", "paused / plain", f"{la['import_rank_vs_plain']:.2f}x"),
+    ]
+
+
+def _fsdp_rows(f: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
+    return [
+        (
+            "fsdp",
+            f"ddp, {f['ranks']} ranks, {f['params'] / 1e6:.1f} M parameters, AdamW",
+            f"{f['ddp_samples_per_s']:,.1f} samples/s",
+        ),
+        ("", "fsdp, sharded async checkpoints", f"{f['fsdp_samples_per_s']:,.1f} samples/s"),
+        ("", "samples/s fsdp / ddp", f"{f['samples_per_s_ratio']:.2f}x"),
+        (
+            "",
+            "peak RSS per rank, ddp / fsdp (the kit's settings)",
+            f"{f['ddp_peak_rss_bytes'] / 2**20:,.0f} / {f['fsdp_peak_rss_bytes'] / 2**20:,.0f} MiB",
+        ),
+        ("", "peak RSS fsdp / ddp (the kit's settings)", f"{f['peak_rss_bytes_ratio']:.2f}x"),
+        (
+            "",
+            "peak RSS per rank, ddp / fsdp (freed memory returned)",
+            f"{f['ddp_held_rss_bytes'] / 2**20:,.0f} / {f['fsdp_held_rss_bytes'] / 2**20:,.0f} MiB",
+        ),
+        ("", "peak RSS fsdp / ddp (freed memory returned)", f"{f['held_rss_bytes_ratio']:.2f}x"),
+        (
+            "",
+            "loop stall per save, ddp full / fsdp sharded",
+            f"{f['ddp_stall_s'] * 1e3:,.0f} / {f['fsdp_stall_s'] * 1e3:,.0f} ms",
+        ),
+        ("", "stall fsdp / ddp", f"{f['stall_s_ratio']:.3f}x"),
+        (
+            "",
+            "fsdp background write / save interval",
+            f"{f['fsdp_write_s']:.2f} / {f['fsdp_interval_s']:.2f} s",
+        ),
+        (
+            "",
+            "--async-save thread / process: loop stall per save",
+            f"{f['fsdp_stall_s'] * 1e3:,.0f} / {f['fsdp_process_stall_s'] * 1e3:,.0f} ms",
+        ),
+        (
+            "",
+            "--async-save thread / process: background write",
+            f"{f['fsdp_write_s']:.2f} / {f['fsdp_process_write_s']:.2f} s",
+        ),
+        (
+            "",
+            "step time during a write / without one, thread",
+            f"{f['fsdp_step_s_during_write']:.2f} / {f['fsdp_step_s_quiet']:.2f} s",
+        ),
+        (
+            "",
+            "step time during a write / without one, process",
+            f"{f['fsdp_process_step_s_during_write']:.2f} / {f['fsdp_process_step_s_quiet']:.2f} s",
+        ),
+        (
+            "",
+            "process: first save's write (starts the saving processes)",
+            f"{f['fsdp_process_first_write_s']:.2f} s",
+        ),
+    ]
+
+
+def _recovery_rows(r: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
+    if "skipped" in r:
+        return [("recovery", "skipped", r["skipped"])]
+    return [
+        ("recovery", "node lost -> next step, requeue (2 nodes)", f"{r['requeue_s']:.1f} s"),
+        ("", "node lost -> next step, in place (2 + 1 spare)", f"{r['in_place_s']:.1f} s"),
+        ("", "in place / requeue", f"{r['in_place_vs_requeue']:.2f}x"),
+    ]
+
+
+def _watchdog_rows(w: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
+    return [
+        (
+            "watchdog",
+            f"on: beacons, backward mark, watchdog, {w['ranks']} ranks",
+            f"{w['with_samples_per_s']:,.0f} samples/s",
+        ),
+        ("", "off: NullBeacon, no mark, no watchdog", f"{w['without_samples_per_s']:,.0f} samples/s"),
+        ("", "on / off", f"{w['with_vs_without']:.3f}x"),
+        (
+            "",
+            "rank 0 CPU per step, on / off",
+            f"{w['with_cpu_ms_per_step']:.1f} / {w['without_cpu_ms_per_step']:.1f} ms",
+        ),
+        ("", "CPU on / off", f"{w['cpu_with_vs_without']:.3f}x"),
+    ]
+
+
+# Each section's rows, in the table's order.
+ROWS: dict[str, Callable[[dict[str, Any], Settings], list[tuple[str, str, str]]]] = {
+    "overhead": _overhead_rows,
+    "scaling": _scaling_rows,
+    "checkpoint": _checkpoint_rows,
+    "launch": _launch_rows,
+    "fsdp": _fsdp_rows,
+    "recovery": _recovery_rows,
+    "watchdog": _watchdog_rows,
+}
 
 
 def table(results: dict[str, dict[str, Any]], s: Settings, load: float = 0.0, cpus: int = 0) -> str:

@@ -29,11 +29,11 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler, Sampler
 
-from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.workers import DataOptions
 from hpc_ddp.run.workers import init as worker_start
 
 
-def loader_options(cfg: TrainConfig, device: Any, workers: int) -> dict[str, Any]:
+def loader_options(cfg: DataOptions, device: Any, workers: int) -> dict[str, Any]:
     """The DataLoader settings a user tunes, for the training and the evaluation loaders: --num-workers,
     --pin-memory (auto: on a GPU), --prefetch-factor (with workers only: torch refuses it without)."""
     pin = cfg.pin_memory == "on" or (cfg.pin_memory == "auto" and device.type == "cuda")

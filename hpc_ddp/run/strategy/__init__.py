@@ -3,7 +3,7 @@
     ddp   DistributedDataParallel: a replica per rank, gradients all-reduced in backward (ddp.py)
     fsdp  FSDP2: parameters, gradients and optimizer state sharded over the ranks (fsdp.py)
 
-Adding one is its module and one entry in STRATEGIES (and its name in run/config.py's STRATEGIES).
+Adding one is its module and one entry in STRATEGIES (options.py, where `--strategy` takes its names from).
 
 A strategy's module is imported only when a run asks for it: fsdp.py pulls in DTensor and Distributed
 Checkpoint (and through them sympy), about 2 s of start-up on every rank that a ddp run would pay for nothing.
@@ -12,15 +12,13 @@ Checkpoint (and through them sympy), about 2 s of start-up on every rank that a 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run.strategy.base import Strategy
+from hpc_ddp.run.strategy.options import STRATEGIES as STRATEGIES
 
-STRATEGIES: dict[str, str] = {  # name -> "module:class", imported on first use
-    "ddp": "hpc_ddp.run.strategy.ddp:DDPStrategy",
-    "fsdp": "hpc_ddp.run.strategy.fsdp:FSDPStrategy",
-}
+if TYPE_CHECKING:  # torch comes with a strategy's module, when a run asks for one (`--help` does not)
+    from hpc_ddp.run.strategy.base import Strategy
 
 
 def kind(name: str) -> type[Strategy]:
