@@ -1,4 +1,5 @@
-"""The layers (README, "Architecture"): every hpc_ddp import goes to its own layer or a lower one; no cycle.
+"""The layers (README, "Architecture"): every hpc_ddp import goes to its own layer or a lower one; no cycle; and the
+sizes a reader measures (no function, class or constructor over its size).
 
 Every `import` and `from ... import` of every module counts, wherever it stands: at module level, inside a
 function (the lazy imports that keep `--help` fast) and under `if TYPE_CHECKING:`. A module's layer follows
@@ -480,3 +481,61 @@ def test_the_check_names_a_slurm_use(source: str, what: str) -> None:
 )
 def test_the_check_leaves_prose_and_mode_names_alone(source: str) -> None:
     assert slurm_uses(source) == []
+
+
+# ----- sizes, a reader's measure (issue 34) -----------------------------------------------------------------
+# No function over 80 lines, no class in run/ over 350 lines and none elsewhere over 400, no constructor over 9
+# parameters: everywhere but launch/ and ledger/, whose restructuring into one scheduler seam comes with its
+# own measure. Lines are the definition's whole extent (docstring and comments included); a constructor's
+# parameters are its `__init__`'s, `self` left out (a dataclass's fields are a record, not a parameter list).
+MAX_FUNCTION, MAX_CLASS, MAX_RUN_CLASS, MAX_PARAMETERS = 80, 400, 350, 9
+NOT_SIZED = ("hpc_ddp/launch/", "hpc_ddp/ledger/")
+
+
+def oversized(source: str, where: str) -> list[str]:
+    """What in module `source` (at `where`, a path under the root) is over its size, one line each."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        lines = (node.end_lineno or node.lineno) - node.lineno + 1
+        if isinstance(node, ast.ClassDef):
+            limit = MAX_RUN_CLASS if where.startswith("hpc_ddp/run/") else MAX_CLASS
+            if lines > limit:
+                found.append(f"{where}:{node.lineno}: class {node.name} has {lines} lines (at most {limit})")
+            continue
+        if lines > MAX_FUNCTION:
+            found.append(f"{where}:{node.lineno}: {node.name}() has {lines} lines (at most {MAX_FUNCTION})")
+        args = node.args
+        count = len(args.posonlyargs) + len(args.args) + len(args.kwonlyargs) - 1
+        count += (args.vararg is not None) + (args.kwarg is not None)
+        if node.name == "__init__" and count > MAX_PARAMETERS:
+            found.append(f"{where}:{node.lineno}: __init__ has {count} parameters (at most {MAX_PARAMETERS})")
+    return found
+
+
+def test_no_function_class_or_constructor_is_over_its_size() -> None:
+    found = []
+    for path in all_modules().values():
+        where = path.relative_to(ROOT).as_posix()
+        if not where.startswith(NOT_SIZED):
+            found += oversized(path.read_text(), where)
+    assert found == [], "\n".join(found)
+
+
+def test_the_size_rule_names_what_is_over() -> None:
+    """Not vacuous: each limit, one line over it and exactly at it."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(78))
+    assert oversized(f"def f():\n    '''Doc.'''\n{body}", "hpc_ddp/x.py") == []  # 80 lines
+    assert oversized(f"def f():\n    '''Doc.'''\n{body}    y = 0\n", "hpc_ddp/x.py") == [
+        "hpc_ddp/x.py:1: f() has 81 lines (at most 80)"
+    ]
+    methods = "".join(f"    def m{i}(self):\n        return {i}\n\n" for i in range(117))  # 351 lines
+    cls = f"class C:\n{methods}"
+    assert oversized(cls, "hpc_ddp/run/x.py") == ["hpc_ddp/run/x.py:1: class C has 351 lines (at most 350)"]
+    assert oversized(cls, "hpc_ddp/report/x.py") == []
+    params = ", ".join(f"p{i}" for i in range(9))
+    assert oversized(f"class C:\n    def __init__(self, {params}):\n        pass\n", "hpc_ddp/x.py") == []
+    assert oversized(
+        f"class C:\n    def __init__(self, {params}, *, q):\n        pass\n", "hpc_ddp/x.py"
+    ) == ["hpc_ddp/x.py:2: __init__ has 10 parameters (at most 9)"]

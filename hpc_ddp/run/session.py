@@ -165,9 +165,8 @@ def _train(
     environ: Mapping[str, str],
 ) -> int:
     import torch
-    import torch.distributed as dist
 
-    from hpc_ddp.run import exact, resume, rng, tasks
+    from hpc_ddp.run import resume, rng, tasks
     from hpc_ddp.run.trainer import Trainer
 
     if device.type == "cuda":
@@ -181,9 +180,9 @@ def _train(
     beacon.set(USER_CODE)  # the task's build function is the user's: a hang there is named as such
     task = tasks.build(cfg)  # the user's code and --task are checked before anything in the folder changes
     plan = _rank0(env, lambda: resume.plan(cfg, folder, environ, log.warn))  # looks; changes nothing
-    start = plan.start
     asked_grad_accum = cfg.grad_accum
-    cfg, resized = resume.resize(cfg, start, env.world_size)  # --allow-resize: --grad-accum keeps the batch
+    # --allow-resize: another world size, and the --grad-accum that keeps the global batch.
+    cfg, resized = resume.resize(cfg, plan.start, env.world_size)
     # Leaving the block closes the trainer on every path, errors included: the checkpoint in flight is
     # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed. The
     # watchdog is stopped first, and covers everything up to then: training, saves, the final barriers.
@@ -192,62 +191,93 @@ def _train(
         _watchdog(cfg, env, folder, log, trainer, environ),
     ):
         beacon.set(STARTUP)  # the user's setup is done; the kit resumes and prepares the folder (rank 0)
-        if start is not None:
-            trainer.resume_from(start)  # rank 0 verified it in plan()
+        if plan.start is not None:
+            trainer.resume_from(plan.start)  # rank 0 verified it in plan()
             if trainer.finished():
-                beacon.set(FINISHING)
-                model_path = folder / run_folder.MODEL
-                if _rank0(env, lambda: not model_path.is_file()):
-                    _write_model(trainer, env, model_path, log)
-                    log.main(f"model.pth was missing: written from the final checkpoint to {model_path}")
-                _rank0(env, lambda: _finished_already(trainer, folder, log))
-                return exitcodes.OK
-        # Everything is checked: only now does this start change the folder, and record itself.
-        if resized is not None and resized.saved != resized.now:
-            trainer.not_exact.append(exact.RESIZED)
-        if trainer.not_exact:  # what cannot resume bit for bit, said before training (hpc_ddp.run.exact)
-            log.main(f"not bitwise resumable: {'; '.join(trainer.not_exact)}")
-        _rank0(env, lambda: _take_folder(cfg, env, folder, plan, log, trainer.not_exact))
-        # Every rank, in the folder rank 0 now holds for this attempt: the space of its exit note, which a disk
-        # that fills during training must not lose (hpc_ddp.ledger.exits).
-        exits.reserve(folder, env.job_id or "", env.restart, env.rank)
-        _record_start(env, folder, environ, trainer.pos.step if start is not None else None, cfg.requeue_by)
-        for note in trainer.notes:
-            log.main(note)
-        if start is not None:
-            log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
-        if resized is not None:
-            log.main(resized.describe())
-        trainer.metrics.start(
-            trainer.pos,
-            env.job_id or "",
-            env.restart,
-            start is not None,
-            env.world_size,
-            _since_process_start(),
-            resized.record() if resized is not None else None,
-        )
+                return _finished(trainer, env, folder, log)
+        _begin(trainer, env, folder, log, environ, plan, resized)
         preemption.arm()  # from here on a stop signal is saved for at the next agreed step
         outcome = trainer.run()
-        beacon.set(FINISHING)
-        if not outcome.finished:
-            log.main(
-                f"{preemption.signal_name()}: every rank stopped at step {trainer.pos.step}; saving a "
-                "checkpoint"
-            )
-        signals = preemption.count()
-        trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
-        beacon.set(FINISHING)
-        if preemption.count() > signals and env.is_main:
-            log.info("another signal came during the save: noted, the save went on to the end")
-        trainer.metrics.end(trainer.pos)
-        if not outcome.finished:
-            return _preempted(cfg, env, folder, log, environ, outcome, trainer.pos.step)
-        trainer.strategy.check_in_sync(log)
-        _write_model(trainer, env, folder / run_folder.MODEL, log)
-        log.main(f"Model saved by rank 0 to {folder / run_folder.MODEL}")
-        dist.barrier()
-        return exitcodes.OK
+        return _end(trainer, outcome, env, folder, log, environ)
+
+
+def _finished(trainer: Trainer, env: DistEnv, folder: Path, log: RankLog) -> int:
+    """A rerun of a finished run: nothing to train; a missing model.pth is written from the final checkpoint."""
+    trainer.beacon.set(FINISHING)
+    model_path = folder / run_folder.MODEL
+    if _rank0(env, lambda: not model_path.is_file()):
+        _write_model(trainer, env, model_path, log)
+        log.main(f"model.pth was missing: written from the final checkpoint to {model_path}")
+    _rank0(env, lambda: _finished_already(trainer, folder, log))
+    return exitcodes.OK
+
+
+def _begin(
+    trainer: Trainer,
+    env: DistEnv,
+    folder: Path,
+    log: RankLog,
+    environ: Mapping[str, str],
+    plan: Any,
+    resized: Any,
+) -> None:
+    """Everything is checked: only now does this start change the folder, record itself, and say how it starts."""
+    from hpc_ddp.run import exact
+
+    start = plan.start
+    if resized is not None and resized.saved != resized.now:
+        trainer.not_exact.append(exact.RESIZED)
+    if trainer.not_exact:  # what cannot resume bit for bit, said before training (hpc_ddp.run.exact)
+        log.main(f"not bitwise resumable: {'; '.join(trainer.not_exact)}")
+    _rank0(env, lambda: _take_folder(trainer.cfg, env, folder, plan, log, trainer.not_exact))
+    # Every rank, in the folder rank 0 now holds for this attempt: the space of its exit note, which a disk
+    # that fills during training must not lose (hpc_ddp.ledger.exits).
+    exits.reserve(folder, env.job_id or "", env.restart, env.rank)
+    _record_start(
+        env, folder, environ, trainer.pos.step if start is not None else None, trainer.cfg.requeue_by
+    )
+    for note in trainer.notes:
+        log.main(note)
+    if start is not None:
+        log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
+    if resized is not None:
+        log.main(resized.describe())
+    trainer.metrics.start(
+        trainer.pos,
+        env.job_id or "",
+        env.restart,
+        start is not None,
+        env.world_size,
+        _since_process_start(),
+        resized.record() if resized is not None else None,
+    )
+
+
+def _end(
+    trainer: Trainer, outcome: Outcome, env: DistEnv, folder: Path, log: RankLog, environ: Mapping[str, str]
+) -> int:
+    """After training, every rank: the final save (a preemption's too), then model.pth or the requeue's facts."""
+    import torch.distributed as dist
+
+    beacon = trainer.beacon
+    beacon.set(FINISHING)
+    if not outcome.finished:
+        log.main(
+            f"{preemption.signal_name()}: every rank stopped at step {trainer.pos.step}; saving a checkpoint"
+        )
+    signals = preemption.count()
+    trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
+    beacon.set(FINISHING)
+    if preemption.count() > signals and env.is_main:
+        log.info("another signal came during the save: noted, the save went on to the end")
+    trainer.metrics.end(trainer.pos)
+    if not outcome.finished:
+        return _preempted(trainer.cfg, env, folder, log, environ, outcome, trainer.pos.step)
+    trainer.strategy.check_in_sync(log)
+    _write_model(trainer, env, folder / run_folder.MODEL, log)
+    log.main(f"Model saved by rank 0 to {folder / run_folder.MODEL}")
+    dist.barrier()
+    return exitcodes.OK
 
 
 def _since_process_start() -> float:

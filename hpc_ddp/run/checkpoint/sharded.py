@@ -254,105 +254,7 @@ class Sharded(Format):
         generation, staged = self.staging.stage({k: v for k, v in tensors.items() if v is not None})
         extras = content.to_cpu(rest, "the checkpoint state")
         self.staged += 1
-        return self._job(staged, generation, extras, checks, dict(meta), step)
-
-    def _job(
-        self,
-        staged: dict[str, Any],
-        generation: int,
-        extras: Any,
-        checks: list[Any],
-        meta: dict[str, Any],
-        step: int,
-    ) -> Job:
-        rank, world, group = self.env.rank, self.env.world_size, self.group
-        directory = store.ckpt_dir(self.folder)
-        final = directory / store.ckpt_name(step, suffix="")
-        temp = directory / f".{final.name}{TEMP_SUFFIX}-{self.staged}"
-        folder, keep, storage = self.folder, self.keep, self.storage
-        done: dict[str, Any] = {}  # what a retry on rank 0 need not do again
-
-        def agree(mine: Any) -> list[Any]:
-            everyone: list[Any] = [None] * world
-            dist.all_gather_object(everyone, mine, group=group)
-            return everyone
-
-        def verdict(everyone: list[Any]) -> None:
-            """The same error on every rank, from what every rank reported (None: fine)."""
-            for report in everyone:
-                if report is not None and report[0] == "nonfinite":
-                    raise NonFinite(report[1])
-            for report in everyone:
-                if report is not None:
-                    done.clear()  # every rank starts the whole save again
-                    raise OSError(report[1], report[2], report[3])
-
-        def attempt(fn: Any) -> Any:
-            try:
-                fn()
-            except NonFinite as e:
-                return ("nonfinite", str(e))
-            except OSError as e:
-                return ("oserror", e.errno or errno.EIO, e.strerror or str(e), e.filename or str(temp))
-            return None
-
-        def write_rank_file() -> None:
-            local = _local(staged)
-            for check, key in checks:
-                check(merge(local.get(key), extras.get(key)) if key in local else extras.get(key), step)
-            storage.makedirs(str(temp))
-            torchfile.atomic_save(extras, temp / rank_file(rank), storage)
-
-        def write() -> tuple[Path, int]:
-            written = False
-            try:
-                result = write_all()
-                written = True
-                return result
-            finally:  # the staging copy is free for the next save once this succeeded (else kept for a retry)
-                self.staging.over(generation, written)
-
-        def write_all() -> tuple[Path, int]:
-            if "sums" not in done:
-                verdict(agree(attempt(write_rank_file)))
-                try:
-                    self.write.write(staged, temp)  # on this thread, or in this rank's saving process
-                except BaseException as e:  # DCP tells every rank the same: an OSError on any is one on all
-                    cause = _oserror(e)
-                    if cause is None:
-                        raise
-                    done.clear()
-                    raise OSError(cause.errno or errno.EIO, cause.strerror or str(cause), str(temp)) from e
-
-                def checksum() -> None:
-                    names = [
-                        n
-                        for n in storage.listdir(str(temp))
-                        if n.startswith(f"__{rank}_") or n == rank_file(rank)
-                    ]
-                    if rank == 0:
-                        names.append(METADATA)
-                    done["mine"] = {n: storage.sha256(str(temp / n)) for n in names}
-
-                everyone = agree(attempt(checksum) or ("sums", done.get("mine")))
-                verdict([r if r[0] != "sums" else None for r in everyone])
-                done["sums"] = {name: sum_ for r in everyone for name, sum_ in r[1].items()}
-            if rank != 0:
-                return temp, 0
-            sums = done["sums"]
-            if storage.isdir(str(temp)):
-                storage.write_bytes(str(temp / MANIFEST), json.dumps({"files": sums, "meta": meta}).encode())
-                store.install(temp, final, storage)  # the name is given to a complete checkpoint only
-            store.promote(folder, final, keep, storage)
-            # An older save that failed and was superseded by this one (writer.py) left its temporary folder.
-            for old in storage.listdir(str(directory)):
-                if not fnmatch.fnmatchcase(old, f".ckpt-*{TEMP_SUFFIX}-*"):
-                    continue
-                if 0 <= store.ckpt_step(Path(old[1:].partition(TEMP_SUFFIX)[0])) < step:
-                    storage.remove(str(directory / old))
-            return final, sum(storage.size(str(final / n)) for n in sums)
-
-        return write
+        return _Write(self, staged, generation, extras, checks, dict(meta), step)
 
     @classmethod
     def open(cls, path: Path, verify: bool = True, storage: Storage = LOCAL) -> Opened:
@@ -361,6 +263,119 @@ class Sharded(Format):
     @classmethod
     def world_size_change(cls, saved: int | None, now: int) -> str | None:
         return None if saved == now else f"world size {saved} (now {now})"
+
+
+class _Write:
+    """One sharded checkpoint's write, on every rank's background writer, run again after a failure until it
+    succeeds (writer.py's retries): every rank's file and shards, their checksums agreed on, then rank 0's
+    manifest, the rename to `ckpt-<step>/` and the promotion. Its collectives (over the writers' own group) are
+    made so that every rank reaches the same verdict (see the module docstring)."""
+
+    def __init__(
+        self,
+        fmt: Sharded,
+        staged: dict[str, Any],
+        generation: int,
+        extras: Any,
+        checks: list[Any],
+        meta: dict[str, Any],
+        step: int,
+    ) -> None:
+        self.fmt, self.staged, self.generation, self.extras, self.checks = (
+            fmt,
+            staged,
+            generation,
+            extras,
+            checks,
+        )
+        self.meta, self.step, self.rank, self.storage = meta, step, fmt.env.rank, fmt.storage
+        self.directory = store.ckpt_dir(fmt.folder)
+        self.final = self.directory / store.ckpt_name(step, suffix="")
+        self.temp = self.directory / f".{self.final.name}{TEMP_SUFFIX}-{fmt.staged}"
+        self.done: dict[str, Any] = {}  # what a retry on rank 0 need not do again
+
+    def __call__(self) -> tuple[Path, int]:
+        written = False
+        try:
+            result = self._write()
+            written = True
+            return result
+        finally:  # the staging copy is free for the next save once this succeeded (else kept for a retry)
+            self.fmt.staging.over(self.generation, written)
+
+    def _write(self) -> tuple[Path, int]:
+        temp, done = self.temp, self.done
+        if "sums" not in done:
+            self._verdict(self._agree(self._attempt(self._write_rank_file)))
+            try:
+                self.fmt.write.write(self.staged, temp)  # on this thread, or in this rank's saving process
+            except BaseException as e:  # DCP tells every rank the same: an OSError on any is one on all
+                cause = _oserror(e)
+                if cause is None:
+                    raise
+                done.clear()
+                raise OSError(cause.errno or errno.EIO, cause.strerror or str(cause), str(temp)) from e
+            everyone = self._agree(self._attempt(self._checksum) or ("sums", done.get("mine")))
+            self._verdict([r if r[0] != "sums" else None for r in everyone])
+            done["sums"] = {name: sum_ for r in everyone for name, sum_ in r[1].items()}
+        if self.rank != 0:
+            return temp, 0
+        return self._promote(done["sums"])
+
+    def _agree(self, mine: Any) -> list[Any]:
+        everyone: list[Any] = [None] * self.fmt.env.world_size
+        dist.all_gather_object(everyone, mine, group=self.fmt.group)
+        return everyone
+
+    def _verdict(self, everyone: list[Any]) -> None:
+        """The same error on every rank, from what every rank reported (None: fine)."""
+        for report in everyone:
+            if report is not None and report[0] == "nonfinite":
+                raise NonFinite(report[1])
+        for report in everyone:
+            if report is not None:
+                self.done.clear()  # every rank starts the whole save again
+                raise OSError(report[1], report[2], report[3])
+
+    def _attempt(self, fn: Any) -> Any:
+        try:
+            fn()
+        except NonFinite as e:
+            return ("nonfinite", str(e))
+        except OSError as e:
+            return ("oserror", e.errno or errno.EIO, e.strerror or str(e), e.filename or str(self.temp))
+        return None
+
+    def _write_rank_file(self) -> None:
+        local, extras = _local(self.staged), self.extras
+        for check, key in self.checks:
+            check(merge(local.get(key), extras.get(key)) if key in local else extras.get(key), self.step)
+        self.storage.makedirs(str(self.temp))
+        torchfile.atomic_save(extras, self.temp / rank_file(self.rank), self.storage)
+
+    def _checksum(self) -> None:
+        rank, temp = self.rank, self.temp
+        names = [
+            n for n in self.storage.listdir(str(temp)) if n.startswith(f"__{rank}_") or n == rank_file(rank)
+        ]
+        if rank == 0:
+            names.append(METADATA)
+        self.done["mine"] = {n: self.storage.sha256(str(temp / n)) for n in names}
+
+    def _promote(self, sums: dict[str, str]) -> tuple[Path, int]:
+        """Rank 0: the manifest last, the complete folder renamed into place, `latest` and rotation."""
+        storage, temp, final, directory = self.storage, self.temp, self.final, self.directory
+        if storage.isdir(str(temp)):
+            storage.write_bytes(str(temp / MANIFEST), json.dumps({"files": sums, "meta": self.meta}).encode())
+            store.install(temp, final, storage)  # the name is given to a complete checkpoint only
+        store.promote(self.fmt.folder, final, self.fmt.keep, storage)
+        # An older save that failed and was superseded by this one (writer.py) left its temporary folder.
+        for old in storage.listdir(str(directory)):
+            if not fnmatch.fnmatchcase(old, f".ckpt-*{TEMP_SUFFIX}-*"):
+                continue
+            if 0 <= store.ckpt_step(Path(old[1:].partition(TEMP_SUFFIX)[0])) < self.step:
+                storage.remove(str(directory / old))
+        return final, sum(storage.size(str(final / n)) for n in sums)
 
 
 def _oserror(error: BaseException) -> OSError | None:
