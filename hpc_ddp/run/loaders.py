@@ -1,5 +1,6 @@
 """The training loader's class: torch's DataLoader, or torchdata's StatefulDataLoader for a stream whose state
-lives in DataLoader workers; its sampler (`SkipSampler`); and the end of its workers (`shut_down`).
+lives in DataLoader workers; its sampler (`SkipSampler`); the settings a user tunes (`loader_options`); and the
+end of its workers (`shut_down`). Which loader a run builds, and when: hpc_ddp.run.feed.
 
 A stream (an IterableDataset) with `state_dict()`/`load_state_dict()` read in the rank's own process (no
 workers) is saved and resumed by the loop itself (hpc_ddp.run.parts.StreamPart). Read by workers, each worker

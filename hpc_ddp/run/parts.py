@@ -165,7 +165,7 @@ class StreamPart(Part):
         return self.get()
 
     def load_state_dict(self, state: Any, ctx: Loading) -> None:
-        self.set(state)  # used when the stream's epoch goes on (trainer._stream_epoch)
+        self.set(state)  # used when the stream's epoch goes on (feed.stream_epoch)
 
 
 class BestPart(Part):

@@ -37,7 +37,7 @@ REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 BATCH_VAR = BATCH  # set by the kit's batch scripts: their shell decides and requeues after srun
 STOP_SIGNALS = (signal.SIGTERM,)
 
-# Index of each flag in the tensor the loop all-reduces every optimizer step (see hpc_ddp.run.trainer).
+# Index of each flag in the tensor the loop all-reduces every optimizer step (see hpc_ddp.run.agreed).
 REQUEUE, STOP = 0, 1
 
 _received: list[int] = [0, 0]

@@ -25,7 +25,7 @@ any number of workers, any prefetch, gives a batch the same draws.
 Generators a dataset creates itself (`np.random.default_rng()` in `__init__`) are the dataset's to seed: they
 are copied into each worker as they are and not reseeded here. CUDA generators are never touched (data is made
 on the CPU). Without workers a map-style dataset is read lazily in the rank's own process, from the training's
-generators, which every checkpoint saves: it needs none of this (hpc_ddp.run.trainer).
+generators, which every checkpoint saves: it needs none of this (hpc_ddp.run.feed).
 """
 
 from __future__ import annotations

@@ -8,13 +8,20 @@ Layout of `<folder>/checkpoints/` (the rest of the run folder: hpc_ddp.run.folde
 
 The modules, each one decision:
 
+    storage    where checkpoints are written: the `Storage` interface, `Local` today  (no torch)
     store      names, `latest`, listing, rotation, stale temporaries, `latest_step`  (no torch)
     durable    a file written atomically with its SHA-256, checksum files, why a write failed  (no torch)
+    options    the checkpoint options, checked  (no torch)
     content    what a checkpoint may hold: `to_cpu`, `check_savable`, `require_finite`
-    torchfile  one torch file: streamed into `durable`, loaded back with weights_only (corrupt vs refused)
+    torchfile  one torch file: streamed into the storage, loaded back with weights_only (corrupt vs refused)
     writer     `AsyncWriter`: the background write, its retries (by time) and when to give up
-    format     the `Format` interface, the formats known, `format_of(path)`, `find_resumable`
+    part       the `Part` interface: a named stateful part of a checkpoint
+    format     the `Format` interface
+    formats    the formats known, `format_of(path)`, `find_resumable`
     full       the "full" format: rank 0 writes one file holding every part
+    sharded    the "sharded" format: every rank writes its shards (Distributed Checkpoint)
+    dcpwrite   how the shards reach DCP's files: the staging copy, `--async-save thread|process`
+    streamed   a torch file written tensor by tensor (a sharded checkpoint's model exported)
 
 This package's `__init__` imports nothing: supervisors (the local launcher, the Slurm batch step) import
 `hpc_ddp.run.checkpoint.store` for the step of the latest checkpoint without paying for torch.

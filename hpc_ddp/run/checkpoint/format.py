@@ -1,10 +1,11 @@
 """The checkpoint format interface: how a checkpoint's parts become bytes on disk and come back.
 
-A format decides the bytes; everything around them is shared: the names and `latest` (store), the background
-write and its retries (writer), which parts there are (part), when to save and what a resume must match
-(hpc_ddp.run.checkpointer, hpc_ddp.run.resume). Today there is one format, "full" (one file rank 0 writes,
-hpc_ddp.run.checkpoint.full); a sharded one (every rank writes its shards into `ckpt-<step>/`) is one more
-class beside it, listed in hpc_ddp.run.checkpoint.formats.
+A format decides the bytes; everything around them is shared: the names and `latest` (store), where they are
+written (storage: every byte goes through the run's `Storage`), the background write and its retries (writer),
+which parts there are (part), when to save and what a resume must match (hpc_ddp.run.checkpointer,
+hpc_ddp.run.resume). Two formats: "full" (one file rank 0 writes, hpc_ddp.run.checkpoint.full) and "sharded"
+(every rank writes its shards into `ckpt-<step>/`, hpc_ddp.run.checkpoint.sharded), listed in
+hpc_ddp.run.checkpoint.formats; another is one more class beside them, and its entry there.
 
 Every format follows the store's rule: it writes under a temporary name, renames into the final one once the
 checkpoint is whole and durable, and only then promotes it (`store.promote`: `latest`, rotation).

@@ -1,11 +1,12 @@
 """The strategy interface: how the model is spread over the ranks and kept in step.
 
-The training loop (hpc_ddp.run.trainer) never names DDP: it asks its strategy to wrap the model and build the
-optimizer (in that order, `setup`), for the context of a micro-batch whose gradients must not be synchronised
-yet (`no_sync`), the forward's autocast, a mark when backward's gradients are all computed, clipping, each
-state to save and load, the full weights for `model.pth`, the end-of-training check that the ranks agree, and
-the release of everything that holds the process group (`close`). Today's strategy is DDP (ddp.py); FSDP is
-one more file beside it.
+The training loop (hpc_ddp.run.trainer) names no strategy (tests/test_architecture.py checks its imports): it
+asks its strategy to wrap the model and build the optimizer (in that order, `setup`), for the context of a
+micro-batch whose gradients must not be synchronised yet (`no_sync`), the forward's autocast, a mark when
+backward's gradients are all computed, clipping, each state to save and load, the full weights for
+`model.pth`, the end-of-training check that the ranks agree, and the release of everything that holds the
+process group (`close`). Two strategies implement it: DDP (ddp.py) and FSDP2 (fsdp.py); another is one more
+file beside them, and its entry in options.STRATEGIES.
 """
 
 from __future__ import annotations
