@@ -31,6 +31,7 @@ from hpc_ddp.cluster import placement
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog, count
+from hpc_ddp.run import batches as batching
 from hpc_ddp.run import exact, loaders, rng, seeding
 from hpc_ddp.run.clock import StepClock
 from hpc_ddp.run.config import TrainConfig
@@ -74,6 +75,7 @@ class Feed:
         self.options = loaders.loader_options(cfg, device, self.workers)  # the evaluation's loader's too
         self._build_loader(cfg, device, task)
         self.state: Any = None  # a stream's state before the next step's fetch: what a save holds
+        self.checked = False  # the first batch, checked before anything uses it
         self.loaded: Any = None  # a stream's state from the checkpoint a resume loaded
 
     def _build_loader(self, cfg: TrainConfig, device: torch.device, task: Task) -> None:
@@ -133,7 +135,7 @@ class Feed:
         """The rest of map-style epoch `epoch` from `pos` (a step boundary), each batch timed."""
         self.skip.skip, self.skip.epoch = pos.batch * self.cfg.batch_size, epoch
         self._seed(epoch)
-        return clock.timed(iter(self.loader), pos)
+        return self._checked(clock.timed(iter(self.loader), pos))
 
     def stream_epoch(self, epoch: int, pos: Position, clock: StepClock, log: RankLog) -> Iterator[Any]:
         """Stream epoch `epoch` from `pos`: from the saved state a resume loaded, or from its beginning when
@@ -155,7 +157,16 @@ class Feed:
             )
             pos.batch, pos.loss_sum, pos.loss_count = 0, 0.0, 0.0
         self._seed(epoch)
-        return clock.timed(iter(self.loader), pos)
+        return self._checked(clock.timed(iter(self.loader), pos))
+
+    def _checked(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """`batches`, the first of this process checked before anything uses it: a batch the kit cannot move
+        to the device is a usage error that names the element (hpc_ddp.run.batches)."""
+        for batch in batches:
+            if not self.checked:
+                batching.check(batch)
+                self.checked = True
+            yield batch
 
     def _why_not(self) -> str:
         if not loaders.has_state(self.dataset):

@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.cluster.env import DistEnv
+from hpc_ddp.errors import NonFinite
+from hpc_ddp.log import RankLog
 from hpc_ddp.run import beacon as phase
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.folder import MODEL
+from hpc_ddp.run.position import Position
 
 MAX_SKIPPED = 10  # --nonfinite-loss skip: this many non-finite steps in a row stop the run anyway
 
@@ -58,6 +61,36 @@ def stop_message(where: str, value: str, skipped: int, world_size: int, broken: 
         f"finite step ({kept}). Fix: check the data, a smaller --lr or --clip-grad; "
         "--nonfinite-loss skip drops such steps instead"
     )
+
+
+class Guard:
+    """What a step whose agreed loss is not finite does (`nonfinite`: stop, or skip under --nonfinite-loss skip),
+    and how many such steps came in a row (`skipped`; a finite step sets it back to 0: `finite`)."""
+
+    def __init__(
+        self, policy: str, env: DistEnv, log: RankLog, metrics: Any, strategy: Any, checkpointer: Any
+    ) -> None:
+        self.policy, self.env, self.log = policy, env, log
+        self.metrics, self.strategy, self.checkpointer = metrics, strategy, checkpointer
+        self.skipped = 0
+
+    def finite(self) -> None:
+        self.skipped = 0
+
+    def nonfinite(self, loss: float, step: int, pos: Position, folder: Path, beacon: Beacon) -> None:
+        """Every rank alike, the loss of `step` not finite: go on without its update (skip), or stop (raise
+        NonFinite), having said what is left (the save in flight waited for) and recorded the stop."""
+        value, where = shown(loss), f"step {step} (epoch {pos.epoch})"
+        if skips(self.policy, self.skipped):
+            self.skipped += 1
+            if self.env.is_main:
+                self.log.warn(skipped_line(where, value, self.skipped))
+            return
+        left = kept(self.checkpointer, folder, self.env, beacon)  # the same words on every rank
+        # The run stops here, whatever --nonfinite-loss says: the run's last record, after that save's.
+        self.metrics.nonfinite(pos, step, "stop")
+        broken = self.strategy.nonfinite_parameters() if self.skipped else []  # every rank is here
+        raise NonFinite(stop_message(where, value, self.skipped, self.env.world_size, broken, left))
 
 
 def kept(checkpointer: Any, folder: Path, env: DistEnv, beacon: Beacon) -> str:

@@ -35,3 +35,8 @@ class Outcome:
     finished: bool
     requeue_votes: float = 0.0
     stop_votes: float = 0.0
+
+
+def trained(pos: Position, epochs: int, max_steps: int) -> bool:
+    """No step left to train at `pos` under --epochs and --max-steps (0: no limit)."""
+    return pos.epoch >= epochs or bool(max_steps and pos.step >= max_steps)

@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 
 from hpc_ddp.cluster.env import DistEnv
-from hpc_ddp.errors import NonFinite
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import batches as batching
 from hpc_ddp.run import best as best_of
@@ -59,7 +58,7 @@ from hpc_ddp.run.parts import (
     SchedulerPart,
     StreamPart,
 )
-from hpc_ddp.run.position import Outcome, Position
+from hpc_ddp.run.position import Outcome, Position, trained
 from hpc_ddp.run.strategy.base import Strategy
 from hpc_ddp.run.tasks import Task
 
@@ -116,11 +115,9 @@ class Trainer:
         self.model, self.optimizer = self.strategy.model, self.strategy.optimizer  # the user's, on the device
         self.scaler = self.strategy.scaler
         self.pos = Position()
-        self.skipped = 0  # non-finite steps in a row (--nonfinite-loss skip)
         self.save_due = False  # a periodic save waits for a finite step (see _periodic_save)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.step_lr = 0.0  # the rate this step was taken with (recorded: the scheduler moved on since)
-        self._checked = False  # the first batch is checked before it is used
         self._step_loss = torch.zeros((), device=self.device)  # this step's micro-batch losses, on the device
         total = _total_steps(cfg, self.feed)
         main_folder = self.folder if env.is_main else None  # rank 0 records
@@ -141,6 +138,8 @@ class Trainer:
             cfg, env, self.folder, _parts(self), fmt, self.log, record, self.beacon, asked_grad_accum
         )
         self.checkpointer.check_savable()
+        guarded = (self.metrics, self.strategy, self.checkpointer)  # --nonfinite-loss (hpc_ddp.run.nonfinite)
+        self.guard = nonfinite.Guard(cfg.nonfinite_loss, env, self.log, *guarded)
 
     # ----- end of life ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -150,12 +149,9 @@ class Trainer:
         error, if any, is raised after the release."""
         try:
             # DataLoader workers first: they end at once here (not at the garbage collector's pace, 5 s a worker).
-            if "feed" in self.__dict__:
-                self.feed.close()
-            if "evaluations" in self.__dict__:
-                self.evaluations.close()
-            if "checkpointer" in self.__dict__:
-                self.checkpointer.close()
+            for name in ("feed", "evaluations", "checkpointer"):
+                if name in self.__dict__:
+                    self.__dict__[name].close()
         finally:
             if "strategy" in self.__dict__:
                 self.strategy.close()
@@ -201,15 +197,10 @@ class Trainer:
         self.notes = self.checkpointer.restore(opened, path)
         self.checkpointer.resumed(self.pos)
 
-    def trained(self) -> bool:
-        """No step left to train at this position under the current --epochs and --max-steps."""
-        cfg, pos = self.cfg, self.pos
-        return pos.epoch >= cfg.epochs or bool(cfg.max_steps and pos.step >= cfg.max_steps)
-
     def finished(self) -> bool:
         """Nothing left to do: every step trained and the run's end done (a run stopped in its last step has
         its final evaluation and epoch record still to come)."""
-        return self.trained() and not self.pos.end_pending
+        return trained(self.pos, self.cfg.epochs, self.cfg.max_steps) and not self.pos.end_pending
 
     # ----- one optimizer step -------------------------------------------------------------------------
     def step(self, micro_batches: Iterable[Any], count: int, ahead: Any = None) -> Agreed:
@@ -223,9 +214,6 @@ class Trainer:
             last = done == count
             # The step in the making, said again: a stream's fetch ahead set the beacon's step during the last.
             clock.compute(self.pos.step + 1)
-            if not self._checked:  # before anything else uses it: a usage error names the element (exit 2)
-                batching.check(batch)
-                self._checked = True
             batch = batching.to_device(batch, self.device)
             # no_sync on all but the last micro-batch: gradients accumulate locally, one synchronisation a step.
             with contextlib.nullcontext() if last else strategy.no_sync():
@@ -281,12 +269,12 @@ class Trainer:
         """Every rank: the step is taken (or its update skipped, everywhere alike), counted and recorded."""
         pos = self.pos
         finite = math.isfinite(agreed.loss_sum)
-        if not finite:
-            self._nonfinite(agreed.loss_sum, pos.step + 1)  # raises, unless --nonfinite-loss skip
+        if not finite:  # raises, unless --nonfinite-loss skip (hpc_ddp.run.nonfinite)
+            self.guard.nonfinite(agreed.loss_sum, pos.step + 1, pos, self.folder, self.beacon)
         if agreed.saving:
             raise self.checkpointer.stop(agreed.saving, pos.step)
         if finite:
-            self.skipped = 0
+            self.guard.finite()
             pos.loss_sum, pos.loss_count = pos.loss_sum + agreed.loss_sum, pos.loss_count + agreed.count
         pos.batch, pos.step = pos.batch + size, pos.step + 1
         per = max(agreed.count, 1.0)
@@ -295,21 +283,6 @@ class Trainer:
         self.metrics.step(pos, agreed.loss_sum / per, samples, self.step_lr, self.clock.data_s, extras)
         self.clock.data_s = 0.0
         self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
-
-    def _nonfinite(self, loss: float, step: int) -> None:
-        """Stop (raise NonFinite), or with --nonfinite-loss skip go on without the update (hpc_ddp.run.nonfinite)."""
-        value, where = nonfinite.shown(loss), f"step {step} (epoch {self.pos.epoch})"
-        if nonfinite.skips(self.cfg.nonfinite_loss, self.skipped):
-            self.skipped += 1
-            if self.env.is_main:
-                self.log.warn(nonfinite.skipped_line(where, value, self.skipped))
-            return
-        # What the stop leaves, the same words on every rank: rank 0 first waits for the save in flight.
-        kept = nonfinite.kept(self.checkpointer, self.folder, self.env, self.beacon)
-        # The run stops here, whatever --nonfinite-loss says: the run's last record, after that save's.
-        self.metrics.nonfinite(self.pos, step, "stop")
-        broken = self.strategy.nonfinite_parameters() if self.skipped else []  # every rank is here
-        raise NonFinite(nonfinite.stop_message(where, value, self.skipped, self.env.world_size, broken, kept))
 
     # ----- the loop -------------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -332,7 +305,7 @@ class Trainer:
                 self._periodic_save(False)  # --keep-best: a new best is saved at its step
         if self.pos.end_pending:  # stopped in the run's last step (--max-steps) or in its final evaluation
             return self._end_inside_epoch()
-        if self.trained():  # never one more step than --max-steps, also after a resume
+        if trained(self.pos, self.cfg.epochs, self.cfg.max_steps):  # never more steps, also after a resume
             return Outcome(True)
         while self.pos.epoch < self.cfg.epochs:
             outcome = self._epoch(self.pos.epoch)
@@ -421,10 +394,9 @@ class Trainer:
             # Every rank's time split of the window, judged the same way everywhere (hpc_ddp.run.clock).
             table, slow = self.clock.compare(self.env.world_size, self.device)
             self.metrics.ranks(pos, table)  # rank 0 records every rank's split (the report's heat map)
-            for s in slow:  # rank 0 names a straggler
-                host = self.peers[s.rank][0]
-                self.log.main(stragglers.describe(s, host, pos.step))
-                self.metrics.straggler(pos, s.rank, host, s.phase, s.slower)
+            for s in slow:  # rank 0 names a straggler, and its host
+                self.log.main(stragglers.describe(s, self.peers[s.rank][0], pos.step))
+                self.metrics.straggler(pos, s.rank, self.peers[s.rank][0], s.phase, s.slower)
         if finished:
             return Outcome(True)
         if evaluate:
@@ -439,7 +411,7 @@ class Trainer:
         while the newest step's update was skipped (--nonfinite-loss skip), so that a stop after such a run
         has saved nothing after the last finite step; it comes at the next finite step."""
         self.save_due = self.save_due or due
-        if self.save_due and not self.skipped:
+        if self.save_due and not self.guard.skipped:
             self.save()
 
     def _evaluate(self) -> Outcome | None:
