@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from hpc_ddp.cluster import placement
@@ -43,7 +44,7 @@ class Feed:
     def __init__(
         self, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Task, log: RankLog
     ) -> None:
-        self.cfg, self.dataset = cfg, task.dataset
+        self.cfg, self.dataset, self.device = cfg, task.dataset, device
         self.iterable = isinstance(task.dataset, IterableDataset)
         if self.iterable or isinstance(task.eval_dataset, IterableDataset):  # streams.reader, in every worker
             os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
@@ -119,12 +120,29 @@ class Feed:
             generator=self.generator,
         )
 
-    def start(self, epoch: int) -> None:
-        """A new shuffle every epoch, the same one after a restart; a dataset that draws per epoch
-        (augmentations, its own order) is told the epoch too."""
-        self.sampler.set_epoch(epoch)
+    def steps(
+        self, epoch: int, pos: Position, clock: StepClock, log: RankLog
+    ) -> Iterator[tuple[Iterator[Any], int, Ahead | None]]:
+        """The rest of epoch `epoch` from `pos`, one optimizer step at a time: its micro-batches (read lazily,
+        timed), how many, and a stream's fetch of the next step (None for a map-style dataset). A map-style
+        epoch ends with its batches (the last step may have fewer); a stream's when the step's all-reduce says
+        some rank has no next step (the loop stops asking then)."""
+        self.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one after a restart
         if callable(getattr(self.dataset, "set_epoch", None)):
-            self.dataset.set_epoch(epoch)
+            self.dataset.set_epoch(epoch)  # a dataset that draws per epoch (augmentations, its own order)
+        size = self.cfg.grad_accum
+        if self.iterable:
+            ahead = Ahead(self, self.stream_epoch(epoch, pos, clock, log), size, self.device)
+            flag = torch.tensor(float(not ahead.fetch()), device=self.device)
+            dist.all_reduce(flag)  # once an epoch: does every rank have a first step?
+            while flag.item() == 0:
+                yield iter(ahead.batches_ahead), size, ahead
+            return
+        batches = self.epoch(epoch, pos, clock)
+        while pos.batch < self.batches_per_epoch:
+            # A resumed epoch starts at a step boundary; the epoch's last step may have fewer micro-batches.
+            count = min(size, self.batches_per_epoch - pos.batch)
+            yield itertools.islice(batches, count), count, None
 
     def _seed(self, epoch: int) -> None:
         # Modulo 2**64: the same seed torch derives from a negative or small value, and no overflow for a large
@@ -174,10 +192,6 @@ class Feed:
         if not self.stateful and not self.loader_states:
             return "it is read by DataLoader workers and torchdata is not installed (pip install 'hpc-ddp[data]')"
         return "its state was saved with another --num-workers (0 or not)"
-
-    def ahead(self, batches: Iterator[Any], size: int, device: torch.device) -> Ahead:
-        """The fetch ahead of a stream's steps over `batches`, `size` micro-batches a step."""
-        return Ahead(self, batches, size, device)
 
     def snapshot(self) -> None:
         """A stateful stream's state before the next step's batches are fetched: what a save at the end of

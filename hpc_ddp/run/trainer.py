@@ -18,7 +18,6 @@ the hang watchdog reads; a NullBeacon for an unwatched rank: the bench's baselin
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
 import socket
@@ -47,7 +46,7 @@ from hpc_ddp.run.checkpointer import Checkpointer
 from hpc_ddp.run.clock import StepClock
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.evaluator import Evaluations, Evaluator
-from hpc_ddp.run.feed import Feed
+from hpc_ddp.run.feed import Ahead, Feed
 from hpc_ddp.run.parts import (
     BestPart,
     ModelPart,
@@ -203,7 +202,7 @@ class Trainer:
         return trained(self.pos, self.cfg.epochs, self.cfg.max_steps) and not self.pos.end_pending
 
     # ----- one optimizer step -------------------------------------------------------------------------
-    def step(self, micro_batches: Iterable[Any], count: int, ahead: Any = None) -> Agreed:
+    def step(self, micro_batches: Iterable[Any], count: int, ahead: Ahead | None = None) -> Agreed:
         """One optimizer step over `count` micro-batches (--grad-accum), as the loop takes it; a collective.
         `micro_batches` is read lazily: loading data (the loader's iterator, timed) happens between micro-steps.
         `ahead`: a stream's fetch of its next step (run/feed.py), whose end rides in this step's all-reduce."""
@@ -288,7 +287,7 @@ class Trainer:
     def run(self) -> Outcome:
         """Train from `self.pos` to the end, or until every rank agreed to stop."""
         pos = self.pos
-        if pos.end_pending and not self.trained():
+        if pos.end_pending and not trained(pos, self.cfg.epochs, self.cfg.max_steps):
             # Stopped in what was the run's last step, resumed with a higher --max-steps (or --epochs): that end
             # is no end any more. Training goes on, after the step's evaluation if the schedule has one there.
             mid_epoch = pos.batch < self.batches_per_epoch
@@ -346,39 +345,17 @@ class Trainer:
         return Outcome(True)
 
     def _epoch(self, epoch: int) -> Outcome | None:
-        """Train the rest of one epoch; an Outcome if the loop must end inside it."""
-        pos, feed = self.pos, self.feed
-        feed.start(epoch)
-        if feed.iterable:
-            return self._stream_epoch(epoch)
-        batches = feed.epoch(epoch, pos, self.clock)
-        while pos.batch < self.batches_per_epoch:
-            # A resumed epoch starts at a step boundary; the epoch's last step may have fewer micro-batches.
-            size = min(self.cfg.grad_accum, self.batches_per_epoch - pos.batch)
-            agreed = self.step(itertools.islice(batches, size), size)
-            ended = self._after_step(agreed)
-            if ended is not None:
+        """Train the rest of one epoch, step by step as the feed gives them; an Outcome if the loop must end
+        inside it. A stream's epoch ends after the step whose all-reduce says some rank's stream has no next."""
+        for micro_batches, size, ahead in self.feed.steps(epoch, self.pos, self.clock, self.log):
+            agreed = self.step(micro_batches, size, ahead)
+            last = bool(agreed.exhausted)
+            ended = self._after_step(agreed, last)
+            if ended is not None or last:
                 return ended
         return None
 
-    def _stream_epoch(self, epoch: int) -> Outcome | None:
-        """One epoch of an IterableDataset: until some rank's stream has no next step. Each step's batches are
-        fetched during the step before (feed.Ahead), and whether every rank has them rides in the per-step
-        all-reduce: every rank ends the epoch after the same step, and none waits for a peer that left."""
-        batches = self.feed.stream_epoch(epoch, self.pos, self.clock, self.log)
-        ahead = self.feed.ahead(batches, self.cfg.grad_accum, self.device)
-        flag = torch.tensor(float(not ahead.fetch()), device=self.device)
-        dist.all_reduce(flag)  # once an epoch: does every rank have a first step?
-        more = flag.item() == 0
-        while more:
-            agreed = self.step(iter(ahead.batches_ahead), self.cfg.grad_accum, ahead)
-            more = not agreed.exhausted
-            ended = self._after_step(agreed, last=not more)
-            if ended is not None:
-                return ended
-        return None
-
-    def _after_step(self, agreed: Agreed, last: bool = False) -> Outcome | None:
+    def _after_step(self, agreed: Agreed, last: bool) -> Outcome | None:
         """What every rank decides after a step, the same way: an Outcome if the loop must end here. `last`:
         the epoch's last step of a stream."""
         cfg, pos = self.cfg, self.pos
