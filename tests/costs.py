@@ -74,6 +74,8 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_checkpoint_streamed.py": "unit",
     "test_run_checkpoint_dcpwrite.py": "unit",
     "test_run_checkpoint_sharded.py": "unit",
+    "test_run_checkpoint_storage.py": "unit",
+    "test_run_loop_rules.py": "unit",
     "test_run_checkpoint_collisions.py": ("unit", "ranks"),
     "test_launch_slurm_client.py": "unit",
     "test_scheduler.py": "unit",
