@@ -366,13 +366,13 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(
             f"--partition={slurm_cluster}",
             "--nodes=2",
             "--gpus-per-node=0",
-            "--ntasks-per-node=2",
+            "--ntasks-per-node=1",  # two ranks: what is checked is the batch shell's, not the ranks' number
             "--cpus-per-task=1",
             str(DDP_SBATCH),
             "--task",
             "slurm_tasks:without_scontrol",
             "--epochs",
-            "40",
+            "20",
             "--save-every-epochs",
             "0",
         ],
@@ -385,7 +385,7 @@ def test_ddp_sbatch_requeues_for_tasks_without_scontrol_in_their_run_folder(
     job_id = submitted.stdout.strip().split(";")[0]
     log = tmp_path / f"hpc_ddp-{job_id}.out"
     deadline = time.monotonic() + HANG_GUARD_S
-    while "Epoch 0," not in submitter._read(log):  # training: 39 epochs of 0.4 s to go
+    while "Epoch 0," not in submitter._read(log):  # training: 19 epochs of 0.8 s to go
         state = job_state(job_id)
         assert state is None or not state.done, submitter._read(log)
         assert time.monotonic() < deadline, f"job {job_id} never trained"
@@ -500,14 +500,17 @@ def test_usr2_requeues_once_and_resumes_bitwise_equal(reference: dict[str, Any],
 
 
 def test_a_raising_task_fails_the_job_and_shows_that_ranks_error(slurm_cluster: str, tmp_path: Path) -> None:
-    # --max-restarts 0: the first failure ends the job (tests/test_launch_slurm_retry.py retries)
+    # --max-restarts 0: the first failure ends the job (tests/test_launch_slurm_survive.py retries). One task a
+    # node (the last --tasks-per-node counts): rank 1 is node2's, and the job starts two torch imports, not four.
     proc = run_submit(
-        tmp_path / "run", "--task", "slow_tasks:crash", "--epochs", "3", "--max-restarts", "0", "--wait"
+        tmp_path / "run",
+        *("--tasks-per-node", "1", "--task", "slow_tasks:crash", "--epochs", "3", "--max-restarts", "0"),
+        "--wait",
     )
     assert proc.returncode == 1, proc.stdout
     job_id = re.match(r"Submitted job (\d+):", proc.stdout).group(1)  # type: ignore[union-attr]
     assert (
-        f"[submit] job {job_id} stopped after 1 attempt(s): rank 1 failed first (on node1): RuntimeError: boom "
+        f"[submit] job {job_id} stopped after 1 attempt(s): rank 1 failed first (on node2): RuntimeError: boom "
         "from rank 1 (tests/slow_tasks.py:crash)" in proc.stdout
     )
     assert sacct_records(job_id) == ["FAILED"]
@@ -515,8 +518,15 @@ def test_a_raising_task_fails_the_job_and_shows_that_ranks_error(slurm_cluster: 
 
 def test_scancel_saves_reports_cancelled_and_is_not_requeued(slurm_cluster: str, tmp_path: Path) -> None:
     folder = tmp_path / "run"
-    proc, job_id = start_submit(
-        folder, "--task", "slow_tasks:slow", "--epochs", "100", SLOW_TASK_SLEEP_S="0.05"
+    proc, job_id = start_submit(  # one task a node: two ranks are enough to save on SIGTERM together
+        folder,
+        "--tasks-per-node",
+        "1",
+        "--task",
+        "slow_tasks:slow",
+        "--epochs",
+        "100",
+        SLOW_TASK_SLEEP_S="0.05",
     )
     wait_for_line(submitter.log_path(folder, job_id), "Epoch 0,", proc)
     subprocess.run(["scancel", job_id], check=True)
