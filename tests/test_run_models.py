@@ -326,7 +326,8 @@ def test_builtin_cnn_keep_best_points_at_the_most_accurate_checkpoint_beside_the
 @pytest.mark.deadline(150)
 def test_keep_best_of_a_name_the_evaluation_lacks_is_one_line_exit_2(tmp_path: Path) -> None:
     one = ("--tasks-per-node", "1")  # both refusals are a rank's own: one rank says them
-    code, out = finish(start(tmp_path, *one, *CNN, "f1:max"), timeout=120)
+    # The names are known at the first evaluation: at step 1 (the later --eval-every-steps counts), not 8.
+    code, out = finish(start(tmp_path, *one, *CNN, "f1:max", "--eval-every-steps", "1"), timeout=120)
     assert code == exitcodes.USAGE, out
     assert "--keep-best f1:max: the evaluation reports accuracy, loss, not 'f1'." in out
     assert "Traceback" not in out and not store.list_checkpoints(tmp_path)
