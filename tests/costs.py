@@ -82,7 +82,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_launch_slurm_batch.py": "unit",
     "test_launch_slurm_endings.py": "unit",
     "test_launch_slurm_min_nodes.py": "unit",
-    "test_launch_spares.py": "unit",
+    "test_launch_spares.py": ("unit", "ranks"),
     "test_launch_faults.py": "unit",
     "test_launch_slurm_start.py": "process",
     "test_launch_slurm_runtime.py": ("unit", "process"),

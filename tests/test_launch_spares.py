@@ -353,3 +353,32 @@ def test_the_recovery_bench_reports_both_paths_and_its_two_targets(tmp_path) -> 
     skipped = {"recovery": {"skipped": "no Slurm cluster answers (sinfo)"}}
     assert report.targets(skipped) == []
     assert report.rows(skipped, s) == [("recovery", "skipped", "no Slurm cluster answers (sinfo)")]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_an_emulated_node_takes_over_in_place_of_a_blamed_one_locally(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`submit --local --spare-nodes 1`: the launcher emulates 3 nodes and runs 2; the ranks on 127.0.0.2
+    raise a GPU ECC error (blamed), and the next start runs on 127.0.0.1,127.0.0.3: the Slurm story, on one
+    machine, with the same placement rule."""
+    from conftest import clean_environ, run_module
+
+    folder = tmp_path / "run"
+    proc = run_module(
+        "hpc_ddp.submit",
+        *("--local", "--nodes", "2", "--tasks-per-node", "1", "--folder", str(folder), "--spare-nodes", "1"),
+        *("--task", "retry_tasks:node_fault", "--epochs", "2", "--save-every-steps", "2"),
+        env=clean_environ(RETRY_BAD_NODE="127.0.0.2"),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 nodes x 1 process + 1 spare node" in proc.stdout, proc.stdout
+    failed, finished = attempts.read(folder)
+    assert failed.nodes == ("127.0.0.1", "127.0.0.2")
+    assert (failed.node, failed.blamed, failed.left, failed.spares_in) == (
+        "127.0.0.2",
+        True,
+        ("127.0.0.2",),
+        ("127.0.0.3",),
+    )
+    assert (finished.nodes, finished.outcome) == (("127.0.0.1", "127.0.0.3"), "completed")
+    assert "(127.0.0.2 left, spare 127.0.0.3 in, 0 spare(s) left)" in proc.stdout, proc.stdout

@@ -47,10 +47,11 @@ def node_name(node: int) -> str:
     return f"127.0.0.{node + 1}"
 
 
-def slurm_env(job: Step, rank: int, restarts: int) -> dict[str, str]:
-    """The SLURM_* variables `srun --nodes N --ntasks-per-node T` gives task `rank` (pure)."""
+def slurm_env(job: Step, rank: int, restarts: int, nodes: Sequence[str] = ()) -> dict[str, str]:
+    """The SLURM_* variables `srun --nodes N --ntasks-per-node T` gives task `rank` (pure). `nodes`: the
+    emulated nodes the step runs on, when not the first N (a spare in place of a blamed one, --spare-nodes)."""
     node, local = divmod(rank, job.tasks_per_node)
-    hosts = nodelist(job.nodes)
+    hosts = ",".join(nodes) if nodes else nodelist(job.nodes)
     per_node = f"{job.tasks_per_node}(x{job.nodes})" if job.nodes > 1 else str(job.tasks_per_node)
     env = {
         "SLURM_JOB_ID": job.job_id,
@@ -72,7 +73,7 @@ def slurm_env(job: Step, rank: int, restarts: int) -> dict[str, str]:
         "SLURM_PROCID": str(rank),
         "SLURM_LOCALID": str(local),
         "SLURM_NODEID": str(node),
-        "SLURMD_NODENAME": node_name(node),
+        "SLURMD_NODENAME": nodes[node] if nodes else node_name(node),
         "SLURM_CPUS_ON_NODE": str(os.cpu_count() or 1),
     }
     if restarts:

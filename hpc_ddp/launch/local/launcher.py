@@ -28,7 +28,7 @@ import time
 from typing import TextIO
 
 from hpc_ddp import exitcodes
-from hpc_ddp.launch import retry, supervisor
+from hpc_ddp.launch import retry, spares, supervisor
 from hpc_ddp.launch.local import forkserver, processes
 from hpc_ddp.launch.local.console import TAIL_LINES, Console, RankOutput
 from hpc_ddp.launch.local.srun_env import LocalJob, child_environ
@@ -74,6 +74,11 @@ class Launcher:
         # Training ranks are forked from one process that imported torch once (forkserver), kept across
         # restarts; where it cannot serve, each rank starts the plain way (processes.start).
         self.forks = forkserver.Server(job.module, self.say)
+        # The emulated nodes the ranks run on; with --spare-nodes K, K more wait, each taken in place of a node
+        # a failure blames (hpc_ddp.launch.spares), as a Slurm job's batch shell does inside its allocation.
+        self.step_nodes = tuple(node_name(i) for i in range(job.nodes))
+        self.allocation = tuple(node_name(i) for i in range(job.nodes + job.spare_nodes))
+        self.next_nodes = self.step_nodes
 
     def say(self, message: str) -> None:
         self.console.line(f"[launcher] {message}")
@@ -88,7 +93,9 @@ class Launcher:
         hold = self.job.module in processes.HOLDS_SIGNALS
         self.ranks = []
         for rank in range(self.job.world_size):
-            env = child_environ(dict(os.environ), self.job, rank, restarts)
+            env = child_environ(
+                dict(os.environ), self.job, rank, restarts, self.step_nodes if self.job.spare_nodes else ()
+            )
             if self.lock is not None:
                 env[run_folder.LOCK_VAR] = self.lock.token
             proc = self.forks.start(self.job.train_argv, env, hold) or processes.start(cmd, env, hold)
@@ -240,13 +247,13 @@ class Launcher:
         processes.wait_gone([r.proc for r in self._alive()], WINDOW_S)  # the rest: stopped with the others
 
     def _node(self, rank: int) -> str:
-        return node_name(rank // self.job.tasks_per_node)
+        return self.step_nodes[rank // self.job.tasks_per_node]
 
     def _node_name(self, address: str | None) -> str | None:
         """An emulated node as every launcher line names it: "node 1 (127.0.0.2)", its index (the ranks' own
         start lines say "node 1" too) and the address it has in SLURM_JOB_NODELIST and attempts.jsonl."""
-        for node in range(self.job.nodes):
-            if self._node(node * self.job.tasks_per_node) == address:
+        for node, name in enumerate(self.step_nodes):
+            if name == address:
                 return f"node {node} ({address})"
         return address
 
@@ -261,9 +268,11 @@ class Launcher:
         a failure's end is said in one line. `seen`: the failing rank the launcher saw end first; the line
         naming who ended comes first (retry.named_first: the first cause, when its process ended failing)."""
 
-        def adjust(_this: object, decision: retry.Decision) -> retry.Decision:
+        def adjust(this: attempts.Attempt, decision: retry.Decision) -> retry.Decision:
             if self.stop_requested and decision.action == outcomes.RESTART:
                 return retry.Decision(outcomes.STOP, f"not restarted: {self._stopped_by()}", decision.exclude)
+            if self.job.spare_nodes and decision.action == outcomes.RESTART and this.failed:
+                return self._spare_in(decision)
             return decision
 
         closed = supervisor.end_attempt(
@@ -288,6 +297,20 @@ class Launcher:
             named = dataclasses.replace(closed.attempt, node=self._node_name(closed.attempt.node))
             self.say(attempts.line(named, closed.decision.message))
         return closed
+
+    def _spare_in(self, decision: retry.Decision) -> retry.Decision:
+        """A spare emulated node in place of each blamed one (none left: the same nodes, as without spares)."""
+        placed = spares.after(self.allocation, self.step_nodes, decision.exclude, len(self.step_nodes))
+        if placed is None or not placed.left:
+            return decision
+        self.next_nodes = placed.nodes  # the ranks' next start (this attempt's lines still name its own)
+        return dataclasses.replace(
+            decision,
+            message=f"{decision.message}, on {','.join(placed.nodes)} ({','.join(placed.left)} left, spare "
+            f"{','.join(placed.spares_in)} in, {len(placed.spares)} spare(s) left)",
+            left=placed.left,
+            spares_in=placed.spares_in,
+        )
 
     def _show_failure(self, index: int, code: int) -> None:
         """The rank that ended first, and how (a hang's verdict line says it instead)."""
@@ -428,6 +451,7 @@ class Launcher:
                 self.say(f"preempted: restarting all ranks ({done} of --max-requeue {self.job.max_requeue})")
             seen = len(self.forwarded)
             self.restarts += 1
+            self.step_nodes = self.next_nodes
 
     def _advise(self, closed: supervisor.Closed) -> None:
         """After a failure that ends the run: the command that resumes it, and from where."""

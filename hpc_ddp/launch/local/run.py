@@ -107,11 +107,13 @@ def run_local(
             module=module,
             extra_env=extra,
             resume_command=resume_command if trains else "",
+            spare_nodes=cfg.spare_nodes if trains else 0,
             **({} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}),
         )
         console.line(
             f"[launcher] local job {job_id}: {count(shape.nodes, 'node')} x "
-            f"{count(shape.tasks_per_node, 'process', 'processes')}, run folder {folder}"
+            f"{count(shape.tasks_per_node, 'process', 'processes')}"
+            f"{' + ' + count(job.spare_nodes, 'spare node') if job.spare_nodes else ''}, run folder {folder}"
             f"{' (the default for this task: the same command resumes there)' if default else ''}, "
             f"per-rank logs in {folder / run_folder.LOGS}"
         )

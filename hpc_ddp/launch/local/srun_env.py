@@ -8,6 +8,7 @@ the job's own settings and the kit's allocator settings. Pure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,18 +38,21 @@ class LocalJob:
     max_restarts: int = 0  # failures after which the job is not started again (--max-restarts)
     records: bool = False  # append every attempt's end to attempts.jsonl (training runs)
     resume_command: str = ""  # the shell line that resumes this run, said after a stop or a failure
+    spare_nodes: int = 0  # emulated nodes beyond `nodes`, taken in place of a blamed one (--spare-nodes)
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
 
 
-def child_environ(base: dict[str, str], job: LocalJob, rank: int, restarts: int) -> dict[str, str]:
+def child_environ(
+    base: dict[str, str], job: LocalJob, rank: int, restarts: int, nodes: Sequence[str] = ()
+) -> dict[str, str]:
     """The parent's environment minus any launcher variables (and the kit's channels) it carries, plus this
-    rank's fake srun step, the job's own settings (`extra_env`) and the kit's allocator settings
-    (hpc_ddp.cluster.allocator)."""
+    rank's fake srun step (on `nodes`, when not the first `job.nodes`), the job's own settings (`extra_env`)
+    and the kit's allocator settings (hpc_ddp.cluster.allocator)."""
     env = without_launcher(base)
-    env.update(slurm_env(job, rank, restarts))
+    env.update(slurm_env(job, rank, restarts, nodes))
     env.update(job.extra_env)
     env.update(allocator.for_ranks(env))  # malloc's settings for ranks, unless the user set them
     env["PYTHONUNBUFFERED"] = "1"
