@@ -79,9 +79,12 @@ def straggler(config):  # type: ignore[no-untyped-def]
 
 
 def slow_start_and_save(config):  # type: ignore[no-untyped-def]
-    """Healthy, but its first step takes SLOW_S seconds and so does every checkpoint save on rank 0."""
+    """Healthy, but its first step takes SLOW_S seconds and so does every read of the model's state on rank 0
+    (a checkpoint save, the model.pth export), or, with SLOW_SAVES set, its first SLOW_SAVES once training
+    has begun."""
     slow = float(os.environ.get("SLOW_S", "3"))
-    calls = [0]
+    slow_saves = int(os.environ.get("SLOW_SAVES", "-1"))  # -1: every one
+    calls, saves = [0], [0]
 
     def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         calls[0] += 1
@@ -90,7 +93,17 @@ def slow_start_and_save(config):  # type: ignore[no-untyped-def]
         return nn.functional.mse_loss(output, target)
 
     model = nn.Linear(10, 1)
-    model.register_state_dict_pre_hook(lambda *_: time.sleep(slow) if os.environ.get("RANK") == "0" else None)
+
+    def slow_save(*_: object) -> None:
+        if os.environ.get("RANK") != "0":
+            return
+        if slow_saves >= 0:  # counted from the first step on (the kit reads the state before training too)
+            if calls[0] == 0 or saves[0] >= slow_saves:
+                return
+            saves[0] += 1
+        time.sleep(slow)
+
+    model.register_state_dict_pre_hook(slow_save)
     return Task(model=model, dataset=_data(config.seed), loss_fn=loss_fn)
 
 

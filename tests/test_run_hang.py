@@ -190,9 +190,10 @@ def test_a_healthy_run_with_a_slow_first_step_and_slow_saves_raises_no_alarm(tmp
 
 @pytest.mark.alone  # timing-sensitive: a busy machine can pass a short limit (tests/workers.py)
 def test_a_fixed_limit_bounds_the_steady_state_and_a_long_save_is_waited_for(tmp_path: Path) -> None:
-    """Issue 22 items 1 and 3: --hang-timeout-s 2 with a 5 s first step and 5 s saves on rank 0. The first
-    step and rank 0's saves keep the long limit (half of --timeout-s); rank 1, waiting for rank 0's save in
-    the next step, reaches its 2 s limit, asks, hears that rank 0 is busy within its limit, and waits."""
+    """Issue 22 items 1 and 3: --hang-timeout-s 2 with a 5 s first step and a 5 s save on rank 0 (its first,
+    at step 8: the later ones are quick, each would only add 5 s). The first step and rank 0's saves keep the
+    long limit (half of --timeout-s); rank 1, waiting for rank 0's save in the next step, reaches its 2 s
+    limit, asks, hears that rank 0 is busy within its limit, and waits."""
     code, out = finish(
         start(
             tmp_path,
@@ -209,6 +210,7 @@ def test_a_fixed_limit_bounds_the_steady_state_and_a_long_save_is_waited_for(tmp
             "--max-restarts",
             "0",
             SLOW_S="5",
+            SLOW_SAVES="1",
         ),
         timeout=110,
     )
