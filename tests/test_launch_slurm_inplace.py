@@ -4,8 +4,9 @@ Two jobs, each one job id from start to end, several steps, never requeued (sacc
 
 - `submit --wait`, ddp, 2 nodes x 1 task + 1 spare. The first step runs on node2,node3 (the batch shell's
   node1 is the spare); the node that hosts rank 0 and the rendezvous, node2, is set DOWN mid-step. The batch
-  shell starts a second step on node1,node3, whose rank 0 (and rendezvous host) is node1, and the run ends
-  bitwise equal to an uninterrupted one.
+  shell starts a second step on node1,node3, whose rank 0 (and rendezvous host) is node1. Its rank on node3 is
+  then SIGKILLed (the OOM killer, say): a third step on the same nodes, no spare needed; the run ends bitwise
+  equal to an uninterrupted one.
 - `sbatch slurm/ddp.sbatch`, fsdp, 2 nodes x 2 tasks + 1 spare, --min-nodes 1: node3's tasks raise a GPU ECC
   error (blamed: the spare node1 replaces it), then node1's do (no spare left: the job goes on in place on
   node2 alone, 2 ranks instead of 4, its sharded checkpoint resharded).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -60,12 +62,51 @@ def start_reference(folder: Path) -> subprocess.Popen[str]:
     )
 
 
+def trained_after_restart(metrics: Path) -> bool:
+    """A step record after the second start record: the step restarted in place has committed a step."""
+    starts, lines = 0, metrics.read_text().splitlines() if metrics.is_file() else []
+    for line in lines:
+        try:
+            event = json.loads(line).get("event")
+        except ValueError:
+            continue
+        starts += event == "start"
+        if starts >= 2 and event == "step":
+            return True
+    return False
+
+
+def kill_tasks(job_id: str, node: str, step: str) -> list[int]:
+    """SIGKILL the tasks of step `step` of the job on `node` (an emulated node's processes all run here: their
+    environment names it); returns their pids."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            env = dict(
+                item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item
+            )
+        except (OSError, ValueError):
+            continue
+        if (env.get("SLURM_JOB_ID"), env.get("SLURMD_NODENAME"), env.get("SLURM_STEP_ID")) == (
+            job_id,
+            node,
+            step,
+        ):
+            pids.append(int(entry.name))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
 def test_losing_rank_0s_node_brings_the_spare_in_without_a_requeue_bitwise_equal(
     slurm_cluster: str, tmp_path: Path, taken_away: list[str]
 ) -> None:
     wait_all_idle()  # the job gets node[1-3], its batch shell on node1
     folder = tmp_path / "run"
-    proc, job_id = start_submit(folder, *TRAINING, "--spare-nodes", "1", SLOW_TASK_SLEEP_S="0.1")
+    proc, job_id = start_submit(folder, *TRAINING, "--spare-nodes", "1", SLOW_TASK_SLEEP_S="0.15")
     reference = start_reference(tmp_path / "reference")
     deadline = time.monotonic() + HANG_GUARD_S
     while not (folder / "checkpoints" / "latest").is_file():  # the first checkpoint, at step 4
@@ -75,12 +116,26 @@ def test_losing_rank_0s_node_brings_the_spare_in_without_a_requeue_bitwise_equal
     (first,) = attempts.read(folder)
     assert first.nodes == ("node2", "node3"), first  # rank 0 on node2; node1, the batch shell's, is the spare
     take_away("node2", taken_away)
+    # The second step training (its first step committed): its rank on node3 SIGKILLed (the OOM killer, say)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not trained_after_restart(folder / "metrics.jsonl"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    assert kill_tasks(job_id, "node3", "1"), "no task of the second step found on node3"
     out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, out
-    lost, finished = attempts.read(folder)
+    lost, killed, finished = attempts.read(folder)
     assert (lost.outcome, lost.node, lost.decision) == ("node_fail", "node2", "restart"), out
     assert (lost.left, lost.spares_in, lost.restart) == (("node2",), ("node1",), 0), out
-    assert (finished.nodes, finished.outcome, finished.restart) == (("node1", "node3"), "completed", 1000), (
+    # restarted in place on the same nodes: node3 blamed as ever (a requeue would avoid it), no node left
+    assert (killed.nodes, killed.reason, killed.decision) == (
+        ("node1", "node3"),
+        "rank 1 was killed by SIGKILL",
+        "restart",
+    ), out
+    assert (killed.left, killed.spares_in, killed.restart) == ((), (), 1000), out
+    assert "(node3 kept: a SIGKILL is no sign of bad hardware)" in out, out
+    assert (finished.nodes, finished.outcome, finished.restart) == (("node1", "node3"), "completed", 2000), (
         out
     )
     assert finished.job == job_id and finished.resumed_from is not None and finished.resumed_from >= 4

@@ -112,6 +112,19 @@ def test_no_placement_when_too_few_nodes_are_left(
     assert spares.after(allocation, ran_on, blamed, least, "node1") is None
 
 
+@pytest.mark.parametrize(
+    ("signature", "node", "leave"),
+    [
+        ("signal SIGKILL", "node3", ("node2",)),  # the OOM killer, a user: the node stays in the step
+        ("signal SIGSEGV", "node3", ("node2", "node3")),  # bad memory, maybe: a spare takes its place
+        ("node failure node3", "node3", ("node2", "node3")),
+        ("signal SIGKILL", "node2", ("node3",)),  # the killed rank's node stays; the other blamed one goes
+    ],
+)
+def test_a_sigkill_spends_no_spare(signature: str, node: str, leave: tuple[str, ...]) -> None:
+    assert spares.to_leave(("node2", "node3"), signature, node) == leave
+
+
 def test_a_step_is_placed_by_its_environment_ranks_in_node_order() -> None:
     assert steps.step_environ(("node1", "node3"), 2, "/tmp/h") == {
         "SLURM_HOSTFILE": "/tmp/h",
@@ -169,6 +182,15 @@ ELASTIC = min_nodes.Smaller(least=1, per_node=2, batch=8, grad_accum=1)
             outcomes.REQUEUE,
             REQUEUE.message,
         ),
+        (  # a hang verdict blames the stuck rank's node: the spare
+            retry.Decision(outcomes.REQUEUE, REQUEUE.message, ("node3",)),
+            outcomes.HANG,
+            1,
+            N3,
+            min_nodes.EVERY_NODE,
+            outcomes.RESTART,
+            f"{REQUEUE.message}, in place on node1,node2 (node3 left, spare node1 in, 0 spare(s) left)",
+        ),
         (REQUEUE, outcomes.PREEMPTED, 1, N3, min_nodes.EVERY_NODE, outcomes.REQUEUE, REQUEUE.message),
         (REQUEUE, outcomes.FAILED, 0, N3, min_nodes.EVERY_NODE, outcomes.REQUEUE, REQUEUE.message),
         (
@@ -197,6 +219,24 @@ def test_only_a_failure_of_a_job_with_spares_restarts_in_place(
     assert (placement is not None) == (action == outcomes.RESTART)
     if placement is not None:
         assert (got.left, got.spares_in) == (placement.left, placement.spares_in)
+
+
+def test_a_rank_sigkilled_restarts_on_the_same_nodes_blamed_but_kept() -> None:
+    decision = retry.Decision(outcomes.REQUEUE, REQUEUE.message, ("node3",))
+    got, placement = inplace.plan(
+        decision,
+        outcomes.FAILED,
+        1,
+        N3,
+        ("node2", "node3"),
+        "node1",
+        min_nodes.EVERY_NODE,
+        "signal SIGKILL",
+        "node3",
+    )
+    assert placement is not None and placement.nodes == ("node2", "node3") and placement.left == ()
+    assert got.action == outcomes.RESTART and got.exclude == ("node3",)  # blamed as ever: a requeue avoids it
+    assert got.message.endswith("(1 spare(s) left) (node3 kept: a SIGKILL is no sign of bad hardware)")
 
 
 @pytest.mark.parametrize(

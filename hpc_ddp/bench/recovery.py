@@ -79,14 +79,15 @@ def _first_attempt(folder: Path, proc: subprocess.Popen[str]) -> attempts.Attemp
 
 
 def _next_step_time(folder: Path, proc: subprocess.Popen[str]) -> float:
-    """The time of the first step record after the run's second start record."""
+    """The time of the first step record after the run's second start record (the first step the attempt
+    after the failure committed)."""
     deadline = time.monotonic() + TIMEOUT_S
     while True:
-        starts, step = 0, None
         try:
             lines = (folder / "metrics.jsonl").read_text().splitlines()
         except OSError:
             lines = []
+        starts = 0
         for line in lines:
             try:
                 record = json.loads(line)
@@ -94,10 +95,7 @@ def _next_step_time(folder: Path, proc: subprocess.Popen[str]) -> float:
                 continue
             starts += record.get("event") == "start"
             if starts >= 2 and record.get("event") == "step":
-                step = float(record["time"])
-                break
-        if step is not None:
-            return step
+                return float(record["time"])
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RunFailed(
                 f"the job in {folder} committed no step after the failure (see {folder}/submit.log)"

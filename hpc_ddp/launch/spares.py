@@ -82,3 +82,15 @@ def after(
         spares_in=_ordered(taken, allocation),
         spares=tuple(n for n in usable if n not in nodes),
     )
+
+
+KILLED = "signal SIGKILL"  # hpc_ddp.launch.retry's signature of a rank killed by SIGKILL
+
+
+def to_leave(blamed: Sequence[str], signature: str, node: str | None) -> tuple[str, ...]:
+    """The blamed nodes the next step leaves out (pure): all of them, but the node of a rank SIGKILLed there.
+    SIGKILL comes from outside the process (the OOM killer, a user's kill), not from the node's hardware: the
+    node is blamed as ever (a requeue still avoids it) but the next step in the allocation spends no spare on
+    it, and the same death again without a newer checkpoint is a crash loop that stops. A segfault or a bus
+    error (bad memory, maybe) leaves its node out."""
+    return tuple(n for n in blamed if not (signature == KILLED and n == node))

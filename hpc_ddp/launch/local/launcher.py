@@ -272,7 +272,7 @@ class Launcher:
             if self.stop_requested and decision.action == outcomes.RESTART:
                 return retry.Decision(outcomes.STOP, f"not restarted: {self._stopped_by()}", decision.exclude)
             if self.job.spare_nodes and decision.action == outcomes.RESTART and this.failed:
-                return self._spare_in(decision)
+                return self._spare_in(decision, spares.to_leave(decision.exclude, this.signature, this.node))
             return decision
 
         closed = supervisor.end_attempt(
@@ -298,9 +298,9 @@ class Launcher:
             self.say(attempts.line(named, closed.decision.message))
         return closed
 
-    def _spare_in(self, decision: retry.Decision) -> retry.Decision:
-        """A spare emulated node in place of each blamed one (none left: the same nodes, as without spares)."""
-        placed = spares.after(self.allocation, self.step_nodes, decision.exclude, len(self.step_nodes))
+    def _spare_in(self, decision: retry.Decision, leave: tuple[str, ...]) -> retry.Decision:
+        """A spare emulated node in place of each node to `leave` (none left: the same nodes, as without)."""
+        placed = spares.after(self.allocation, self.step_nodes, leave, len(self.step_nodes))
         if placed is None or not placed.left:
             return decision
         self.next_nodes = placed.nodes  # the ranks' next start (this attempt's lines still name its own)

@@ -416,6 +416,8 @@ def _end_step(
                 nodes,
                 info.batch_host or steps.batch_host(environ),
                 rule,
+                this.signature,
+                this.node,
             )
             if placement is not None:
                 placed.append(placement)

@@ -227,11 +227,13 @@ class _Local:
         return changed or bool(events) or (grew and not running)
 
     def _show_recovery(self, records: list[dict[str, Any]]) -> None:
-        """After a restart in place (--spare-nodes), at its first step: which node left, which spare came in,
-        and the seconds from the failure to that step (attempts.recovery_line)."""
+        """After a restart in place (--spare-nodes), at its first committed step (the first "step" record after
+        its "start"): which node left, which spare came in, and the seconds from the failure to that step
+        (attempts.recovery_line). A start that dies before its first step says nothing."""
         for r in records:
-            if r.get("event") == "start" and r.get("job") == self.job_id:
-                self.recovering = r.get("restart") if isinstance(r.get("restart"), int) else None
+            if r.get("event") == "start":
+                restart = r.get("restart")
+                self.recovering = restart if isinstance(restart, int) else None
             elif (
                 r.get("event") == "step" and self.recovering is not None and isinstance(r.get("time"), float)
             ):

@@ -48,18 +48,24 @@ def plan(
     ran_on: Sequence[str],
     batch_host: str,
     rule: min_nodes.Smaller,
+    signature: str = "",
+    node: str | None = None,
 ) -> tuple[retry.Decision, spares.Placement | None]:
     """A failure's requeue turned into a restart in place when the allocation allows it (pure): the decision
     to record (action RESTART, the nodes that left and the spares that came in) and the next step's nodes;
     otherwise the decision as it was and None. Only failures (never a preemption or a time limit: those give
     the allocation back) of a job with spares; `allocation` is the job's nodes as the controller has them now
-    (Slurm removed the lost ones), `ran_on` the failed step's."""
+    (Slurm removed the lost ones), `ran_on` the failed step's, `signature` and `node` the failure's.
+
+    A rank SIGKILLed spends no spare (spares.to_leave): the next step runs on the same nodes."""
     if spare_nodes <= 0 or decision.action != outcomes.REQUEUE or outcome not in outcomes.FAILURES:
         return decision, None
     if not allocation or not ran_on:
         return decision, None
     least = min_nodes.least(len(ran_on), rule)
-    placement = spares.after(allocation, ran_on, decision.exclude, least, batch_host)
+    blamed = spares.to_leave(decision.exclude, signature, node)
+    kept = next((n for n in decision.exclude if n not in blamed), None)
+    placement = spares.after(allocation, ran_on, blamed, least, batch_host)
     if placement is None:
         return decision, None
     nodes = ",".join(placement.nodes)
@@ -72,7 +78,9 @@ def plan(
     )
     message = f"{decision.message}, in place on {nodes} ({moves})"
     if placement.shrunk:
-        message += "; " + min_nodes.went_on(len(ran_on), len(placement.nodes), decision.exclude, rule)
+        message += "; " + min_nodes.went_on(len(ran_on), len(placement.nodes), blamed, rule)
+    if kept:
+        message += f" ({kept} kept: a SIGKILL is no sign of bad hardware)"
     return (
         replace(
             decision,
