@@ -603,14 +603,17 @@ def test_a_job_cancelled_while_pending_after_a_requeue_is_reported_as_cancelled_
 def time_limit_job(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """--time 1 (Slurm's shortest) with --signal-delay-s 5. Slurm checks time limits every 30 s and sends the
     signal at the first check that is less than 30 s before "limit - delay": here 25-55 s into a run, and
-    always 30 s or more before the kill at the limit. The first run sleeps 1 s per epoch for 60 epochs, so the
+    always 30 s or more before the kill at the limit. The first run sleeps 2 s per epoch for 60 epochs, so the
     signal finds it training; the requeued run has no sleep and finishes within the 25 s before its own
     signal (under heavy load it may take one more requeue: --max-requeue 5).
     Submitted without --wait, first thing in the module, so that its wait for Slurm's clock overlaps the
-    other tests (two 2 x 2 jobs fit on the cluster at once)."""
+    other tests (a 2 x 2 job fits on the cluster beside it). One task a node: the claim is the batch shell's
+    and the ranks' agreed save, and each task is one more import of torch on a saturated machine."""
     folder = tmp_path_factory.mktemp("time_limit") / "run"
     proc = run_submit(
         folder,
+        "--tasks-per-node",
+        "1",
         "--time",
         "1",
         "--signal-delay-s",
