@@ -9,6 +9,7 @@ mean differently in the last bit, which a few steps cannot grow past that."""
 from __future__ import annotations
 
 import json
+import signal
 import warnings
 from pathlib import Path
 
@@ -111,7 +112,6 @@ SHARDED = (
     "1",
     "--strategy",
 )
-SLOW = {"STEP_SLEEP_S": "0.03"}
 
 
 def everything(checkpoint: Path) -> dict:
@@ -150,23 +150,38 @@ def assert_same(a: object, b: object) -> None:
         assert a == b
 
 
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted sharded run, 3 epochs of 4 steps, checkpoints written by the ranks' writer threads:
+    the preempted run's reference, and the corrupt-shard test's run (each test that changes it, a copy)."""
+    folder = tmp_path_factory.mktemp("sharded") / "straight"
+    code, out = finish(start(folder, *SHARDED, "fsdp", *ranks(2), "--epochs", "3", "--async-save", "thread"))
+    assert code == 0, out
+    return folder
+
+
 @pytest.mark.deadline(300)
-def test_sharded_checkpoints_preempted_twice_end_bitwise_equal(tmp_path: Path) -> None:
-    """The model from its factory on the meta device; the run preempted twice writes its checkpoints from the
-    ranks' saving processes (--async-save process), the straight one from their writer threads."""
-    from test_run_models import preempted_twice
+def test_sharded_checkpoints_preempted_end_bitwise_equal(sharded_run: Path, tmp_path: Path) -> None:
+    """The model from its factory on the meta device (issue 36); the preempted run writes its checkpoints from
+    the ranks' saving processes (--async-save process), the straight one from their writer threads. Stops of
+    every kind, and several in one run: tests/test_resume_matrix.py."""
+    from test_run_models import read_until
 
     from hpc_ddp.run.checkpoint import store
 
-    args = (*SHARDED, "fsdp", *ranks(2), "--epochs", "3", "--batch-size", "16")
-    code, out = finish(start(tmp_path / "straight", *args, "--async-save", "thread", **SLOW))
+    args = (*SHARDED, "fsdp", *ranks(2), "--epochs", "3", "--async-save", "process")
+    proc = start(tmp_path, *args, STEP_SLEEP_S="0.15")  # 8 steps left after epoch 0: the stop lands in them
+    lines = read_until(proc, "Epoch 0,")
+    proc.send_signal(signal.SIGUSR2)
+    code, out = finish(proc)
+    out = "\n".join(lines) + "\n" + out
     assert code == 0, out
-    out = preempted_twice(tmp_path / "twice", *args, "--async-save", "process", **SLOW)
+    assert out.count("Resuming from ") == 1, out
     assert "Traceback" not in out and "EOFError" not in out  # the saving processes ended with their ranks
-    a, b = (torch.load(tmp_path / f / "model.pth", weights_only=True) for f in ("straight", "twice"))
+    a, b = (torch.load(f / "model.pth", weights_only=True) for f in (sharded_run, tmp_path))
     assert_same(a, b)
-    last = [store.list_checkpoints(tmp_path / f)[0] for f in ("straight", "twice")]
-    assert [p.name for p in last] == ["ckpt-00000024"] * 2
+    last = [store.list_checkpoints(f)[0] for f in (sharded_run, tmp_path)]
+    assert [p.name for p in last] == ["ckpt-00000012"] * 2
     assert (last[0] / "hpc_ddp-manifest.json").is_file() and list(last[0].glob("__1_*.distcp"))
     state = everything(last[0])
     assert any("momentum_buffer" in k for k in state)  # the optimizer's sharded state is in DCP
@@ -175,13 +190,16 @@ def test_sharded_checkpoints_preempted_twice_end_bitwise_equal(tmp_path: Path) -
     assert_same(a, {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
 
 
-def test_a_corrupt_shard_or_a_torn_save_falls_back_to_the_checkpoint_before(tmp_path: Path) -> None:
+def test_a_corrupt_shard_or_a_torn_save_falls_back_to_the_checkpoint_before(
+    sharded_run: Path, tmp_path: Path
+) -> None:
+    import shutil
     import subprocess
     import sys
 
     args = (*SHARDED, "fsdp", *ranks(2))
-    code, out = finish(start(tmp_path, *args, "--epochs", "3"))
-    assert code == 0, out
+    tmp_path = tmp_path / "run"
+    shutil.copytree(sharded_run, tmp_path)
     ckpts = tmp_path / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == [f"ckpt-0000000{s}" for s in (4, 8)] + [
         "ckpt-00000012",
