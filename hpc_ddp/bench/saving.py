@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hpc_ddp.bench.runs import TASK, Settings, load_average, median, progress, ratios
+from hpc_ddp.bench.runs import TASK, Settings, drop_weights, load_average, median, progress, ratios
 from hpc_ddp.run.checkpoint.storage import Local
 
 
@@ -96,6 +96,7 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
                     f"(stall {stall * 1000:.1f} ms), raw write {nbytes / raw / 1e6:,.0f} MB/s "
                     f"(load {load_average():.1f})"
                 )
+    drop_weights(folder)
     return {
         "bytes": nbytes,
         "kit_mb_per_s": nbytes / median(t["kit_s"]) / 1e6,

@@ -28,7 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.bench.runs import RunFailed, Runner, Settings, median, ratios, read_records, run_cmd
+from hpc_ddp.bench.runs import (
+    RunFailed,
+    Runner,
+    Settings,
+    drop_weights,
+    median,
+    ratios,
+    read_records,
+    run_cmd,
+)
 
 WIDTH, DEPTH = 2048, 24  # 24 blocks of Linear(2048, 2048): about 100.7 M parameters
 QUICK = (128, 2)
@@ -177,6 +186,7 @@ def _measure(s: Settings, runner: Runner, contender: str, trial: int) -> dict[st
         "interval_s": SAVE_EVERY * median(steps_s),
         **writes(records),
     }
+    drop_weights(folder)
     runner.done(
         trial,
         contender,
@@ -191,6 +201,7 @@ def _measure_held(s: Settings, runner: Runner, contender: str, trial: int) -> fl
     folder = runner.folder(f"{contender}-returned")
     run_cmd(_cmd(s, folder, contender), folder.with_suffix(".log"), timeout=1800, extra_env=RETURNED)
     peak = _peak_rss(s, folder)
+    drop_weights(folder)
     runner.done(trial, f"{contender}, freed memory returned", f"{peak / 2**20:,.0f} MiB peak")
     return peak
 
