@@ -57,7 +57,7 @@ fi
 meta+=(--local --nodes 1 --task fsdp_tasks:no_dropout --strategy fsdp --max-steps 1 --seed 7 --folder "$out/meta" --log-every-s 0)
 { INITIAL_OUT="$out/meta-initial.pt" "$py" -m hpc_ddp.submit "${meta[@]}" &&
   "$py" tests/meta_check.py "$out/meta-initial.pt" 7; } 2>&1 | tee "$out/meta.log" || status=1
-# --cpu: one rank a contender (tests/test_bench.py runs the section at 2): each rank's start costs seconds of CPU.
+# --cpu: one rank a contender, as tests/test_bench.py runs every section: each rank's start costs seconds of CPU.
 if [[ $cpu == 1 ]]; then echo "== bench overhead (--quick with --cpu)"; bench+=(--quick --world-size 1); else echo "== bench overhead"; fi
 "$py" -m hpc_ddp.bench "${bench[@]}" 2>&1 | tee "$out/bench.log" || status=1
 exit $status

@@ -45,7 +45,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         "--folder",
         metavar="DIR",
         help="keep every run's folder and log in a new folder under DIR (default: a "
-        "temporary folder, removed at the end)",
+        "temporary folder, removed at the end); a run's checkpoints and model.pth are removed once its "
+        "figures are read",
     )
     ns = parser.parse_args(argv)
     sections = list(dict.fromkeys(ns.sections)) or list(SECTIONS)
