@@ -422,3 +422,41 @@ def test_an_emulated_node_takes_over_in_place_of_a_blamed_one_locally(tmp_path) 
     )
     assert (finished.nodes, finished.outcome) == (("127.0.0.1", "127.0.0.3"), "completed")
     assert "(127.0.0.2 left, spare 127.0.0.3 in, 0 spare(s) left)" in proc.stdout, proc.stdout
+
+
+def test_a_requeued_job_with_spares_goes_on_with_fewer_spares_first() -> None:
+    """The batch shell's node (the spare) lost: the job is requeued away from it. Of its 3 nodes (2 + 1 spare)
+    2 usable are left: it goes on without the spare, on the same 2 training nodes, instead of stopping."""
+    decision = retry.Decision(outcomes.REQUEUE, "restarting from ...", ("node1",))
+    states = {"node1": "down*", "node2": "idle", "node3": "idle"}
+    got = min_nodes.fit(decision, states, (), "debug", 3, min_nodes.EVERY_NODE, spares=1)
+    assert (got.action, got.nodes) == (outcomes.REQUEUE, 2)
+    assert got.message.endswith(
+        "it goes on with 0 of its --spare-nodes 1 (the usable nodes left once node1 are excluded)"
+    )
+    stop = min_nodes.fit(
+        decision, {**states, "node3": "down"}, (), "debug", 3, min_nodes.EVERY_NODE, spares=1
+    )
+    assert stop.action == outcomes.STOP  # fewer than its training nodes: as without spares
+
+
+def test_the_batch_hosts_node_is_lost_even_when_no_step_ran_there() -> None:
+    from hpc_ddp.launch.slurm import lost
+    from hpc_ddp.scheduler.slurm.parse import parse_job
+
+    info = parse_job(
+        "JobId=5 JobState=FAILED Reason=JobLaunchFailure Restarts=0 NodeList=node[2-3] BatchHost=node1"
+    )
+    assert lost.removed(("node2", "node3"), info, 0) == ("node1",)
+
+
+def test_a_requeued_job_with_spares_keeps_the_size_it_trained_at(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from hpc_ddp.launch.slurm import batch
+    from hpc_ddp.run.config import TrainConfig
+
+    environ = {"SLURM_JOB_NODELIST": "node[2-3]", "SLURM_NTASKS_PER_NODE": "2", "SLURMD_NODENAME": "node2"}
+    cfg = TrainConfig(spare_nodes=1)
+    assert batch._first_step(cfg, environ).nodes == ("node3",)  # a new job: all but the spare
+    assert batch._first_step(cfg, environ, 2).nodes == ("node2", "node3")  # it trained on 2: no spare now
+    attempts.record_start(tmp_path, "5", 0, ["node2", "node3"], ["node2", "node3"], None)
+    assert batch._trained_on(tmp_path, "5") == 2 and batch._trained_on(tmp_path, "6") is None

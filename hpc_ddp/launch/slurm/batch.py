@@ -132,7 +132,7 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
     job, restart = _identity(environ)
     # Here, not only at submission: slurm/ddp.sbatch takes the options as they come. The node count is what
     # Slurm allocated (fewer than asked once the job went on without bad nodes: M is still at most that).
-    first = _first_step(cfg, environ)
+    first = _first_step(cfg, environ, _trained_on(folder, job))
     size = len(first.nodes) if first is not None else job_size(environ, None)
     check_min_nodes(cfg, size, slurm_env.tasks_per_node(environ))
     taken = taken_over(folder, job)
@@ -178,9 +178,19 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
     return exitcodes.OK
 
 
-def _first_step(cfg: TrainConfig, environ: Mapping[str, str]) -> spares.Placement | None:
+def _trained_on(folder: Path, job: str) -> int | None:
+    """How many nodes this job's latest attempt trained on (None before its first): a requeued job with
+    spares keeps that size, whatever spares its new allocation still holds."""
+    started = [a for a in record.of_job(record.read(folder), job) if a.nodes]
+    return len(started[-1].nodes) if started else None
+
+
+def _first_step(
+    cfg: TrainConfig, environ: Mapping[str, str], size: int | None = None
+) -> spares.Placement | None:
     """The first step's nodes in a job with spares (None without): every node of the allocation but
-    --spare-nodes of them, the batch shell's own kept as a spare."""
+    --spare-nodes of them (or `size` of them: what the job trained on before a requeue), the batch shell's own
+    kept as a spare."""
     if cfg.spare_nodes <= 0:
         return None
     if slurm_env.tasks_per_node(environ) is None:
@@ -195,7 +205,8 @@ def _first_step(cfg: TrainConfig, environ: Mapping[str, str]) -> spares.Placemen
             f"--spare-nodes {cfg.spare_nodes}: the allocation has {len(allocation)} node(s) "
             f"({','.join(allocation)}), no more than its spares: the step runs on all of them, no spare left"
         )
-    return spares.first(allocation, cfg.spare_nodes, steps.batch_host(environ))
+    held = len(allocation) - size if size is not None and 0 < size <= len(allocation) else cfg.spare_nodes
+    return spares.first(allocation, held, steps.batch_host(environ))
 
 
 def _note_start(folder: Path, job: str, restart: int, log: str, nodes: Sequence[str] = ()) -> None:
@@ -422,7 +433,7 @@ def _end_step(
             if placement is not None:
                 placed.append(placement)
                 return decision
-        return _fits(client, decision, info, size, rule, cfg.wait_for_nodes)
+        return _fits(client, decision, info, size, rule, cfg.wait_for_nodes, cfg.spare_nodes)
 
     closed = supervisor.end_attempt(
         journal,
@@ -488,6 +499,7 @@ def _fits(
     needed: int,
     rule: min_nodes.Smaller = min_nodes.EVERY_NODE,
     wait: bool = False,
+    spares: int = 0,
 ) -> retry.Decision:
     """min_nodes.fit, with the partition's nodes as sinfo has them now (asked only for a requeue that
     excludes nodes)."""
@@ -495,7 +507,9 @@ def _fits(
         return decision
     partition = info.partition if info else ""
     states = client.nodes(partition)
-    return min_nodes.fit(decision, states, info.excluded if info else (), partition, needed, rule, wait)
+    return min_nodes.fit(
+        decision, states, info.excluded if info else (), partition, needed, rule, wait, spares
+    )
 
 
 def _requeue(

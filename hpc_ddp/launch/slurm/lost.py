@@ -63,7 +63,8 @@ def removed(nodes: Sequence[str], info: JobInfo | None, restart: int) -> tuple[s
     if info.state.kind is Kind.RUNNING:
         return tuple(n for n in nodes if n not in info.nodes)
     host = info.batch_host
-    if info.state.done and info.reason == "JobLaunchFailure" and host in nodes and host not in info.nodes:
+    # The batch host lost ends the job whether or not its step ran there (--spare-nodes keeps it as a spare).
+    if info.state.done and info.reason == "JobLaunchFailure" and host and host not in info.nodes:
         return (host,)
     return ()
 
@@ -178,6 +179,7 @@ class Policy:
     rule: min_nodes.Smaller = min_nodes.EVERY_NODE  # --min-nodes
     wait: bool = False  # --wait-for-nodes
     tasks_per_node: int = 0
+    spares: int = 0  # --spare-nodes: of `size`, the nodes a requeued job may go on without
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,14 @@ def settle(
                 outcomes.STOP, "the job is over and no node of it failed: not requeued", decision.exclude
             )
         return min_nodes.fit(
-            decision, client.nodes(partition), already, partition, policy.size, policy.rule, policy.wait
+            decision,
+            client.nodes(partition),
+            already,
+            partition,
+            policy.size,
+            policy.rule,
+            policy.wait,
+            policy.spares,
         )
 
     closed = close(journal, attempt, found, policy.budgets, fits)

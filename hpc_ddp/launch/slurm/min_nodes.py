@@ -90,6 +90,7 @@ def fit(
     needed: int,
     rule: Smaller = EVERY_NODE,
     wait: bool = False,
+    spares: int = 0,
 ) -> retry.Decision:
     """A requeue that excludes nodes, checked against the partition's nodes (`states`: sinfo's) (pure).
     `needed` is the size the job ran on (what it asked for), never the controller's NumNodes of the moment.
@@ -102,6 +103,14 @@ def fit(
     usable = usable_nodes(states, exclude)
     if len(usable) >= needed:
         return decision
+    if spares and len(usable) >= needed - spares:
+        # --spare-nodes: the job trains on `needed - spares`; it goes on with fewer idle spares, same world size.
+        return replace(
+            decision,
+            message=f"{decision.message}; it goes on with {len(usable) - (needed - spares)} of its "
+            f"--spare-nodes {spares} (the usable nodes left once {','.join(exclude)} are excluded)",
+            nodes=len(usable),
+        )
     fewest = least(needed, rule)
     if len(usable) >= fewest:
         return go_on(decision, needed, len(usable), exclude, rule)

@@ -262,6 +262,7 @@ def _policy(cfg: TrainConfig, shape: JobShape, folder: Path) -> Policy:
         min_nodes.rule(cfg, shape.tasks_per_node, folder),
         cfg.wait_for_nodes,
         shape.tasks_per_node,
+        cfg.spare_nodes,
     )
 
 
