@@ -460,3 +460,16 @@ def test_a_requeued_job_with_spares_keeps_the_size_it_trained_at(tmp_path) -> No
     assert batch._first_step(cfg, environ, 2).nodes == ("node2", "node3")  # it trained on 2: no spare now
     attempts.record_start(tmp_path, "5", 0, ["node2", "node3"], ["node2", "node3"], None)
     assert batch._trained_on(tmp_path, "5") == 2 and batch._trained_on(tmp_path, "6") is None
+
+
+def test_the_start_line_of_a_step_in_place_keeps_slurms_count_apart() -> None:
+    from hpc_ddp.run.progress import event_line
+
+    record = {"event": "start", "job": "5", "resumed": True, "epoch": 0, "step": 4, "world_size": 2}
+    assert event_line({**record, "restart": 2001, "startup_s": 3.0}) == (
+        "[run] start 1 (restart in place 2) of job 5: resumed at epoch 0, step 4; 2 ranks, 3.0 s from process "
+        "start to the first step"
+    )
+    assert (event_line({**record, "restart": 1, "startup_s": 3.0}) or "").startswith(
+        "[run] start 1 of job 5:"
+    )

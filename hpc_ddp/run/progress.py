@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpc_ddp.cluster.env import in_place, requeues
 from hpc_ddp.log import count
 from hpc_ddp.variables import LIVE_PROGRESS
 
@@ -86,8 +87,13 @@ def event_line(record: Mapping[str, Any]) -> str | None:
             if record.get("resumed")
             else "from the beginning"
         )
+        restart = record.get("restart") if isinstance(record.get("restart"), int) else 0
+        # A step restarted inside the allocation (--spare-nodes) keeps Slurm's count: said apart.
+        which = (
+            f"{requeues(restart)} (restart in place {in_place(restart)})" if in_place(restart) else restart
+        )
         return (
-            f"[run] start {record.get('restart', 0)} of job {record.get('job') or '?'}: {how}; "
+            f"[run] start {which} of job {record.get('job') or '?'}: {how}; "
             f"{count(int(record.get('world_size') or 0), 'rank')}, {record.get('startup_s', 0):.1f} s from process start to "
             "the first step"
         )
