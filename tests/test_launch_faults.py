@@ -1,14 +1,13 @@
-"""Whose fault is an error (hpc_ddp.launch.faults): one test per row of the table, and the rule for an error
+"""Whose fault is an error (hpc_ddp.ledger.faults): one test per row of the table, and the rule for an error
 that follows the job from node to node (issue 23 item 4)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpc_ddp.launch import faults, retry
-from hpc_ddp.launch.faults import Blame
-from hpc_ddp.ledger import outcomes
+from hpc_ddp.ledger import faults, judge, outcomes, rules
 from hpc_ddp.ledger.attempts import Attempt
+from hpc_ddp.ledger.faults import Blame
 
 pytestmark = pytest.mark.unit
 
@@ -95,14 +94,14 @@ def test_the_supervisor_rule_excludes_the_node_once_then_stops_as_a_crash_loop()
     def note(node: str) -> dict[str, object]:
         return {"rank": 2, "node": node, "type": "RuntimeError", "message": ILLEGAL.split(": ", 1)[1]}
 
-    first = retry.follow([], retry.judge(retry.Evidence(code=1, notes=(note("node2"),))))
+    first = judge.follow([], judge.judge(judge.Evidence(code=1, notes=(note("node2"),))))
     assert (first.blamed, first.node) == (True, "node2")
-    one = retry.close(Attempt("7", 0, number=1), first, None, None, 1.0)
-    assert retry.decide([], one, 3).action == outcomes.REQUEUE
-    second = retry.follow([one], retry.judge(retry.Evidence(code=1, notes=(note("node3"),))))
+    one = judge.close(Attempt("7", 0, number=1), first, None, None, 1.0)
+    assert rules.decide([], one, 3).action == outcomes.REQUEUE
+    second = judge.follow([one], judge.judge(judge.Evidence(code=1, notes=(note("node3"),))))
     assert (second.blamed, second.node, second.signature) == (False, "node3", first.signature)
-    two = retry.close(Attempt("7", 1, number=2), second, None, None, 2.0)
-    decision = retry.decide([one], two, 3)
+    two = judge.close(Attempt("7", 1, number=2), second, None, None, 2.0)
+    decision = rules.decide([one], two, 3)
     assert decision.action == outcomes.STOP and decision.crash_loop
     assert decision.exclude == ("node2",)
 
@@ -110,5 +109,5 @@ def test_the_supervisor_rule_excludes_the_node_once_then_stops_as_a_crash_loop()
 def test_a_death_by_a_signal_keeps_its_blame_after_the_follow_rule() -> None:
     """The follow rule reconsiders SUSPECT errors only: a rank killed by SIGKILL still points at its node
     (the follow rule took that blame away, since the signal's line is in no row of the table)."""
-    ending = retry.Ending("failed", "rank 2 was killed by SIGKILL", "signal SIGKILL", 2, "node2", blamed=True)
-    assert retry.follow([], ending).blamed
+    ending = judge.Ending("failed", "rank 2 was killed by SIGKILL", "signal SIGKILL", 2, "node2", blamed=True)
+    assert judge.follow([], ending).blamed

@@ -16,9 +16,8 @@ from fake_slurm import FakeSlurm
 
 from hpc_ddp import exitcodes
 from hpc_ddp.errors import CheckpointError, UsageError
-from hpc_ddp.launch import retry
 from hpc_ddp.launch.slurm import batch, min_nodes
-from hpc_ddp.ledger import attempts, outcomes
+from hpc_ddp.ledger import attempts, outcomes, rules
 from hpc_ddp.run import resume
 from hpc_ddp.run.checkpoint import sharded
 from hpc_ddp.run.config import TrainConfig, accum_for, check_min_nodes
@@ -87,7 +86,7 @@ def test_the_grad_accum_that_keeps_the_global_batch(
 
 # ----- the decision ------------------------------------------------------------------------------------------
 
-REQUEUE = retry.Decision(outcomes.REQUEUE, "restarting from the checkpoint at step 8", ("node2",))
+REQUEUE = rules.Decision(outcomes.REQUEUE, "restarting from the checkpoint at step 8", ("node2",))
 RULE = min_nodes.Smaller(least=1, per_node=2, batch=32, grad_accum=1)
 
 
@@ -197,7 +196,7 @@ def test_requeue_steps_on_fewer_nodes(already: bool, excluded: tuple[str, ...], 
 
 
 def test_the_size_comes_from_the_decision_and_the_tasks_per_node() -> None:
-    decided = retry.Decision(outcomes.REQUEUE, "", ("node2",), nodes=1)
+    decided = rules.Decision(outcomes.REQUEUE, "", ("node2",), nodes=1)
     assert min_nodes.size(decided, {"SLURM_NTASKS_PER_NODE": "4"}) == Size(1, 4)
     assert min_nodes.size(decided, {}) is None
     assert min_nodes.size(REQUEUE, {"SLURM_NTASKS_PER_NODE": "4"}) is None

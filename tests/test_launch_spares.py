@@ -11,9 +11,9 @@ import subprocess
 import pytest
 
 from hpc_ddp.cluster.env import in_place, order, requeues, restart_count
-from hpc_ddp.launch import retry, spares
+from hpc_ddp.launch import spares
 from hpc_ddp.launch.slurm import inplace, min_nodes
-from hpc_ddp.ledger import attempts, outcomes
+from hpc_ddp.ledger import attempts, outcomes, rules
 from hpc_ddp.scheduler.slurm import steps
 
 N3 = ("node1", "node2", "node3")
@@ -136,7 +136,7 @@ def test_a_step_is_placed_by_its_environment_ranks_in_node_order() -> None:
     assert steps.hostfile_text(("node1", "node3"), 2) == "node1\nnode1\nnode3\nnode3\n"
 
 
-REQUEUE = retry.Decision(
+REQUEUE = rules.Decision(
     outcomes.REQUEUE, "restarting from the checkpoint at step 4 (failure 1 of --max-restarts 3)"
 )
 ELASTIC = min_nodes.Smaller(least=1, per_node=2, batch=8, grad_accum=1)
@@ -146,7 +146,7 @@ ELASTIC = min_nodes.Smaller(least=1, per_node=2, batch=8, grad_accum=1)
     ("decision", "outcome", "spare", "allocation", "rule", "action", "message"),
     [
         (
-            retry.Decision(outcomes.REQUEUE, REQUEUE.message, ("node3",)),
+            rules.Decision(outcomes.REQUEUE, REQUEUE.message, ("node3",)),
             outcomes.NODE_FAIL,
             1,
             ("node1", "node2"),
@@ -164,7 +164,7 @@ ELASTIC = min_nodes.Smaller(least=1, per_node=2, batch=8, grad_accum=1)
             f"{REQUEUE.message}, in place on node2,node3 (1 spare(s) left)",
         ),
         (  # no spare left, --min-nodes 1: fewer nodes, said as a --min-nodes requeue says it
-            retry.Decision(outcomes.REQUEUE, REQUEUE.message, ("node1", "node3")),
+            rules.Decision(outcomes.REQUEUE, REQUEUE.message, ("node1", "node3")),
             outcomes.FAILED,
             1,
             ("node2", "node3"),
@@ -174,7 +174,7 @@ ELASTIC = min_nodes.Smaller(least=1, per_node=2, batch=8, grad_accum=1)
             "the 1 usable node(s) left of the 2 it ran on (node1,node3 excluded), 2 rank(s) instead of 4",
         ),
         (  # no spare left, no --min-nodes: today's requeue
-            retry.Decision(outcomes.REQUEUE, REQUEUE.message, ("node1", "node3")),
+            rules.Decision(outcomes.REQUEUE, REQUEUE.message, ("node1", "node3")),
             outcomes.FAILED,
             1,
             ("node2", "node3"),
@@ -183,7 +183,7 @@ ELASTIC = min_nodes.Smaller(least=1, per_node=2, batch=8, grad_accum=1)
             REQUEUE.message,
         ),
         (  # a hang verdict blames the stuck rank's node: the spare
-            retry.Decision(outcomes.REQUEUE, REQUEUE.message, ("node3",)),
+            rules.Decision(outcomes.REQUEUE, REQUEUE.message, ("node3",)),
             outcomes.HANG,
             1,
             N3,
@@ -194,7 +194,7 @@ ELASTIC = min_nodes.Smaller(least=1, per_node=2, batch=8, grad_accum=1)
         (REQUEUE, outcomes.PREEMPTED, 1, N3, min_nodes.EVERY_NODE, outcomes.REQUEUE, REQUEUE.message),
         (REQUEUE, outcomes.FAILED, 0, N3, min_nodes.EVERY_NODE, outcomes.REQUEUE, REQUEUE.message),
         (
-            retry.Decision(outcomes.STOP, "crash loop: ..."),
+            rules.Decision(outcomes.STOP, "crash loop: ..."),
             outcomes.FAILED,
             1,
             N3,
@@ -205,7 +205,7 @@ ELASTIC = min_nodes.Smaller(least=1, per_node=2, batch=8, grad_accum=1)
     ],
 )
 def test_only_a_failure_of_a_job_with_spares_restarts_in_place(
-    decision: retry.Decision,
+    decision: rules.Decision,
     outcome: str,
     spare: int,
     allocation: tuple[str, ...],
@@ -222,7 +222,7 @@ def test_only_a_failure_of_a_job_with_spares_restarts_in_place(
 
 
 def test_a_rank_sigkilled_restarts_on_the_same_nodes_blamed_but_kept() -> None:
-    decision = retry.Decision(outcomes.REQUEUE, REQUEUE.message, ("node3",))
+    decision = rules.Decision(outcomes.REQUEUE, REQUEUE.message, ("node3",))
     got, placement = inplace.plan(
         decision,
         outcomes.FAILED,
@@ -427,7 +427,7 @@ def test_an_emulated_node_takes_over_in_place_of_a_blamed_one_locally(tmp_path) 
 def test_a_requeued_job_with_spares_goes_on_with_fewer_spares_first() -> None:
     """The batch shell's node (the spare) lost: the job is requeued away from it. Of its 3 nodes (2 + 1 spare)
     2 usable are left: it goes on without the spare, on the same 2 training nodes, instead of stopping."""
-    decision = retry.Decision(outcomes.REQUEUE, "restarting from ...", ("node1",))
+    decision = rules.Decision(outcomes.REQUEUE, "restarting from ...", ("node1",))
     states = {"node1": "down*", "node2": "idle", "node3": "idle"}
     got = min_nodes.fit(decision, states, (), "debug", 3, min_nodes.EVERY_NODE, spares=1)
     assert (got.action, got.nodes) == (outcomes.REQUEUE, 2)

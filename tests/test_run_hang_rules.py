@@ -294,7 +294,7 @@ def test_a_deferral_under_a_kit_supervisor_is_said_in_the_log(
 def test_every_rank_in_the_same_line_of_the_task_names_the_code_and_blames_nobody() -> None:
     """Finding 12: every rank inside its own `step` at the same line (a periodic callback) is not a sick
     node; the supervisor's judgement then blames no node."""
-    from hpc_ddp.launch import retry
+    from hpc_ddp.ledger import judge
 
     frame = {"file": "mytask.py", "line": 77, "function": "callback"}
     reports = [report(r, beacon.COMPUTE, stalled=70.0 + r, host=PEERS[r][0], frame=frame) for r in range(8)]
@@ -306,7 +306,7 @@ def test_every_rank_in_the_same_line_of_the_task_names_the_code_and_blames_nobod
         'or stuck, on every rank. Fix: mark long legitimate work with `with hpc_ddp.long_work("what", '
         "limit_s=...)`, or raise --hang-timeout-s"
     )
-    ending = retry.judge(retry.Evidence(code=76, rank_nodes=tuple(p[0] for p in PEERS), verdict=v))
+    ending = judge.judge(judge.Evidence(code=76, rank_nodes=tuple(p[0] for p in PEERS), verdict=v))
     assert ending.rank is None and ending.node is None and not ending.blamed
     # Another line on one rank, or one rank waiting: the ranks outside a collective are named, as before.
     other = [*reports[:7], report(7, beacon.COMPUTE, frame={**frame, "line": 78})]

@@ -1,5 +1,5 @@
 """The retry rules without a run: judging an attempt's end, deciding what comes next, the attempts record, and
-the batch step's readings of Slurm's output (hpc_ddp.launch.retry, hpc_ddp.ledger.attempts,
+the batch step's readings of Slurm's output (hpc_ddp.ledger.judge and rules, hpc_ddp.ledger.attempts,
 hpc_ddp.launch.slurm.batch)."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.launch import retry
-from hpc_ddp.ledger import attempts
+from hpc_ddp.ledger import attempts, judge, rules
 from hpc_ddp.ledger.attempts import Attempt
 from hpc_ddp.scheduler.slurm import parse
 from hpc_ddp.scheduler.slurm import states as slurm_states
@@ -23,7 +22,7 @@ def note(rank: int, kind: str, message: str, t: float, node: str = "n1", again: 
         "type": kind,
         "message": message,
         "traceback": "tb",
-        "signature": retry.signature(kind, message),
+        "signature": judge.signature(kind, message),
         "retry": again,
     }
 
@@ -34,14 +33,14 @@ NODES = ("n1", "n1", "n2", "n2")
 @pytest.mark.parametrize(
     "evidence, expected",
     [
-        (retry.Evidence(code=0), ("completed", None, None, False)),
-        (retry.Evidence(code=75, requeue=True), ("preempted", None, None, False)),
-        (retry.Evidence(code=75, requeue=False), ("stopped", None, None, False)),
-        (retry.Evidence(code=2), ("usage", None, None, False)),
-        (retry.Evidence(code=65), ("nonfinite", None, None, False)),
+        (judge.Evidence(code=0), ("completed", None, None, False)),
+        (judge.Evidence(code=75, requeue=True), ("preempted", None, None, False)),
+        (judge.Evidence(code=75, requeue=False), ("stopped", None, None, False)),
+        (judge.Evidence(code=2), ("usage", None, None, False)),
+        (judge.Evidence(code=65), ("nonfinite", None, None, False)),
         # The first cause is the first error that is not a consequence of another rank's end.
         (
-            retry.Evidence(
+            judge.Evidence(
                 code=1,
                 rank_nodes=NODES,
                 notes=(
@@ -52,12 +51,12 @@ NODES = ("n1", "n1", "n2", "n2")
             ("failed", 3, "n2", True),
         ),
         (
-            retry.Evidence(code=1, rank_nodes=NODES, notes=(note(1, "ValueError", "bad batch 7", 1.0),)),
+            judge.Evidence(code=1, rank_nodes=NODES, notes=(note(1, "ValueError", "bad batch 7", 1.0),)),
             ("failed", 1, "n1", False),
         ),
         # Only consequences: the earliest, not blamed.
         (
-            retry.Evidence(
+            judge.Evidence(
                 code=1,
                 rank_nodes=NODES,
                 notes=(note(2, "RuntimeError", "Connection reset by peer", 1.0, "n2"),),
@@ -66,12 +65,12 @@ NODES = ("n1", "n1", "n2", "n2")
         ),
         # A rank killed by a signal before anyone raised: its node.
         (
-            retry.Evidence(code=137, rank_nodes=NODES, killed=((2, "SIGKILL"), (0, "SIGKILL"))),
+            judge.Evidence(code=137, rank_nodes=NODES, killed=((2, "SIGKILL"), (0, "SIGKILL"))),
             ("failed", 2, "n2", True),
         ),
-        (retry.Evidence(code=-9, rank_nodes=NODES, first_rank=3), ("failed", 3, "n2", True)),
+        (judge.Evidence(code=-9, rank_nodes=NODES, first_rank=3), ("failed", 3, "n2", True)),
         (
-            retry.Evidence(
+            judge.Evidence(
                 code=76,
                 rank_nodes=NODES,
                 verdict={
@@ -84,35 +83,35 @@ NODES = ("n1", "n1", "n2", "n2")
             ("hang", 2, "n2", True),
         ),
         (
-            retry.Evidence(code=1, rank_nodes=NODES, lost=("n2",), node_fail=True),
+            judge.Evidence(code=1, rank_nodes=NODES, lost=("n2",), node_fail=True),
             ("node_fail", None, "n2", True),
         ),
         # Issue 33 item 3: a task killed by the preemption signal while it started (before its handler
         # existed) is a preemption, never a crash, and blames no node.
         (
-            retry.Evidence(code=140, rank_nodes=NODES, killed=((0, "SIGUSR2"), (2, "SIGKILL"))),
+            judge.Evidence(code=140, rank_nodes=NODES, killed=((0, "SIGUSR2"), (2, "SIGKILL"))),
             ("preempted", 0, "n1", False),
         ),
-        (retry.Evidence(code=-10, rank_nodes=NODES, first_rank=3), ("preempted", 3, "n2", False)),  # locally
+        (judge.Evidence(code=-10, rank_nodes=NODES, first_rank=3), ("preempted", 3, "n2", False)),  # locally
         # Issue 33 item 10: two nodes lost together: both recorded (the first is the attempt's node).
         (
-            retry.Evidence(code=137, rank_nodes=NODES, lost=("n2", "n1"), killed=((2, "SIGKILL"),)),
+            judge.Evidence(code=137, rank_nodes=NODES, lost=("n2", "n1"), killed=((2, "SIGKILL"),)),
             ("node_fail", None, "n2", True),
         ),
         # Issue 33 item 9: srun refused an option (no pyxis): a usage error, whatever srun's code.
         (
-            retry.Evidence(code=255, refused="srun does not know --container-image"),
+            judge.Evidence(code=255, refused="srun does not know --container-image"),
             ("usage", None, None, False),
         ),
-        (retry.Evidence(code=1), ("failed", None, None, False)),
+        (judge.Evidence(code=1), ("failed", None, None, False)),
     ],
 )
-def test_judge_names_the_first_cause(evidence: retry.Evidence, expected: tuple) -> None:
-    ending = retry.judge(evidence)
+def test_judge_names_the_first_cause(evidence: judge.Evidence, expected: tuple) -> None:
+    ending = judge.judge(evidence)
     assert (ending.outcome, ending.rank, ending.node, ending.blamed) == expected
 
 
-CAUSE_1 = retry.Ending("failed", "RuntimeError: boom", rank=1)
+CAUSE_1 = judge.Ending("failed", "RuntimeError: boom", rank=1)
 
 
 @pytest.mark.parametrize(
@@ -123,21 +122,21 @@ CAUSE_1 = retry.Ending("failed", "RuntimeError: boom", rank=1)
         (1, CAUSE_1, [1, 1, -15, -15], 1),  # seen in the right order: the same
         (0, CAUSE_1, [1, None, None, None], 0),  # the cause has not ended: the rank seen is named
         (0, CAUSE_1, [1, 0, 0, 0], 0),  # a cause that ended well is no cause here
-        (2, retry.Ending("failed", "killed", rank=None), [-15, -15, -9, -15], 2),  # no note: the rank seen
-        (0, retry.Ending("failed", "x", rank=7), [1, 1], 0),  # a rank out of range: the rank seen
+        (2, judge.Ending("failed", "killed", rank=None), [-15, -15, -9, -15], 2),  # no note: the rank seen
+        (0, judge.Ending("failed", "x", rank=7), [1, 1], 0),  # a rank out of range: the rank seen
     ],
 )
 def test_the_failure_line_names_the_first_cause_when_it_ended(
-    seen: int, ending: retry.Ending, codes: list[int | None], named: int
+    seen: int, ending: judge.Ending, codes: list[int | None], named: int
 ) -> None:
-    assert retry.named_first(seen, ending, codes) == named
+    assert judge.named_first(seen, ending, codes) == named
 
 
 def test_signatures_mask_numbers_addresses_and_paths() -> None:
-    assert retry.signature("ValueError", "bad batch at step 17 (0x7f3a) in '/data/x.bin'") == retry.signature(
+    assert judge.signature("ValueError", "bad batch at step 17 (0x7f3a) in '/data/x.bin'") == judge.signature(
         "ValueError", "bad batch at step 40 (0x1) in '/other/y.bin'"
     )
-    assert retry.signature("ValueError", "a") != retry.signature("KeyError", "a")
+    assert judge.signature("ValueError", "a") != judge.signature("KeyError", "a")
 
 
 def ended(
@@ -199,19 +198,19 @@ def ended(
     ],
 )
 def test_decide(history: list[Attempt], this: Attempt, max_restarts: int, action: str, loop: bool) -> None:
-    decision = retry.decide(history, this, max_restarts)
+    decision = rules.decide(history, this, max_restarts)
     assert (decision.action, decision.crash_loop) == (action, loop)
 
 
 def test_every_node_blamed_so_far_is_excluded_and_the_fit_is_checked() -> None:
     history = [ended(1, "failed", 4, node="n2", blamed=True), ended(2, "failed", 8, "E: y", node="n1")]
-    decision = retry.decide(history, ended(3, "node_fail", 12, "node failure n3", node="n3", blamed=True), 9)
+    decision = rules.decide(history, ended(3, "node_fail", 12, "node failure n3", node="n3", blamed=True), 9)
     assert decision.exclude == ("n2", "n3")  # n1's error was not the node's fault
     states = {"n1": "idle", "n2": "idle", "n3": "down*", "n4": "drain", "n5": "mix"}
     assert slurm_states.usable(states, decision.exclude) == ["n1", "n5"]
 
 
-HANG_IN_CODE = retry.signature("Hang", "stuck in user code")
+HANG_IN_CODE = judge.signature("Hang", "stuck in user code")
 
 
 @pytest.mark.parametrize(
@@ -229,8 +228,8 @@ def test_a_hang_that_follows_the_job_to_another_node_is_the_codes(
 ) -> None:
     """Issue 33 item 5: a hang in the user's code on every attempt blamed (and excluded) a new healthy node
     each time, until the job stopped for a node shortage that was not the cause."""
-    ending = retry.Ending("hang", "hang at step 3: rank 1 ...", HANG_IN_CODE, 1, node, blamed=True)
-    assert retry.follow(before, ending).blamed is blamed
+    ending = judge.Ending("hang", "hang at step 3: rank 1 ...", HANG_IN_CODE, 1, node, blamed=True)
+    assert judge.follow(before, ending).blamed is blamed
 
 
 def test_a_hang_on_every_attempt_stops_as_a_crash_loop_without_a_node_shortage(tmp_path: Path) -> None:
@@ -243,7 +242,7 @@ def test_a_hang_on_every_attempt_stops_as_a_crash_loop_without_a_node_shortage(t
     verdict = {"culprits": [1], "reason": "stuck", "phase": "user code", "line": "hang at step 3: rank 1"}
     closed = []
     for restart, node in enumerate(("n2", "n3")):
-        evidence = retry.Evidence(code=76, rank_nodes=("n1", node), verdict=verdict)
+        evidence = judge.Evidence(code=76, rank_nodes=("n1", node), verdict=verdict)
         closed.append(supervisor.end_attempt(journal, "7", restart, evidence, budgets, 0.0, None, now=1.0))
     assert [(c.attempt.node, c.attempt.blamed, c.decision.action) for c in closed] == [
         ("n2", True, "requeue"),
@@ -253,10 +252,10 @@ def test_a_hang_on_every_attempt_stops_as_a_crash_loop_without_a_node_shortage(t
 
 
 def test_not_retried_when_the_run_stopped_itself() -> None:
-    ending = retry.judge(
-        retry.Evidence(code=1, notes=(note(0, "SavingFailed", "disk full", 1.0, again=False),))
+    ending = judge.judge(
+        judge.Evidence(code=1, notes=(note(0, "SavingFailed", "disk full", 1.0, again=False),))
     )
-    assert retry.decide([], ended(1, "failed", None), 3, retryable=ending.retryable).action == "stop"
+    assert rules.decide([], ended(1, "failed", None), 3, retryable=ending.retryable).action == "stop"
 
 
 def test_the_record_merges_starts_and_ends_and_survives_a_cut_line(tmp_path: Path) -> None:

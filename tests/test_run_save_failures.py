@@ -16,7 +16,7 @@ import torch
 
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.errors import DiskFull, SavingFailed
-from hpc_ddp.launch import retry
+from hpc_ddp.ledger import judge
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.beacon import NullBeacon
@@ -177,7 +177,7 @@ def test_the_backoff_is_read_when_a_writer_is_made(monkeypatch: pytest.MonkeyPat
 
 def test_the_ranks_that_stop_because_rank_0_cannot_save_read_as_its_consequence(tmp_path: Path) -> None:
     """A rank whose own writer is fine stops at the agreed step with a message the supervisor reads as a
-    consequence (retry.SECONDARY), so the first cause named is rank 0's, even when its note came later."""
+    consequence (judge.SECONDARY), so the first cause named is rank 0's, even when its note came later."""
     env = dist_env.DistEnv(1, 1, 2, 2, 0, 1, "127.0.0.1", 29500, "7", "slurm")
     checkpointer = Checkpointer(
         TrainConfig(), env, tmp_path, [], full.Full(tmp_path, env, 1), RankLog(1, io.StringIO()),
@@ -185,7 +185,7 @@ def test_the_ranks_that_stop_because_rank_0_cannot_save_read_as_its_consequence(
     )  # fmt: skip
     stop = checkpointer.stop(SAVING_FAILED, 12)
     assert isinstance(stop, SavingFailed) and "every rank stopped with it at step 12" in str(stop)
-    assert retry.secondary(f"SavingFailed: {stop}")
+    assert judge.secondary(f"SavingFailed: {stop}")
     notes = (
         {"rank": 1, "time": 1.0, "type": "SavingFailed", "message": str(stop), "retry": False},
         {
@@ -196,7 +196,7 @@ def test_the_ranks_that_stop_because_rank_0_cannot_save_read_as_its_consequence(
             "retry": False,
         },
     )
-    ending = retry.judge(retry.Evidence(code=1, rank_nodes=("n0", "n0"), notes=notes))
+    ending = judge.judge(judge.Evidence(code=1, rank_nodes=("n0", "n0"), notes=notes))
     assert ending.rank == 0 and "No space left on device" in ending.reason and not ending.retryable
 
 

@@ -1,6 +1,6 @@
 """The supervisor core and the ledger, without a run: the attempt pipeline, both budgets, records that cannot
 be written, the one exit-code table and attempt line, the error signature (hpc_ddp.launch.supervisor,
-hpc_ddp.launch.retry, hpc_ddp.ledger). Plus the local launcher supervising ranks without torch (fake_ranks):
+hpc_ddp.ledger.judge and rules, hpc_ddp.ledger). Plus the local launcher supervising ranks without torch (fake_ranks):
 the budgets it applies, a full disk under attempts.jsonl, a usage error shown once."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from conftest import clean_environ, die_with_test
 
 from hpc_ddp import exitcodes
-from hpc_ddp.launch import retry, supervisor
-from hpc_ddp.ledger import attempts, outcomes
+from hpc_ddp.launch import supervisor
+from hpc_ddp.ledger import attempts, judge, outcomes
 from hpc_ddp.ledger.attempts import Attempt
 from hpc_ddp.ledger.signature import signature
 
@@ -34,10 +34,10 @@ def end(journal: supervisor.Journal, restart: int, found: Any, budgets: supervis
 
 def test_the_supervisor_applies_max_requeue(tmp_path: Path) -> None:
     journal = supervisor.Journal(tmp_path)
-    first = end(journal, 0, retry.Evidence(code=exitcodes.PREEMPTED, requeue=True))
+    first = end(journal, 0, judge.Evidence(code=exitcodes.PREEMPTED, requeue=True))
     assert (first.attempt.outcome, first.decision.action) == ("preempted", "restart")
     assert first.decision.message.startswith("requeue 1 of --max-requeue 1")
-    second = end(journal, 1, retry.Evidence(code=exitcodes.PREEMPTED, requeue=True))
+    second = end(journal, 1, judge.Evidence(code=exitcodes.PREEMPTED, requeue=True))
     assert (second.attempt.outcome, second.decision.action) == ("preempted", "stop")
     assert "requeue budget spent (1 of --max-requeue 1), not requeued" in second.decision.message
     assert [a.decision for a in attempts.read(tmp_path)] == ["restart", "stop"]
@@ -45,12 +45,12 @@ def test_the_supervisor_applies_max_requeue(tmp_path: Path) -> None:
 
 def test_a_stop_signal_is_never_requeued_and_rank0s_own_decision_stands(tmp_path: Path) -> None:
     journal = supervisor.Journal(tmp_path)
-    stopped = end(journal, 0, retry.Evidence(code=exitcodes.PREEMPTED, requeue=False))
+    stopped = end(journal, 0, judge.Evidence(code=exitcodes.PREEMPTED, requeue=False))
     assert (stopped.attempt.outcome, stopped.decision.action) == ("stopped", "stop")
     # --requeue-by scontrol: rank 0 applied --max-requeue and requeued; the supervisor keeps that decision.
     slurm = supervisor.Budgets(max_restarts=3, max_requeue=0, again=outcomes.REQUEUE)
     by_rank0 = end(
-        journal, 1, retry.Evidence(code=exitcodes.PREEMPTED, requeue=True, rank0_requeued=True), slurm
+        journal, 1, judge.Evidence(code=exitcodes.PREEMPTED, requeue=True, rank0_requeued=True), slurm
     )
     assert (by_rank0.attempt.outcome, by_rank0.decision.action) == ("preempted", "requeue")
     assert by_rank0.ending.decided
@@ -59,21 +59,21 @@ def test_a_stop_signal_is_never_requeued_and_rank0s_own_decision_stands(tmp_path
 def test_failures_spend_max_restarts_and_preemptions_do_not(tmp_path: Path) -> None:
     journal = supervisor.Journal(tmp_path)
     budgets = supervisor.Budgets(max_restarts=1, max_requeue=5, again=outcomes.RESTART)
-    assert end(journal, 0, retry.Evidence(code=1, first_rank=1), budgets).decision.action == "restart"
-    assert end(journal, 1, retry.Evidence(code=75, requeue=True), budgets).decision.action == "restart"
-    last = end(journal, 2, retry.Ending(outcomes.FAILED, "E: other", "E: other"), budgets)
+    assert end(journal, 0, judge.Evidence(code=1, first_rank=1), budgets).decision.action == "restart"
+    assert end(journal, 1, judge.Evidence(code=75, requeue=True), budgets).decision.action == "restart"
+    last = end(journal, 2, judge.Ending(outcomes.FAILED, "E: other", "E: other"), budgets)
     assert last.decision.action == "stop" and "restart budget spent: 2 failure(s)" in last.decision.message
 
 
 def test_the_attempt_is_the_one_rank0_started(tmp_path: Path) -> None:
     attempts.record_start(tmp_path, "7", 0, ["n1"], ["n1", "n1"], None, now=1.0)
-    closed = end(supervisor.Journal(tmp_path), 0, retry.Evidence(code=0))
+    closed = end(supervisor.Journal(tmp_path), 0, judge.Evidence(code=0))
     assert (closed.attempt.number, closed.attempt.started, closed.attempt.outcome) == (1, 1.0, "completed")
     assert closed.recorded and attempts.read(tmp_path)[0].decision == "done"
 
 
 def test_without_a_better_witness_the_rank_that_ended_first_is_named() -> None:
-    ending = retry.judge(retry.Evidence(code=exitcodes.USAGE, rank_nodes=("a", "b"), first_rank=1))
+    ending = judge.judge(judge.Evidence(code=exitcodes.USAGE, rank_nodes=("a", "b"), first_rank=1))
     assert (ending.outcome, ending.rank, ending.node) == ("usage", 1, "b")
 
 
@@ -87,10 +87,10 @@ def full_disk(_folder: Path, _record: dict[str, Any]) -> None:
 def test_a_full_disk_costs_the_record_not_the_decision(tmp_path: Path) -> None:
     journal = supervisor.Journal(tmp_path, write=full_disk)
     budgets = supervisor.Budgets(max_restarts=1, max_requeue=1, again=outcomes.RESTART)
-    first = end(journal, 0, retry.Ending(outcomes.FAILED, "E: a", "E: a"), budgets)
+    first = end(journal, 0, judge.Ending(outcomes.FAILED, "E: a", "E: a"), budgets)
     assert first.decision.action == "restart" and not first.recorded
     # The second failure is counted although the first is in no file: the budget is spent.
-    second = end(journal, 1, retry.Ending(outcomes.FAILED, "E: b", "E: b"), budgets)
+    second = end(journal, 1, judge.Ending(outcomes.FAILED, "E: b", "E: b"), budgets)
     assert second.decision.action == "stop" and "2 failure(s)" in second.decision.message
     assert second.attempt.number == 2
     assert (

@@ -6,9 +6,9 @@ launcher (hpc_ddp.launch.local, after its ranks are gone) and the batch shell's 
 `end_attempt`, which
 
 1. finds this attempt in attempts.jsonl (rank 0 wrote its start) or makes it up (it never started training),
-2. judges the evidence (exit code, the ranks' exit notes, a hang verdict, the preemption record: retry.judge),
-3. closes it (when, how far it got: the last step recorded, the latest checkpoint: retry.close),
-4. decides, applying both budgets (retry.decide): --max-restarts to failures, --max-requeue to preemptions,
+2. judges the evidence (exit code, the ranks' exit notes, a hang verdict, the preemption record: judge.judge),
+3. closes it (when, how far it got: the last step recorded, the latest checkpoint: judge.close),
+4. decides, applying both budgets (rules.decide): --max-restarts to failures, --max-requeue to preemptions,
 5. records its end (Journal: a record that cannot be written now is kept and written later, and the decision
    never waits for it),
 
@@ -38,8 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.launch import retry
-from hpc_ddp.ledger import attempts
+from hpc_ddp.ledger import attempts, judge, rules
 from hpc_ddp.ledger.attempts import Attempt
 
 Writer = Callable[[Path, dict[str, Any]], None]
@@ -102,8 +101,8 @@ class Closed:
     """An attempt's end, as `end_attempt` recorded it."""
 
     attempt: Attempt  # ended, with its outcome, decision and the nodes to exclude
-    decision: retry.Decision
-    ending: retry.Ending
+    decision: rules.Decision
+    ending: judge.Ending
     recorded: bool  # written to attempts.jsonl now (else kept in the Journal, or not worth recording)
 
     @property
@@ -111,20 +110,20 @@ class Closed:
         return attempts.line(self.attempt, self.decision.message)
 
 
-Adjust = Callable[[Attempt, retry.Decision], retry.Decision]
+Adjust = Callable[[Attempt, rules.Decision], rules.Decision]
 
 
 def end_attempt(
     journal: Journal,
     job: str,
     restart: int,
-    found: retry.Evidence | retry.Ending,
+    found: judge.Evidence | judge.Ending,
     budgets: Budgets,
     began: float,
     checkpoint: int | None,
     now: float | None = None,
     adjust: Adjust | None = None,
-    exclude: Callable[[retry.Decision], Sequence[str]] | None = None,
+    exclude: Callable[[rules.Decision], Sequence[str]] | None = None,
 ) -> Closed:
     """Find, judge, close, decide, record (see the module docstring). `found` is the evidence, or an ending
     the supervisor knows without judging (its stop ran out of time); `began` is when the attempt began (the
@@ -135,10 +134,10 @@ def end_attempt(
     history = journal.history(job)
     this = attempts.find(history, job, restart) or Attempt(job, restart, number=len(history) + 1)
     before = [a for a in history if a.key != this.key and a.number < this.number]
-    ending = retry.judge(found) if isinstance(found, retry.Evidence) else found
-    ending = retry.follow(before, ending)  # an error that follows the job from node to node is the code's
-    closed = retry.close(this, ending, step_reached(journal.folder, began), checkpoint, now or time.time())
-    decision = retry.decide(
+    ending = judge.judge(found) if isinstance(found, judge.Evidence) else found
+    ending = judge.follow(before, ending)  # an error that follows the job from node to node is the code's
+    closed = judge.close(this, ending, step_reached(journal.folder, began), checkpoint, now or time.time())
+    decision = rules.decide(
         before,
         closed,
         budgets.max_restarts,

@@ -10,5 +10,7 @@ and needs no torch:
 
 and the words they share: the outcomes of an attempt, what comes after one, and the exit code of each
 (ledger.outcomes); the error signature that tells one error from another (ledger.signature); the atomic file
-writes everything here is written with (ledger.files).
+writes everything here is written with (ledger.files). And the one judge of them, pure: how an attempt (or a
+job `submit --wait` followed) ended, its first cause and whom to blame (ledger.judge, with ledger.faults: an
+error's blame), and what the job does next, its budgets each one rule (ledger.rules).
 """

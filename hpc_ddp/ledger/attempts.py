@@ -251,10 +251,6 @@ def find(attempts: Iterable[Attempt], job: str, restart: int) -> Attempt | None:
     return next((a for a in attempts if a.key == (job, restart)), None)
 
 
-def count(attempts: Iterable[Attempt], job: str, outcomes: tuple[str, ...]) -> int:
-    return sum(1 for a in attempts if a.job == job and a.outcome in outcomes)
-
-
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 

@@ -1,6 +1,6 @@
 """How an attempt ended, what comes next, and the exit code of each ending: the one table of them.
 
-An *outcome* is what ended an attempt (the supervisor's judgement, hpc_ddp.launch.retry.judge); a *decision*
+An *outcome* is what ended an attempt (the supervisor's judgement, hpc_ddp.ledger.judge); a *decision*
 is what the job does after it. A job that stops leaves with the exit code of the outcome that stopped it
 (`exit_code`), whoever supervised it: the local launcher, the batch shell's `end` step, `submit --wait`.
 """
@@ -28,6 +28,10 @@ EXIT_CODES = {
 }
 
 
-def exit_code(outcome: str) -> int:
-    """The exit code of a job that stops after an attempt with `outcome` (pure)."""
+def exit_code(outcome: str, saved: bool = True) -> int:
+    """The exit code of a job that stops after an attempt with `outcome` (pure). `saved`: a stop or a
+    preemption the ranks saved for; one the scheduler ended before they could (a time limit, a cancel) left
+    nothing to resume from that attempt, and is a failure."""
+    if outcome in (PREEMPTED, STOPPED) and not saved:
+        return exitcodes.FAILED
     return EXIT_CODES.get(outcome, exitcodes.FAILED)

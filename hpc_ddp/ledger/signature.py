@@ -1,7 +1,7 @@
 """The error signature: an error's first line with what changes from one occurrence to the next masked, so that
 the same error at another step, rank, address, file or temporary name has the same signature. A rank writes
 it into its exit note (hpc_ddp.ledger.exits); the supervisor compares it with the previous attempt's to tell a
-crash loop (the same error twice, no newer checkpoint) from bad luck (hpc_ddp.launch.retry). No torch.
+crash loop (the same error twice, no newer checkpoint) from bad luck (hpc_ddp.ledger.rules). No torch.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hpc_ddp.cluster.env import in_place
+from hpc_ddp.ledger import outcomes
 from hpc_ddp.report.recorded import Recorded, Save, Segment, compile_records
 from hpc_ddp.report.records import AttemptLine, StepClock, duration_or_none, int_or_none, num, ordered, stamp
 from hpc_ddp.scheduler.base import Window  # when the scheduler says each run held its nodes
@@ -44,7 +45,8 @@ from hpc_ddp.scheduler.base import Window  # when the scheduler says each run he
 # Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
 # count as failures for the MTBF. A preemption saves at an agreed step and loses nothing (unless it lost
 # steps: then it counts too).
-FAILURE_OUTCOMES = frozenset({"failed", "hang", "node_fail", "lost"})  # hpc_ddp.ledger.outcomes.FAILURES
+# The ledger's one rule of what a failure is (what --max-restarts counts).
+FAILURE_OUTCOMES = frozenset(outcomes.FAILURES)
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,7 @@ def _with_queue(
         wait, queued = mine.start - theirs.end, True
     else:
         wait, queued = attempt.process_start - previous.end, previous.decision == "requeue"
-    if in_place(attempt.restart) and previous.decision == "restart" and previous.job == attempt.job:
+    if in_place(attempt.restart) and previous.decision == outcomes.RESTART and previous.job == attempt.job:
         # A step started inside the allocation: the nodes were held all along (hpc_ddp.launch.slurm.inplace).
         return replace(attempt, held_before_s=max(0.0, attempt.process_start - previous.end))
     return replace(attempt, queue_before_s=max(0.0, wait), queued=queued)
@@ -400,4 +402,4 @@ def _state(attempts: Sequence[Attempt], running: bool) -> str:
         return "finished"
     if last == "running":
         return "running"
-    return "failed" if last in FAILURE_OUTCOMES or last == "cut" else "stopped"
+    return outcomes.FAILED if last in FAILURE_OUTCOMES or last == "cut" else outcomes.STOPPED

@@ -236,7 +236,7 @@ class Checkpointer:
         if error is not None:  # non-finite weights (one line), or a bug (its traceback)
             return error
         # Only a consequence of rank 0's error (its own one line says why): worded so that the supervisor reads
-        # it as one (hpc_ddp.launch.retry.SECONDARY) and names rank 0, whichever rank's note came first.
+        # it as one (hpc_ddp.ledger.judge.SECONDARY) and names rank 0, whichever rank's note came first.
         message = (
             f"rank 0 failed (it could not write checkpoints, see its log); every rank stopped with it at "
             f"step {step}"

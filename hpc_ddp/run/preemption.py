@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpc_ddp import scheduler
+from hpc_ddp.ledger import rules
 from hpc_ddp.variables import BATCH
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -101,17 +102,13 @@ class Decision:
 def decide(requeue_votes: float, stop_votes: float, preempted: int, max_requeue: int) -> Decision:
     """Pure rule for what rank 0 does after the agreed save when it decides alone (mode "scontrol": no
     supervisor of the kit). Stop (SIGTERM) wins over requeue. `preempted` is how many earlier attempts of this
-    job were preempted (hpc_ddp.ledger.attempts): the budget counts preemptions only, not the requeues after
-    failures (SLURM_RESTART_COUNT counts both). Supervisors apply the same budget (hpc_ddp.launch.retry)."""
+    job were preempted (hpc_ddp.ledger.rules.preemptions): the budget counts preemptions only, not the requeues
+    after failures (SLURM_RESTART_COUNT counts both). The budget is the supervisors' one rule
+    (hpc_ddp.ledger.rules.requeue_budget)."""
     if stop_votes > 0:
         return Decision(False, "stopped by SIGTERM: checkpoint saved, not requeued")
-    if preempted >= max_requeue:
-        return Decision(
-            False,
-            f"preempted: checkpoint saved; requeue budget spent ({preempted} of --max-requeue "
-            f"{max_requeue}), not requeued. Resume with the same command and --folder",
-        )
-    return Decision(True, f"preempted: checkpoint saved, requeue {preempted + 1} of {max_requeue}")
+    budget = rules.requeue_budget(preempted, max_requeue)
+    return Decision(budget.ok, f"preempted: checkpoint saved{',' if budget.ok else ';'} {budget.message}")
 
 
 def requeue_mode(requeue_by: str, launcher: str, supervised: bool = False) -> str:

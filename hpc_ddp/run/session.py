@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from hpc_ddp import exitcodes, scheduler
 from hpc_ddp.cluster.env import DistEnv, detect
 from hpc_ddp.errors import UsageError
-from hpc_ddp.ledger import attempts, exits, files, outcomes
+from hpc_ddp.ledger import attempts, exits, files, rules
 from hpc_ddp.ledger import preemption as preemption_record
 from hpc_ddp.log import RankLog, count
 from hpc_ddp.run import folder as run_folder
@@ -468,7 +468,7 @@ def _preemption_facts(
         )
         return
     # No supervisor of the kit: rank 0 decides alone, and applies --max-requeue itself.
-    preempted = attempts.count(attempts.read(folder), env.job_id or "", (outcomes.PREEMPTED,))
+    preempted = rules.preemptions(attempts.of_job(attempts.read(folder), env.job_id or ""))
     decision = preemption.decide(outcome.requeue_votes, outcome.stop_votes, preempted, cfg.max_requeue)
     # Written before the requeue, which SIGTERMs every task of the job.
     decided = replace(facts, requeued=decision.requeue)

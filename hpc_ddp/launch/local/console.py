@@ -20,8 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from hpc_ddp.launch import retry
-from hpc_ddp.ledger import files
+from hpc_ddp.ledger import files, judge
 from hpc_ddp.log import TracebackFold
 from hpc_ddp.run import progress
 
@@ -177,9 +176,9 @@ class Console:
 def consequence(line: str) -> str | None:
     """The part of a rank's output line that says it failed only because another rank ended first (gloo's
     "Connection closed by peer ... GLHF!", NCCL's "remote process exited", a reset connection: the patterns of
-    hpc_ddp.launch.retry.SECONDARY), as it was written; None for any other line."""
+    hpc_ddp.ledger.judge.SECONDARY), as it was written; None for any other line."""
     low = line.lower()
-    for pattern in retry.SECONDARY:
+    for pattern in judge.SECONDARY:
         at = low.find(pattern)
         if at >= 0:
             return line[at : at + len(pattern)].rstrip(" (")

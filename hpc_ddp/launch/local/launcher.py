@@ -28,11 +28,11 @@ import time
 from typing import TextIO
 
 from hpc_ddp import exitcodes
-from hpc_ddp.launch import retry, spares, supervisor
+from hpc_ddp.launch import spares, supervisor
 from hpc_ddp.launch.local import forkserver, processes
 from hpc_ddp.launch.local.console import TAIL_LINES, Console, RankOutput
 from hpc_ddp.launch.local.srun_env import LocalJob, child_environ
-from hpc_ddp.ledger import attempts, exits, outcomes, preemption
+from hpc_ddp.ledger import attempts, exits, judge, outcomes, preemption, rules
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.watchdog import WINDOW_S
@@ -218,7 +218,7 @@ class Launcher:
 
     # ----- the end of an attempt ----------------------------------------------------------------------------
 
-    def _failure(self, index: int) -> retry.Evidence:
+    def _failure(self, index: int) -> judge.Evidence:
         """Rank `index` failed first: stop the others, then gather what the ranks left (their exit notes, a hang
         verdict) and what the launcher saw (who ended first, and how)."""
         code = self.ranks[index].proc.returncode
@@ -226,7 +226,7 @@ class Launcher:
             self._end_after_verdict()
         self._report_stuck(self._stop_all())
         self._join_readers()
-        return retry.Evidence(
+        return judge.Evidence(
             code=code if code is not None else exitcodes.FAILED,
             rank_nodes=tuple(self._node(r.rank) for r in self.ranks),
             notes=tuple(exits.read(self.job.folder, self.job.job_id, self.restarts)),
@@ -257,20 +257,20 @@ class Launcher:
                 return f"node {node} ({address})"
         return address
 
-    def _preemption(self) -> retry.Evidence:
+    def _preemption(self) -> judge.Evidence:
         record = preemption.read(self.job.folder)  # cleared before each start: this attempt's own
-        return retry.Evidence(code=exitcodes.PREEMPTED, requeue=record is not None and record.requeue)
+        return judge.Evidence(code=exitcodes.PREEMPTED, requeue=record is not None and record.requeue)
 
     def _end_attempt(
-        self, found: retry.Evidence | retry.Ending, seen: int | None = None
+        self, found: judge.Evidence | judge.Ending, seen: int | None = None
     ) -> supervisor.Closed:
         """The supervisor core ends the attempt (both budgets; a stop asked of the launcher wins over a restart);
         a failure's end is said in one line. `seen`: the failing rank the launcher saw end first; the line
-        naming who ended comes first (retry.named_first: the first cause, when its process ended failing)."""
+        naming who ended comes first (judge.named_first: the first cause, when its process ended failing)."""
 
-        def adjust(this: attempts.Attempt, decision: retry.Decision) -> retry.Decision:
+        def adjust(this: attempts.Attempt, decision: rules.Decision) -> rules.Decision:
             if self.stop_requested and decision.action == outcomes.RESTART:
-                return retry.Decision(outcomes.STOP, f"not restarted: {self._stopped_by()}", decision.exclude)
+                return rules.Decision(outcomes.STOP, f"not restarted: {self._stopped_by()}", decision.exclude)
             if self.job.spare_nodes and decision.action == outcomes.RESTART and this.failed:
                 return self._spare_in(decision, spares.to_leave(decision.exclude, this.signature, this.node))
             return decision
@@ -288,7 +288,7 @@ class Launcher:
         )
         if seen is not None:
             codes = [r.proc.returncode for r in self.ranks]
-            named = retry.named_first(seen, closed.ending, codes)
+            named = judge.named_first(seen, closed.ending, codes)
             code = codes[named]  # not None: _supervise saw it end, or named_first checked it
             self._show_failure(named, code if code is not None else exitcodes.FAILED)
         if closed.attempt.outcome == outcomes.HANG:  # the verdict's line, once, then what comes next
@@ -298,7 +298,7 @@ class Launcher:
             self.say(attempts.line(named, closed.decision.message))
         return closed
 
-    def _spare_in(self, decision: retry.Decision, leave: tuple[str, ...]) -> retry.Decision:
+    def _spare_in(self, decision: rules.Decision, leave: tuple[str, ...]) -> rules.Decision:
         """A spare emulated node in place of each node to `leave` (none left: the same nodes, as without)."""
         placed = spares.after(self.allocation, self.step_nodes, leave, len(self.step_nodes))
         if placed is None or not placed.left:
@@ -316,7 +316,7 @@ class Launcher:
         """The rank that ended first, and how (a hang's verdict line says it instead)."""
         if code == exitcodes.HANG:
             return
-        how = f"was killed by {retry.signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        how = f"was killed by {judge.signal_name(-code)}" if code < 0 else f"exited with code {code}"
         where = self._node_name(self._node(index))
         self.say(f"rank {index} on {where}, pid {self.ranks[index].proc.pid}, {how}; stopped the other ranks")
 
@@ -345,7 +345,7 @@ class Launcher:
             for line in r.release():
                 self.console.line(line)
 
-    def _show_error(self, ending: retry.Ending, index: int | None) -> None:
+    def _show_error(self, ending: judge.Ending, index: int | None) -> None:
         """The first cause's traceback (or its log's last lines), shown once per distinct error; nothing for
         what the console showed already (a hang's verdict line, rank 0's one-line usage error)."""
         if ending.signature in self.shown:
@@ -416,7 +416,7 @@ class Launcher:
                 code = self._kill_stopping()
                 if code is not None:
                     self._end_attempt(
-                        retry.Ending(outcomes.STOPPED, "killed: the stop ran out of time", "stop timeout")
+                        judge.Ending(outcomes.STOPPED, "killed: the stop ran out of time", "stop timeout")
                     )
                     return code
                 outcome = self._supervise()  # they all exited just before the kill: as if in time
@@ -432,12 +432,12 @@ class Launcher:
                 self._join_readers()
                 self._release_held()
                 if all(r.proc.returncode == exitcodes.OK for r in self.ranks):
-                    self._end_attempt(retry.Ending(outcomes.COMPLETED, "finished"))
+                    self._end_attempt(judge.Ending(outcomes.COMPLETED, "finished"))
                     return exitcodes.OK
                 closed = self._end_attempt(self._preemption())
                 if closed.decision.action != outcomes.RESTART:
                     if closed.attempt.outcome == outcomes.PREEMPTED:  # the budget is spent: say so
-                        # (retry's advice, "the same command and --folder", is the next line's, exactly)
+                        # (the rule's advice, "the same command and --folder", is the next line's, exactly)
                         self.say(closed.decision.message.split(". Resume with")[0])
                     why = self._stopped_by() or "stopped"
                     self.say(
@@ -445,9 +445,7 @@ class Launcher:
                         f"{self._resume() or 'run the same command to resume'}"
                     )
                     return exitcodes.PREEMPTED
-                done = sum(
-                    1 for a in self.journal.history(self.job.job_id) if a.outcome == outcomes.PREEMPTED
-                )
+                done = rules.preemptions(self.journal.history(self.job.job_id))
                 self.say(f"preempted: restarting all ranks ({done} of --max-requeue {self.job.max_requeue})")
             seen = len(self.forwarded)
             self.restarts += 1

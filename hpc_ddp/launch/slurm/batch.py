@@ -11,7 +11,7 @@ attempt runs even when every task died (a node lost, a rank SIGKILLed, a hang ve
 failed node, srun ends the step. `end` reads what the attempt left (the ranks' exit notes, hang.json,
 preempted.json, srun's "task N: Killed" and "Node failure on node2" lines, srun's refusal of an option,
 Slurm's view of the job and its nodes, whether the run folder can be written), judges the first cause
-(hpc_ddp.launch.retry, through hpc_ddp.launch.supervisor), appends the attempt's end to attempts.jsonl, and
+(hpc_ddp.ledger.judge and rules, through hpc_ddp.launch.supervisor), appends the attempt's end to attempts.jsonl, and
 acts:
 
 - finished: exit 0. A preemption the ranks agreed to requeue: `scontrol requeue` (the tasks run with
@@ -52,10 +52,10 @@ from hpc_ddp import exitcodes
 from hpc_ddp.cli import build_parser
 from hpc_ddp.cluster.env import in_place, order, requeues, restart_count
 from hpc_ddp.errors import UsageError, run_main
-from hpc_ddp.launch import retry, spares, supervisor
+from hpc_ddp.launch import spares, supervisor
 from hpc_ddp.launch.slurm import inplace, lost, min_nodes
 from hpc_ddp.ledger import attempts as record
-from hpc_ddp.ledger import exits, outcomes, preemption
+from hpc_ddp.ledger import exits, judge, outcomes, preemption, rules
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import configfile
 from hpc_ddp.run import folder as run_folder
@@ -318,17 +318,6 @@ def slurm_requeued(info: JobInfo | None, restart: int) -> bool:
     return info.state.kind.waiting or info.restarts > restart
 
 
-def requeued_healthy(status: int, requeued: bool, node_fail: bool) -> retry.Ending | None:
-    """A requeue Slurm performed with no node failure under the attempt (`scontrol requeue`, which is what
-    PreemptMode=REQUEUE does) is a preemption, counted against --max-requeue (pure). `node_fail`: a node of
-    the attempt failed (srun said so, Slurm removed it, its state says so, or accounting says NODE_FAIL)."""
-    if not requeued or node_fail or status == exitcodes.OK:
-        return None
-    return retry.Ending(
-        outcomes.PREEMPTED, "Slurm requeued the job (scontrol requeue, or preemption) with every node up"
-    )
-
-
 def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], client: SlurmClient) -> int:
     """Judge the step srun ran and act; in a job with spares (--spare-nodes), a failure that would be requeued
     starts the next step here instead, inside the allocation, and that step is judged in turn
@@ -398,7 +387,7 @@ def _end_step(
     preempted = preemption.read_since(folder, began) if status == exitcodes.PREEMPTED else None
     by_rank0 = preempted is not None and preempted.mode == "scontrol"  # rank 0 decided and requeued itself
     usage = failed and first_exit(lines) == exitcodes.USAGE
-    evidence = retry.Evidence(
+    evidence = judge.Evidence(
         code=exitcodes.USAGE if usage else status,
         rank_nodes=this.ranks if this else (),
         notes=tuple(exits.read(folder, job, restart)),
@@ -415,7 +404,7 @@ def _end_step(
     rule = min_nodes.smaller(cfg, environ, folder)
     placed: list[spares.Placement] = []
 
-    def adjust(this: record.Attempt, decision: retry.Decision) -> retry.Decision:
+    def adjust(this: record.Attempt, decision: rules.Decision) -> rules.Decision:
         # Inside the allocation first (--spare-nodes): a spare in place of the blamed node, or fewer nodes
         # (--min-nodes); else today's requeue, checked against the partition's usable nodes.
         if not requeued and info is not None and steps.step_args(environ) is not None:
@@ -439,7 +428,7 @@ def _end_step(
         journal,
         job,
         restart,
-        requeued_healthy(status, requeued, node_fail) or evidence,
+        judge.requeued_by_scheduler(status, requeued, node_fail) or evidence,
         _budgets(cfg),
         began=began,
         checkpoint=supervisor.latest_step(folder),
@@ -488,19 +477,19 @@ def _budgets(cfg: TrainConfig) -> supervisor.Budgets:
     return supervisor.Budgets(cfg.max_restarts, cfg.max_requeue, outcomes.REQUEUE)
 
 
-def _excluded(decision: retry.Decision, info: JobInfo | None) -> tuple[str, ...]:
+def _excluded(decision: rules.Decision, info: JobInfo | None) -> tuple[str, ...]:
     return min_nodes.excluded(decision, info.excluded if info else ())
 
 
 def _fits(
     client: SlurmClient,
-    decision: retry.Decision,
+    decision: rules.Decision,
     info: JobInfo | None,
     needed: int,
     rule: min_nodes.Smaller = min_nodes.EVERY_NODE,
     wait: bool = False,
     spares: int = 0,
-) -> retry.Decision:
+) -> rules.Decision:
     """min_nodes.fit, with the partition's nodes as sinfo has them now (asked only for a requeue that
     excludes nodes)."""
     if decision.action != outcomes.REQUEUE or not _excluded(decision, info):
@@ -529,7 +518,7 @@ def _requeue(
 
 
 def _stop(
-    job: str, ending: retry.Ending, decision: retry.Decision, history: Sequence[record.Attempt]
+    job: str, ending: judge.Ending, decision: rules.Decision, history: Sequence[record.Attempt]
 ) -> None:
     """The job ends here: the first error's traceback first, once, then the attempts in one table."""
     if ending.traceback:

@@ -18,7 +18,7 @@ How, in the batch shell (both kit jobs: slurm/ddp.sbatch and the job `submit` bu
    the job finishes, stops, or takes today's path (a requeue, when no placement is left; a preemption or a
    time limit always).
 
-Nothing here decides whether to start again: that is the judge's (hpc_ddp.launch.retry) and its budgets'
+Nothing here decides whether to start again: that is the judge's (hpc_ddp.ledger.judge, hpc_ddp.ledger.rules) and its budgets'
 (--max-restarts, the crash loop). `plan` only turns "requeue" into "restart here" when the allocation allows.
 """
 
@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from hpc_ddp.launch import retry, spares
+from hpc_ddp.launch import spares
 from hpc_ddp.launch.slurm import min_nodes
-from hpc_ddp.ledger import outcomes
+from hpc_ddp.ledger import outcomes, rules
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Next:
 
 
 def plan(
-    decision: retry.Decision,
+    decision: rules.Decision,
     outcome: str,
     spare_nodes: int,
     allocation: Sequence[str],
@@ -50,7 +50,7 @@ def plan(
     rule: min_nodes.Smaller,
     signature: str = "",
     node: str | None = None,
-) -> tuple[retry.Decision, spares.Placement | None]:
+) -> tuple[rules.Decision, spares.Placement | None]:
     """A failure's requeue turned into a restart in place when the allocation allows it (pure): the decision
     to record (action RESTART, the nodes that left and the spares that came in) and the next step's nodes;
     otherwise the decision as it was and None. Only failures (never a preemption or a time limit: those give

@@ -31,23 +31,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hpc_ddp.cluster.env import requeues
-from hpc_ddp.launch import retry, supervisor
+from hpc_ddp.launch import supervisor
 from hpc_ddp.launch.slurm import min_nodes
 from hpc_ddp.ledger import attempts as record
-from hpc_ddp.ledger import outcomes
+from hpc_ddp.ledger import judge, outcomes, rules
 from hpc_ddp.scheduler.base import Kind
 from hpc_ddp.scheduler.slurm import states as slurm_states
 from hpc_ddp.scheduler.slurm.client import SlurmClient
 from hpc_ddp.scheduler.slurm.parse import JobHistory, JobInfo
 from hpc_ddp.scheduler.slurm.states import JobState
-
-# Why a run is over when its batch shell could not record it: accounting's state of that run.
-OVER = {
-    "TIMEOUT": (outcomes.STOPPED, "its time limit ended it before its batch shell could record the attempt"),
-    "CANCELLED": (outcomes.STOPPED, "cancelled before its batch shell could record the attempt"),
-    "DEADLINE": (outcomes.STOPPED, "its deadline ended it before its batch shell could record the attempt"),
-}
-
 
 # ----- pure parts ----------------------------------------------------------------------------------------
 
@@ -87,20 +79,12 @@ def run_of(history: JobHistory | None, restart: int) -> JobState | None:
     return history.runs[restart] if restart < len(history.runs) else history.current
 
 
-def ending(attempt: record.Attempt, run: JobState | None, lost: Sequence[str]) -> retry.Ending:
-    """How an attempt whose batch shell died ended (pure): a node failure when it lost nodes or accounting says
-    NODE_FAIL; a time limit, a deadline or a cancel as accounting says; else lost (its shell was killed)."""
-    state = run.state if run is not None else ""
-    if lost or state == "NODE_FAIL":
-        return retry.judge(retry.Evidence(code=1, rank_nodes=attempt.ranks, lost=tuple(lost), node_fail=True))
-    if state in OVER:
-        outcome, reason = OVER[state]
-        return retry.Ending(outcome, reason, signature=state.lower())
-    how = f"its job ended {state}" if run is not None and run.done else "its batch shell ended"
-    return retry.Ending(
-        outcomes.LOST,
-        f"{how} before its batch shell recorded it (the shell was killed, or its node failed)",
-        "lost",
+def ending(attempt: record.Attempt, run: JobState | None, lost: Sequence[str]) -> judge.Ending:
+    """How an attempt whose batch shell died ended, as the judge reads accounting's record of its run `run`
+    (hpc_ddp.ledger.judge.unrecorded; pure)."""
+    over = run is not None and run.done
+    return judge.unrecorded(
+        attempt.ranks, run.end if over and run else None, run.state if over and run else "", lost
     )
 
 
@@ -131,7 +115,7 @@ def over(attempt: record.Attempt, found: Found) -> bool:
     return info is not None and run is not None and run.done
 
 
-Adjust = Callable[[record.Attempt, retry.Decision], retry.Decision]
+Adjust = Callable[[record.Attempt, rules.Decision], rules.Decision]
 
 
 def close(
@@ -200,11 +184,11 @@ def settle(
     partition = info.partition if info is not None else ""
     pending = info is not None and not info.gone and info.state.kind.waiting
 
-    def fits(this: record.Attempt, decision: retry.Decision) -> retry.Decision:
+    def fits(this: record.Attempt, decision: rules.Decision) -> rules.Decision:
         if decision.action == outcomes.REQUEUE and not pending and this.outcome != outcomes.NODE_FAIL:
             # Over, and no node failed under it: its batch shell ended some other way (killed, or its own
             # record could not be written). Only a lost node is a reason to bring a job that ended back.
-            return retry.Decision(
+            return rules.Decision(
                 outcomes.STOP, "the job is over and no node of it failed: not requeued", decision.exclude
             )
         return min_nodes.fit(
@@ -250,8 +234,8 @@ def no_budgets() -> supervisor.Budgets:
     return supervisor.Budgets(0, 0, outcomes.REQUEUE)
 
 
-def the_job_is_over(_this: record.Attempt, decision: retry.Decision) -> retry.Decision:
-    return retry.Decision(outcomes.STOP, "the job is over", decision.exclude)
+def the_job_is_over(_this: record.Attempt, decision: rules.Decision) -> rules.Decision:
+    return rules.Decision(outcomes.STOP, "the job is over", decision.exclude)
 
 
 def close_over(

@@ -24,8 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hpc_ddp.launch import retry
-from hpc_ddp.ledger import outcomes
+from hpc_ddp.ledger import outcomes, rules
 from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.config import TrainConfig, accum_for
 from hpc_ddp.scheduler.base import Size
@@ -74,7 +73,7 @@ def _saved_accum(folder: Path) -> tuple[int, int] | None:
         return None
 
 
-def excluded(decision: retry.Decision, already: Sequence[str]) -> tuple[str, ...]:
+def excluded(decision: rules.Decision, already: Sequence[str]) -> tuple[str, ...]:
     """The nodes a requeued job must avoid: those it avoids `already` (its ExcNodeList), and every node blamed
     so far (pure)."""
     if decision.action != outcomes.REQUEUE or not decision.exclude:
@@ -83,7 +82,7 @@ def excluded(decision: retry.Decision, already: Sequence[str]) -> tuple[str, ...
 
 
 def fit(
-    decision: retry.Decision,
+    decision: rules.Decision,
     states: Mapping[str, str],
     already: Sequence[str],
     partition: str,
@@ -91,7 +90,7 @@ def fit(
     rule: Smaller = EVERY_NODE,
     wait: bool = False,
     spares: int = 0,
-) -> retry.Decision:
+) -> rules.Decision:
     """A requeue that excludes nodes, checked against the partition's nodes (`states`: sinfo's) (pure).
     `needed` is the size the job ran on (what it asked for), never the controller's NumNodes of the moment.
     Enough usable nodes left: the decision stands. Fewer, but at least --min-nodes: it goes on with every
@@ -123,7 +122,7 @@ def fit(
         return replace(
             decision, message=f"{decision.message}; {short}: it waits for nodes (--wait-for-nodes)"
         )
-    return retry.Decision(outcomes.STOP, f"cannot requeue: {short}", exclude)
+    return rules.Decision(outcomes.STOP, f"cannot requeue: {short}", exclude)
 
 
 def least(needed: int, rule: Smaller) -> int:
@@ -132,8 +131,8 @@ def least(needed: int, rule: Smaller) -> int:
 
 
 def go_on(
-    decision: retry.Decision, ran: int, usable: int, exclude: Sequence[str], rule: Smaller
-) -> retry.Decision:
+    decision: rules.Decision, ran: int, usable: int, exclude: Sequence[str], rule: Smaller
+) -> rules.Decision:
     """A requeue on the `usable` nodes left, fewer than the `ran` it ran on, that --min-nodes allows (the
     caller checked `usable >= least(ran, rule)`): the decision says so and carries the count."""
     return replace(
@@ -160,12 +159,12 @@ def went_on(ran: int, left: int, exclude: Sequence[str], rule: Smaller) -> str:
     )
 
 
-def size(decision: retry.Decision, environ: Mapping[str, str]) -> Size | None:
+def size(decision: rules.Decision, environ: Mapping[str, str]) -> Size | None:
     """The smaller size of a requeued job that goes on with fewer nodes, else None."""
     return size_for(decision, slurm_env.tasks_per_node(environ))
 
 
-def size_for(decision: retry.Decision, per_node: int | None) -> Size | None:
+def size_for(decision: rules.Decision, per_node: int | None) -> Size | None:
     """The smaller size of a requeued job that goes on with fewer nodes, at `per_node` tasks each; else None."""
     if decision.nodes is None or per_node is None:
         return None

@@ -15,10 +15,11 @@ from typing import Any, TextIO
 
 from hpc_ddp import exitcodes
 from hpc_ddp.launch.supervisor import latest_step
-from hpc_ddp.ledger import attempts, outcomes
+from hpc_ddp.ledger import attempts, judge, outcomes
 from hpc_ddp.ledger import preemption as preemption_record
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.scheduler.base import End, Kind
 from hpc_ddp.scheduler.slurm.states import JobState
 
 TAIL_LINES = 20  # lines of the failing rank's log shown when the job failed
@@ -79,9 +80,7 @@ def report(
     def say(text: str) -> None:
         print(f"[submit] {text}", file=out, flush=True)
 
-    again = f": {resume}" if resume else ""
-    resume_line = f"; the ranks saved a checkpoint first: run the same command to resume from {folder}{again}"
-    if state.state == "COMPLETED":
+    if state.kind is Kind.SUCCESS:
         say(f"job {job_id} completed; run folder {folder}")
         return exitcodes.OK
     # The kit decided how the job ended (attempts.jsonl): that word stands, whatever the ranks did after the
@@ -90,49 +89,55 @@ def report(
     last = ends[-1] if ends else None
     if last is not None and last.decision == outcomes.STOP and last.outcome not in _SLURMS:
         return _stopped(job_id, folder, last, len(ends), shown, resume, say)
-    # A hang verdict decides, not the exit code alone: srun reports the highest task code or 128+signal.
+    # Else the ledger's judge reads how Slurm says the job ended (hpc_ddp.ledger.judge.job_end), and the exit
+    # code is its outcome's (hpc_ddp.ledger.outcomes): here it is only said.
     verdict = hang_verdict.read(folder, since=submitted_at)
-    if verdict is not None and state.state != "CANCELLED":
+    unwritable = run_folder.write_test(folder, ".write-test-wait") if folder.is_dir() else ""
+    saved = preemption_record.since(folder, submitted_at)
+    ending = judge.job_end(state.end or End.EXITED, state.exit_code, verdict is not None, saved, unwritable)
+    _say_end(job_id, folder, world_size, state, ending, verdict or {}, resume, say)
+    return ending.exit_code
+
+
+def _say_end(
+    job_id: str,
+    folder: Path,
+    world_size: int,
+    state: JobState,
+    ending: judge.Ending,
+    verdict: dict[str, Any],
+    resume: str,
+    say: Callable[[str], Any],
+) -> None:
+    """`submit --wait`'s words for how the judge says a job ended (`judge.job_end`, by its signature)."""
+    again = f": {resume}" if resume else ""
+    resume_line = f"; the ranks saved a checkpoint first: run the same command to resume from {folder}{again}"
+    signal = f", signal {state.signal}" if state.signal else ""
+    code = f"(exit code {state.exit_code}{signal})"
+    if ending.outcome == outcomes.HANG:
         say(f"job {job_id}: {verdict.get('line', 'hang')}; every rank's report: {hang_verdict.path(folder)}")
-        return exitcodes.HANG
-    if state.state == "FAILED" and state.exit_code == exitcodes.NONFINITE:
+    elif ending.outcome == outcomes.NONFINITE:
         say(
             f"job {job_id} stopped: the loss became NaN or infinite (exit code {exitcodes.NONFINITE}); every rank "
             f"stopped before applying that update and nothing was saved after the last finite step (see the log "
             f"above). Fix: check the data, a smaller --lr or --clip-grad, then resume from {folder}"
         )
-        return exitcodes.NONFINITE
-    saved = preemption_record.since(folder, submitted_at)
-    if state.state == "FAILED" and state.exit_code == exitcodes.PREEMPTED:
+    elif ending.signature == judge.SIGNALLED:
         say(f"job {job_id} stopped after a signal and was not requeued (see the log above){resume_line}")
-        return exitcodes.PREEMPTED
-    how = {
-        "CANCELLED": "was cancelled",
-        "TIMEOUT": "hit its time limit",
-        "PREEMPTED": "was preempted",
-        "OUT_OF_MEMORY": "ran out of memory (--mem-gb)",
-        "NODE_FAIL": "lost a node",
-    }.get(state.state, f"ended {state.state}")
-    if saved:
-        say(f"job {job_id} {how}{resume_line}")
-        return exitcodes.PREEMPTED
-    signal = f", signal {state.signal}" if state.signal else ""
-    if state.state == "TIMEOUT":
-        say(f"job {job_id} {how} (exit code {state.exit_code}{signal}) {_timeout_advice(folder, resume)}")
-        return exitcodes.FAILED
-    unwritable = run_folder.write_test(folder, ".write-test-wait") if folder.is_dir() else ""
-    if unwritable:  # its logs and records could not be written either: this is all there is to say
+    elif ending.signature == judge.SAVED:
+        say(f"job {job_id} {state.said}{resume_line}")
+    elif ending.signature == judge.TIMED_OUT:
+        say(f"job {job_id} {state.said} {code} {_timeout_advice(folder, resume)}")
+    elif ending.signature == judge.UNWRITABLE:  # its logs and records could not be written either
         say(
-            f"job {job_id} {how} (exit code {state.exit_code}{signal}): its run folder {folder} cannot be "
-            f"written ({unwritable}), so nothing could be saved or recorded there. Fix the file system or its "
-            "permissions, then run the same command again"
+            f"job {job_id} {state.said} {code}: its run folder {folder} cannot be written ({ending.reason}), so "
+            "nothing could be saved or recorded there. Fix the file system or its permissions, then run the "
+            "same command again"
         )
-        return exitcodes.FAILED
-    say(f"job {job_id} {how} (exit code {state.exit_code}{signal})")
-    usage = state.exit_code == exitcodes.USAGE
-    if not state.by_slurm:  # Slurm ended it (cancel, node, preemption): no rank's error is the cause
-        _show_failure(job_id, folder, world_size, say, usage)
-    return exitcodes.USAGE if usage else exitcodes.FAILED
+    else:
+        say(f"job {job_id} {state.said} {code}")
+        if not state.by_slurm:  # Slurm ended it (cancel, node, preemption): no rank's error is the cause
+            _show_failure(job_id, folder, world_size, say, ending.outcome == outcomes.USAGE)
 
 
 # Outcomes whose stop Slurm caused (a cancel, a time limit: the record says "stopped"): its own words say it.
