@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from hpc_ddp.cli import build_parser
-from hpc_ddp.errors import UsageError, run_main
-from hpc_ddp.launch.shape import job_shape
+from hpc_ddp.errors import run_main
+from hpc_ddp.launch import options
 from hpc_ddp.run import configfile
-from hpc_ddp.run.config import add_train_arguments, check_min_nodes, from_namespace
+from hpc_ddp.run.config import add_train_arguments
 
 PROG = "python -m hpc_ddp.submit"
 
@@ -188,32 +188,17 @@ def resume_command(argv: Sequence[str], python: str = sys.executable, cwd: str |
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ns = configfile.parse(build_argparser(), argv)
-    shape = job_shape(ns.nodes, ns.gpus_per_node, ns.tasks_per_node)
-    cfg = from_namespace(ns)
-    check_min_nodes(cfg, shape.nodes, shape.tasks_per_node)
-    module = "hpc_ddp.doctor" if ns.doctor else "hpc_ddp.train"
-    if ns.collective and not ns.doctor:
-        raise UsageError("--collective is a doctor option: add --doctor (or drop --collective)")
-    if ns.local:
-        if ns.print_sbatch or ns.wait:
-            raise UsageError("--print-sbatch and --wait are for Slurm jobs; drop them with --local")
+    launch, cfg = options.read(configfile.parse(build_argparser(), argv))  # every flag checked, once
+    if launch.local is not None:
         from hpc_ddp.launch import local
 
-        return local.run_local(
-            shape,
-            cfg,
-            ns.all_ranks,
-            module,
-            ("--collective",) if ns.collective else (),
-            ns.stop_grace_s,
-            resume_command(argv),
-        )
+        return local.run_local(launch, cfg, resume_command(argv))
     from hpc_ddp.launch.slurm import submitter
 
     # The default run folder is the command's own: named in the advice, so that it resumes from anywhere.
-    again = argv if cfg.folder or ns.doctor else [*argv, "--folder", str(submitter.default_folder(ns, cfg))]
-    return submitter.submit(ns, shape, cfg, module, resume=resume_command(again))
+    default = not cfg.folder and launch.trains
+    again = [*argv, "--folder", str(submitter.default_folder(launch, cfg))] if default else argv
+    return submitter.submit(launch, cfg, resume=resume_command(again))
 
 
 def cli() -> NoReturn:

@@ -80,6 +80,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_launch_slurm_client.py": "unit",
     "test_scheduler.py": "unit",
     "test_ledger_judge.py": "unit",
+    "test_launch_options.py": "unit",
     "test_launch_slurm_batch.py": "unit",
     "test_launch_slurm_endings.py": "unit",
     "test_launch_slurm_min_nodes.py": "unit",

@@ -16,11 +16,10 @@ import pytest
 from conftest import die_with_test
 from fake_slurm import FakeClock, FakeSlurm
 
-from hpc_ddp.launch.shape import job_shape
+from hpc_ddp.launch import options
 from hpc_ddp.launch.slurm import follow, outcome, submitter
 from hpc_ddp.launch.slurm.follow import Look
 from hpc_ddp.ledger import attempts
-from hpc_ddp.run.config import from_namespace
 from hpc_ddp.scheduler.slurm import request
 from hpc_ddp.scheduler.slurm.client import SlurmClient
 from hpc_ddp.scheduler.slurm.parse import JobHistory, JobInfo
@@ -405,7 +404,7 @@ def test_commands_to_copy_quote_paths_and_ctrl_c_says_how_to_follow_again(
     fake.on_call = interrupted
     printed = io.StringIO()
     monkeypatch.setattr("sys.stdout", printed)
-    code = submitter.submit(ns, job_shape(2, 0, None), from_namespace(ns), "hpc_ddp.train", SlurmClient(fake))
+    code = submitter.submit(*options.read(ns), SlurmClient(fake))
     assert code == 130
     log = folder / "submitit" / "42_0_log.out"
     assert printed.getvalue().splitlines()[-4:] == [
@@ -589,13 +588,13 @@ def test_the_same_submit_command_comes_back_to_the_same_folder_and_its_advice_re
     monkeypatch.chdir(tmp_path)
     seen: list[tuple[str, str]] = []
     monkeypatch.setattr(
-        submitter, "submit", lambda ns, shape, cfg, module, resume="": seen.append((cfg.folder, resume)) or 0
+        submitter, "submit", lambda launch, cfg, resume="": seen.append((cfg.folder, resume)) or 0
     )
     argv = ["--nodes", "2", "--task", "slow_tasks:slow", "--wait"]
     assert entry.main(argv) == 0 and entry.main(argv) == 0
     folder = str(tmp_path / "runs" / "hpc_ddp-slow_tasks-slow")
     ns = build_argparser().parse_args(argv)
-    assert submitter.default_folder(ns, from_namespace(ns)) == Path(folder)
+    assert submitter.default_folder(*options.read(ns)) == Path(folder)
     (_, resume), again = seen
     assert again == seen[0] and shlex.split(resume)[-2:] == ["--folder", folder]
     assert shlex.split(resume)[1:-2] == ["-m", "hpc_ddp.submit", *argv]
@@ -630,11 +629,8 @@ def test_a_submission_into_a_folder_whose_job_is_still_queued_is_refused(
     with pytest.raises(
         UsageError, match=r"belongs to job 75, still PENDING \(BeginTime\): it resumes there by itself"
     ):
-        submitter.submit(ns, job_shape(2, 0, None), from_namespace(ns), "hpc_ddp.train", SlurmClient(fake))
+        submitter.submit(*options.read(ns), SlurmClient(fake))
     fake.jobs["75"].state = "CANCELLED"  # over: the folder is free, and the next job resumes its run
     monkeypatch.setattr(submitter, "_submit", lambda *args: "76")
     monkeypatch.setattr("sys.stdout", io.StringIO())
-    assert (
-        submitter.submit(ns, job_shape(2, 0, None), from_namespace(ns), "hpc_ddp.train", SlurmClient(fake))
-        == 0
-    )
+    assert submitter.submit(*options.read(ns), SlurmClient(fake)) == 0

@@ -1,4 +1,5 @@
-"""`python -m hpc_ddp.submit --local`: check the flags, take the run folder, and hand the job to the Launcher.
+"""`python -m hpc_ddp.submit --local`: take the run folder, and hand the job to the Launcher (the flags are
+checked once before, hpc_ddp.launch.options).
 
 Without --folder a training run's folder is its task's (runs/<task>): the same command comes back to it and
 resumes, and a run with other MUST_MATCH options is refused there before any rank starts
@@ -8,18 +9,16 @@ resumes, and a run with other MUST_MATCH options is refused there before any ran
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 from pathlib import Path
 
-from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.local import processes
 from hpc_ddp.launch.local.console import Console
 from hpc_ddp.launch.local.launcher import Launcher
 from hpc_ddp.launch.local.srun_env import LocalJob
+from hpc_ddp.launch.options import LaunchOptions
 from hpc_ddp.launch.rerun import refuse_another_run
-from hpc_ddp.launch.shape import JobShape
 from hpc_ddp.log import count
 from hpc_ddp.proc import run as run_command
 from hpc_ddp.run import folder as run_folder
@@ -34,24 +33,12 @@ def gpu_count() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def run_local(
-    shape: JobShape,
-    cfg: TrainConfig,
-    all_ranks: bool,
-    module: str,
-    extra_argv: tuple[str, ...] = (),
-    stop_grace_s: float | None = None,
-    resume_command: str = "",
-) -> int:
+def run_local(launch: LaunchOptions, cfg: TrainConfig, resume_command: str = "") -> int:
     """`python -m hpc_ddp.submit --local`: prepare the run folder, start the ranks here, supervise them.
-    `resume_command` is what the launcher tells the user to run to resume, after a stop or a failure."""
-    if stop_grace_s is not None and not (math.isfinite(stop_grace_s) and stop_grace_s >= 0):
-        raise UsageError(f"--stop-grace-s {stop_grace_s:g}: must be 0 or more seconds (0 kills at once)")
-    if cfg.requeue_by == "scontrol":
-        raise UsageError(
-            "--requeue-by scontrol: a local run is no Slurm job that scontrol could requeue; its "
-            "launcher restarts it after a preemption. Fix: drop --requeue-by"
-        )
+    `launch` is checked already (hpc_ddp.launch.options); `resume_command` is what the launcher tells the user
+    to run to resume, after a stop or a failure."""
+    assert launch.local is not None  # options.read gives a local run its local options
+    shape, module, local = launch.shape, launch.module, launch.local
     # Said explicitly to every rank: there is no real Slurm job to requeue (its job id is fake), so after a
     # preemption the ranks exit PREEMPTED and this launcher starts them again (see Launcher.run).
     cfg = dataclasses.replace(cfg, requeue_by="launcher")
@@ -98,17 +85,17 @@ def run_local(
             nodes=shape.nodes,
             tasks_per_node=shape.tasks_per_node,
             folder=folder,
-            train_argv=cfg.to_argv() + list(extra_argv),
+            train_argv=cfg.to_argv() + list(launch.task_argv),
             max_requeue=cfg.max_requeue,
             max_restarts=cfg.max_restarts if trains else 0,
             records=trains,
-            all_ranks=all_ranks,
+            all_ranks=local.all_ranks,
             job_id=job_id,
             module=module,
             extra_env=extra,
             resume_command=resume_command if trains else "",
             spare_nodes=cfg.spare_nodes if trains else 0,
-            **({} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}),
+            **({} if local.stop_grace_s is None else {"stop_grace_s": local.stop_grace_s}),
         )
         console.line(
             f"[launcher] local job {job_id}: {count(shape.nodes, 'node')} x "

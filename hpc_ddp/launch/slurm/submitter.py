@@ -22,8 +22,6 @@ latest checkpoint, is still to come.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import importlib
 import importlib.util
 import shlex
@@ -38,29 +36,23 @@ from typing import TYPE_CHECKING, NoReturn
 
 from hpc_ddp import exitcodes
 from hpc_ddp.errors import UsageError, run_task
-from hpc_ddp.launch import rerun
+from hpc_ddp.launch import options, rerun
 from hpc_ddp.launch.slurm.outcome import how_to_follow, log_path
 from hpc_ddp.launch.slurm.outcome import read as _read  # noqa: F401  (tests read logs through it)
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import preemption
-from hpc_ddp.scheduler.slurm import runtime
 from hpc_ddp.scheduler.slurm import submit as slurm_submit
-from hpc_ddp.scheduler.slurm.request import (
-    SlurmRequest,
-    check_signal_delay,
-    mem_text,
-    parse_extras,
-    parse_time,
-)
+from hpc_ddp.scheduler.slurm.request import SlurmRequest
 
 if TYPE_CHECKING:
+    from hpc_ddp.launch.options import LaunchOptions
     from hpc_ddp.launch.shape import JobShape
     from hpc_ddp.launch.slurm.lost import Policy
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.scheduler.slurm.client import SlurmClient
 
 SUBMITIT_DIR = run_folder.SUBMITIT
-TRAIN = "hpc_ddp.train"
+TRAIN = options.TRAIN  # what a training job's tasks run
 
 
 @dataclass(frozen=True)
@@ -106,36 +98,6 @@ def _submitit_result(kind: str, value: object) -> None:
         pass
 
 
-def request_from(ns: argparse.Namespace, shape: JobShape) -> SlurmRequest:
-    """Validate the Slurm flags (raises UsageError)."""
-    minutes = parse_time(ns.time)
-    check_signal_delay(ns.signal_delay_s, minutes)
-    if ns.cpus_per_task is not None and ns.cpus_per_task <= 0:
-        raise UsageError(f"--cpus-per-task {ns.cpus_per_task}: must be at least 1")
-    if not ns.job_name.strip() or any(c.isspace() for c in ns.job_name):
-        raise UsageError(f"--job-name {ns.job_name!r}: use a name without spaces, e.g. --job-name resnet50")
-    return SlurmRequest(
-        nodes=shape.nodes,
-        tasks_per_node=shape.tasks_per_node,
-        gpus_per_node=shape.gpus_per_node,
-        minutes=minutes,
-        signal_delay_s=ns.signal_delay_s,
-        job_name=ns.job_name,
-        cpus_per_task=ns.cpus_per_task,
-        mem=mem_text(ns.mem_gb) if ns.mem_gb is not None else None,
-        partition=ns.partition,
-        account=ns.account,
-        qos=ns.qos,
-        constraint=ns.constraint,
-        exclusive=ns.exclusive,
-        setup=tuple(ns.setup),
-        extras=tuple(parse_extras(ns.slurm).items()),
-        runtime=runtime.check(
-            ns.python, ns.setup, ns.container_image, ns.container_mounts, ns.apptainer, ns.srun_arg
-        ),
-    )
-
-
 def submission(
     request: SlurmRequest, folder: Path, module: str = "", argv: tuple[str, ...] = (), max_requeue: int = 0
 ) -> slurm_submit.Submission:
@@ -157,30 +119,23 @@ def prepare_folder(folder: Path) -> None:
 
 
 def submit(
-    ns: argparse.Namespace,
-    shape: JobShape,
-    cfg: TrainConfig,
-    module: str,
-    client: SlurmClient | None = None,
-    resume: str = "",
+    launch: LaunchOptions, cfg: TrainConfig, client: SlurmClient | None = None, resume: str = ""
 ) -> int:
-    """The non-local path of `python -m hpc_ddp.submit`; returns the exit code. `client` asks Slurm how the
-    job does (`--wait`, and whether a job of the run folder is still queued); `resume` is the command that
-    resumes the run (the same one; `--folder` added when it was the default)."""
-    # --spare-nodes K: the allocation holds K nodes more than the job trains on (hpc_ddp.launch.spares).
-    request = dataclasses.replace(request_from(ns, shape), nodes=shape.nodes + cfg.spare_nodes)
+    """The non-local path of `python -m hpc_ddp.submit`; returns the exit code. `launch` is checked already
+    (hpc_ddp.launch.options); `client` asks Slurm how the job does (`--wait`, and whether a job of the run
+    folder is still queued); `resume` is the command that resumes the run (the same one; `--folder` added when
+    it was the default)."""
+    assert launch.slurm is not None  # options.read gives a Slurm job its Slurm options
+    shape, module, slurm = launch.shape, launch.module, launch.slurm
     if importlib.util.find_spec(module) is None:
         raise UsageError(f"{module} is not available in this installation of hpc_ddp")
-    trains = module == TRAIN
+    trains = launch.trains
     default = not cfg.folder
-    folder = Path(cfg.folder).absolute() if cfg.folder else default_folder(ns, cfg, trains)
+    folder = Path(cfg.folder).absolute() if cfg.folder else default_folder(launch, cfg)
     cfg = cfg.with_folder(str(folder))  # the tasks, and a requeued run, write to and resume from here
-    argv = (
-        *cfg.to_argv(),
-        *(["--collective"] if getattr(ns, "collective", False) else []),
-    )  # a doctor option
-    job = submission(request, folder, module, argv, cfg.max_requeue)
-    if ns.print_sbatch:
+    argv = (*cfg.to_argv(), *launch.task_argv)
+    job = submission(slurm.request, folder, module, argv, cfg.max_requeue)
+    if slurm.print_sbatch:
         print(job.script(), end="")  # ends with a newline, as a file should
         print(f"# every task runs: python -m {module} {shlex.join(argv)}", file=sys.stderr)
         return exitcodes.OK
@@ -188,7 +143,7 @@ def submit(
     client = client or _client()
     if trains:
         if default and not cfg.overwrite:
-            rerun.refuse_another_run(folder, cfg, f"--job-name {ns.job_name} --task {cfg.task}")
+            rerun.refuse_another_run(folder, cfg, f"--job-name {slurm.job_name} --task {cfg.task}")
         rerun.refuse_unfinished_job(folder, client)
     existed = folder.exists()
     prepare_folder(folder)
@@ -206,7 +161,7 @@ def submit(
         f"{folder}{where}",
         flush=True,
     )
-    if not ns.wait:
+    if not slurm.wait:
         print(how_to_follow(job_id, folder), flush=True)
         return exitcodes.OK
     print(
@@ -235,12 +190,13 @@ def submit(
         return 130
 
 
-def default_folder(ns: argparse.Namespace, cfg: TrainConfig, trains: bool = True) -> Path:
+def default_folder(launch: LaunchOptions, cfg: TrainConfig) -> Path:
     """The run folder without --folder: a training job's depends only on the command (its job name and task:
     the same command comes back to it and resumes, hpc_ddp.launch.rerun); a doctor job's is new each time."""
-    if trains:
-        return run_folder.default_for_submission(ns.job_name, cfg.task)
-    return run_folder.default_for_submitted_check(ns.job_name)
+    assert launch.slurm is not None
+    if launch.trains:
+        return run_folder.default_for_submission(launch.slurm.job_name, cfg.task)
+    return run_folder.default_for_submitted_check(launch.slurm.job_name)
 
 
 def _client() -> SlurmClient:
