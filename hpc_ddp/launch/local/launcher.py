@@ -432,8 +432,8 @@ class Launcher:
                 self._join_readers()
                 self._release_held()
                 if all(r.proc.returncode == exitcodes.OK for r in self.ranks):
-                    self._end_attempt(judge.Ending(outcomes.COMPLETED, "finished"))
-                    return exitcodes.OK
+                    closed = self._end_attempt(judge.Ending(outcomes.COMPLETED, "finished"))
+                    return outcomes.exit_code(closed.attempt.outcome)
                 closed = self._end_attempt(self._preemption())
                 if closed.decision.action != outcomes.RESTART:
                     if closed.attempt.outcome == outcomes.PREEMPTED:  # the budget is spent: say so
@@ -444,7 +444,7 @@ class Launcher:
                         f"{why}: every rank saved a checkpoint in {self.job.folder} and stopped; "
                         f"{self._resume() or 'run the same command to resume'}"
                     )
-                    return exitcodes.PREEMPTED
+                    return outcomes.exit_code(closed.attempt.outcome)  # preempted or stopped: saved, 75
                 done = rules.preemptions(self.journal.history(self.job.job_id))
                 self.say(f"preempted: restarting all ranks ({done} of --max-requeue {self.job.max_requeue})")
             seen = len(self.forwarded)
