@@ -60,7 +60,7 @@ from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import configfile
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, check_min_nodes, from_namespace
-from hpc_ddp.scheduler.base import Size
+from hpc_ddp.scheduler.base import End, Size
 from hpc_ddp.scheduler.slurm import env as slurm_env
 from hpc_ddp.scheduler.slurm import parse, steps
 from hpc_ddp.scheduler.slurm.client import SlurmClient
@@ -382,7 +382,7 @@ def _end_step(
     # Slurm requeued the job itself: accounting says whether a node failure ended this run (the node may be
     # back already: a live slurmd returns at once, ReturnToService=2), or a requeue with every node up.
     run = lost.run_of(client.history(job), slurm_run) if failed and requeued else None
-    node_fail = bool(gone) or (run is not None and run.state == "NODE_FAIL")
+    node_fail = bool(gone) or (run is not None and run.end is End.NODE_FAILURE)
     # This attempt's own preemption record only: an older one (kept for the user) is no decision about it.
     preempted = preemption.read_since(folder, began) if status == exitcodes.PREEMPTED else None
     by_rank0 = preempted is not None and preempted.mode == "scontrol"  # rank 0 decided and requeued itself
