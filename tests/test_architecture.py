@@ -394,6 +394,8 @@ SLURM_COMMANDS = frozenset(
 )
 SLURM_VARIABLE = re.compile(r"(SLURM|SLURMD|SRUN|SALLOC|SBATCH)_[A-Z0-9_]*")
 SUBMITIT_SUBMITS = frozenset({"SlurmExecutor", "AutoExecutor", "_make_sbatch_string"})  # what runs sbatch
+# A module none of these words occurs in uses nothing of Slurm's: it is not parsed (most are not).
+_MENTIONS = re.compile("|".join([*SLURM_COMMANDS, "SLURM", "SRUN_", "SALLOC_", "SBATCH_", *SUBMITIT_SUBMITS]))
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -412,6 +414,8 @@ def slurm_uses(source: str) -> list[tuple[int, str]]:
     one's name, as shutil.which("sbatch") or a runner), submits through submitit, or names a Slurm variable (a
     string that is one whole name, or a prefix of them). Docstrings, comments and messages that mention a
     command or a variable among other words are prose, not uses."""
+    if not _MENTIONS.search(source):
+        return []
     tree = ast.parse(source)
     prose = _docstrings(tree)
     found: list[tuple[int, str]] = []
