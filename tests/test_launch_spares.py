@@ -7,6 +7,7 @@ thing, on the local Slurm cluster: tests/test_launch_slurm_inplace.py."""
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -354,6 +355,16 @@ def test_goodput_counts_the_time_a_restart_in_place_held_the_allocation() -> Non
 
     held = run(1000, "restart")
     assert (held.held_s, held.queue_s, held.restarts_in_place, held.allocated_s) == (10.0, 0.0, 1, 70.0)
+    assert held.attempts[0].recovery_s == 10.0  # its end (50) to the next one's first step (60)
+    assert page._decision(held.attempts[0]) == "restart in place (same nodes; next step 10.0 s later)"
+    from hpc_ddp.report.records import merge_attempt_lines
+
+    (line,) = merge_attempt_lines(
+        [{"event": "end", "job": "7", "restart": 0, "time": 5.0, "left": ["node2"], "spares_in": ["node1"]}]
+    )
+    assert (line.left, line.spares_in) == (("node2",), ("node1",))
+    moved = replace(held.attempts[0], left=("node2",), spares_in=("node1",))
+    assert page._decision(moved) == "restart in place (node2 left, node1 in; next step 10.0 s later)"
     assert dict(page.headline(held))["restarts in place (allocation held)"] == "1: 10.0 s"
     queued = run(1, "requeue")
     assert (queued.held_s, queued.queue_s, queued.restarts_in_place, queued.allocated_s) == (

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from hpc_ddp.report.recorded import Best, Evaluation, Recorded
-from hpc_ddp.report.timeline import Summary
+from hpc_ddp.report.timeline import Attempt, Summary
 
 CAPTIONS = {
     "loss.png": "Loss (mean over ranks) at each recorded step, one line per attempt.",
@@ -165,7 +165,7 @@ def _attempts_table(s: Summary) -> str:
             str(a.last_step),
             str(a.lost_steps),
             a.outcome,
-            a.decision,
+            _decision(a),
             a.reason,
             *(
                 duration(x)
@@ -195,6 +195,18 @@ def _attempts_table(s: Summary) -> str:
         + "".join(rows)
         + "</table>"
     )
+
+
+def _decision(a: Attempt) -> str:
+    """The decision, and for a restart in place (--spare-nodes) what it moved and how long it took."""
+    if a.recovery_s is None and not a.left and not a.spares_in:
+        return a.decision
+    moves = [
+        *([f"{','.join(a.left)} left"] if a.left else []),
+        *([f"{','.join(a.spares_in)} in"] if a.spares_in else []),
+    ]
+    took = [f"next step {duration(a.recovery_s)} later"] if a.recovery_s is not None else []
+    return f"{a.decision} in place ({'; '.join([', '.join(moves) or 'same nodes', *took])})"
 
 
 def _text_cell(text: str) -> str:

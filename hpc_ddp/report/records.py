@@ -37,6 +37,8 @@ class AttemptLine:
     checkpoint: int | None = None  # the step of the latest checkpoint when it ended
     reason: str = ""
     decision: str = ""
+    left: tuple[str, ...] = ()  # restarted in place (--spare-nodes): the nodes the next step left out
+    spares_in: tuple[str, ...] = ()  # ... and the spares it took in their place
 
 
 # ----- values ---------------------------------------------------------------------------------------------
@@ -101,8 +103,14 @@ def merge_attempt_lines(lines: Iterable[Mapping[str, Any]]) -> list[AttemptLine]
                 checkpoint=int_or_none(line.get("checkpoint")),
                 reason=str(line.get("reason") or ""),
                 decision=str(line.get("decision") or ""),
+                left=_names(line.get("left")),
+                spares_in=_names(line.get("spares_in")),
             )
     return [AttemptLine(**entry) for entry in merged.values()]
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(str(n) for n in value) if isinstance(value, list) else ()
 
 
 # ----- when a step was reached ----------------------------------------------------------------------------

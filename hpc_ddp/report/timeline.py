@@ -76,6 +76,9 @@ class Attempt:
     # A restart in place (--spare-nodes): from the previous attempt's end to this one's start, the job held its
     # allocation (and its spare nodes): allocated time, not a queue wait.
     held_before_s: float = 0.0
+    left: tuple[str, ...] = ()  # restarted in place: the nodes the next step left out
+    spares_in: tuple[str, ...] = ()  # ... the spares it took in their place
+    recovery_s: float | None = None  # ... and from this attempt's end to the next one's first step
 
     @property
     def allocated_s(self) -> float:
@@ -170,6 +173,9 @@ def build_attempts(
     for i, ((seg, line), next_resume) in enumerate(zip(drafts, nexts, strict=True)):
         attempt = _attempt(seg, line, next_resume, is_last=i == len(drafts) - 1, running=running, now=now)
         attempts.append(_with_queue(attempt, attempts[-1] if attempts else None, slurm or {}))
+        if attempt.first_step is not None and attempts[-1].held_before_s and len(attempts) > 1:
+            # A restart in place: from the failure (its attempt's end) to the first step of the step after it.
+            attempts[-2] = replace(attempts[-2], recovery_s=max(0.0, attempt.first_step - attempts[-2].end))
     return attempts
 
 
@@ -267,6 +273,8 @@ def _attempt(
         nodes=line.nodes if line else (),
         reason=line.reason if line else "",
         decision=line.decision if line else "",
+        left=line.left if line else (),
+        spares_in=line.spares_in if line else (),
     )
 
 
