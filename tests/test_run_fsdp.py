@@ -194,8 +194,6 @@ def test_a_corrupt_shard_or_a_torn_save_falls_back_to_the_checkpoint_before(
     sharded_run: Path, tmp_path: Path
 ) -> None:
     import shutil
-    import subprocess
-    import sys
 
     args = (*SHARDED, "fsdp", *ranks(2))
     tmp_path = tmp_path / "run"
@@ -205,21 +203,11 @@ def test_a_corrupt_shard_or_a_torn_save_falls_back_to_the_checkpoint_before(
         "ckpt-00000012",
         "latest",
     ]
-    # python -m hpc_ddp.checkpoint export: the newest checkpoint's model is model.pth, bit for bit.
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpc_ddp.checkpoint",
-            "export",
-            str(ckpts / "ckpt-00000012"),
-            str(tmp_path / "x.pth"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    # python -m hpc_ddp.checkpoint export (its main, in this process; as a command: tests/test_run_exact_ranks.py):
+    # the newest checkpoint's model is model.pth, bit for bit.
+    from hpc_ddp.checkpoint.__main__ import main as checkpoint_main
+
+    assert checkpoint_main(["export", str(ckpts / "ckpt-00000012"), str(tmp_path / "x.pth")]) == 0
     assert (tmp_path / "x.pth.sha256").is_file()
     exported = torch.load(tmp_path / "x.pth", weights_only=True)
     assert_same(exported, torch.load(tmp_path / "model.pth", weights_only=True))
