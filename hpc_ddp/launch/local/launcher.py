@@ -304,21 +304,12 @@ class Launcher:
         if placed is None or not placed.left:
             return decision
         self.next_nodes = placed.nodes  # the ranks' next start (this attempt's lines still name its own)
-        return dataclasses.replace(
-            decision,
-            message=f"{decision.message}, on {','.join(placed.nodes)} ({','.join(placed.left)} left, spare "
-            f"{','.join(placed.spares_in)} in, {len(placed.spares)} spare(s) left)",
-            left=placed.left,
-            spares_in=placed.spares_in,
-        )
+        return spared(decision, placed)
 
     def _show_failure(self, index: int, code: int) -> None:
         """The rank that ended first, and how (a hang's verdict line says it instead)."""
-        if code == exitcodes.HANG:
-            return
-        how = f"was killed by {judge.signal_name(-code)}" if code < 0 else f"exited with code {code}"
-        where = self._node_name(self._node(index))
-        self.say(f"rank {index} on {where}, pid {self.ranks[index].proc.pid}, {how}; stopped the other ranks")
+        if code != exitcodes.HANG:
+            self.say(ended_first(index, self._node_name(self._node(index)), self.ranks[index].proc.pid, code))
 
     def _show_consequences(self, cause: int | None) -> None:
         """After the first cause: one line for the ranks that failed only because another ended (their own
@@ -453,15 +444,33 @@ class Launcher:
 
     def _advise(self, closed: supervisor.Closed) -> None:
         """After a failure that ends the run: the command that resumes it, and from where."""
-        if not self.job.resume_command or closed.attempt.outcome not in RESUMABLE:
-            return  # a usage error or a non-finite loss: the same command fails the same way
-        step = supervisor.latest_step(self.job.folder)
-        start = (
-            f"from the checkpoint at step {step}"
-            if step is not None
-            else "from the start (no checkpoint yet)"
-        )
-        self.say(f"once the cause is fixed, the same command resumes {start}: {self.job.resume_command}")
+        if self.job.resume_command and closed.attempt.outcome in RESUMABLE:  # else it fails the same way
+            self.say(advice(self.job.resume_command, supervisor.latest_step(self.job.folder)))
+
+
+def ended_first(rank: int, where: str | None, pid: int, code: int) -> str:
+    """The line that names the rank that ended first, where, and how: its exit code or signal (pure)."""
+    how = f"was killed by {judge.signal_name(-code)}" if code < 0 else f"exited with code {code}"
+    return f"rank {rank} on {where}, pid {pid}, {how}; stopped the other ranks"
+
+
+def advice(resume_command: str, step: int | None) -> str:
+    """The line that says how a failed run resumes, from its latest checkpoint's `step` (pure)."""
+    start = (
+        f"from the checkpoint at step {step}" if step is not None else "from the start (no checkpoint yet)"
+    )
+    return f"once the cause is fixed, the same command resumes {start}: {resume_command}"
+
+
+def spared(decision: rules.Decision, placed: spares.Placement) -> rules.Decision:
+    """`decision` going on with a spare emulated node in place of each blamed one (pure)."""
+    return dataclasses.replace(
+        decision,
+        message=f"{decision.message}, on {','.join(placed.nodes)} ({','.join(placed.left)} left, spare "
+        f"{','.join(placed.spares_in)} in, {len(placed.spares)} spare(s) left)",
+        left=placed.left,
+        spares_in=placed.spares_in,
+    )
 
 
 def stop_words(signum: int) -> str:

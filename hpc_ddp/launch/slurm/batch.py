@@ -45,6 +45,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -337,6 +338,17 @@ def end(argv: Sequence[str], status: int, log: str, environ: Mapping[str, str], 
         steps.remove_step_files(environ)
 
 
+@dataclass(frozen=True)
+class _Step:
+    """What `end` read about a step that ended (`_read_step`): the judge's evidence and what it acts on."""
+
+    evidence: judge.Evidence | judge.Ending  # an Ending: Slurm requeued the job with every node up
+    info: JobInfo | None  # the controller's view of the job
+    requeued: bool  # Slurm requeued the job itself
+    by_rank0: bool  # rank 0 decided about a preemption and requeued itself (--requeue-by scontrol)
+    nodes: list[str]  # the step's nodes
+
+
 def _end_step(
     argv: Sequence[str],
     status: int,
@@ -366,6 +378,61 @@ def _end_step(
     journal = supervisor.Journal(folder)
     this = record.find(journal.history(job), job, restart)
     began = float(state.get("began") or (this.started if this else 0) or 0)
+    step = _read_step(folder, job, restart, status, state, this, began, log, environ, client, given, ran_on)
+    info, requeued = step.info, step.requeued
+    size = job_size(environ, info)
+    rule = min_nodes.smaller(cfg, environ, folder)
+    placed: list[spares.Placement] = []
+
+    def adjust(this: record.Attempt, decision: rules.Decision) -> rules.Decision:
+        # Inside the allocation first (--spare-nodes): a spare in place of the blamed node, or fewer nodes
+        # (--min-nodes); else today's requeue, checked against the partition's usable nodes.
+        if not requeued and info is not None and steps.step_args(environ) is not None:
+            decision, placement = inplace.plan(
+                decision,
+                this.outcome,
+                cfg.spare_nodes,
+                info.nodes,
+                step.nodes,
+                info.batch_host or steps.batch_host(environ),
+                rule,
+                this.signature,
+                this.node,
+            )
+            if placement is not None:
+                placed.append(placement)
+                return decision
+        return _fits(client, decision, info, size, rule, cfg.wait_for_nodes, cfg.spare_nodes)
+
+    closed = supervisor.end_attempt(
+        journal,
+        job,
+        restart,
+        step.evidence,
+        _budgets(cfg),
+        began=began,
+        checkpoint=supervisor.latest_step(folder),
+        adjust=adjust,
+        exclude=lambda decision: _excluded(decision, info),
+    )
+    return _act(closed, journal, step, placed, environ, client, status)
+
+
+def _read_step(
+    folder: Path,
+    job: str,
+    restart: int,
+    status: int,
+    state: dict[str, Any],
+    this: record.Attempt | None,
+    began: float,
+    log: str,
+    environ: Mapping[str, str],
+    client: SlurmClient,
+    given: Sequence[str] | None,
+    ran_on: Sequence[str],
+) -> _Step:
+    """What the step left and what Slurm says of it, as the judge's evidence (see the module docstring)."""
     info = client.job(job)
     slurm_run = requeues(restart)  # Slurm's number of this run: a restart in place is a step of the same one
     requeued = slurm_requeued(info, slurm_run)
@@ -400,45 +467,25 @@ def _end_step(
         refused=srun_refusal(lines) if failed else "",
         unwritable=_unwritable(folder) if failed else "",
     )
-    size = job_size(environ, info)
-    rule = min_nodes.smaller(cfg, environ, folder)
-    placed: list[spares.Placement] = []
+    found = judge.requeued_by_scheduler(status, requeued, node_fail) or evidence
+    return _Step(found, info, requeued, by_rank0, nodes)
 
-    def adjust(this: record.Attempt, decision: rules.Decision) -> rules.Decision:
-        # Inside the allocation first (--spare-nodes): a spare in place of the blamed node, or fewer nodes
-        # (--min-nodes); else today's requeue, checked against the partition's usable nodes.
-        if not requeued and info is not None and steps.step_args(environ) is not None:
-            decision, placement = inplace.plan(
-                decision,
-                this.outcome,
-                cfg.spare_nodes,
-                info.nodes,
-                nodes,
-                info.batch_host or steps.batch_host(environ),
-                rule,
-                this.signature,
-                this.node,
-            )
-            if placement is not None:
-                placed.append(placement)
-                return decision
-        return _fits(client, decision, info, size, rule, cfg.wait_for_nodes, cfg.spare_nodes)
 
-    closed = supervisor.end_attempt(
-        journal,
-        job,
-        restart,
-        judge.requeued_by_scheduler(status, requeued, node_fail) or evidence,
-        _budgets(cfg),
-        began=began,
-        checkpoint=supervisor.latest_step(folder),
-        adjust=adjust,
-        exclude=lambda decision: _excluded(decision, info),
-    )
+def _act(
+    closed: supervisor.Closed,
+    journal: supervisor.Journal,
+    step: _Step,
+    placed: Sequence[spares.Placement],
+    environ: Mapping[str, str],
+    client: SlurmClient,
+    status: int,
+) -> int | inplace.Next:
+    """Say the attempt's end and do what was decided: done, the next step in place, a requeue, or a stop."""
+    folder, job, restart = journal.folder, closed.attempt.job, closed.attempt.restart
     this, decision, ending = closed.attempt, closed.decision, closed.ending
     if this.outcome == outcomes.HANG:
         say(f"{this.reason}; every rank's report: {hang_verdict.path(folder)}")
-    say(closed.line + (" (Slurm requeued the job itself)" if requeued else ""))
+    say(closed.line + (" (Slurm requeued the job itself)" if step.requeued else ""))
     if not journal.flush():
         say(journal.lost())
     if decision.action == outcomes.DONE:
@@ -451,10 +498,13 @@ def _end_step(
     if decision.action == outcomes.REQUEUE:
         # Rank 0 requeued the job itself after an agreed save (--requeue-by scontrol): nothing left to do here.
         resize = min_nodes.size(decision, environ)
-        code = _requeue(client, job, this.exclude, info, requeued, resize) if not by_rank0 else exitcodes.OK
+        requeued, info = step.requeued, step.info
+        code = (
+            _requeue(client, job, this.exclude, info, requeued, resize) if not step.by_rank0 else exitcodes.OK
+        )
         return status if code == exitcodes.OK else code  # a requeued job's shell ends as its tasks did
     _stop(job, ending, decision, journal.history(job))
-    if requeued:
+    if step.requeued:
         _cancel(client, job)
     return outcomes.exit_code(this.outcome)
 
