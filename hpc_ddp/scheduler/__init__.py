@@ -3,10 +3,10 @@
     base     the interface (`Scheduler`: who am I, requeue me, what happened to job J, which nodes are usable,
              submit, cancel, exclude, its version) and the words every scheduler answers in (Identity, Done,
              Size, Window, Kind, End; job ids such as an array task's "123_4")
-    slurm/   Slurm: `client` runs every Slurm command of the kit (scontrol, sacct, squeue, sinfo, scancel;
-             sbatch through submitit in `submit`), `parse` reads each command's output, `states` is the one
-             table of job and node states, `env` reads the job's variables, `request` and `runtime` build the
-             sbatch options and srun's
+    slurm/   Slurm: `client` asks and acts (scontrol, sacct, squeue, sinfo, scancel), `submit` submits (sbatch,
+             through submitit), `steps` starts a step on given nodes of the allocation (srun, --spare-nodes),
+             `parse` reads each command's output, `states` is the one table of job and node states, `env`
+             reads the job's variables, `request` and `runtime` build the sbatch options and srun's
     local    the local launcher's emulation: the srun step it gives each rank, and the interface as it
              answers on one machine (`LocalScheduler`)
 

@@ -18,10 +18,10 @@ The Slurm supervisors (hpc_ddp.launch.slurm: the batch shell's steps, `submit --
 more than this (the controller's and accounting's whole view of a job: hpc_ddp.scheduler.slurm.parse); what
 `run/`, `report/`, `doctor/` and `launch/rerun` ask is this interface only.
 
-A restart inside the allocation (a new step on the nodes left after a failure) adds to this interface, not to
-its callers: which nodes of the allocation are usable now (`identity(environ).nodes`, then `usable(...)`
-among them) and a step started on given nodes (the Slurm client builds srun's options:
-hpc_ddp.scheduler.slurm.runtime); the decision to do so is the ledger's (hpc_ddp.ledger.rules).
+A restart inside the allocation (`--spare-nodes`: a new step on the allocation's nodes after a failure) is the
+batch shell's, on Slurm's own terms: the step started on given nodes is hpc_ddp.scheduler.slurm.steps (srun's
+variables and host file), the nodes hpc_ddp.launch.spares chooses among the job's (`identity(environ).nodes`),
+and the decision to start again stays the ledger's (hpc_ddp.ledger.rules).
 
 Job ids are text: "123", an array task "123_4", a heterogeneous job's component "123+0" (`is_job_id`).
 """
