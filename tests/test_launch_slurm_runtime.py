@@ -209,7 +209,7 @@ def test_submit_print_sbatch_with_apptainer_and_srun_args(tmp_path: Path) -> Non
         "-u",
     ]
     # The batch steps run on the host with the python the setup lines leave.
-    assert "\npython -m hpc_ddp.launch.slurm.batch begin " in proc.stdout
+    assert "\nstep=$(python -m hpc_ddp.launch.slurm.batch begin " in proc.stdout
 
 
 @pytest.mark.process

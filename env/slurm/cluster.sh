@@ -366,7 +366,11 @@ munge_ok() { munge -n -S "$MUNGE_SOCK" 2>/dev/null | unmunge -S "$MUNGE_SOCK" >/
 
 start_munge() {
   if is_ours munged; then say "munged already running (pid $(recorded_pid munged))"; return 0; fi
-  if munge_ok; then say "munged: using the one already serving $MUNGE_SOCK (not ours, will not stop it)"; return 0; fi
+  if munge_ok; then
+    rm -f "$PIDS/munged"  # a record of ours from an earlier start is stale: stop must not act on it
+    say "munged: using the one already serving $MUNGE_SOCK (not ours, will not stop it)"
+    return 0
+  fi
   [[ -s /etc/munge/munge.key ]] || { mungekey --create --keyfile=/etc/munge/munge.key && say "created munge key"; }
   chown munge:munge /etc/munge/munge.key
   install -d -o munge -g munge -m 755 /run/munge
@@ -467,7 +471,9 @@ daemon_names() { echo munged mariadb slurmdbd slurmctld; node_names | sed 's/^/s
 healthy() {
   local d
   for d in $(daemon_names); do
-    if [[ $d == munged ]] && [[ ! -f $PIDS/munged ]]; then munge_ok || return 1; continue; fi
+    # munged: ours, or one already serving the socket (another cluster's, the system's); a record of ours
+    # left by an earlier start whose munged is gone (a reboot) does not count against one that answers.
+    if [[ $d == munged ]] && ! is_ours munged; then munge_ok || return 1; continue; fi
     is_ours "$d" || return 1
   done
   nodes_ready && sacct_ok
@@ -551,7 +557,7 @@ cmd_status() {
   for d in $(daemon_names); do
     if is_ours "$d"; then
       say "$d: up (pid $(recorded_pid "$d"))"
-    elif [[ $d == munged && ! -f $PIDS/munged ]] && munge_ok; then
+    elif [[ $d == munged ]] && munge_ok; then
       say "munged: up (not started by this script)"
     else
       say "$d: DOWN"
