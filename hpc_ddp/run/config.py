@@ -144,7 +144,8 @@ class RestartOptions:
             "help": "Slurm: allocate this many nodes more than the job trains on and keep them idle: after a "
             "failure (a node lost, a GPU error, a crashed or hung rank) the batch shell starts the next step "
             "inside the same allocation, a spare in place of the blamed node, instead of requeueing the job. "
-            "sbatch slurm/ddp.sbatch: --nodes counts them. 0: requeue as before (default: 0)"
+            "sbatch slurm/ddp.sbatch: --nodes counts them; submit --local: K more emulated nodes. 0: requeue as "
+            "before (default: 0)"
         },
     )
     wait_for_nodes: bool = field(
