@@ -79,6 +79,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_checkpoint_collisions.py": ("unit", "ranks"),
     "test_launch_slurm_client.py": "unit",
     "test_scheduler.py": "unit",
+    "test_ledger_attempts.py": "unit",
     "test_ledger_judge.py": "unit",
     "test_launch_options.py": "unit",
     "test_launch_slurm_batch.py": "unit",

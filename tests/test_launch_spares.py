@@ -334,7 +334,6 @@ def test_goodput_counts_the_time_a_restart_in_place_held_the_allocation() -> Non
     """Between a failure and the step started in place the job held its nodes: allocated time (it lowers
     goodput), not a queue wait; a requeue's gap stays outside the allocation."""
     from hpc_ddp.report import page, timeline
-    from hpc_ddp.report.records import AttemptLine
 
     def run(second: int, decision: str) -> timeline.Summary:
         records = [
@@ -344,11 +343,11 @@ def test_goodput_counts_the_time_a_restart_in_place_held_the_allocation() -> Non
             {"event": "step", "step": 1, "time": 70.0, "loss": 1.0},
         ]
         lines = [
-            AttemptLine(
-                "7", 0, start_time=10.0, end_time=50.0, outcome="node_fail", step=1, decision=decision
+            attempts.Attempt(
+                "7", 0, started=10.0, ended=50.0, outcome="node_fail", step=1, decision=decision
             ),
-            AttemptLine(
-                "7", second, start_time=60.0, end_time=80.0, outcome="completed", step=1, decision="done"
+            attempts.Attempt(
+                "7", second, started=60.0, ended=80.0, outcome="completed", step=1, decision="done"
             ),
         ]
         return timeline.summarize(records, lines, running=False)
@@ -357,9 +356,7 @@ def test_goodput_counts_the_time_a_restart_in_place_held_the_allocation() -> Non
     assert (held.held_s, held.queue_s, held.restarts_in_place, held.allocated_s) == (10.0, 0.0, 1, 70.0)
     assert held.attempts[0].recovery_s == 10.0  # its end (50) to the next one's first step (60)
     assert page._decision(held.attempts[0]) == "restart in place (same nodes; next step 10.0 s later)"
-    from hpc_ddp.report.records import merge_attempt_lines
-
-    (line,) = merge_attempt_lines(
+    (line,) = attempts.merge(
         [{"event": "end", "job": "7", "restart": 0, "time": 5.0, "left": ["node2"], "spares_in": ["node1"]}]
     )
     assert (line.left, line.spares_in) == (("node2",), ("node1",))

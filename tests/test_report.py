@@ -417,13 +417,13 @@ def test_young_daly() -> None:
 def test_no_best_interval_says_why() -> None:
     """Issue 33 item 10: "failures 2" beside "best checkpoint interval n/a (no failure seen)": the failures
     came before any save was timed, so the missing number was the save's cost, not a failure."""
+    from hpc_ddp.ledger.attempts import Attempt
     from hpc_ddp.report import page
-    from hpc_ddp.report.records import AttemptLine
 
     starts = [{"event": "start", "job": "7", "restart": r, "time": 10.0 + 100 * r, "step": 0} for r in (0, 1)]
     steps = [{"event": "step", "step": 1, "time": 20.0 + 100 * r, "loss": 1.0} for r in (0, 1)]
     lines = [
-        AttemptLine("7", r, start_time=10.0 + 100 * r, end_time=50.0 + 100 * r, outcome="failed", step=1)
+        Attempt("7", r, started=10.0 + 100 * r, ended=50.0 + 100 * r, outcome="failed", step=1)
         for r in (0, 1)
     ]
     s = timeline.summarize([starts[0], steps[0], starts[1], steps[1]], lines, running=False)

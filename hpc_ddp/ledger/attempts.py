@@ -19,8 +19,9 @@ its end (the batch shell died with its node) is closed by the next attempt's sup
 --max-restarts for failures) are counted here, per job, not from SLURM_RESTART_COUNT, which counts every
 requeue of either kind.
 
-The file only grows and a kill can cut its last line: a writer starts on a fresh line and `read` skips lines
-that are not whole records (the same rule as metrics.jsonl). A write that fails (a full disk) raises and leaves
+The file only grows and a kill can cut its last line: a writer starts on a fresh line, and every reader (the
+supervisors, `submit --wait`, the judge, the report) reads it through `merge`, which skips a line that is no
+whole record of an attempt and reads a field of the wrong type as missing (its docstring has the rule). A write that fails (a full disk) raises and leaves
 the file as it was: no empty file, at most a cut line; the supervisor keeps what it could not write and says so
 (hpc_ddp.launch.supervisor.Journal). No torch: supervisors import this.
 
@@ -41,6 +42,7 @@ from typing import Any
 
 from hpc_ddp.cluster.env import in_place
 from hpc_ddp.ledger.outcomes import COMPLETED, FAILURES, HANG, LOST, RESTART, RUNNING, USAGE
+from hpc_ddp.ledger.values import int_or_none, stamp
 
 ATTEMPTS = "attempts.jsonl"
 
@@ -184,7 +186,8 @@ def record_end(folder: Path, attempt: Attempt, now: float | None = None) -> None
 
 
 def read_lines(folder: Path) -> list[dict[str, Any]]:
-    """The whole records of attempts.jsonl, in order; cut or foreign lines are skipped."""
+    """The whole JSON objects of attempts.jsonl, in order (a line a kill cut, or one that is no JSON object, is
+    skipped); `merge` decides which of them are records of an attempt."""
     try:
         raw = path(folder).read_bytes()
     except OSError:
@@ -195,48 +198,87 @@ def read_lines(folder: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and record.get("event") in ("start", "end") and "job" in record:
+        if isinstance(record, dict):
             records.append(record)
     return records
 
 
-def merge(records: Iterable[dict[str, Any]]) -> list[Attempt]:
-    """Start and end lines -> attempts, in the order each attempt first appears (pure)."""
+def merge(records: Iterable[Any]) -> list[Attempt]:
+    """Start and end lines -> attempts, in the order each attempt first appears (pure).
+
+    The one merge of attempts.jsonl: the supervisors, `submit --wait`, the judge and the report all read the
+    attempts through it, so they tell the same attempts, numbered the same. The file only grows, a kill can cut
+    its last line and anything may append to it; a line must never crash a supervisor or the report. The rule:
+
+    - A line is a record of an attempt only if it says which attempt and when, as every line the kit writes
+      does: a JSON object whose "event" is "start" or "end", "job" a string, "restart" an integer and "time"
+      a time stamp (hpc_ddp.ledger.values.stamp: from 1970 to TIME_MAX). Any other line (not an object, no or
+      another event, a job or restart of the wrong type, no time or one no clock can give) is skipped whole:
+      it opens no attempt, so it never moves the attempt numbers or the budgets counted from them.
+    - In a record, a field of the wrong type reads as missing: a number that is no integer (or past
+      MAX_STEP) is None, a text that is no string is "" (an end's outcome: LOST, an ended attempt whose way of
+      ending is unknown), a list of names that is no list is (), "node" that is no string None, "blamed"
+      anything but true False.
+    - The same event twice for one attempt: the later line wins (a supervisor's rewrite of a lost attempt).
+    """
     merged: dict[tuple[str, int], Attempt] = {}
     for r in records:
-        try:
-            key = (str(r["job"]), int(r.get("restart") or 0))
-        except (TypeError, ValueError):
+        known = _known(r)
+        if known is None:
             continue
+        key, event, when = known
         a = merged.get(key) or Attempt(job=key[0], restart=key[1], number=len(merged) + 1)
-        if r["event"] == "start":
-            a = replace(
-                a,
-                started=_num(r.get("time")),
-                nodes=tuple(r.get("nodes") or ()),
-                ranks=tuple(r.get("ranks") or ()),
-                resumed_from=_int(r.get("resumed_from")),
-            )
-        else:
-            a = replace(
-                a,
-                ended=_num(r.get("time")),
-                outcome=str(r.get("outcome") or LOST),
-                step=_int(r.get("step")),
-                checkpoint=_int(r.get("checkpoint")),
-                rank=_int(r.get("rank")),
-                node=r.get("node") or None,
-                blamed=bool(r.get("blamed")),
-                reason=str(r.get("reason") or ""),
-                signature=str(r.get("signature") or ""),
-                decision=str(r.get("decision") or ""),
-                exclude=tuple(r.get("exclude") or ()),
-                lost=tuple(r.get("lost") or ()),
-                left=tuple(r.get("left") or ()),
-                spares_in=tuple(r.get("spares_in") or ()),
-            )
-        merged[key] = a
+        merged[key] = _started(a, r, when) if event == "start" else _ended(a, r, when)
     return list(merged.values())
+
+
+def _known(record: Any) -> tuple[tuple[str, int], str, float] | None:
+    """(attempt, event, time) of a record of an attempt, else None (a torn or foreign line: merge's rule)."""
+    if not isinstance(record, dict) or record.get("event") not in ("start", "end"):
+        return None
+    job, restart, when = record.get("job"), int_or_none(record.get("restart")), stamp(record.get("time"))
+    if not isinstance(job, str) or restart is None or when is None:
+        return None
+    return (job, restart), record["event"], when
+
+
+def _started(a: Attempt, r: dict[str, Any], when: float) -> Attempt:
+    return replace(
+        a,
+        started=when,
+        nodes=_names(r.get("nodes")),
+        ranks=_names(r.get("ranks")),
+        resumed_from=int_or_none(r.get("resumed_from")),
+    )
+
+
+def _ended(a: Attempt, r: dict[str, Any], when: float) -> Attempt:
+    return replace(
+        a,
+        ended=when,
+        outcome=_text(r.get("outcome")) or LOST,
+        step=int_or_none(r.get("step")),
+        checkpoint=int_or_none(r.get("checkpoint")),
+        rank=int_or_none(r.get("rank")),
+        node=_text(r.get("node")) or None,
+        blamed=r.get("blamed") is True,
+        reason=_text(r.get("reason")),
+        signature=_text(r.get("signature")),
+        decision=_text(r.get("decision")),
+        exclude=_names(r.get("exclude")),
+        lost=_names(r.get("lost")),
+        left=_names(r.get("left")),
+        spares_in=_names(r.get("spares_in")),
+    )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """A list of node names (a rank's node by its index: each kept in its place), else ()."""
+    return tuple(str(n) for n in value) if isinstance(value, list) else ()
 
 
 def read(folder: Path) -> list[Attempt]:
@@ -249,14 +291,6 @@ def of_job(attempts: Iterable[Attempt], job: str) -> list[Attempt]:
 
 def find(attempts: Iterable[Attempt], job: str, restart: int) -> Attempt | None:
     return next((a for a in attempts if a.key == (job, restart)), None)
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def line(attempt: Attempt, message: str) -> str:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any
 
-from hpc_ddp.report.records import MAX_STEP, TIME_MAX, StepClock, duration_or_none, int_or_none, num, stamp
+from hpc_ddp.ledger.values import MAX_STEP, TIME_MAX, int_or_none, num, stamp
+from hpc_ddp.report.records import StepClock, duration_or_none
 
 
 class Series:

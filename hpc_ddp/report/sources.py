@@ -17,7 +17,6 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import attempts
 from hpc_ddp.ledger.attempts import ATTEMPTS  # written by rank 0 (start) and the supervisor (end)
 from hpc_ddp.report.recorded import Recorded, compile_records
-from hpc_ddp.report.records import AttemptLine, merge_attempt_lines
 from hpc_ddp.run.folder import CHECKPOINTS, METRICS, RUN_RECORD, is_held
 from hpc_ddp.run.metrics_read import iter_records
 from hpc_ddp.scheduler.base import Scheduler, Window, is_job_id
@@ -31,7 +30,7 @@ class RunFiles:
 
     folder: Path
     records: Recorded  # metrics.jsonl, compiled as it is read
-    lines: tuple[AttemptLine, ...]
+    lines: tuple[attempts.Attempt, ...]  # attempts.jsonl, merged by the ledger as the supervisors read it
     slurm: Mapping[tuple[str, int], Window]
     running: bool  # a run holds the folder now (its run.lock is there and its holder alive)
 
@@ -50,9 +49,9 @@ def read_run(folder: Path, use_sacct: bool = True) -> RunFiles:
             "runs/local-12345)"
         )
     records = compile_records(iter_records(folder / METRICS))  # one pass; the dicts are not kept
-    # The kit's own reader (a cut line skipped, only start and end lines), then the report's merge, which
-    # skips a line whose fields have the wrong type rather than fail.
-    lines = tuple(merge_attempt_lines(attempts.read_lines(folder)))
+    # The ledger's reader and merge, the supervisors' own: a torn or foreign line skipped, a field of the wrong
+    # type read as missing (ledger.attempts.merge), so the report shows the attempts the supervisors counted.
+    lines = tuple(attempts.read(folder))
     slurm: Mapping[tuple[str, int], Window] = {}
     if use_sacct:
         jobs = sorted(

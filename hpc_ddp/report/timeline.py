@@ -37,9 +37,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hpc_ddp.cluster.env import in_place
+from hpc_ddp.ledger import attempts as record  # attempts.jsonl's lines, merged by the ledger
 from hpc_ddp.ledger import outcomes
+from hpc_ddp.ledger.values import int_or_none, num, stamp
 from hpc_ddp.report.recorded import Recorded, Save, Segment, compile_records
-from hpc_ddp.report.records import AttemptLine, StepClock, duration_or_none, int_or_none, num, ordered, stamp
+from hpc_ddp.report.records import StepClock, duration_or_none, ordered
 from hpc_ddp.scheduler.base import Window  # when the scheduler says each run held its nodes
 
 # Ends that lose the work since the last checkpoint and that checkpointing more often would have saved: these
@@ -146,18 +148,18 @@ class Summary:
 
 def build_attempts(
     records: Recorded | Iterable[Mapping[str, Any]],
-    lines: Sequence[AttemptLine],
+    lines: Sequence[record.Attempt],
     slurm: Mapping[tuple[str, int], Window] | None = None,
     running: bool = True,
     now: float | None = None,
 ) -> list[Attempt]:
-    """Every attempt of the run, oldest first, from metrics records (compiled, or as read) and attempts.jsonl
-    lines (either may be empty) and, where known, Slurm's start and end of each attempt (for the queue waits).
+    """Every attempt of the run, oldest first, from metrics records (compiled, or as read) and attempts.jsonl's
+    attempts as the ledger merged them (ledger.attempts.read; either may be empty) and, where known, Slurm's start and end of each attempt (for the queue waits).
     `running`: a run holds the folder now (its run.lock); if not, a last attempt that never ended was killed.
     `now`: the time of the report; a running attempt's allocation goes on until then."""
     run = records if isinstance(records, Recorded) else compile_records(records)
     by_key = {(a.job, a.restart): a for a in lines}
-    drafts: list[tuple[Segment | None, AttemptLine | None]] = []
+    drafts: list[tuple[Segment | None, record.Attempt | None]] = []
     used: set[tuple[str, int]] = set()
     for seg in run.segments:
         line = by_key.get(seg.key) if seg.key is not None else None
@@ -179,8 +181,8 @@ def build_attempts(
     return attempts
 
 
-def _first_time(seg: Segment | None, line: AttemptLine | None) -> float:
-    candidates = (_process_start(seg), line.start_time if line else None, line.end_time if line else None)
+def _first_time(seg: Segment | None, line: record.Attempt | None) -> float:
+    candidates = (_process_start(seg), line.started if line else None, line.ended if line else None)
     times = [t for t in candidates if t is not None]
     return min(times) if times else 0.0
 
@@ -197,7 +199,7 @@ def _process_start(seg: Segment | None) -> float | None:
     return seg.first_time
 
 
-def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
+def _resume_step(seg: Segment | None, line: record.Attempt | None) -> int | None:
     if seg is not None and seg.start is not None and int_or_none(seg.start.get("step")) is not None:
         return int_or_none(seg.start.get("step"))
     if seg is not None and seg.resumed is not None:
@@ -207,7 +209,7 @@ def _resume_step(seg: Segment | None, line: AttemptLine | None) -> int | None:
 
 def _attempt(
     seg: Segment | None,
-    line: AttemptLine | None,
+    line: record.Attempt | None,
     next_resume: int | None,
     is_last: bool,
     running: bool,
@@ -218,15 +220,13 @@ def _attempt(
     first_step = num(start.get("time")) if seg.start is not None else seg.first_time
     process_start = _process_start(seg)
     if process_start is None:
-        process_start = (
-            next((t for t in (line.start_time, line.end_time) if t is not None), 0.0) if line else 0.0
-        )
+        process_start = next((t for t in (line.started, line.ended) if t is not None), 0.0) if line else 0.0
     resumed_at = _resume_step(seg, line) or 0
     saves = seg.saves
-    end = max(t for t in (seg.last_time, line.end_time if line else None, process_start) if t is not None)
+    end = max(t for t in (seg.last_time, line.ended if line else None, process_start) if t is not None)
     outcome = (
         line.outcome
-        if line and line.outcome
+        if line and line.ended is not None  # its end line's word; without one, the metrics tell
         else _outcome_from_metrics(bool(seg.end_times), is_last, running)
     )
     if outcome == "running" and now is not None:
@@ -324,7 +324,7 @@ def _with_queue(
 
 def summarize(
     records: Recorded | Iterable[Mapping[str, Any]],
-    lines: Sequence[AttemptLine] = (),
+    lines: Sequence[record.Attempt] = (),
     slurm: Mapping[tuple[str, int], Window] | None = None,
     running: bool = True,
     now: float | None = None,
