@@ -75,6 +75,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_checkpoint_dcpwrite.py": "unit",
     "test_run_checkpoint_sharded.py": "unit",
     "test_run_checkpoint_storage.py": "unit",
+    "test_run_forkrisk.py": "unit",
     "test_run_loop_rules.py": "unit",
     "test_run_checkpoint_collisions.py": ("unit", "ranks"),
     "test_launch_slurm_client.py": "unit",

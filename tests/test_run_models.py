@@ -161,18 +161,28 @@ def assert_bitwise_equal(a: Path, b: Path) -> None:
     assert ckpt_a["position"] == ckpt_b["position"]
 
 
-def preempted_twice(folder: Path, *args: str, **env: str) -> str:
-    """A run that gets SIGUSR2 (to the launcher) in epoch 0 and again after its first resume; its output."""
+def preempted_twice(folder: Path, *args: str, hangs_allowed: bool = False, **env: str) -> str:
+    """A run that gets SIGUSR2 (to the launcher) in epoch 0 and again after its first resume; its output.
+    `hangs_allowed`: a run whose DataLoader workers are forked may also be restarted once by the hang watchdog
+    on a Python with CPython gh-112275 (hpc_ddp.run.forkrisk: a worker that never starts); each such restart
+    is a third resume, recorded as a hang in attempts.jsonl, and nothing else is."""
     proc = start(folder, *args, **env)
     lines = read_until(proc, "Epoch 0,")
     proc.send_signal(signal.SIGUSR2)
-    lines += read_until(proc, "Resuming from ")
-    lines += read_until(proc, "Epoch 1,")
+    lines += read_until(proc, "Resuming from ", timeout=200)
+    lines += read_until(proc, "Epoch 1,", timeout=200)
     proc.send_signal(signal.SIGUSR2)
     code, out = finish(proc)
     out = "\n".join(lines) + "\n" + out
     assert code == 0, out
-    assert out.count("Resuming from ") == 2, out
+    ended = [
+        r
+        for r in map(json.loads, (folder / "attempts.jsonl").read_text().splitlines())
+        if r["event"] == "end"
+    ]
+    hangs = [r for r in ended if r["outcome"] == "hang"] if hangs_allowed else []
+    assert len(hangs) <= 1 and [r["outcome"] for r in ended].count("preempted") == 2, out
+    assert out.count("Resuming from ") == 2 + len(hangs), out
     return out
 
 
@@ -385,7 +395,9 @@ def test_a_stream_with_state_preempted_twice_ends_bitwise_equal(tmp_path: Path) 
     slow = {"STEP_SLEEP_S": "0.4"}  # the signals' room to land mid-epoch; the uninterrupted run needs none
     code, out = finish(start(tmp_path / "straight", *args))
     assert code == 0, out
-    out = preempted_twice(tmp_path / "twice", *args, **slow)
+    # --timeout-s 120: a worker that never starts (hpc_ddp.run.forkrisk) is named after 60 s, within the
+    # test's deadline, and the run resumes from its checkpoint.
+    out = preempted_twice(tmp_path / "twice", *args, "--timeout-s", "120", hangs_allowed=True, **slow)
     assert "cannot be resumed mid-epoch" not in out
     first = int(out.split("Resuming from ")[1].split(", step ")[1].split()[0])
     assert first % 5 != 0, "the first signal should land mid-epoch"  # the stream's state is what resumes
@@ -408,7 +420,9 @@ def test_a_stream_with_state_read_by_two_workers_preempted_twice_ends_bitwise_eq
     assert out.count("--num-workers 2: each rank runs on 1 CPU, which its 2 DataLoader workers share") == 1, (
         out
     )
-    out = preempted_twice(tmp_path / "twice", *args, **slow)
+    # --timeout-s 120: a worker that never starts (hpc_ddp.run.forkrisk) is named after 60 s, within the
+    # test's deadline, and the run resumes from its checkpoint.
+    out = preempted_twice(tmp_path / "twice", *args, "--timeout-s", "120", hangs_allowed=True, **slow)
     assert "cannot be resumed mid-epoch" not in out
     first = int(out.split("Resuming from ")[1].split(", step ")[1].split()[0])
     assert first % 11 != 0, "the first signal should land mid-epoch"  # the workers' states are what resume

@@ -33,7 +33,7 @@ from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog, count
 from hpc_ddp.run import batches as batching
-from hpc_ddp.run import exact, loaders, rng, seeding
+from hpc_ddp.run import exact, forkrisk, loaders, rng, seeding
 from hpc_ddp.run.clock import StepClock
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.position import Position
@@ -73,6 +73,9 @@ class Feed:
         )
         if note:
             log.main(note)
+        risk = forkrisk.note(sys.version_info[:3], self.workers, sys.implementation.name)
+        if risk:
+            log.main(risk)
         self.options = loaders.loader_options(cfg, device, self.workers)  # the evaluation's loader's too
         self._build_loader(cfg, device, task)
         self.state: Any = None  # a stream's state before the next step's fetch: what a save holds
