@@ -181,8 +181,10 @@ def preempted_twice(folder: Path, *args: str, hangs_allowed: bool = False, **env
         if r["event"] == "end"
     ]
     hangs = [r for r in ended if r["outcome"] == "hang"] if hangs_allowed else []
-    assert len(hangs) <= 1 and [r["outcome"] for r in ended].count("preempted") == 2, out
-    assert out.count("Resuming from ") == 2 + len(hangs), out
+    preempted = [r["outcome"] for r in ended].count("preempted")
+    # A second signal that lands while the ranks hang is the hang's restart's (nothing to save then).
+    assert len(hangs) <= 1 and (preempted == 2 or (hangs and preempted == 1)), out
+    assert out.count("Resuming from ") == preempted + len(hangs), out
     return out
 
 
