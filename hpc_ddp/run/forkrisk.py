@@ -32,6 +32,6 @@ def note(version: tuple[int, int, int], workers: int, implementation: str = "cpy
     upgrade = f"Python {major}.{minor}.{fixed} or 3.12" if fixed is not None else "Python 3.12"
     return (
         f"Python {'.'.join(map(str, version))} can deadlock a forked DataLoader worker at its start (CPython "
-        "gh-112275): the hang watchdog then restarts the run from its checkpoint after half of --timeout-s, "
+        "gh-112275): the watchdog then restarts the run from its checkpoint after half of --timeout-s, "
         f"nothing lost. Fix: {upgrade}, or --num-workers 0"
     )
