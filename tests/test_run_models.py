@@ -161,13 +161,37 @@ def assert_bitwise_equal(a: Path, b: Path) -> None:
     assert ckpt_a["position"] == ckpt_b["position"]
 
 
-def preempted_twice(folder: Path, *args: str, hangs_allowed: bool = False, **env: str) -> str:
+def reached(folder: Path, step: int, timeout: float = 60) -> None:
+    """Until metrics.jsonl records a step past `step` (the run's records follow its steps as they train)."""
+    deadline = time.monotonic() + timeout
+    path = folder / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        lines = path.read_text().splitlines() if path.exists() else []
+        if any(r.get("event") == "step" and r.get("step", 0) > step for r in map(_record, lines)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path}: no step past {step} within {timeout:g} s")
+
+
+def _record(line: str) -> dict:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:  # the line being written
+        return {}
+
+
+def preempted_twice(
+    folder: Path, *args: str, hangs_allowed: bool = False, mid_epoch_after: int = 0, **env: str
+) -> str:
     """A run that gets SIGUSR2 (to the launcher) in epoch 0 and again after its first resume; its output.
     `hangs_allowed`: a run whose DataLoader workers are forked may also be restarted once by the hang watchdog
     on a Python with CPython gh-112275 (hpc_ddp.run.forkrisk: a worker that never starts); each such restart
     is a third resume, recorded as a hang in attempts.jsonl, and nothing else is."""
     proc = start(folder, *args, **env)
     lines = read_until(proc, "Epoch 0,")
+    # `mid_epoch_after`: the first stop inside epoch 1, not at its boundary (where an epoch-end stop is agreed).
+    if mid_epoch_after:
+        reached(folder, mid_epoch_after)
     proc.send_signal(signal.SIGUSR2)
     lines += read_until(proc, "Resuming from ", timeout=200)
     lines += read_until(proc, "Epoch 1,", timeout=200)
@@ -397,9 +421,7 @@ def test_a_stream_with_state_preempted_twice_ends_bitwise_equal(tmp_path: Path) 
     slow = {"STEP_SLEEP_S": "0.4"}  # the signals' room to land mid-epoch; the uninterrupted run needs none
     code, out = finish(start(tmp_path / "straight", *args))
     assert code == 0, out
-    # --timeout-s 120: a worker that never starts (hpc_ddp.run.forkrisk) is named after 60 s, within the
-    # test's deadline, and the run resumes from its checkpoint.
-    out = preempted_twice(tmp_path / "twice", *args, "--timeout-s", "120", hangs_allowed=True, **slow)
+    out = preempted_twice(tmp_path / "twice", *args, **slow)
     assert "cannot be resumed mid-epoch" not in out
     first = int(out.split("Resuming from ")[1].split(", step ")[1].split()[0])
     assert first % 5 != 0, "the first signal should land mid-epoch"  # the stream's state is what resumes
@@ -424,7 +446,9 @@ def test_a_stream_with_state_read_by_two_workers_preempted_twice_ends_bitwise_eq
     )
     # --timeout-s 120: a worker that never starts (hpc_ddp.run.forkrisk) is named after 60 s, within the
     # test's deadline, and the run resumes from its checkpoint.
-    out = preempted_twice(tmp_path / "twice", *args, "--timeout-s", "120", hangs_allowed=True, **slow)
+    out = preempted_twice(
+        tmp_path / "twice", *args, "--timeout-s", "120", hangs_allowed=True, mid_epoch_after=11, **slow
+    )
     assert "cannot be resumed mid-epoch" not in out
     first = int(out.split("Resuming from ")[1].split(", step ")[1].split()[0])
     assert first % 11 != 0, "the first signal should land mid-epoch"  # the workers' states are what resume
