@@ -8,18 +8,21 @@ FAKE_RANKS_STARTS (its SLURM_RESTART_COUNT), so a test counts the launcher's res
   rank exits PREEMPTED. A launcher that restarts while the record asks, without a budget, starts 4 times.
 - `fail`: rank 1 exits 1 once rank 0 has counted the start (a crash with no exit note); the others wait to be
   stopped.
+- `peer_killed`: rank 1 dies by SIGKILL 0.3 s after rank 0 has already failed on it (gloo's "Connection closed
+  by peer" exit note, exit 1): the order a poll can see under load, the survivor's exit before the killed peer's.
 - `usage`: rank 0 prints a usage error's one line, as `python -m hpc_ddp.train` does, and exits 2.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 from hpc_ddp import exitcodes
-from hpc_ddp.ledger import preemption
+from hpc_ddp.ledger import exits, preemption
 
 
 def main() -> int:
@@ -49,6 +52,16 @@ def main() -> int:
             return exitcodes.FAILED
         time.sleep(60)
         return exitcodes.OK
+    if what == "peer_killed":
+        if rank == 0:
+            error = RuntimeError(
+                "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:8110"
+            )
+            exits.note(folder, os.environ["SLURM_JOB_ID"], restart, 0, "127.0.0.1", error)
+            print(f"RuntimeError: {error}", flush=True)
+            return exitcodes.FAILED
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
     if what == "usage":
         if rank == 0:
             print("python -m hpc_ddp.train: error: --lr -1: must be positive. Fix: --lr 0.1", flush=True)

@@ -69,6 +69,24 @@ NODES = ("n1", "n1", "n2", "n2")
             ("failed", 2, "n2", True),
         ),
         (judge.Evidence(code=-9, rank_nodes=NODES, first_rank=3), ("failed", 3, "n2", True)),
+        # Locally, the survivor of a SIGKILLed peer seen first (its gloo "Connection closed by peer" note): the
+        # launcher passes the rank it saw die by a signal, and that rank is the cause, on its node.
+        (
+            judge.Evidence(
+                code=1,
+                rank_nodes=NODES,
+                first_rank=0,
+                notes=(
+                    {
+                        "rank": 0,
+                        "type": "RuntimeError",
+                        "message": "Connection closed by peer [127.0.0.1]:8110",
+                    },
+                ),
+                killed=((3, "SIGKILL"),),
+            ),
+            ("failed", 3, "n2", True),
+        ),
         (
             judge.Evidence(
                 code=76,

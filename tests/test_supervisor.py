@@ -253,6 +253,20 @@ def test_a_full_disk_under_attempts_jsonl_crashes_no_launcher(tmp_path: Path) ->
 
 
 @pytest.mark.deadline(120)
+def test_a_peer_killed_by_a_signal_is_the_cause_even_when_its_survivor_is_seen_to_end_first(
+    tmp_path: Path,
+) -> None:
+    """Seen in CI: rank 1 SIGKILLed, rank 0's "Connection closed by peer" exit reaped first, and the attempt
+    recorded as rank 0's RuntimeError (not blamed on a node) instead of rank 1 killed by SIGKILL."""
+    code, out, _ = launch(tmp_path, "peer_killed")
+    assert code == exitcodes.FAILED, out
+    (only,) = attempts.read(tmp_path)
+    assert (only.rank, only.signature, only.blamed) == (1, "signal SIGKILL", True), out
+    assert "rank 1 on node 0 (127.0.0.1)" in out and "killed by SIGKILL; stopped the other ranks" in out, out
+    assert "then rank 0 failed too, on the rank that ended first (Connection closed by peer)" in out, out
+
+
+@pytest.mark.deadline(120)
 def test_a_usage_error_is_shown_once(tmp_path: Path) -> None:
     code, out, _ = launch(tmp_path, "usage")
     assert code == exitcodes.USAGE, out

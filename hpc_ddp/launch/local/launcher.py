@@ -29,7 +29,7 @@ from typing import TextIO
 
 from hpc_ddp import exitcodes
 from hpc_ddp.launch import spares, supervisor
-from hpc_ddp.launch.local import forkserver, processes
+from hpc_ddp.launch.local import cause, forkserver, processes
 from hpc_ddp.launch.local.console import TAIL_LINES, Console, RankOutput
 from hpc_ddp.launch.local.srun_env import LocalJob, child_environ
 from hpc_ddp.ledger import attempts, exits, judge, outcomes, preemption, rules
@@ -224,6 +224,10 @@ class Launcher:
         code = self.ranks[index].proc.returncode
         if code == exitcodes.HANG:
             self._end_after_verdict()
+        notes = exits.read(self.job.folder, self.job.job_id, self.restarts)  # the first rank's at least
+        killed = cause.seen_dead(
+            self.ranks, index, notes
+        )  # before the launcher's SIGTERM/SIGKILL: none is its
         self._report_stuck(self._stop_all())
         self._join_readers()
         return judge.Evidence(
@@ -231,6 +235,7 @@ class Launcher:
             rank_nodes=tuple(self._node(r.rank) for r in self.ranks),
             notes=tuple(exits.read(self.job.folder, self.job.job_id, self.restarts)),
             verdict=hang_verdict.read(self.job.folder, since=self.started_at),
+            killed=killed,
             first_rank=index,
         )
 
@@ -248,14 +253,6 @@ class Launcher:
 
     def _node(self, rank: int) -> str:
         return self.step_nodes[rank // self.job.tasks_per_node]
-
-    def _node_name(self, address: str | None) -> str | None:
-        """An emulated node as every launcher line names it: "node 1 (127.0.0.2)", its index (the ranks' own
-        start lines say "node 1" too) and the address it has in SLURM_JOB_NODELIST and attempts.jsonl."""
-        for node, name in enumerate(self.step_nodes):
-            if name == address:
-                return f"node {node} ({address})"
-        return address
 
     def _preemption(self) -> judge.Evidence:
         record = preemption.read(self.job.folder)  # cleared before each start: this attempt's own
@@ -294,7 +291,7 @@ class Launcher:
         if closed.attempt.outcome == outcomes.HANG:  # the verdict's line, once, then what comes next
             self.say(f"{closed.attempt.reason}; every rank's report: {hang_verdict.path(self.job.folder)}")
         if closed.attempt.failed:
-            named = dataclasses.replace(closed.attempt, node=self._node_name(closed.attempt.node))
+            named = dataclasses.replace(closed.attempt, node=node_label(self.step_nodes, closed.attempt.node))
             self.say(attempts.line(named, closed.decision.message))
         return closed
 
@@ -309,7 +306,11 @@ class Launcher:
     def _show_failure(self, index: int, code: int) -> None:
         """The rank that ended first, and how (a hang's verdict line says it instead)."""
         if code != exitcodes.HANG:
-            self.say(ended_first(index, self._node_name(self._node(index)), self.ranks[index].proc.pid, code))
+            self.say(
+                ended_first(
+                    index, node_label(self.step_nodes, self._node(index)), self.ranks[index].proc.pid, code
+                )
+            )
 
     def _show_consequences(self, cause: int | None) -> None:
         """After the first cause: one line for the ranks that failed only because another ended (their own
@@ -446,6 +447,15 @@ class Launcher:
         """After a failure that ends the run: the command that resumes it, and from where."""
         if self.job.resume_command and closed.attempt.outcome in RESUMABLE:  # else it fails the same way
             self.say(advice(self.job.resume_command, supervisor.latest_step(self.job.folder)))
+
+
+def node_label(step_nodes: tuple[str, ...], address: str | None) -> str | None:
+    """An emulated node as every launcher line names it: "node 1 (127.0.0.2)", its index (the ranks' own start
+    lines say "node 1" too) and the address it has in SLURM_JOB_NODELIST and attempts.jsonl."""
+    for node, name in enumerate(step_nodes):
+        if name == address:
+            return f"node {node} ({address})"
+    return address
 
 
 def ended_first(rank: int, where: str | None, pid: int, code: int) -> str:
