@@ -6,6 +6,7 @@ without "event" or with a list of nodes of the wrong type, and kept a line witho
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,19 @@ def test_an_end_record_comes_back_as_the_attempt_it_was_written_from() -> None:
         spares_in=("n1",),
     )
     assert attempts.merge([json.loads(json.dumps(attempts.end_record(ended)))]) == [ended]
+
+
+def test_an_attempt_whose_ranks_never_started_keeps_the_nodes_its_supervisor_placed_it_on() -> None:
+    """Before: a rank killed while the step started left no start record, and --wait said "attempt 1 on ?"."""
+    killed = Attempt("7", 0, number=1, nodes=("n2", "n3"), ended=5.0, outcome=outcomes.FAILED)
+    record = attempts.end_record(killed)
+    assert record["nodes"] == ["n2", "n3"]
+    assert attempts.merge([record]) == [killed]
+    assert attempts.start_line(killed) == "attempt 1 on n2,n3: from the start"
+    # a start record says where the ranks ran: the end then repeats nothing, and the start's nodes stand
+    started = attempts.merge([line(START), attempts.end_record(replace(killed, started=1.0))])
+    assert "nodes" not in attempts.end_record(replace(killed, started=1.0))
+    assert started[0].nodes == tuple(START["nodes"])
 
 
 # ----- torn and foreign lines: skipped whole, never raised on, never numbered ------------------------------

@@ -262,6 +262,7 @@ def test_a_peer_killed_by_a_signal_is_the_cause_even_when_its_survivor_is_seen_t
     assert code == exitcodes.FAILED, out
     (only,) = attempts.read(tmp_path)
     assert (only.rank, only.signature, only.blamed) == (1, "signal SIGKILL", True), out
+    assert only.nodes == ("127.0.0.1",) and only.started is None  # no start record: where the launcher put it
     assert "rank 1 on node 0 (127.0.0.1)" in out and "killed by SIGKILL; stopped the other ranks" in out, out
     assert "then rank 0 failed too, on the rank that ended first (Connection closed by peer)" in out, out
 

@@ -124,13 +124,15 @@ def end_attempt(
     now: float | None = None,
     adjust: Adjust | None = None,
     exclude: Callable[[rules.Decision], Sequence[str]] | None = None,
+    nodes: Sequence[str] = (),
 ) -> Closed:
     """Find, judge, close, decide, record (see the module docstring). `found` is the evidence, or an ending
     the supervisor knows without judging (its stop ran out of time); `began` is when the attempt began (the
     steps recorded since then are its own); `checkpoint` the step of the latest checkpoint (the caller's:
     the checkpoint layout is the run layer's). `adjust` lets the supervisor overrule the decision with what
     only it knows (a stop it was asked for, a job that no longer fits its nodes); `exclude` what it records
-    as excluded (default: the decision's)."""
+    as excluded (default: the decision's); `nodes` the step's nodes as the supervisor placed it, recorded for an
+    attempt whose ranks never wrote their start (killed while they started: else it reads "on ?")."""
     history = journal.history(job)
     this = attempts.find(history, job, restart) or Attempt(job, restart, number=len(history) + 1)
     before = [a for a in history if a.key != this.key and a.number < this.number]
@@ -149,7 +151,12 @@ def end_attempt(
         decision = adjust(closed, decision)
     listed = tuple(exclude(decision)) if exclude is not None else decision.exclude
     final = replace(
-        closed, decision=decision.action, exclude=listed, left=decision.left, spares_in=decision.spares_in
+        closed,
+        nodes=closed.nodes or tuple(nodes),
+        decision=decision.action,
+        exclude=listed,
+        left=decision.left,
+        spares_in=decision.spares_in,
     )
     recorded = journal.append(attempts.end_record(final)) if attempts.worth_recording(final) else False
     return Closed(final, decision, ending, recorded)

@@ -175,6 +175,8 @@ def end_record(attempt: Attempt, now: float | None = None) -> dict[str, Any]:
         "signature": attempt.signature,
         "decision": attempt.decision,
         "exclude": list(attempt.exclude),
+        # where the step ran, when its ranks never said (no start record: killed while they started)
+        **({"nodes": list(attempt.nodes)} if attempt.nodes and attempt.started is None else {}),
         **({"lost": list(attempt.lost)} if attempt.lost else {}),
         **({"left": list(attempt.left)} if attempt.left else {}),
         **({"spares_in": list(attempt.spares_in)} if attempt.spares_in else {}),
@@ -256,6 +258,7 @@ def _ended(a: Attempt, r: dict[str, Any], when: float) -> Attempt:
     return replace(
         a,
         ended=when,
+        nodes=a.nodes or _names(r.get("nodes")),
         outcome=_text(r.get("outcome")) or LOST,
         step=int_or_none(r.get("step")),
         checkpoint=int_or_none(r.get("checkpoint")),

@@ -282,6 +282,7 @@ class Launcher:
             checkpoint=supervisor.latest_step(self.job.folder),
             adjust=adjust,
             exclude=lambda _decision: (),  # locally blame is recorded, nothing excluded: every node is this one
+            nodes=self.step_nodes,
         )
         if seen is not None:
             codes = [r.proc.returncode for r in self.ranks]
@@ -305,12 +306,9 @@ class Launcher:
 
     def _show_failure(self, index: int, code: int) -> None:
         """The rank that ended first, and how (a hang's verdict line says it instead)."""
+        where = node_label(self.step_nodes, self._node(index))
         if code != exitcodes.HANG:
-            self.say(
-                ended_first(
-                    index, node_label(self.step_nodes, self._node(index)), self.ranks[index].proc.pid, code
-                )
-            )
+            self.say(ended_first(index, where, self.ranks[index].proc.pid, code))
 
     def _show_consequences(self, cause: int | None) -> None:
         """After the first cause: one line for the ranks that failed only because another ended (their own

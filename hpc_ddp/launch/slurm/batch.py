@@ -414,6 +414,7 @@ def _end_step(
         checkpoint=supervisor.latest_step(folder),
         adjust=adjust,
         exclude=lambda decision: _excluded(decision, info),
+        nodes=step.nodes,
     )
     return _act(closed, journal, step, placed, environ, client, status)
 
