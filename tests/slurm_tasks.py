@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 
 import slow_tasks
 from torch import nn
@@ -70,3 +71,11 @@ def fsdp_bad_node_after_requeue(config):  # type: ignore[no-untyped-def]
         return inner(output, target)
 
     return dataclasses.replace(task, loss_fn=loss_fn)
+
+
+def sigkilled_at_start(config):  # type: ignore[no-untyped-def]
+    """Rank 1 dies by SIGKILL as its task is built, every time (the OOM killer at start, say): the same death
+    twice and no checkpoint in between, a crash loop."""
+    if int(os.environ.get("SLURM_PROCID") or 0) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return slow_tasks.slow(config)

@@ -1,6 +1,6 @@
 """On the real local Slurm cluster (3 emulated nodes): recovering inside the allocation (--spare-nodes, issue 35).
 
-Two jobs, each one job id from start to end, several steps, never requeued (sacct: no REQUEUED record):
+Three jobs, each one job id from start to end, several steps, never requeued (sacct: no REQUEUED record):
 
 - `submit --wait`, ddp, 2 nodes x 1 task + 1 spare. The first step runs on node2,node3 (the batch shell's
   node1 is the spare); the node that hosts rank 0 and the rendezvous, node2, is set DOWN mid-step. The batch
@@ -11,6 +11,9 @@ Two jobs, each one job id from start to end, several steps, never requeued (sacc
   error (blamed: the spare node1 replaces it), then node1's does (no spare left: the job goes on in place on
   node2 alone, 1 rank instead of 2, its sharded checkpoint resharded). One task a node: the claims are the
   nodes', and every rank start costs seconds of CPU importing torch.
+- `submit --wait`, 2 nodes x 1 task + 1 spare, rank 1 SIGKILLed at every start: restarted in place on the same
+  nodes (no spare spent), then, the same death without a newer checkpoint, stopped as a crash loop as a job
+  without spares is.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from conftest import DETERMINISTIC_2X1, clean_environ, die_with_test
 from test_launch_slurm_submit import DDP_SBATCH, HANG_GUARD_S, sacct_records, start_submit, wait_job
 from test_launch_slurm_survive import job_nodes, take_away, taken_away, wait_all_idle
 
+from hpc_ddp import exitcodes
 from hpc_ddp.ledger import attempts
 
 __all__ = ["taken_away"]  # a fixture, imported for the tests below
 
-# Measured: 29 s and 19 s (load 7), 49 s for the file; 77 s at load 16.
+# Measured: 29 s and 19 s (load 7), 49 s for the file; 77 s at load 16. The crash loop: 7 s (quiet).
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(300)]
 
 TRAINING = [*DETERMINISTIC_2X1, "--save-every-steps", "4"]  # 48 steps, a checkpoint every 4
@@ -230,3 +234,33 @@ def test_a_gpu_error_takes_the_spare_then_with_none_left_min_nodes_goes_on_in_pl
     model = torch.nn.Linear(10, 1)
     model.load_state_dict(weights)  # the plain model's full state dict, whole
     assert all(torch.isfinite(v).all() for v in weights.values())
+
+
+def test_a_rank_sigkilled_again_after_its_restart_in_place_is_a_crash_loop_that_stops(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    wait_all_idle()
+    folder = tmp_path / "run"
+    task = ("--task", "slurm_tasks:sigkilled_at_start", "--max-restarts", "5")
+    proc, job_id = start_submit(folder, *DETERMINISTIC_2X1, *task, "--spare-nodes", "1")
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == exitcodes.FAILED, out
+    first, second = attempts.read(folder)
+    assert {first.job, second.job} == {job_id} and [first.restart, second.restart] == [0, 1000], out
+    # a SIGKILL spends no spare: the same nodes again, node3 kept although blamed
+    assert (first.nodes, first.reason, first.decision, first.left, first.spares_in) == (
+        ("node2", "node3"),
+        "rank 1 was killed by SIGKILL",
+        "restart",
+        (),
+        (),
+    ), out
+    assert (second.nodes, second.reason, second.decision) == (
+        ("node2", "node3"),
+        "rank 1 was killed by SIGKILL",
+        "stop",
+    ), out
+    assert "crash loop: attempt 2 failed with the same error as attempt 1 and no newer checkpoint" in out, out
+    # no rank started (no start record): the record keeps the nodes the batch shell placed the steps on
+    assert "attempt 1 on node2,node3: from the start; failed: rank 1 was killed by SIGKILL -> restart" in out, out
+    assert "REQUEUED" not in sacct_records(job_id), out
