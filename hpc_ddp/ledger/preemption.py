@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from hpc_ddp.ledger.files import atomic_write_bytes
+from hpc_ddp.ledger.values import int_or_none
 
 PREEMPTED = "preempted.json"
 
@@ -48,9 +48,9 @@ def read(folder: Path) -> Preempted | None:
             requeue=bool(data["requeue"]),
             signal=str(data.get("signal", "")),
             mode=str(data.get("mode", "")),
-            step=_int(data.get("step")),
-            requeue_votes=_int(data.get("requeue_votes")) or 0,
-            stop_votes=_int(data.get("stop_votes")) or 0,
+            step=int_or_none(data.get("step")),
+            requeue_votes=int_or_none(data.get("requeue_votes")) or 0,
+            stop_votes=int_or_none(data.get("stop_votes")) or 0,
             requeued=data.get("requeued") if isinstance(data.get("requeued"), bool) else None,
         )
     except (OSError, ValueError, KeyError, TypeError):
@@ -73,7 +73,3 @@ def since(folder: Path, began: float) -> bool:
 def read_since(folder: Path, began: float) -> Preempted | None:
     """The record, if it was written since `began`: this attempt's own, not one kept from an earlier one."""
     return read(folder) if since(folder, began) else None
-
-
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
