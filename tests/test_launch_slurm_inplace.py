@@ -262,5 +262,7 @@ def test_a_rank_sigkilled_again_after_its_restart_in_place_is_a_crash_loop_that_
     ), out
     assert "crash loop: attempt 2 failed with the same error as attempt 1 and no newer checkpoint" in out, out
     # no rank started (no start record): the record keeps the nodes the batch shell placed the steps on
-    assert "attempt 1 on node2,node3: from the start; failed: rank 1 was killed by SIGKILL -> restart" in out, out
+    assert (
+        "attempt 1 on node2,node3: from the start; failed: rank 1 was killed by SIGKILL -> restart" in out
+    ), out
     assert "REQUEUED" not in sacct_records(job_id), out
