@@ -222,12 +222,12 @@ class Launcher:
         """Rank `index` failed first: stop the others, then gather what the ranks left (their exit notes, a hang
         verdict) and what the launcher saw (who ended first, and how)."""
         code = self.ranks[index].proc.returncode
+        killed: tuple[tuple[int, str], ...] = ()
         if code == exitcodes.HANG:
-            self._end_after_verdict()
-        notes = exits.read(self.job.folder, self.job.job_id, self.restarts)  # the first rank's at least
-        killed = cause.seen_dead(
-            self.ranks, index, notes
-        )  # before the launcher's SIGTERM/SIGKILL: none is its
+            self._end_after_verdict()  # which may SIGKILL the frozen ranks itself: no death of theirs to name
+        else:  # who died by a signal, before the launcher's own SIGTERM/SIGKILL make every rank look killed
+            notes = exits.read(self.job.folder, self.job.job_id, self.restarts)  # the first rank's, at least
+            killed = cause.seen_dead(self.ranks, index, notes)
         self._report_stuck(self._stop_all())
         self._join_readers()
         return judge.Evidence(
