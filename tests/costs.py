@@ -69,6 +69,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_models.py": "ranks",
     "test_run_fsdp.py": "ranks",
     "test_run_fsdp_memory.py": "ranks",
+    "test_run_gloo_comm.py": ("unit", "ranks"),
     "test_run_materialize.py": "unit",
     "test_run_memory.py": "unit",
     "test_run_checkpoint_streamed.py": "unit",

@@ -52,6 +52,7 @@ from hpc_ddp.log import RankLog
 from hpc_ddp.run import materialize
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.materialize import Factory, InitWeights
+from hpc_ddp.run.strategy import gloo_comm
 from hpc_ddp.run.strategy.base import Strategy
 
 Shard = Callable[[nn.Module], Iterable[nn.Module]]
@@ -119,6 +120,8 @@ class FSDPStrategy(Strategy):
         # The root gathers what no block holds (embeddings, the head); it never reshards after forward, since
         # its backward comes at once (FSDP2 does the same by default).
         self.wrapped = fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=self.policy)
+        # CPU ranks: gloo's reduce-scatter replaced by an all-to-all, block buffers reused (run/strategy/gloo_comm)
+        gloo_comm.install([*chosen, model], mesh.get_group())
         if reference is not None:
             model.to_empty(device=self.device)
             materialize.fill(model, reference, self.cfg.seed, self.init_weights)
