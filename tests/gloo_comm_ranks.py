@@ -39,7 +39,8 @@ def _in_fsdp(group: dist.ProcessGroup) -> bool:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         if installed:
-            assert gloo_comm.install([*blocks, model], group)
+            assert not gloo_comm.install([*blocks, model], group, torch.device("meta"))
+            assert gloo_comm.install([*blocks, model], group, torch.device("cpu"))
             pools.append(blocks[0]._get_fsdp_state()._fsdp_param_groups[0]._reduce_scatter_comm.pool)
         x = torch.randn(4, 64, generator=torch.Generator().manual_seed(group.rank()))
         model(x).square().mean().backward()

@@ -105,8 +105,8 @@ def batch(s: Settings) -> int:
     """Samples per rank per step: at most 16. Fewer, and a CPU step of the 100 M model is mostly gloo moving
     parameters, which measures gloo, not the strategies: fsdp moves them three times a step (two all-gathers, a
     reduce-scatter), ddp once (an all-reduce), on loopback at the cost of CPU (16 MiB over 4 ranks, quiet:
-    all-gather 20.5 ms, reduce-scatter 35.6 ms, all-reduce 24.8 ms). At 4 samples fsdp / ddp was 0.67-0.74x, at
-    16 0.78x (README); a GPU step is compute-bound well before either."""
+    all-gather 16-17 ms, all-reduce 23-24 ms, the reduce-scatter 13 ms as run/strategy/gloo_comm does it, 33-36
+    ms as gloo does). A GPU step is compute-bound well before either."""
     return min(s.batch_size, 16)
 
 

@@ -5,6 +5,9 @@ returns), then on the root: a block's parameters are all-gathered just before it
 its backward with `--reshard-after-forward true`), and its gradients are reduce-scattered as soon as its
 backward ends, so a rank never holds more than a few blocks in full.
 
+On CPU ranks (gloo) the reduce-scatter is an all-to-all and a sum, and the collectives' block-sized buffers are
+reused (hpc_ddp.run.strategy.gloo_comm): gloo's own reduce-scatter is slower than an all-reduce.
+
 The mesh is always given: without one, `fully_shard` picks a CUDA mesh whenever CUDA exists, which breaks a
 gloo group on a GPU machine (pytorch#132471). `--amp bf16` is FSDP's mixed precision (bf16 parameters for the
 compute, fp32 gradient reductions and fp32 sharded weights), not autocast.
@@ -121,7 +124,7 @@ class FSDPStrategy(Strategy):
         # its backward comes at once (FSDP2 does the same by default).
         self.wrapped = fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=self.policy)
         # CPU ranks: gloo's reduce-scatter replaced by an all-to-all, block buffers reused (run/strategy/gloo_comm)
-        gloo_comm.install([*chosen, model], mesh.get_group())
+        gloo_comm.install([*chosen, model], mesh.get_group(), self.device)
         if reference is not None:
             model.to_empty(device=self.device)
             materialize.fill(model, reference, self.cfg.seed, self.init_weights)

@@ -28,7 +28,11 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+try:
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+except ImportError:  # a torch without FSDP2's custom collectives: `install` leaves FSDP's own
+    AllGather = ReduceScatter = object  # type: ignore[assignment,misc]
 
 _SUMS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 # torch 2.13 renamed them (the old names warn); older releases have only the old ones.
@@ -122,9 +126,15 @@ class AllToAllReduceScatter(ReduceScatter):
         return None
 
 
-def install(modules: Iterable[nn.Module], group: dist.ProcessGroup) -> bool:
-    """Give every FSDP module in `modules` these collectives when `group` runs on gloo; whether it did."""
-    if dist.get_backend(group) != "gloo" or group.size() < 2:
+def install(modules: Iterable[nn.Module], group: dist.ProcessGroup, device: torch.device) -> bool:
+    """Give every FSDP module in `modules` these collectives when `group` runs on gloo with CPU tensors;
+    whether it did (not on NCCL, not on one rank, not on a torch without the hooks)."""
+    modules = list(modules)
+    if device.type != "cpu" or dist.get_backend(group) != "gloo" or group.size() < 2:
+        return False
+    if not hasattr(torch._C, "_storage_Use_Count") or not all(
+        hasattr(m, "set_custom_reduce_scatter") and hasattr(m, "set_custom_all_gather") for m in modules
+    ):
         return False
     pool = BufferPool()
     gather, scatter = PooledAllGather(pool), AllToAllReduceScatter(pool)
