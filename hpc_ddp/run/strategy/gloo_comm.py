@@ -114,9 +114,7 @@ class AllToAllReduceScatter(ReduceScatter):
     ) -> dist.Work | None:
         world = group.size()
         if op not in _SUMS or async_op or input_tensor.numel() != world * output_tensor.numel():
-            return dist.reduce_scatter_tensor(
-                output_tensor, input_tensor, op=op, group=group, async_op=async_op
-            )  # type: ignore[arg-type]
+            return _reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)  # type: ignore[arg-type]
         parts = self.pool.take(input_tensor.shape, input_tensor.dtype, input_tensor.device)
         # After the exchange, row r holds rank r's gradients for this rank's shard.
         dist.all_to_all_single(parts, input_tensor, group=group)
