@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,35 +50,47 @@ def test_the_pool_hands_out_a_kept_buffer_only_when_nothing_holds_it() -> None:
 @pytest.mark.deadline(120)
 def test_the_collectives_on_3_gloo_ranks_match_gloo_and_the_sums_by_hand(tmp_path: Path) -> None:
     world = 3
-    ranks = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-W",
-                "ignore",
-                "-m",
-                "gloo_comm_ranks",
-                str(r),
-                str(world),
-                str(tmp_path / "store"),
-                str(tmp_path / f"rank{r}.json"),
-            ],
-            env=clean_environ(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            preexec_fn=die_with_test,
-        )  # fmt: skip
-        for r in range(world)
-    ]
+    # Each rank's output goes to a file, not a pipe: a rank never blocks on a full pipe that the test is not
+    # reading yet (it waits on one rank at a time), and what a rank said is still there when it must be killed.
+    logs = [tmp_path / f"rank{r}.log" for r in range(world)]
+    ranks = []
+    for r in range(world):
+        with logs[r].open("w") as log:
+            ranks.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-W",
+                        "ignore",
+                        "-m",
+                        "gloo_comm_ranks",
+                        str(r),
+                        str(world),
+                        str(tmp_path / "store"),
+                        str(tmp_path / f"rank{r}.json"),
+                    ],
+                    env=clean_environ(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=die_with_test,
+                )  # fmt: skip
+            )
+    # Until all have ended, one has failed (the others would wait on it), or 100 s (within the test's
+    # deadline, so that a stuck rank's output is still shown).
+    ended = time.monotonic() + 100
     try:
-        outputs = [proc.communicate(timeout=90)[0] for proc in ranks]
+        while time.monotonic() < ended:
+            codes = [proc.poll() for proc in ranks]
+            if all(code == 0 for code in codes) or any(code not in (None, 0) for code in codes):
+                break
+            time.sleep(0.2)
     finally:
         for proc in ranks:  # a rank that failed leaves the others waiting on it: they end here
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert all(p.returncode == 0 for p in ranks), outputs
+    outputs = {r: (proc.returncode, logs[r].read_text()) for r, proc in enumerate(ranks)}
+    assert all(code == 0 for code, _ in outputs.values()), outputs
     for r in range(world):
         found = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert len(found) == 7 and all(found.values()), (r, found)
