@@ -87,6 +87,71 @@ NODES = ("n1", "n1", "n2", "n2")
             ),
             ("failed", 3, "n2", True),
         ),
+        # On Slurm, srun reported the survivor's exit first and the SIGKILL that caused it after, as it reports
+        # its own kills after a bad exit (seen in CI: srun's "task 0: Exited with exit code 1" before
+        # "task 1: Killed"); the note says a peer went, so the rank that left none and died by a signal is it.
+        (
+            judge.Evidence(
+                code=1,
+                rank_nodes=NODES,
+                notes=(
+                    note(
+                        0,
+                        "RuntimeError",
+                        "[pair.cc:553] Connection closed by peer [127.0.0.1]:65220",
+                        1.0,
+                        "n1",
+                    ),
+                ),
+                ends=((0, "exit 1"), (1, "SIGKILL")),
+            ),
+            ("failed", 1, "n1", True),
+        ),
+        (  # the same with NCCL's words, and a rank with a note of its own skipped
+            judge.Evidence(
+                code=1,
+                rank_nodes=NODES,
+                notes=(
+                    note(
+                        0,
+                        "DistBackendError",
+                        "NCCL error: remote process exited or there was a network error",
+                        1.0,
+                        "n1",
+                    ),
+                    note(2, "DistBackendError", "ncclRemoteError: remote process exited", 1.1, "n2"),
+                ),
+                ends=((0, "exit 1"), (2, "SIGKILL"), (3, "SIGKILL")),
+            ),
+            ("failed", 3, "n2", True),
+        ),
+        (  # the first rank without a note exited on its own: it had its own end, no kill is named
+            judge.Evidence(
+                code=1,
+                rank_nodes=NODES,
+                notes=(note(0, "RuntimeError", "Connection closed by peer [127.0.0.1]:8110", 1.0, "n1"),),
+                ends=((0, "exit 1"), (1, "exit 1"), (2, "SIGKILL")),
+            ),
+            ("failed", 0, "n1", False),
+        ),
+        (  # a note that says no peer went (a refused connection): srun's kills after it are its own
+            judge.Evidence(
+                code=1,
+                rank_nodes=NODES,
+                notes=(note(1, "RuntimeError", "Connection refused", 1.0, "n1"),),
+                ends=((1, "exit 1"), (0, "SIGKILL")),
+            ),
+            ("failed", 1, "n1", False),
+        ),
+        (  # Python's own ConnectionResetError (a dataset's download) is no peer of the group
+            judge.Evidence(
+                code=1,
+                rank_nodes=NODES,
+                notes=(note(0, "ConnectionResetError", "[Errno 104] Connection reset by peer", 1.0, "n1"),),
+                ends=((0, "exit 1"), (1, "SIGKILL")),
+            ),
+            ("failed", 0, "n1", False),
+        ),
         (
             judge.Evidence(
                 code=76,
@@ -326,6 +391,23 @@ def test_the_record_merges_starts_and_ends_and_survives_a_cut_line(tmp_path: Pat
 )
 def test_srun_deaths(lines: list[str], deaths: tuple) -> None:
     assert parse.srun_deaths(lines) == deaths
+
+
+def test_srun_task_ends_keeps_srun_order_exits_and_signals() -> None:
+    lines = [
+        "srun: error: node2: task 0: Exited with exit code 1",
+        "srun: launch/slurm: _step_signal: Terminating StepId=12020.0",
+        "srun: error: node3: tasks 1,3-4: Killed",
+        "srun: error: node1: task 2: Segmentation fault",
+    ]
+    assert parse.srun_task_ends(lines) == (
+        (0, "exit 1"),
+        (1, "SIGKILL"),
+        (3, "SIGKILL"),
+        (4, "SIGKILL"),
+        (2, "SIGSEGV"),
+    )
+    assert parse.srun_deaths(lines) == ()  # an exit first: srun_deaths names none of them
 
 
 def test_scontrol_and_sinfo_readings() -> None:

@@ -67,6 +67,13 @@ SECONDARY = (
     "early eof",
 )
 
+# Of those, the words gloo, NCCL and the rendezvous store use when a peer's connection went away under an
+# established group: the peer ended, and a rank that ended without a note of its own (a signal leaves none) is
+# the one that went. Only as torch.distributed raises them: a Python ConnectionResetError says "Connection
+# reset by peer" too (a dataset's download), and no peer went then.
+VANISHED = ("connection closed by peer", "connection reset by peer", "remote process exited", "early eof")
+VANISHED_TYPES = ("RuntimeError", "DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+
 # The signals that mean "preempted" to every task of the kit (hpc_ddp.run.preemption): a task killed by one
 # died of a preemption that came before its handler existed (while the interpreter started), never of a crash.
 PREEMPTION_SIGNALS = ("SIGUSR1", "SIGUSR2")
@@ -109,6 +116,8 @@ class Evidence:
         tuple[int, str], ...
     ] = ()  # (rank, signal name) of ranks that died by a signal, first first
     first_rank: int | None = None  # the rank that ended first, when the supervisor knows it (local)
+    ends: tuple[tuple[int, str], ...] = ()  # every task end srun reported, in its order: (rank, signal name
+    # or "exit C"); srun may report a survivor's exit before the death that caused it (Slurm)
     requeue: bool | None = None  # a preemption: do the signals ask for a requeue (preempted.json); None: none
     rank0_requeued: bool | None = None  # a preemption rank 0 decided alone (--requeue-by scontrol): did it?
     lost: tuple[str, ...] = ()  # this attempt's nodes that failed under it (never a drained one: draining is
@@ -238,7 +247,8 @@ def _hang(ev: Evidence) -> Ending:
 
 def _failed(ev: Evidence) -> Ending:
     """A failure: the first rank's own error (not one caused by a peer that vanished), else the first rank
-    killed by a signal, else the first note at all, else the step's exit code alone."""
+    killed by a signal, else the peer that vanished when every note says one did, else the first note at
+    all, else the step's exit code alone."""
     primary = [n for n in ev.notes if not secondary(f"{n.get('type')}: {n.get('message')}")]
     killed = ev.killed
     if ev.first_rank is not None and ev.code < 0:  # the local launcher saw this rank die by a signal first
@@ -259,6 +269,9 @@ def _failed(ev: Evidence) -> Ending:
         )
     if killed:
         return _killed(ev, *killed[0])
+    vanished = _vanished_peer(ev)
+    if vanished is not None:
+        return _killed(ev, *vanished)
     if ev.notes:
         first = ev.notes[0]
         rank = int(first["rank"])
@@ -279,6 +292,25 @@ def _failed(ev: Evidence) -> Ending:
         ev.first_rank,
         _node(ev, ev.first_rank),
     )
+
+
+def _vanished_peer(ev: Evidence) -> tuple[int, str] | None:
+    """When every note says a peer's connection went away (`VANISHED`), the peer that went is a rank that left
+    no note: the first such that srun reported, if a signal ended it. srun can report the survivor's exit first
+    (its node's report reached srun sooner) and the SIGKILL that caused it after, where `srun_deaths` reads a
+    kill of srun's own (--kill-on-bad-exit); a note that says a peer went tells the two apart."""
+    if not ev.notes or not all(_says_vanished(n) for n in ev.notes):
+        return None
+    noted = {n.get("rank") for n in ev.notes}
+    for rank, how in ev.ends:
+        if rank not in noted:
+            return (rank, how) if how.startswith("SIG") else None  # an exit code: it had its own end
+    return None
+
+
+def _says_vanished(note: dict[str, Any]) -> bool:
+    low = str(note.get("message")).lower()
+    return note.get("type") in VANISHED_TYPES and any(p in low for p in VANISHED)
 
 
 def _killed(ev: Evidence, rank: int, name: str) -> Ending:

@@ -461,6 +461,7 @@ def _read_step(
         notes=tuple(exits.read(folder, job, restart)),
         verdict=hang_verdict.read(folder, since=began) if began else None,
         killed=srun_deaths(lines),
+        ends=parse.srun_task_ends(lines),
         requeue=preempted.requeue if preempted else None,
         rank0_requeued=(bool(preempted.requeued) if by_rank0 and preempted else None),
         lost=gone,

@@ -186,24 +186,35 @@ _SRUN_REFUSAL = re.compile(r"^srun: (?:unrecognized option '([^']+)'|invalid opt
 _PYXIS = ("--container-image", "--container-mounts", "--container-workdir", "--container-name")
 
 
-def srun_deaths(lines: Sequence[str]) -> tuple[tuple[int, str], ...]:
-    """srun's "task N: <signal text>" lines -> ((rank, signal name), ...), but only when a death by a signal
-    came first: after a task exits with an error, srun's --kill-on-bad-exit kills the others and reports them
-    the same way (pure)."""
-    deaths: list[tuple[int, str]] = []
+def srun_task_ends(lines: Sequence[str]) -> tuple[tuple[int, str], ...]:
+    """Every task end srun reported ("task N: <signal text>", "task N: Exited with exit code C"), in the order
+    it reported them -> ((rank, signal name or "exit C"), ...) (pure). srun's order is the order its nodes'
+    reports reached it, not always the order the tasks ended in."""
+    ends: list[tuple[int, str]] = []
     for line in lines:
         match = _SRUN_LINE.search(line)
         if not match:
             continue
         what = match.group(3).strip()
-        if what.startswith("Exited with exit code"):
+        how = f"exit {what.rsplit(' ', 1)[-1]}" if what.startswith("Exited with exit code") else None
+        name = how or _SIGNAL_TEXT.get(what, what)
+        for part in match.group(2).split(","):
+            low, _, high = part.partition("-")
+            ends.extend((rank, name) for rank in range(int(low), int(high or low) + 1))
+    return tuple(ends)
+
+
+def srun_deaths(lines: Sequence[str]) -> tuple[tuple[int, str], ...]:
+    """srun's "task N: <signal text>" lines -> ((rank, signal name), ...), but only when a death by a signal
+    came first: after a task exits with an error, srun's --kill-on-bad-exit kills the others and reports them
+    the same way (pure)."""
+    deaths: list[tuple[int, str]] = []
+    for rank, how in srun_task_ends(lines):
+        if how.startswith("exit "):
             if not deaths:
                 return ()  # a task failed on its own first: its exit note tells the cause
             continue
-        name = _SIGNAL_TEXT.get(what, what)
-        for part in match.group(2).split(","):
-            low, _, high = part.partition("-")
-            deaths.extend((rank, name) for rank in range(int(low), int(high or low) + 1))
+        deaths.append((rank, how))
     return tuple(deaths)
 
 
