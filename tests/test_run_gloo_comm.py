@@ -44,6 +44,11 @@ def test_the_pool_hands_out_a_kept_buffer_only_when_nothing_holds_it() -> None:
     assert len(pool.kept[(6, torch.float32, CPU)]) == 2 and extra.data_ptr() not in (first, b.data_ptr())
     assert pool.take((6,), torch.float64, CPU).dtype == torch.float64  # dtypes are kept apart
     assert len(pool.kept) == 2
+    # Training over: every kept buffer let go, and none kept from then on.
+    del b, c, extra
+    pool.release()
+    assert pool.kept == {}
+    assert pool.take((6,), torch.float32, CPU).shape == (6,) and pool.kept[(6, torch.float32, CPU)] == []
 
 
 @pytest.mark.slow

@@ -266,6 +266,7 @@ def _end(
             f"{preemption.signal_name()}: every rank stopped at step {trainer.pos.step}; saving a checkpoint"
         )
     signals = preemption.count()
+    trainer.strategy.trained()  # what only steps use goes first: the final save and model.pth are the peak
     trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
     beacon.set(FINISHING)
     if preemption.count() > signals and env.is_main:

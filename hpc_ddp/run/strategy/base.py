@@ -143,6 +143,11 @@ class Strategy(ABC):
         """A collective at the end of training: prove the ranks hold the model they should (NonFinite if the
         weights are not finite; a warning if replicas differ)."""
 
+    def trained(self) -> None:
+        """Training is over (the final save and model.pth come next): let go of what only the training steps
+        use. The model and the optimizer stay as they are. Nothing by default."""
+        return None
+
     def close(self) -> None:
         """Drop what holds the process group (the wrapper) and the optimizer. `model` stays readable."""
         self.wrapped = None

@@ -94,6 +94,7 @@ class FSDPStrategy(Strategy):
             else MixedPrecisionPolicy()
         )
         self.blocks: list[nn.Module] = []
+        self.pool: gloo_comm.BufferPool | None = None  # the collectives' buffers on CPU ranks (gloo_comm)
 
     def wrap(self, model: nn.Module | Factory) -> nn.Module:
         # No model.to(device) first: that would put the whole model on every GPU, which is what fsdp is for
@@ -124,13 +125,17 @@ class FSDPStrategy(Strategy):
         # its backward comes at once (FSDP2 does the same by default).
         self.wrapped = fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=self.policy)
         # CPU ranks: gloo's reduce-scatter replaced by an all-to-all, block buffers reused (run/strategy/gloo_comm)
-        gloo_comm.install([*chosen, model], mesh.get_group(), self.device)
+        self.pool = gloo_comm.install([*chosen, model], mesh.get_group(), self.device)
         if reference is not None:
             model.to_empty(device=self.device)
             materialize.fill(model, reference, self.cfg.seed, self.init_weights)
         if _buffers(model) and self.env.world_size > 1:
             model.register_forward_pre_hook(self._before_forward)
         return self.wrapped
+
+    def trained(self) -> None:
+        if self.pool is not None:  # CPU ranks: the kept block buffers, two blocks' worth, go before the save
+            self.pool.release()
 
     def _before_forward(self, module: nn.Module, _args: Any) -> None:
         if module.training and torch.is_grad_enabled():  # a training forward: rank 0's buffers first, as DDP

@@ -17,7 +17,9 @@ Both answer what a CPU step of fsdp spends beyond ddp's (`python -m hpc_ddp.benc
   faults in zeroed pages. Each step allocates a whole block's all-gather output twice per block (forward and
   backward), and a reduce-scatter's input and exchange buffer once. `BufferPool` keeps two of each size and
   hands one out only when nothing else holds its storage, so the same pages are used again and no buffer
-  is ever shared while in use.
+  is ever shared while in use. The strategy releases the pool when training ends (`Strategy.trained`): kept
+  through the final save and model.pth, its two blocks' worth of idle buffers raised rank 0's peak in the
+  400 M memory proof from 1,285 to 1,427 MiB.
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ class BufferPool:
         if len(kept) < self.per_size:
             kept.append(buffer)
         return buffer.view(shape)
+
+    def release(self) -> None:
+        """Let go of every kept buffer and keep none from now on: training is over, and the final save and
+        model.pth come next, where two blocks' worth of idle buffers would only raise the rank's peak (a
+        gather after this, such as a final check's, allocates its own and frees it)."""
+        self.per_size = 0
+        self.kept.clear()
 
 
 class PooledAllGather(AllGather):
@@ -124,19 +133,22 @@ class AllToAllReduceScatter(ReduceScatter):
         return None
 
 
-def install(modules: Iterable[nn.Module], group: dist.ProcessGroup, device: torch.device) -> bool:
-    """Give every FSDP module in `modules` these collectives when `group` runs on gloo with CPU tensors;
-    whether it did (not on NCCL, not on one rank, not on a torch without the hooks)."""
+def install(
+    modules: Iterable[nn.Module], group: dist.ProcessGroup, device: torch.device
+) -> BufferPool | None:
+    """Give every FSDP module in `modules` these collectives when `group` runs on gloo with CPU tensors; the
+    pool their buffers come from (`release` it when training ends), or None where it did not (not on NCCL,
+    not on one rank, not on a torch without the hooks)."""
     modules = list(modules)
     if device.type != "cpu" or dist.get_backend(group) != "gloo" or group.size() < 2:
-        return False
+        return None
     if not hasattr(torch._C, "_storage_Use_Count") or not all(
         hasattr(m, "set_custom_reduce_scatter") and hasattr(m, "set_custom_all_gather") for m in modules
     ):
-        return False
+        return None
     pool = BufferPool()
     gather, scatter = PooledAllGather(pool), AllToAllReduceScatter(pool)
     for module in modules:
         module.set_custom_all_gather(gather)  # type: ignore[operator]
         module.set_custom_reduce_scatter(scatter)  # type: ignore[operator]
-    return True
+    return pool
