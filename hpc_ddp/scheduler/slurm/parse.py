@@ -6,7 +6,7 @@
 | `sacct -X -D -n -P -o <fields> -j IDs`       | `parse_sacct`   | {job id: `JobHistory`}          |
 | `squeue -h -o <SQUEUE_FORMAT> -j IDs`        | `parse_squeue`  | {job id: (`JobState`, reason)}  |
 | `sinfo -h -N -o "%N %t"`                     | `parse_sinfo`   | {node: state}                   |
-| srun's own lines in the batch log            | `srun_deaths`, `srun_refusal`, `first_exit`, `srun_node_failures` |                |
+| srun's own lines in the batch log            | `srun_task_ends`, `srun_deaths`, `srun_refusal`, `first_exit`, `srun_node_failures` |                |
 
 A parser never raises on what a command printed: text it cannot read is no answer (None or an empty
 mapping), and the caller asks again later. Job ids are kept as Slurm prints them: an array task's "123_4"
@@ -243,16 +243,10 @@ def first_exit(lines: Sequence[str]) -> int | None:
     """The exit code of the first task that exited on its own ("task 0: Exited with exit code 2"), unless a
     task died by a signal first; None when srun said neither (pure). A task that exits 2 made a usage error
     (a bad option, a run folder another job holds): srun's own status is then 1 or a signal's, not 2."""
-    for line in lines:
-        match = _SRUN_LINE.search(line)
-        if not match:
-            continue
-        what = match.group(3).strip()
-        if not what.startswith("Exited with exit code"):
-            return None
-        code = what.rsplit(" ", 1)[-1]
-        return int(code) if code.isdigit() else None
-    return None
+    ends = srun_task_ends(lines)
+    how = ends[0][1] if ends else ""
+    code = how.removeprefix("exit ")
+    return int(code) if how.startswith("exit ") and code.isdigit() else None
 
 
 def srun_node_failures(lines: Sequence[str]) -> tuple[str, ...]:
