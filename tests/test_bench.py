@@ -215,30 +215,34 @@ def overhead(kit: list[float], naive: list[float]) -> dict[str, dict[str, object
     }
 
 
-def test_a_target_missed_on_a_busy_machine_is_noisy_not_missed() -> None:
-    """Load 6.3 on 2 CPUs: 0.81x against 1.8x is no verdict on the kit ("MISSED" before); the line says to
-    rerun on a quiet machine, with the trials' range and spread."""
+def test_a_target_every_trial_missed_is_missed_even_on_a_busy_machine() -> None:
+    """Load 6.3 on 2 CPUs, and every trial 0.80-0.83x against 1.8x: a miss, not noise (issue 41: the bench
+    called a kit at 0.80x, every trial below the target, noise). The line gives the trials' range."""
     results = overhead([810.0, 800.0, 830.0], [1000.0, 1000.0, 1000.0])
     table = report.table(results, SETTINGS, load=6.3, cpus=2).splitlines()
     [line] = [x for x in table if x.startswith("target  kit / hand loop, default")]
-    assert line.endswith(
-        "0.810  >= 1.8   noisy: rerun on a quiet machine (trials 0.80-0.83x, spread 4%; load 6.3 on 2 CPUs)"
-    ), line
-    assert "MISSED" not in line
+    assert line.endswith("0.810  >= 1.8   MISSED (every trial: 0.80-0.83x)"), line
+    assert report.NOISY not in line
 
 
-def test_a_miss_within_the_trials_spread_is_noisy_and_a_clear_one_is_missed() -> None:
+def test_a_miss_whose_trials_straddle_the_target_is_noisy_and_a_clear_one_is_missed() -> None:
     quiet = 1.0
-    wide = overhead([1500.0, 1900.0, 1700.0], [1000.0, 1000.0, 1000.0])  # 1.5-1.9x: a rerun may meet 1.8
+    wide = overhead([1500.0, 1900.0, 1700.0], [1000.0, 1000.0, 1000.0])  # 1.5-1.9x: one trial met 1.8
     [target] = [t for t in report.targets(wide) if "default" in t.name]
     assert target.spread == pytest.approx(0.4 / 1.7) and target.verdict(quiet, 2).startswith(report.NOISY)
     clear = overhead([1000.0, 1010.0, 990.0], [1000.0, 1000.0, 1000.0])  # 1.0x, trials within 2%
     [target] = [t for t in report.targets(clear) if "default" in t.name]
-    assert target.verdict(quiet, 2) == "MISSED" and target.as_dict(quiet, 2)["verdict"] == "missed"
+    assert target.verdict(quiet, 2).startswith("MISSED") and target.as_dict(quiet, 2)["verdict"] == "missed"
+    assert target.verdict(9.0, 2).startswith("MISSED")  # a busy machine changes nothing
+    near = overhead([1750.0, 1790.0, 1700.0], [1000.0, 1000.0, 1000.0])  # within 3 %, but no trial met it
+    [target] = [t for t in report.targets(near) if "default" in t.name]
+    assert target.verdict(quiet, 2).startswith("MISSED")
     met = overhead([2000.0, 2100.0, 1000.0], [1000.0, 1000.0, 1000.0])  # met stays met, busy or not
     [target] = [t for t in report.targets(met) if "default" in t.name]
     assert target.verdict(9.0, 2) == "met"
-    assert report.Target("x", 0.5, ">=", 0.8).verdict(9.0, 2) == f"{report.NOISY} (load 9.0 on 2 CPUs)"
+    assert report.Target("x", 0.5, ">=", 0.8).verdict(9.0, 2) == "MISSED"  # no trials: the value is the trial
+    below = report.Target("us", 620.0, "<=", 500.0, (450.0, 620.0, 700.0))  # a budget: lower is better
+    assert below.verdict(quiet, 2).startswith(report.NOISY)
 
 
 def test_the_header_names_the_fsdp_sections_own_task_and_batch() -> None:

@@ -190,3 +190,26 @@ def test_an_attempt_a_time_limit_left_open_is_closed_by_the_next_job_in_the_fold
     assert (by_job["11"].outcome, by_job["11"].decision) == ("stopped", "stop")
     assert "time limit" in by_job["11"].reason
     assert by_job["12"].ended is None
+
+
+@pytest.mark.parametrize(
+    "options, mine, expected",
+    [
+        (
+            ["--strategy", "fsdp"],
+            None,
+            "export GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4194304:glibc.malloc.hugetlb=1\n",
+        ),
+        ([], None, ""),  # ddp: glibc's defaults (issue 41)
+        (["--strategy", "fsdp"], "", ""),  # the user's, even empty, is kept
+    ],
+)
+def test_begin_prints_the_strategys_malloc_settings_for_the_shell_to_eval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], mine: str | None, expected: str
+) -> None:
+    extra = {} if mine is None else {"GLIBC_TUNABLES": mine}
+    fake = FakeSlurm()
+    fake.submit("27", state="RUNNING", node_list="node[1-2]")
+    args = ["--folder", str(tmp_path), *options]
+    assert batch.begin(args, "", environ(**extra), SlurmClient(fake)) == exitcodes.OK
+    assert capsys.readouterr().out == expected

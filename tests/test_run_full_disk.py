@@ -230,7 +230,12 @@ def test_an_exit_note_takes_the_space_set_aside_for_it_when_the_disk_is_full(
     exits.note(tmp_path / "gone", "7", 0, 0, "node3", error)  # nothing set aside, no folder: no error either
 
 
-def test_metrics_records_are_held_on_a_full_disk_and_written_in_order_after(tmp_path: Path) -> None:
+def test_metrics_records_are_held_on_a_full_disk_and_written_in_order_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpc_ddp.run.sinks import jsonl
+
+    monkeypatch.setattr(jsonl, "STEP_EVERY_S", 0.0)  # every step record written at once, as a long step's is
     said: list[str] = []
     sink = JsonLines(tmp_path / "metrics.jsonl", said.append)
     sink.record({"event": "step", "step": 1})

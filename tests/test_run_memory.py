@@ -30,7 +30,10 @@ def test_trim_gives_freed_heap_memory_back() -> None:
     assert all(bool((t == 1).all()) for t in kept)  # what is alive is untouched
 
 
-def test_the_ranks_allocator_settings_are_the_launchers_default_and_the_users_win() -> None:
+def test_the_ranks_allocator_settings_are_the_strategys_and_the_users_win() -> None:
+    """fsdp's ranks start with the kit's malloc settings, ddp's with glibc's defaults (a fixed mmap threshold
+    maps, faults in and unmaps DDP's per-step gradients: issue 41); a GLIBC_TUNABLES of the user's, even empty,
+    is kept. The local launcher sets them per rank; a Slurm job's batch shell evaluates `begin`'s exports."""
     from conftest import ROOT
 
     from hpc_ddp.cluster import allocator
@@ -46,11 +49,18 @@ def test_the_ranks_allocator_settings_are_the_launchers_default_and_the_users_wi
             with submission_environ():
                 return dict(os.environ)
 
-    job = LocalJob(nodes=1, tasks_per_node=1, folder=ROOT, train_argv=[], max_requeue=0, job_id="123")
-    assert child_environ({}, job, 0, 0)[allocator.VAR] == allocator.SETTINGS
-    assert submitted({})[allocator.VAR] == allocator.SETTINGS
+    fsdp = LocalJob(1, 1, ROOT, [], 0, job_id="123", strategy="fsdp")
+    ddp = LocalJob(1, 1, ROOT, [], 0, job_id="123")
+    assert child_environ({}, fsdp, 0, 0)[allocator.VAR] == allocator.SETTINGS
+    assert allocator.VAR not in child_environ({}, ddp, 0, 0)
+    assert allocator.VAR not in submitted({})  # the job's `begin` decides, from the run's options
+    assert allocator.exports({}, "fsdp") == f"export {allocator.VAR}={allocator.SETTINGS}\n"
+    assert allocator.exports({}, "ddp") == ""
     for mine in ("", "glibc.malloc.arena_max=2"):  # empty: glibc's own defaults
-        assert child_environ({allocator.VAR: mine}, job, 0, 0)[allocator.VAR] == mine
+        assert child_environ({allocator.VAR: mine}, fsdp, 0, 0)[allocator.VAR] == mine
+        assert child_environ({allocator.VAR: mine}, ddp, 0, 0)[allocator.VAR] == mine
         assert submitted({allocator.VAR: mine})[allocator.VAR] == mine
+        assert allocator.exports({allocator.VAR: mine}, "fsdp") == ""
     sbatch = (ROOT / "slurm" / "ddp.sbatch").read_text()
-    assert f"export {allocator.VAR}=${{{allocator.VAR}-{allocator.SETTINGS}}}" in sbatch
+    assert f"export {allocator.VAR}" not in sbatch  # `begin` prints it, for fsdp
+    assert 'eval "$step"' in sbatch

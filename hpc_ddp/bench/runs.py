@@ -82,12 +82,17 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return read(path)
 
 
-def end_rate(folder: Path) -> float:
-    """The samples/s of the "end" record in a kit run folder."""
+def end_record(folder: Path) -> dict[str, Any]:
+    """The "end" record of a kit run folder (its samples/s, its kit's own time per step)."""
     for record in read_records(folder / "metrics.jsonl"):
         if record.get("event") == "end":
-            return float(record["samples_per_s"])
+            return record
     raise RunFailed(f"no 'end' record in {folder / 'metrics.jsonl'}")
+
+
+def end_rate(folder: Path) -> float:
+    """The samples/s of the "end" record in a kit run folder."""
+    return float(end_record(folder)["samples_per_s"])
 
 
 def first_step_time(folder: Path) -> float:
@@ -183,6 +188,7 @@ class Runner:
     def __init__(self, s: Settings) -> None:
         self.s = s
         self.count = 0
+        self.kit_us: dict[str, list[float]] = {}  # per label: each kit run's own time per step, rank 0's
 
     def folder(self, label: str) -> Path:
         self.count += 1
@@ -192,12 +198,15 @@ class Runner:
         progress(f"trial {trial + 1}/{self.s.trials} {label}: {figure} (load {load_average():.1f})")
 
     def kit(self, label: str, world_size: int, trial: int, cpus: Sequence[int] | None = None) -> float:
+        """A kit run's samples/s; its kit's own time per step (rank 0's) is kept in `kit_us`."""
         folder = self.folder(label)
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         run_cmd(kit_cmd(folder, world_size, self.s), folder.with_suffix(".log"), preexec=pin)
-        rate = end_rate(folder)
+        end = end_record(folder)
+        rate, own = float(end["samples_per_s"]), end.get("kit_us_per_step")
+        self.kit_us.setdefault(label, []).append(float(own) if own is not None else float("nan"))
         drop_weights(folder)
-        self.done(trial, label, f"{rate:,.0f} samples/s")
+        self.done(trial, label, f"{rate:,.0f} samples/s, the kit's own work {own} us a step")
         return rate
 
     def hand(self, label: str, threads: str, trial: int) -> float:

@@ -7,6 +7,10 @@ bucket is ready, the optimizer) and communication wait (what remained of the gra
 backward, plus the step's all-reduce). Every phase of a process's first step is long for the watchdog: it pays
 warm-up, lazy initialisation and a resumed checkpoint's first use.
 
+`with clock.task:` marks the task's own work in a step (forward, backward, the update): what a hand-written loop
+does too. The rest of the step, less its wait for data, is the kit's own work, which the end record gives per
+step (`kit_us_per_step`; `python -m hpc_ddp.bench overhead` holds it to a budget). Two clock reads a block.
+
 Every `stragglers.EVERY_STEPS` steps the ranks compare their windows (`compare`, one small all-gather). An
 unwatched rank (a `NullBeacon`: the bench's baseline) neither marks the end of backward nor compares.
 """
@@ -30,6 +34,8 @@ class StepClock:
         self.judge = stragglers.Judge()
         self.first_step = True  # this process's first optimizer step (after a start or a resume)
         self.data_s = 0.0  # this step's wait for data (rank 0 records it)
+        self.task_s = 0.0  # this step's time in the task's own work (`with clock.task:`)
+        self.task = _Task(self)
         self.grads_ready = 0.0  # when backward's last gradient bucket was ready (the comm wait starts)
         self._since = 0.0  # when the current phase of the step began
         self._ready = 0.0
@@ -59,6 +65,10 @@ class StepClock:
         """A micro-batch's forward and backward begin."""
         self._since = self.beacon.set(phase.COMPUTE, step, long=self.first_step)
         self.grads_ready = 0.0
+
+    def computing(self) -> None:
+        """Forward and backward again, after a fetch inside them (a stream's next step) set "data loading"."""
+        self.beacon.set(phase.COMPUTE, long=self.first_step)
 
     def mark_grads_ready(self) -> None:
         """Backward has computed every gradient (the strategy's end-of-backward callback, watched ranks only)."""
@@ -102,3 +112,19 @@ class StepClock:
         self.window.reset()
         table = [row.tolist() for row in rows]
         return table, self.judge.add(table)
+
+
+class _Task:
+    """`with clock.task:`: the block's time is the task's own work. One object per clock, reused (no allocation
+    per step)."""
+
+    __slots__ = ("clock", "start")
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock, self.start = clock, 0.0
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        self.clock.task_s += time.monotonic() - self.start

@@ -95,6 +95,9 @@ def ranks_every(total_steps: int) -> int:
     return max(1, -(-total_steps // RANKS_RECORDS)) if total_steps > 0 else 1
 
 
+STEP_TIMES_KEPT = 4096  # the step times a Recorder keeps (the end record's median is of these)
+
+
 class Recorder:
     """Collects step timings on every rank; writes and prints on rank 0 only (folder is None elsewhere).
 
@@ -127,7 +130,10 @@ class Recorder:
         self.warm_start: float | None = None  # end of this process's first step
         self.warm_samples = 0
         self.steps = 0
+        # The last steps' times (the watchdog's limit, the ETA, the end record's median), bounded: a run of a
+        # million steps keeps at most 2 x STEP_TIMES_KEPT of them, not one float per step.
         self.step_times: list[float] = []
+        self.kit_s = 0.0  # the kit's own time in this process's warm steps (see `step`)
         self.data_sum, self.data_steps = 0.0, 0  # rank 0's data wait since the last "step" record
         self.reached = StepFile(folder) if folder else None
         # epoch, step, loss, step time, lr, Task.step's extras
@@ -159,7 +165,11 @@ class Recorder:
         lr: float = 0.0,
         data_s: float = 0.0,
         extras: Mapping[str, float] | None = None,
+        task_s: float = 0.0,
     ) -> None:
+        """A step ended. `data_s`: its wait for data; `task_s`: its time in the task's own work (forward,
+        backward with DDP's gradient all-reduce, the update: hpc_ddp.run.clock). What is left of the step's
+        time is the kit's own work (`kit_us_per_step` in the end record)."""
         now = time.monotonic()
         step_time = now - self.last_step_end
         self.last_step_end = now
@@ -168,7 +178,10 @@ class Recorder:
             self.warm_start = now
         else:
             self.warm_samples += samples
+            self.kit_s += step_time - data_s - task_s
             self.step_times.append(step_time)
+            if len(self.step_times) >= 2 * STEP_TIMES_KEPT:
+                del self.step_times[:STEP_TIMES_KEPT]  # one list op: a reader's slice stays atomic
         if self.reached is None:  # not rank 0
             return
         self.reached.reach(pos.step)
@@ -394,6 +407,7 @@ class Recorder:
             self._write_ranks(*self.last[:2])  # the windows folded since the last "ranks" record
         times = sorted(self.step_times)
         median = times[len(times) // 2] if times else 0.0
+        warm = self.steps - 1
         self._write(
             {
                 "event": "end",
@@ -402,6 +416,8 @@ class Recorder:
                 "steps_this_process": self.steps,
                 "samples_per_s": self.samples_per_s(),
                 "median_step_time_s": median,
+                # What the kit adds to a step beyond the task's own work and the data wait (the bench's budget).
+                "kit_us_per_step": round(1e6 * self.kit_s / warm, 1) if warm > 0 else None,
                 "seconds": round(time.monotonic() - self.started, 3),
             }
         )

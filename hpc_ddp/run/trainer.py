@@ -36,7 +36,7 @@ from hpc_ddp.run import batches as batching
 from hpc_ddp.run import best as best_of
 from hpc_ddp.run import forward, metrics, nonfinite, progress, schedules, stragglers
 from hpc_ddp.run import strategy as strategies
-from hpc_ddp.run.agreed import Agreed, agree
+from hpc_ddp.run.agreed import Agreed, Pending, launch
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.checkpoint import content, formats
 from hpc_ddp.run.checkpoint.format import Opened
@@ -208,6 +208,7 @@ class Trainer:
         `ahead`: a stream's fetch of its next step (run/feed.py), whose end rides in this step's all-reduce."""
         strategy, clock, names = self.strategy, self.clock, self.forward.names
         loss_sum, extras, done = self._step_loss.zero_(), {}, 0
+        pending: Pending | None = None
         for batch in micro_batches:
             done += 1
             last = done == count
@@ -216,50 +217,60 @@ class Trainer:
             batch = batching.to_device(batch, self.device)
             # no_sync on all but the last micro-batch: gradients accumulate locally, one synchronisation a step.
             with contextlib.nullcontext() if last else strategy.no_sync():
-                with strategy.autocast():
+                with strategy.autocast(), clock.task:
                     loss, more = self.forward(strategy.wrapped, batch)
                 forward.trainable(loss)
+                if (
+                    names is None
+                ):  # the first micro-batch: every rank returned the same metrics (a collective)
+                    self.forward.agree(more)
+                    names = self.forward.names
+                forward.add(extras, more, names)
+                loss_sum += loss.detach()
+                if last:
+                    # The step's all-reduce starts now, its latency hidden behind this backward (run/agreed.py).
+                    # A stream's next step is fetched first, so that whether it has one rides in it.
+                    exhausted = 0.0 if ahead is None else float(not ahead.fetch())
+                    if ahead is not None:
+                        clock.computing()  # the fetch said "data loading"; the backward comes now
+                    saving = self.checkpointer.check()
+                    pending = launch(loss_sum, count, saving, exhausted, extras, names or [])
                 scaled = loss * (1.0 / count)
                 if last and clock.watched:
                     strategy.on_backward_end(scaled, clock.mark_grads_ready)
-                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            if names is None:  # the first micro-batch: every rank returned the same metrics (a collective)
-                self.forward.agree(more)
-                names = self.forward.names
-            forward.add(extras, more, names)
-            loss_sum += loss.detach()
+                with clock.task:  # DDP's gradient all-reduce included: it overlaps the backward
+                    (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             if last:
                 break
             clock.micro_done()
-        else:
+        if pending is None:
             raise RuntimeError(f"internal error: {done} micro-batch(es) for an optimizer step of {count}")
         clock.backward_done()
-        # A stream's next step is fetched now, so that whether it has one rides in this all-reduce.
-        exhausted = 0.0 if ahead is None else float(not ahead.fetch())
         clock.all_reduce()
         # Before the update: every rank learns at this step that some rank's loss is not finite (or that rank 0
         # cannot save), and nobody applies that update.
-        agreed = agree(loss_sum, count, self.checkpointer.check(), exhausted, extras, names or [])
+        agreed = pending.wait()
         clock.optimizer()
         # The rate this step is taken with, recorded with it (the scheduler's next one is set by then).
         self.step_lr = float(self.optimizer.param_groups[0]["lr"])
-        if math.isfinite(agreed.loss_sum) and not agreed.saving:
-            if self.scaler:
-                self.scaler.unscale_(self.optimizer)
-            if self.cfg.clip_grad > 0:
-                strategy.clip_grad_norm(self.cfg.clip_grad)
-            if self.scaler:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-            # Once per applied step, never per micro-batch; a plateau schedule by evaluations instead.
-            if self.scheduler is not None and not self.plateau:
-                self.scheduler.step()
-        # set_to_none even with DDP's bucket views (hpc_ddp.bench: mlp, 2 CPU ranks, ~1350 -> ~1460 samples/s):
-        # backward then hands DDP a fresh gradient that it copies into the bucket once and re-views, instead
-        # of a memset of every bucket here plus an in-place add during backward.
-        self.optimizer.zero_grad(set_to_none=True)
+        with clock.task:  # the update, as a hand-written loop has it
+            if math.isfinite(agreed.loss_sum) and not agreed.saving:
+                if self.scaler:
+                    self.scaler.unscale_(self.optimizer)
+                if self.cfg.clip_grad > 0:
+                    strategy.clip_grad_norm(self.cfg.clip_grad)
+                if self.scaler:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                # Once per applied step, never per micro-batch; a plateau schedule by evaluations instead.
+                if self.scheduler is not None and not self.plateau:
+                    self.scheduler.step()
+            # set_to_none even with DDP's bucket views (hpc_ddp.bench: mlp, 2 CPU ranks, ~1350 -> ~1460
+            # samples/s): backward then hands DDP a fresh gradient that it copies into the bucket once and
+            # re-views, instead of a memset of every bucket here plus an in-place add during backward.
+            self.optimizer.zero_grad(set_to_none=True)
         clock.step_done()
         self._count(agreed, count)
         return agreed
@@ -279,8 +290,11 @@ class Trainer:
         per = max(agreed.count, 1.0)
         extras = dict(zip(self.forward.names or (), (v / per for v in agreed.extras), strict=True))
         samples = self.cfg.batch_size * size * self.env.world_size
-        self.metrics.step(pos, agreed.loss_sum / per, samples, self.step_lr, self.clock.data_s, extras)
-        self.clock.data_s = 0.0
+        clock = self.clock
+        self.metrics.step(
+            pos, agreed.loss_sum / per, samples, self.step_lr, clock.data_s, extras, clock.task_s
+        )
+        clock.data_s = clock.task_s = 0.0
         self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
 
     # ----- the loop -------------------------------------------------------------------------------------
@@ -394,7 +408,8 @@ class Trainer:
     def _evaluate(self) -> Outcome | None:
         """Evaluate at the current position (a collective; hpc_ddp.run.evaluator.Evaluations.run): an Outcome
         if a signal came during it; a new best makes the save at this step due."""
-        stopped, new_best = self.evaluations.run(self.pos)
+        with self.clock.task:  # the task's work, not the kit's (the next step's time holds it)
+            stopped, new_best = self.evaluations.run(self.pos)
         self.save_due = self.save_due or new_best
         return stopped
 

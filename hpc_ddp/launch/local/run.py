@@ -95,6 +95,7 @@ def run_local(launch: LaunchOptions, cfg: TrainConfig, resume_command: str = "")
             extra_env=extra,
             resume_command=resume_command if trains else "",
             spare_nodes=cfg.spare_nodes if trains else 0,
+            strategy=cfg.strategy,
             **({} if local.stop_grace_s is None else {"stop_grace_s": local.stop_grace_s}),
         )
         console.line(

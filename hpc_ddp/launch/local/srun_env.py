@@ -39,6 +39,9 @@ class LocalJob:
     records: bool = False  # append every attempt's end to attempts.jsonl (training runs)
     resume_command: str = ""  # the shell line that resumes this run, said after a stop or a failure
     spare_nodes: int = 0  # emulated nodes beyond `nodes`, taken in place of a blamed one (--spare-nodes)
+    strategy: str = (
+        "ddp"  # --strategy: which malloc settings its ranks start with (hpc_ddp.cluster.allocator)
+    )
 
     @property
     def world_size(self) -> int:
@@ -54,6 +57,6 @@ def child_environ(
     env = without_launcher(base)
     env.update(slurm_env(job, rank, restarts, nodes))
     env.update(job.extra_env)
-    env.update(allocator.for_ranks(env))  # malloc's settings for ranks, unless the user set them
+    env.update(allocator.for_ranks(env, job.strategy))  # the strategy's malloc settings, unless the user's
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -51,6 +51,7 @@ from typing import Any, NoReturn
 
 from hpc_ddp import exitcodes
 from hpc_ddp.cli import build_parser
+from hpc_ddp.cluster import allocator
 from hpc_ddp.cluster.env import in_place, order, requeues, restart_count
 from hpc_ddp.errors import UsageError, run_main
 from hpc_ddp.launch import spares, supervisor
@@ -160,6 +161,8 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
             say(f"job {job} stops here: {closed.decision.message}")
             return exitcodes.FAILED
     _note_start(folder, job, restart, log, first.nodes if first is not None else ())
+    # The script evals this: the strategy's malloc settings for every task of the job (hpc_ddp.cluster.allocator).
+    print(allocator.exports(environ, cfg.strategy), end="", flush=True)
     if first is not None:
         # The script evals this: its srun starts the first step on these nodes (hpc_ddp.launch.slurm.inplace).
         per_node = slurm_env.tasks_per_node(environ) or 1

@@ -224,7 +224,7 @@ def with_batch_steps(
         *params.get("setup", []),
         "export HPC_DDP_BATCH=1  # the tasks leave requeueing to this shell's `end` step",
         f"step=$({module} begin --log {log} {options}) || exit $?",
-        'eval "$step"  # --spare-nodes: an srun function that starts the step on all nodes but the spares',
+        'eval "$step"  # fsdp: malloc settings; --spare-nodes: an srun function for all nodes but the spares',
         TRAP,
         TASK_COUNT,
     ]

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.cluster import allocator
 from hpc_ddp.errors import UsageError
 from hpc_ddp.scheduler.slurm import runtime
 from hpc_ddp.scheduler.slurm.request import SlurmRequest, sbatch_error, submit_environ, with_batch_steps
@@ -108,13 +107,12 @@ def _ended(text: str) -> str:
 
 @contextmanager
 def submission_environ() -> Iterator[None]:
-    """os.environ without an enclosing job's variables, while sbatch runs (sbatch exports it into the job), and
-    with the allocator settings the tasks start with unless set (hpc_ddp.cluster.allocator)."""
+    """os.environ without an enclosing job's variables, while sbatch runs (sbatch exports it into the job). The
+    tasks' allocator settings are the batch shell's `begin` step's (hpc_ddp.cluster.allocator)."""
     saved = dict(os.environ)
     clean = submit_environ(saved)
     for key in set(saved) - set(clean):
         del os.environ[key]
-    os.environ.update(allocator.for_ranks(clean))
     try:
         yield
     finally:
