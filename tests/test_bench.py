@@ -241,8 +241,10 @@ def test_a_miss_whose_trials_straddle_the_target_is_noisy_and_a_clear_one_is_mis
     [target] = [t for t in report.targets(met) if "default" in t.name]
     assert target.verdict(9.0, 2) == "met"
     assert report.Target("x", 0.5, ">=", 0.8).verdict(9.0, 2) == "MISSED"  # no trials: the value is the trial
-    below = report.Target("us", 620.0, "<=", 500.0, (450.0, 620.0, 700.0))  # a budget: lower is better
-    assert below.verdict(quiet, 2).startswith(report.NOISY)
+    below = report.Target("us", 620.0, "<=", 500.0, (450.0, 620.0, 700.0), " us")  # lower is better
+    assert below.verdict(quiet, 2).startswith(f"{report.NOISY} (trials 450.00-700.00 us,")
+    over = report.Target("us", 620.0, "<=", 500.0, (550.0, 620.0, 700.0), " us")
+    assert over.verdict(quiet, 2) == "MISSED (every trial: 550.00-700.00 us)"
 
 
 def test_the_header_names_the_fsdp_sections_own_task_and_batch() -> None:

@@ -27,6 +27,7 @@ class Target:
     op: str  # ">=" or "<="
     threshold: float
     trials: tuple[float, ...] = field(default=())  # the per-trial ratios `value` is the median of
+    unit: str = "x"  # how a trial's figure is written: a ratio, or " us" for a time
 
     @property
     def met(self) -> bool:
@@ -52,12 +53,12 @@ class Target:
             return "met"
         if not self.noisy(load, cpus):
             every = (
-                f" (every trial: {min(self.trials):.2f}-{max(self.trials):.2f}x)"
+                f" (every trial: {min(self.trials):.2f}-{max(self.trials):.2f}{self.unit})"
                 if len(self.trials) > 1
                 else ""
             )
             return f"MISSED{every}"
-        trials = f"trials {min(self.trials):.2f}-{max(self.trials):.2f}x, " if self.trials else ""
+        trials = f"trials {min(self.trials):.2f}-{max(self.trials):.2f}{self.unit}, " if self.trials else ""
         spread = f"spread {self.spread:.0%}; " if self.spread is not None else ""
         return f"{NOISY} ({trials}{spread}load {load:.1f} on {cpus} CPUs)"
 
@@ -77,8 +78,10 @@ class Target:
 def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
     found = []
 
-    def target(name: str, value: float, op: str, threshold: float, trials: list[float]) -> None:
-        found.append(Target(name, value, op, threshold, tuple(x for x in trials if math.isfinite(x))))
+    def target(
+        name: str, value: float, op: str, threshold: float, trials: list[float], unit: str = "x"
+    ) -> None:
+        found.append(Target(name, value, op, threshold, tuple(x for x in trials if math.isfinite(x)), unit))
 
     if "overhead" in results:
         o, t = results["overhead"], results["overhead"].get("trials", {})
@@ -90,7 +93,7 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
         target("kit / hand loop, tuned threads", o["kit_vs_tuned"], ">=", 0.97, tuned)
         if "kit_own_us_per_step" in o:  # since issue 41
             own = o["kit_own_us_per_step"]
-            target("kit's own work per step, us", own, "<=", 500.0, t.get("kit_own_us", []))
+            target("kit's own work per step, us", own, "<=", 500.0, t.get("kit_own_us", []), " us")
     if "checkpoint" in results:
         k, t = results["checkpoint"], results["checkpoint"].get("trials", {})
         target(
