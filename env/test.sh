@@ -53,7 +53,7 @@ if [ "$slurm" = 1 ]; then
 fi
 rm -rf "$background"
 # 4 pytest-xdist workers by default (tests/workers.py decides who runs beside whom): the two Slurm chains, which
-# mostly wait on slurmctld, on two, the local runs on the others (all four once the chains end); README's "Suite
+# mostly wait on slurmctld, on two, the local runs on the others (all four once the chains end); docs/tests.md's "Suite
 # time" has the figures measured here. `bash env/test.sh -n 0` runs it in one process (later -n wins). Each run
 # ends with the wall and CPU seconds per test file (tests/costs.py); --durations adds the slowest tests.
 exec .venv/bin/python -m pytest -n 4 --dist loadgroup --durations=20 "$@"

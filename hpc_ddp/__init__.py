@@ -11,7 +11,7 @@ The public API, importable from here:
     ClusterConfigError           what `detect` raises for missing or inconsistent variables (hpc_ddp.errors)
 
 Importing this package is cheap: each name is imported when first used (torch only with `Task`), so `--help`
-and usage errors answer at once. The layers below are described in the README's "Architecture" section.
+and usage errors answer at once. The layers below are described in docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The layers (README, "Architecture"): every hpc_ddp import goes to its own layer or a lower one; no cycle; and the
+"""The layers (docs/architecture.md): every hpc_ddp import goes to its own layer or a lower one; no cycle; and the
 sizes a reader measures (no function, class or constructor over its size).
 
 Every `import` and `from ... import` of every module counts, wherever it stands: at module level, inside a
@@ -102,7 +102,9 @@ def violations(module: str, targets: Iterable[tuple[int, str]], where: str) -> l
     """What is wrong with `module` importing `targets`, one message per offending import."""
     mine = layer_of(module)
     if mine is None:
-        return [f"{where}: {module} has no layer; place it in tests/test_architecture.py (and the README)"]
+        return [
+            f"{where}: {module} has no layer; place it in tests/test_architecture.py (and docs/architecture.md)"
+        ]
     allowed = LAYERS[: LAYERS.index(mine) + 1]
     found = []
     for line, target in targets:
@@ -208,7 +210,7 @@ def test_the_check_sees_the_imports_that_are_there() -> None:
 
 
 def test_the_loop_names_no_strategy_and_no_checkpoint_format() -> None:
-    """The trainer talks to its Strategy and its Checkpointer (README, "Architecture"): a new strategy, format or
+    """The trainer talks to its Strategy and its Checkpointer (docs/architecture.md): a new strategy, format or
     storage is a file of its own, and the loop imports none of today's."""
     from hpc_ddp.run import strategy
     from hpc_ddp.run.checkpoint import formats
@@ -340,7 +342,7 @@ def test_the_rule_lets_downward_imports_pass(module: str, source: str) -> None:
 
 def test_a_module_without_a_layer_is_named() -> None:
     assert check("hpc_ddp.stray", "import os\n") == [
-        "x.py: hpc_ddp.stray has no layer; place it in tests/test_architecture.py (and the README)"
+        "x.py: hpc_ddp.stray has no layer; place it in tests/test_architecture.py (and docs/architecture.md)"
     ]
 
 

@@ -1,6 +1,6 @@
 """Run folders that survive misuse, reruns and faults, in real runs (gloo): one process (`python -m
 hpc_ddp.train`, ~3 s) where the rule is about the folder, the local launcher (1 node x 2 ranks) where it is
-about a job. The rules are stated in README.md, "What a run folder holds".
+about a job. The rules are stated in docs/run-folder.md, "The rules of a run folder".
 
 Deadlines are about 5x the time each took on a loaded 2-core machine (2.5-20 s; the module's `trained` fixture,
 ~3.5 s, is paid by the first test that uses it). Most tests start from a copy of one trained folder (`trained`: the linear task, 2 epochs of 31 steps, so
