@@ -47,3 +47,61 @@ def blocks_eval(config):  # type: ignore[no-untyped-def]
     task = blocks(config)
     task.eval_dataset = _synthetic_regression(64, 10, 1, config.seed + 1)
     return task
+
+
+def _normed(config):  # type: ignore[no-untyped-def]
+    from exact_tasks import Normed, _pairs
+
+    x, y = _pairs(config.seed, 96)
+    return Normed(), torch.utils.data.TensorDataset(x, y)
+
+
+def batchnorm_loss_fn(config):  # type: ignore[no-untyped-def]
+    """BatchNorm through `loss_fn`: the kit's forward hook (fsdp's buffer broadcast) runs before each forward."""
+    model, data = _normed(config)
+    return Task(model=model, dataset=data, loss_fn=nn.functional.mse_loss)
+
+
+def batchnorm_step(config):  # type: ignore[no-untyped-def]
+    """The same model through `Task.step`."""
+    model, data = _normed(config)
+
+    def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+    return Task(model=model, dataset=data, step=step)
+
+
+def lr_in_step(config):  # type: ignore[no-untyped-def]
+    """A learning rate set by a closure inside `step`, from a Python counter of its calls: a resumed process
+    counts from 0 again, and the optimizer's group 0 gets another lr than the uninterrupted run's."""
+    calls = [0]
+    holder: list[torch.optim.Optimizer] = []
+
+    def optimizer(params):  # type: ignore[no-untyped-def]
+        holder.append(torch.optim.SGD(params, lr=0.01))
+        return holder[0]
+
+    def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        calls[0] += 1
+        for group in holder[0].param_groups:
+            group["lr"] = 0.01 / calls[0]
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), step=step, optimizer=optimizer)
+
+
+def crashing(config):  # type: ignore[no-untyped-def]
+    """Raises in its third step, on every rank: a task that crashes, for the check's report of it."""
+    calls = [0]
+
+    def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("the crashing task's third step")
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), step=step)

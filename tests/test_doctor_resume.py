@@ -5,16 +5,19 @@ checkpoint is named, part and step."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import clean_environ, die_with_test
 
 from hpc_ddp.doctor import divergence, stops
 from hpc_ddp.doctor.divergence import Evidence
-from hpc_ddp.doctor.probe import Plan, Stop
+from hpc_ddp.doctor.probe import Plan, Stop, optimizer_fingerprints
 
 # ----- where the stops go ------------------------------------------------------------------------------------
 
@@ -209,9 +212,9 @@ LINEAR = ("--epochs", "2", "--batch-size", "64", "--save-every-steps", "3")  # 4
 @pytest.mark.deadline(150)
 def test_a_buffer_kept_out_of_the_checkpoint_is_named_with_its_step_and_stop(tmp_path: Path) -> None:
     # Two stops (each one more start of the ranks): a save in flight at step 4, the first that diverges, and
-    # the run's last step (--stop-seed 4 chooses them; every kind of point is the matrix's, not this test's).
+    # the run's last step (--stop-seed 0 chooses them; every kind of point is the matrix's, not this test's).
     code, out = check(
-        tmp_path, "--task", "resume_tasks:transient_buffer", *LINEAR, "--stops", "2", "--stop-seed", "4"
+        tmp_path, "--task", "resume_tasks:transient_buffer", *LINEAR, "--stops", "2", "--stop-seed", "0"
     )
     assert code == 1, out
     assert "first divergence: a buffer (seen) at step 5: micro-batch 0 of step 5 on rank 0" in out
@@ -243,3 +246,217 @@ def test_stops_limits_the_kinds_and_a_resume_stop_always_follows_another(seed: i
         after = next(s for s in chosen if s.what == stops.AFTER_RESUME)
         assert any(s.step == after.step - 1 for s in chosen if s is not after)
     assert [s.attempt for s in chosen] == [0, 1]
+
+
+# ----- issue 42: no false alarm, the cause named, nothing vacuous, a check that survives its user -----------------
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_with_stops_n_the_first_stop_is_mid_run_at_its_kinds_earliest_point(seed: int) -> None:
+    for limit in (1, 2, 3):
+        chosen, skipped = stops.choose(SHAPE, seed, limit=limit)
+        first = chosen[0]
+        assert first.what not in (stops.LAST, stops.AFTER_RESUME) and first.step < SHAPE.last
+        # The earliest point of its kind: the most steps after it (what a later step only then uses is seen).
+        earliest = {
+            stops.ACCUM: ("train", 1, 0),
+            stops.EVAL: ("eval", 5, 0),
+            stops.EPOCH_END: ("train", 8, 0),
+            stops.SAVE: ("train", 5, 0),
+        }
+        assert first.key() == earliest[first.what]
+        assert (stops.LAST in [s.what for s in chosen]) == (limit > 1)
+        # The kinds not tried are said, each once: those beyond the limit here (the run has every kind).
+        untried = [line.split(":")[0] for line in skipped]
+        assert sorted(untried + [s.what for s in chosen]) == sorted(
+            [stops.LAST, stops.ACCUM, stops.EVAL, stops.EPOCH_END, stops.SAVE, stops.AFTER_RESUME]
+        )
+        assert all(line.endswith(f"beyond --stops {limit}") for line in skipped)
+
+
+@pytest.mark.parametrize(
+    ("steps", "limit", "refused"),
+    [
+        (1, 0, True),  # the last step and the first step after a resume: 2 kinds, 1 step
+        (2, 0, False),
+        (3, 3, False),  # the last step, a plain step (step 2), the first step after a resume
+        (1, 2, True),
+        (2, 2, False),
+        (5, 9, False),  # --stops above the kinds the run has: the kinds it has
+    ],
+)
+def test_a_run_with_fewer_steps_than_kinds_of_stop_is_refused_naming_the_option(
+    steps: int, limit: int, refused: bool
+) -> None:
+    shape = stops.Shape(micro={s: 1 for s in range(1, steps + 1)})
+    line = stops.too_short(shape, limit, "--epochs (now 1)")
+    assert bool(line) == refused
+    if refused:
+        assert "\n" not in line and f"the run has {steps} optimizer step(s)" in line
+        assert "Fix: make the run longer with --epochs (now 1)" in line
+    # Every kind of point in 4 steps: 6 kinds (the last step, an epoch's end, a save in flight, a plain step, an
+    # evaluation, the first step after a resume), 4 steps: refused; --stops 4 fits.
+    rich = stops.Shape(micro={s: 1 for s in range(1, 5)}, evals={2: 1, 4: 1}, epoch_ends=[2, 4], saves=[1])
+    assert stops.kinds_to_try(rich) == 6 and stops.too_short(rich, 0, "--epochs")
+    assert stops.too_short(rich, 4, "--epochs") == ""
+
+
+def test_the_optimizers_settings_and_attributes_are_fingerprinted_apart_from_its_state() -> None:
+    import torch
+
+    class Counted(torch.optim.SGD):  # a hand-written optimizer's step count, outside state_dict
+        def __init__(self, params, lr):  # type: ignore[no-untyped-def]
+            super().__init__(params, lr=lr, momentum=0.9)
+            self.steps, self.name, self.table = 0, "mine", {"not": "plain"}
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    opt = Counted([weight], lr=0.5)
+    weight.grad = torch.ones(2)
+    before = optimizer_fingerprints(opt)
+    opt.step()
+    after = optimizer_fingerprints(opt)
+    assert before["groups"]["group 0's lr"] == "0.5" and before["groups"]["group 0's momentum"] == "0.9"
+    assert "group 0's params" not in before["groups"]
+    # Its plain attributes, not torch's own (some change at the first step of every process: a resume's too).
+    assert before["attributes"] == {"attribute steps": "0", "attribute name": "'mine'"}
+    assert after["attributes"] == before["attributes"] and after["state"] != before["state"]
+    opt.steps, opt.param_groups[0]["lr"] = 7, 0.25
+    again = optimizer_fingerprints(opt)
+    assert again["attributes"]["attribute steps"] == "7" and again["groups"]["group 0's lr"] == "0.25"
+
+
+@pytest.mark.parametrize(
+    ("fields", "part", "name"),
+    [
+        # Everything the step starts from differs: the optimizer's settings are named (the cause), then its
+        # attributes, then its state, then the parameters and buffers (what they change).
+        ({"opt_groups": {"group 0's lr": "0.5"}}, divergence.OPT_GROUPS, "group 0's lr"),
+        ({"opt_attributes": {"attribute steps": "3"}}, divergence.OPT_ATTRIBUTES, "attribute steps"),
+        ({"optimizer": {"0.momentum": "x"}}, divergence.OPTIMIZER, "0.momentum"),
+        ({"params": {"w": "q"}}, divergence.PARAMS, "w"),
+        ({"buffers": {"bn.running_mean": "c"}}, divergence.BUFFERS, "bn.running_mean"),
+    ],
+)
+def test_the_optimizer_is_compared_before_the_parameters_and_buffers(
+    fields: dict[str, object], part: str, name: str
+) -> None:
+    start = {
+        "opt_groups": {"group 0's lr": "0.1"},
+        "opt_attributes": {"attribute steps": "2"},
+        "optimizer": {"0.momentum": "o"},
+        "params": {"w": "p"},
+        "buffers": {"bn.running_mean": "b"},
+    }
+    straight = [batch("train", 1, 0, **start), batch("train", 2, 0, **start)]
+    later = list(start)[list(start).index(next(iter(fields))) :]  # this one and all after it differ
+    diverged = {k: {n: "z" for n in start[k]} for k in later} | fields  # type: ignore[union-attr]
+    stopped = [straight[0], batch("train", 2, 0, **{**start, **diverged})]
+    found = divergence.first_divergence(run(*straight), run(*stopped))
+    assert found is not None and (found.part, found.name, found.step) == (part, name, 2)
+    lines = divergence.explain(found, [(("train", 1, 0), "a stop")])
+    if part in divergence.OPTIMIZER_PARTS:
+        assert lines[0].startswith(f"first divergence: the optimizer's {name} differs at step 2: ")
+        assert "parameter outside state_dict" not in "\n".join(lines)
+
+
+def check_in_background(folder: Path, *args: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "hpc_ddp.doctor", "resume", "--folder", str(folder), *args]
+    return subprocess.Popen(
+        cmd,
+        env=clean_environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=die_with_test,
+    )
+
+
+def ranks_started(folder: Path, proc: subprocess.Popen[str], timeout: float = 90) -> None:
+    """Wait until both ranks of the check's first run have built the task (the probe's traces exist)."""
+    deadline = time.monotonic() + timeout
+    trace = folder / "uninterrupted" / "trace"
+    while not ((trace / "rank0.jsonl").is_file() and (trace / "rank1.jsonl").is_file()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.2)
+
+
+BATCHNORM = ("--strategy", "fsdp", "--epochs", "2", "--batch-size", "16", "--stops", "2")
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(200)
+def test_batchnorm_under_fsdp_passes_through_loss_fn_and_step_and_a_second_check_is_refused(
+    tmp_path: Path,
+) -> None:
+    # fsdp broadcasts rank 0's buffers by a forward hook of its own before every training forward: the probe
+    # reads the buffers the forward uses (after that hook), through loss_fn as through Task.step.
+    first = check_in_background(tmp_path, "--task", "resume_tasks:batchnorm_loss_fn", *BATCHNORM)
+    ranks_started(tmp_path, first)
+    # A second check on the same folder, while the first runs: refused in one line, the first unharmed.
+    code, out = check(tmp_path, "--task", "resume_tasks:batchnorm_loss_fn", *BATCHNORM)
+    assert code == 2, out
+    assert (
+        f"{tmp_path} is held by another resume check (pid {first.pid}" in out and len(out.splitlines()) == 1
+    )
+    out = first.communicate(timeout=150)[0]
+    assert first.returncode == 0, out
+    assert "every stop matched" in out and "kinds not tried: during an evaluation" in out
+    assert "stop 1, " in out and "in the run's last step" not in out.split("stop 1, ")[1].split("\n")[0]
+    code, out = check(tmp_path / "step", "--task", "resume_tasks:batchnorm_step", *BATCHNORM)
+    assert code == 0, out
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(150)
+def test_an_lr_set_in_step_is_named_as_the_optimizers(tmp_path: Path) -> None:
+    code, out = check(
+        tmp_path, "--task", "resume_tasks:lr_in_step", "--epochs", "1", "--batch-size", "64",
+        "--save-every-steps", "2", "--stops", "2",
+    )  # fmt: skip
+    assert code == 1, out
+    found = [line for line in out.splitlines() if "first divergence: " in line]
+    assert (
+        len(found) == 1 and "first divergence: the optimizer's group 0's lr differs at step " in found[0]
+    ), out
+    assert "likely cause: the optimizer's settings" in out and "Task.scheduler" in out
+    assert "parameter outside state_dict" not in out and "non-deterministic" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(120)
+def test_sigterm_ends_every_process_the_check_started(tmp_path: Path) -> None:
+    proc = check_in_background(tmp_path, "--task", "resume_tasks:batchnorm_step", *BATCHNORM)
+    ranks_started(tmp_path, proc)
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    assert len(tree) >= 3, tree  # the launcher, its fork server (or not), the ranks
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=30)[0]
+    assert time.monotonic() - began < 10, out
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    stopped = [line for line in out.splitlines() if "stopped by SIGTERM" in line]
+    assert len(stopped) == 1 and "every process the check started has ended" in stopped[0], out
+    alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], alive
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(120)
+def test_a_crashing_task_shows_its_last_lines_and_the_users_command_and_a_file_folder_is_refused(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "file").write_text("mine")
+    code, out = check(tmp_path / "file", "--task", "linear")
+    assert code == 2 and len(out.splitlines()) == 1 and f"--folder {tmp_path / 'file'} is a file" in out, out
+    code, out = check(tmp_path / "crash", "--task", "resume_tasks:crashing", "--epochs", "1", "--stops", "2")
+    assert code == 1, out
+    assert "the uninterrupted run failed" in out and "the crashing task's third step" in out
+    repro = [line for line in out.splitlines() if "to reproduce it with your task alone: " in line]
+    assert len(repro) == 1, out
+    command = repro[0].split("to reproduce it with your task alone: ", 1)[1]
+    assert "-m hpc_ddp.submit --local " in command and "--task=resume_tasks:crashing" in command
+    assert "hpc_ddp.doctor.probe" not in command and "--epochs=1" in command

@@ -7,8 +7,9 @@ and of the final checkpoint's parts, the `best` and `latest` pointers, and each 
 the `Epoch N, Loss:` line), once.
 
 `first_divergence` walks the run in the order things happen and returns the first difference: step by step, each
-micro-batch's data, then the random-number generators, then (at the step's first micro-batch) the parameters,
-buffers and optimizer state the step starts from; the step's loss; the evaluation at that step (its batches,
+micro-batch's data, then the random-number generators, then (at the step's first micro-batch) what the step
+starts from, a cause before what it changes: the optimizer's settings (param_groups), its plain attributes, its
+state, then the parameters and the buffers; the step's loss; the evaluation at that step (its batches,
 then its record); the record of the epoch that ended there (or of the run's end); after the last step,
 `model.pth`, the final checkpoint and the pointers. A position one run reached and the other did not is a
 difference too (work lost, or done twice). `explain` turns it into the lines the check prints: the part, the
@@ -32,6 +33,17 @@ DATA, RNG, PARAMS, BUFFERS, OPTIMIZER = (
     "a buffer",
     "optimizer state",
 )
+OPT_GROUPS, OPT_ATTRIBUTES = "an optimizer setting", "an optimizer attribute"
+# A step's first micro-batch: what it starts from, causes before what they change (an lr set in step changes
+# the optimizer's state and then the parameters; the probe's fields, hpc_ddp.doctor.probe).
+STARTS_FROM = (
+    ("opt_groups", OPT_GROUPS),
+    ("opt_attributes", OPT_ATTRIBUTES),
+    ("optimizer", OPTIMIZER),
+    ("params", PARAMS),
+    ("buffers", BUFFERS),
+)
+OPTIMIZER_PARTS = (OPT_GROUPS, OPT_ATTRIBUTES, OPTIMIZER)
 LOSS, EVAL_DATA, EVAL_RNG, EVALS = "the loss", "evaluation data", "the evaluation's RNG", "evaluation records"
 EPOCHS = "epoch records"
 MODEL, CHECKPOINT, BEST, LATEST, LOST, EXTRA = (
@@ -111,7 +123,7 @@ def _record(key: Key, a: Mapping[str, Any], b: Mapping[str, Any]) -> Divergence 
         return Divergence(part, "", step, _where(key), at, a.get("data"), b.get("data"))
     checks = [("rng", RNG if kind == "train" else EVAL_RNG)]
     if kind == "train" and key[2] == 0:
-        checks += [("params", PARAMS), ("buffers", BUFFERS), ("optimizer", OPTIMIZER)]
+        checks += list(STARTS_FROM)
     for field_, part in checks:
         x, y = a.get(field_) or {}, b.get(field_) or {}
         name = _first_mismatch(x, y)
@@ -235,9 +247,22 @@ CAUSES: dict[str, tuple[str, str]] = {
         "register it as a persistent buffer; under fsdp keep every rank's copy equal (SyncBatchNorm, or "
         "computing it from all-reduced values)",
     ),
+    OPT_GROUPS: (
+        "the optimizer's settings (its param_groups: learning rate, momentum, a step count kept there) differ "
+        "while the data and generators matched: something outside the checkpoint sets them (a closure or a "
+        "Python counter in Task.step that sets the lr, a scheduler of your own that is not Task.scheduler)",
+        "set the learning rate with Task.scheduler (the kit saves and restores it), or compute it from the "
+        "step the kit restores (hpc_ddp's config and the optimizer's own state), never from a counter of calls",
+    ),
+    OPT_ATTRIBUTES: (
+        "an attribute of the optimizer (a Python value outside its state_dict(), such as a hand-written "
+        "optimizer's step count) differs: the checkpoint does not hold it, so a resumed process starts it anew",
+        "keep it in the optimizer's state (self.state[p] or a param_group key), or override "
+        "state_dict()/load_state_dict() to save and restore it",
+    ),
     OPTIMIZER: (
-        "the optimizer state differs: the optimizer keeps state outside state_dict() (a Python attribute, a "
-        "closure's counter), or its restored state was changed after loading",
+        "the optimizer state differs while its settings matched: the optimizer keeps state outside "
+        "state_dict() (a closure's counter), or its restored state was changed after loading",
         "keep the optimizer's whole state in state_dict()/load_state_dict()",
     ),
     LOSS: (
@@ -303,6 +328,8 @@ def explain(found: Divergence, stops: Sequence[tuple[tuple[str, int, int], str]]
     stop's position (kind, step, index) and its words, in run order."""
     what = found.part + (f" ({found.name})" if found.name else "")
     at = f"at step {found.step}" if found.step is not None else "after training"
+    if found.part in OPTIMIZER_PARTS:  # "the optimizer's group 0's lr differs at step 7"
+        what, at = f"the optimizer's {found.name or 'state'}", f"differs {at}"
     lines = [f"first divergence: {what} {at}: {found.where}"]
     before = _stops_before(found, stops)
     if before:

@@ -6,8 +6,10 @@ calls, changing nothing they compute:
 
 - before every micro-batch of training (Task.step, or the model's forward for a loss_fn task) it records the
   batch's fingerprint and the fingerprint of every random-number generator (torch's CPU and CUDA ones, Python's
-  `random`, NumPy's global one); at a step's first micro-batch also those of every parameter, buffer and
-  optimizer state (the state the previous step left, or the resume restored);
+  `random`, NumPy's global one); at a step's first micro-batch also those of the optimizer (its param_groups'
+  settings, its plain Python attributes, its state: `optimizer_fingerprints`), every parameter and every buffer
+  (the state the previous step left, or the resume restored; the buffers as the model's forward begins, after
+  the kit's own hooks broadcast them: `Probe.watch`);
 - before every evaluation batch (Task.eval_step, or the step/forward the evaluation calls), the batch's and the
   generators' fingerprints.
 
@@ -95,21 +97,59 @@ def _named(items: Iterable[tuple[str, Any]]) -> dict[str, str]:
     return {name: fingerprint(t) for name, t in items if isinstance(t, torch.Tensor)}
 
 
-def optimizer_fingerprints(optimizer: torch.optim.Optimizer) -> dict[str, str]:
-    """Each optimizer state tensor (`<param index>.<name>`) and the groups' settings (learning rates...)."""
+# What torch itself keeps on an optimizer (its hooks, flags it sets at the first step or an LR scheduler's patch):
+# never the user's state, and some change at the first step of every process (a resume's too).
+TORCH_ATTRIBUTES = frozenset(
+    {
+        "state",
+        "param_groups",
+        "defaults",
+        "_zero_grad_profile_name",
+        "_warned_capturable_if_run_uncaptured",
+        "_opt_called",
+        "_need_device_dtype_check_for_fused",
+        "_step_supports_amp_scaling",
+    }
+)
+
+
+def _plain(value: Any) -> str:
+    """A setting or attribute as the check shows it: its repr (exact for floats), a tensor by its bytes."""
+    if isinstance(value, torch.Tensor):
+        return fingerprint(value)
+    text = repr(value)
+    return text if len(text) <= 64 else hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def optimizer_fingerprints(optimizer: torch.optim.Optimizer, prefix: str = "") -> dict[str, dict[str, str]]:
+    """The optimizer, in the order the check compares it (a difference in the first explains the others):
+    "groups", each param_group's settings but its parameters (`group 0's lr`: learning rate, momentum, betas,
+    a step count kept there...); "attributes", the plain values (int, float, bool, str) of its `__dict__` outside
+    state_dict and torch's own (`attribute steps`: a hand-written optimizer's counter, which a checkpoint
+    loses); "state", each state tensor (`<param index>.<name>`)."""
     state = optimizer.state_dict()
+    groups = {
+        f"{prefix}group {g}'s {name}": _plain(value)
+        for g, group in enumerate(state["param_groups"])
+        for name, value in group.items()
+        if name != "params"
+    }
+    attributes = {
+        f"{prefix}attribute {name}": _plain(value)
+        for name, value in vars(optimizer).items()
+        if name not in TORCH_ATTRIBUTES
+        and not name.startswith("_optimizer_")
+        and type(value) in (int, float, bool, str)
+    }
     found: dict[str, str] = {}
     for index, values in state["state"].items():
         for name, value in values.items():
-            key = f"{index}.{name}"
-            found[key] = (
+            found[f"{prefix}{index}.{name}"] = (
                 fingerprint(value)
                 if isinstance(value, torch.Tensor)
                 else hashlib.sha256(repr(value).encode()).hexdigest()[:16]
             )
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]]
-    found["param_groups"] = hashlib.sha256(json.dumps(groups, default=repr).encode()).hexdigest()[:16]
-    return found
+    return {"groups": groups, "attributes": attributes, "state": found}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,26 +226,41 @@ class Probe:
             os.kill(os.getpid(), signal.SIGUSR2)  # a real preemption signal, handled by the kit
         record["rng"] = rng_fingerprints()
         if kind == "train" and index == 0:
+            # The optimizer first: a difference there (an lr set in step) explains one in the parameters.
+            parts: dict[str, dict[str, str]] = {"groups": {}, "attributes": {}, "state": {}}
+            for j, o in enumerate(self.optimizers):
+                for part, found in optimizer_fingerprints(o, f"optimizer {j}'s " if j else "").items():
+                    parts[part].update(found)
+            record["opt_groups"], record["opt_attributes"] = parts["groups"], parts["attributes"]
+            record["optimizer"] = parts["state"]
             record["params"] = _named(self.params or model.named_parameters())
             record["buffers"] = _named(model.named_buffers()) if forwarding else None
-            record["optimizer"] = {
-                k: v for o in self.optimizers for k, v in optimizer_fingerprints(o).items()
-            }
         record["data"] = fingerprint_of(batch)
         return record
 
     def buffers_at_forward(self, model: nn.Module, record: dict[str, Any]) -> None:
-        """Read `record`'s buffers at `model`'s next forward (a hook, once per module), or when it is written."""
+        """Read `record`'s buffers when `model`'s own forward begins (`watch`), or when it is written."""
         self.awaiting = record
-        if id(model) not in self.watched:
-            self.watched.add(id(model))
+        self.watch(model)
 
-            def hook(module: nn.Module, _args: Any) -> None:
-                awaiting, self.awaiting = self.awaiting, None
-                if awaiting is not None and awaiting.get("buffers", 0) is None:
-                    awaiting["buffers"] = _named(module.named_buffers())
+    def watch(self, model: nn.Module) -> None:
+        """Wrap `model.forward` (once): the buffers a step starts from are read there, after every forward
+        pre-hook, the kit's included (DDP and fsdp broadcast rank 0's buffers into every rank right before, by
+        a hook fsdp's strategy registers after the probe's), so that what is read is what the step uses.
+        `_call_impl` looks `forward` up before running the hooks: a task's model is watched before its first
+        forward."""
+        if id(model) in self.watched:
+            return
+        self.watched.add(id(model))
+        inner = model.forward
 
-            model.register_forward_pre_hook(hook)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            awaiting, self.awaiting = self.awaiting, None
+            if awaiting is not None and awaiting.get("buffers", 0) is None:
+                awaiting["buffers"] = _named(model.named_buffers())
+            return inner(*args, **kwargs)
+
+        model.forward = forward  # type: ignore[method-assign]
 
     def write(self, record: dict[str, Any], model: nn.Module | None = None) -> None:
         self.awaiting = None
@@ -275,10 +330,14 @@ def _record_forwards(probe: Probe, task: Task) -> None:
     target by loss_fn; the record is written once both are known."""
     from hpc_ddp.run import materialize
 
-    pending: list[dict[str, Any]] = []
+    pending: list[tuple[dict[str, Any], nn.Module]] = []
 
     def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
-        pending[:] = [probe.before((args, kwargs), module)]
+        # Data, generators and the stop here (before the forward draws anything); the buffers at the forward
+        # itself, after the kit's hooks (`Probe.watch`).
+        record = probe.before((args, kwargs), module, forwarding=False)
+        probe.buffers_at_forward(module, record)
+        pending[:] = [(record, module)]
 
     model = task.model
     if materialize.is_factory(
@@ -289,21 +348,23 @@ def _record_forwards(probe: Probe, task: Task) -> None:
             built = model()
             if isinstance(built, nn.Module):
                 built.register_forward_pre_hook(hook, with_kwargs=True)
+                probe.watch(built)
             return built
 
         task.model = factory  # type: ignore[assignment]
     else:
         model.register_forward_pre_hook(hook, with_kwargs=True)
+        probe.watch(model)
     loss_fn = task.loss_fn
     assert loss_fn is not None
 
     def recorded_loss(output: Any, target: Any) -> Any:
         if pending:
-            record = pending.pop()
+            record, module = pending.pop()
             record["data"] = hashlib.sha256((record["data"] + fingerprint_of(target)).encode()).hexdigest()[
                 :16
             ]
-            probe.write(record)
+            probe.write(record, module)
         return loss_fn(output, target)
 
     task.loss_fn = recorded_loss

@@ -10,8 +10,12 @@ the state every step starts from. The two runs are then compared bit for bit (hp
 the first divergence is named: which part, at which step, after which stop, the likely cause and the fix. Last,
 the same command is run once more on the finished run, which must say it is finished and write nothing.
 
-Exit 0 only when every stop happened and everything matched; 1 otherwise; 2 for bad options, or when the task is
-refused at start (its line is shown).
+Exit 0 only when every stop happened and everything matched; 1 otherwise; 2 for bad options, a run too short
+for the kinds of stop it would try (`stops.too_short`), a folder another check holds, or when the task is
+refused at start (its line is shown). The check holds its folder (`run.lock`, hpc_ddp.run.folder.hold_folder)
+while it runs; SIGTERM, SIGHUP or Ctrl-C end every process it started (the launcher, its fork server, the ranks,
+their workers) at once, and it exits 128 + the signal. A run that fails shows its last lines and the command
+that reproduces it with the user's own task.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -47,7 +52,18 @@ MARKER = "resume-check.json"  # a folder the check made (and may empty again)
 SAVE_DELAY = (
     0.5  # seconds each write of the stopped run waits: a stop after a save lands while it is in flight
 )
-RUNS = ("uninterrupted", "stopped")
+RUNS = ("uninterrupted", "stopped", "repro")  # "repro": where the command shown for a failed run writes
+ENDS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # signals that end the check and all it started
+CHECK_ROLE = "resume check"  # the role in its folder's run.lock
+END_WAIT_S = 5.0  # how long the processes the check SIGKILLed may take to be gone
+
+
+class Ended(Exception):
+    """The check was sent one of ENDS: raised by its handler, wherever the check is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def build_argparser() -> argparse.ArgumentParser:
@@ -89,11 +105,10 @@ class Check:
     def run_folder(self, name: str) -> Path:
         return self.folder / name
 
-    def argv(self, name: str) -> list[str]:
-        """The local run's command line: the user's options with the probe as the task."""
-        cfg = dataclasses.replace(
+    def options(self, name: str) -> TrainConfig:
+        """The options of the local run `name`, with the user's task."""
+        return dataclasses.replace(
             self.cfg,
-            task=PROBE_TASK,
             folder=str(self.run_folder(name)),
             max_steps=self.cfg.max_steps or self.steps,
             deterministic=True,
@@ -102,7 +117,27 @@ class Check:
             max_requeue=99,  # one requeue per stop (a stop is a preemption)
             max_restarts=0,  # a failure is a finding, not something to retry
         )
+
+    def argv(self, name: str) -> list[str]:
+        """The local run's command line: the user's options with the probe as the task."""
+        cfg = dataclasses.replace(self.options(name), task=PROBE_TASK)
         return [sys.executable, "-m", "hpc_ddp.submit", "--local", *self.shape_args, *cfg.to_argv()]
+
+    def repro(self) -> str:
+        """The command that runs the user's task as the check ran it, without the probe: to reproduce a
+        failure (in `<folder>/repro`, which the next check empties)."""
+        from hpc_ddp.submit import resume_command
+
+        cfg = self.options("repro")
+        return resume_command(
+            ["--local", *self.shape_args, *dataclasses.replace(cfg, max_requeue=0).to_argv()]
+        )
+
+    def bound(self) -> str:
+        """The option that makes the run longer: what ends it (the step limit, or its epochs)."""
+        if self.cfg.max_steps:
+            return f"--max-steps (now {self.cfg.max_steps}) or --epochs"
+        return f"--steps (now {self.steps}) or --epochs (now {self.cfg.epochs})"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -132,14 +167,40 @@ def _slug(task: str) -> str:
 
 
 def run(check: Check, tell: Any = say) -> int:
+    """The check, holding its folder; ended at once by ENDS (every process it started with it)."""
+    lock = _prepare(check.folder, check.cfg)
+    previous = {signum: signal.signal(signum, _end) for signum in ENDS}
+    try:
+        return _check(check, tell)
+    except Ended as e:
+        name = signal.Signals(e.signum).name
+        tell(
+            f"stopped by {name}: every process the check started has ended; nothing was proved "
+            f"(exit {128 + e.signum}); the runs so far are in {check.folder}"
+        )
+        return 128 + e.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        lock.release()
+
+
+def _end(signum: int, _frame: object) -> None:
+    raise Ended(signum)
+
+
+def _check(check: Check, tell: Any) -> int:
     began = time.monotonic()
-    _prepare(check.folder, check.cfg)
     tell(f"{check.cfg.task}: checking that a stopped run resumes bit for bit, in {check.folder}")
     straight = check.run_folder("uninterrupted")
     code = _launch(check, "uninterrupted", Plan(check.cfg.task, str(straight / "trace")), {})
     if code != exitcodes.OK:
         return _failed_run(check, "uninterrupted", code, tell)
     shape = _shape(straight)
+    refusal = stops.too_short(shape, check.stops, check.bound())
+    if refusal:
+        tell(refusal)
+        return exitcodes.USAGE
     chosen, skipped = stops.choose(shape, check.seed, check.stops)
     if not chosen:
         tell("the run is too short to stop anywhere: raise --steps")
@@ -167,26 +228,61 @@ def run(check: Check, tell: Any = say) -> int:
         tell(rerun)
     seconds = time.monotonic() - began
     if found is None and not problems and not rerun:
+        untried = "; kinds not tried: " + ", ".join(line.split(":")[0] for line in skipped) if skipped else ""
         tell(
-            f"every stop matched: parameters, optimizer state, buffers, RNG streams, data order, evaluation "
-            f"and epoch records and the best pointer are bitwise equal to the uninterrupted run ({seconds:.0f} s)"
+            f"every stop matched: optimizer settings and state, parameters, buffers, RNG streams, data order, "
+            f"evaluation and epoch records and the best pointer are bitwise equal to the uninterrupted run "
+            f"({seconds:.0f} s){untried}"
         )
         return exitcodes.OK
     tell(f"the resume is not exact; the runs are in {check.folder} ({seconds:.0f} s)")
     return exitcodes.FAILED
 
 
-def _prepare(folder: Path, cfg: TrainConfig) -> None:
-    """The check's folder, emptied of an earlier check's runs; one that holds anything else is refused."""
+def _prepare(folder: Path, cfg: TrainConfig) -> run_folder.FolderLock:
+    """The check's folder, held (a second check there is refused before it changes anything) and emptied of an
+    earlier check's runs; one that holds anything else, or a file, is refused."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(
+            f"--folder {folder} is a file: the check needs a folder of its own (its two runs go inside). Fix: "
+            "--folder a new or empty folder"
+        )
     if folder.exists() and any(folder.iterdir()) and not (folder / MARKER).is_file():
         raise UsageError(
             f"{folder} exists and is not a resume check's folder: the check empties its folder. Fix: "
             "--folder a new or empty folder"
         )
-    for name in RUNS:
-        shutil.rmtree(folder / name, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / MARKER).write_text(json.dumps({"task": cfg.task, "time": time.time()}) + "\n")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(
+            f"--folder {folder} cannot be made ({e.strerror or e}). Fix: --folder a new folder you can write"
+        ) from None
+    try:
+        lock = run_folder.hold_folder(folder, CHECK_ROLE, None, 0)
+    except UsageError as e:
+        holder = _holder(folder / run_folder.LOCK_NAME)
+        if holder is None or holder.get("role") != CHECK_ROLE:
+            raise
+        raise UsageError(
+            f"{folder} is held by another resume check (pid {holder.get('pid')} on {holder.get('host')}): one "
+            "check per folder. Fix: wait for it to end, or --folder another folder"
+        ) from e
+    try:
+        for name in RUNS:
+            shutil.rmtree(folder / name, ignore_errors=True)
+        (folder / MARKER).write_text(json.dumps({"task": cfg.task, "time": time.time()}) + "\n")
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _holder(lock: Path) -> dict[str, Any] | None:
+    try:
+        return _json(lock.read_text(errors="replace"))
+    except OSError:  # released meanwhile
+        return None
 
 
 def _launch(check: Check, name: str, plan: Plan, extra: Mapping[str, str], log: str = "") -> int:
@@ -194,9 +290,66 @@ def _launch(check: Check, name: str, plan: Plan, extra: Mapping[str, str], log: 
     code."""
     env = {**os.environ, RESUME_PROBE: plan.to_json(), **extra}
     with open(check.folder / f"{log or name}.log", "w") as out:
-        return subprocess.run(
-            check.argv(name), env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        ).returncode
+        # Its own session: a terminal's Ctrl-C reaches the check alone, which ends the whole tree itself.
+        proc = subprocess.Popen(
+            check.argv(name),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            return proc.wait()
+        except BaseException:  # Ended, mostly: nothing the check started outlives it
+            end_tree(proc)
+            raise
+
+
+def end_tree(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL `proc` and every process under it (the launcher: its fork server, its ranks, their DataLoader
+    workers), and wait until they are gone, END_WAIT_S at most. SIGKILL, not the launcher's own graceful stop:
+    the user asked the check to end, and a save of a run the check empties is no use to anyone."""
+    pids = [proc.pid, *_descendants(proc.pid)]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone already
+            pass
+    proc.wait()
+    deadline = time.monotonic() + END_WAIT_S
+    while time.monotonic() < deadline and any(_running(pid) for pid in pids[1:]):
+        time.sleep(0.05)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process under `root`, from /proc (Linux): the ranks are the launcher's children (it is their
+    subreaper), each in a session of its own, so no process group holds them all."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    """`pid` exists and is no zombie (one whose parent, gone, left it to an init that does not reap)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _failed_run(check: Check, name: str, code: int, tell: Any) -> int:
@@ -209,6 +362,7 @@ def _failed_run(check: Check, name: str, code: int, tell: Any) -> int:
     tell(f"the {name} run failed (exit {code}); its last lines ({log}):")
     for line in lines[-15:]:
         tell(f"  {line}")
+    tell(f"to reproduce it with your task alone: {check.repro()}")
     return exitcodes.FAILED
 
 

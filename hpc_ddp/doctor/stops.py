@@ -48,26 +48,16 @@ class Shape:
 
 
 def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[str]]:
-    """The stops (attempts numbered in run order), and a line for each kind of point the run does not have.
-    `limit` > 0: that many kinds at most, the run's last step always among them, the others chosen with the same
-    generator (a quicker check; the next seed tries others)."""
+    """The stops (attempts numbered in run order), and a line for each kind of point not tried (the run has none,
+    or, `limit` > 0, beyond the limit). `limit` > 0: that many kinds at most: first one mid-run at its earliest
+    point (the most steps after it), then the run's last step, the others chosen with the same generator (a
+    quicker check; the next seed tries others)."""
     rng = random.Random(seed)
     last = shape.last
     evals = dict(shape.evals or {})
     skipped: list[str] = []
-    # The run's last step has an epoch record too, whether its epoch ended there or --max-steps ended the run.
-    ends = [s for s in shape.epoch_ends if s in shape.micro and s < last]
-    accum = [("train", s, i) for s, n in shape.micro.items() if n > 1 and s < last for i in range(n - 1)]
-    options: dict[str, list[tuple[str, int, int]]] = {
-        # The hardest case: the run's end (final evaluation, records, final save, model.pth) is all that is left.
-        LAST: [("train", last, i) for i in range(shape.micro.get(last, 0))]
-        + [("eval", last, b) for b in range(evals.get(last, 0))],  # its final evaluation
-        EPOCH_END: [("train", max(ends), 0)] if ends else [],
-        # Before the kinds with many points: a save in flight has few, and no other stop may save before it.
-        SAVE: [("train", s + 1, 0) for s in shape.saves if s + 1 <= last],
-        ACCUM if accum else STEP: accum or [("train", s, 0) for s in shape.micro if 1 < s < last],
-        EVAL: [("eval", s, b) for s, n in evals.items() for b in range(n)],
-    }
+    options = _options(shape)
+    ends = options[EPOCH_END]
     if not ends:
         skipped.append(f"{EPOCH_END}: no epoch ended before the run's last step, {last} (raise --steps)")
     if not evals:
@@ -75,11 +65,16 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
     if not options[SAVE]:
         skipped.append(f"{SAVE}: no checkpoint before the last step (add --save-every-steps)")
     kinds = [k for k, found in options.items() if found] + [AFTER_RESUME]
+    opening = ""  # --stops N: the kind of the first stop, at its earliest point before the run's last step
     if limit > 0:
-        # The run's last step first (the hardest case: a stop, then only the run's end to do), then the other
+        # First a stop mid-run with the most steps after it (a stop in the last step alone has only the run's
+        # end after it: it cannot see a state that is lost and only matters later), of a kind the seed picks;
+        # then the run's last step (the hardest case: a stop, then only the run's end to do); then the other
         # kinds in a seeded order, a resume's stop after some other: the first `limit` that fit.
-        first = [k for k in kinds if k == LAST]
-        rest = rng.sample([k for k in kinds if k != LAST], len(kinds) - len(first))
+        middle = [k for k in kinds if k not in (LAST, AFTER_RESUME) and any(o[1] < last for o in options[k])]
+        opening = rng.choice(middle) if middle else ""
+        first = [k for k in (opening, LAST) if k in kinds]
+        rest = rng.sample([k for k in kinds if k not in first], len(kinds) - len(first))
         if not first and rest[0] == AFTER_RESUME and len(rest) > 1:
             rest[0], rest[1] = rest[1], rest[0]
         kinds = first + rest
@@ -107,10 +102,17 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
                 free = [o for o in free if o[0] == part]
             if what == SAVE:
                 free = [o for o in free if o[1] - 1 not in taken]
+        if what == opening and not picks:  # the earliest point: the most steps after it
+            free = [min((o for o in free if o[1] < last), key=lambda o: (o[1], o[0] == "eval", o[2]))]
+        elif opening and picks:  # after it: it stays the first stop in run order
+            free = [o for o in free if o[1] > picks[0][2]]
         if free:
             kind, step, index = rng.choice(free)
             picks.append((what, kind, step, index))
             taken.add(step)
+    if limit > 0:
+        tried, said = {p[0] for p in picks}, {line.split(":")[0] for line in skipped}
+        skipped += [f"{k}: beyond --stops {limit}" for k in kinds if k not in tried and k not in said]
     order = {"train": 0, "eval": 1}
     picks.sort(key=lambda p: (p[2], order[p[1]], p[3]))
     stops = [
@@ -118,6 +120,45 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
         for attempt, (what, kind, step, index) in enumerate(picks)
     ]
     return stops, skipped
+
+
+def _options(shape: Shape) -> dict[str, list[tuple[str, int, int]]]:
+    """Each kind of stop point -> the points of it the run has, (kind, step, index)."""
+    last = shape.last
+    evals = dict(shape.evals or {})
+    # The run's last step has an epoch record too, whether its epoch ended there or --max-steps ended the run.
+    ends = [s for s in shape.epoch_ends if s in shape.micro and s < last]
+    accum = [("train", s, i) for s, n in shape.micro.items() if n > 1 and s < last for i in range(n - 1)]
+    return {
+        # The hardest case: the run's end (final evaluation, records, final save, model.pth) is all that is left.
+        LAST: [("train", last, i) for i in range(shape.micro.get(last, 0))]
+        + [("eval", last, b) for b in range(evals.get(last, 0))],  # its final evaluation
+        EPOCH_END: [("train", max(ends), 0)] if ends else [],
+        # Before the kinds with many points: a save in flight has few, and no other stop may save before it.
+        SAVE: [("train", s + 1, 0) for s in shape.saves if s + 1 <= last],
+        ACCUM if accum else STEP: accum or [("train", s, 0) for s in shape.micro if 1 < s < last],
+        EVAL: [("eval", s, b) for s, n in evals.items() for b in range(n)],
+    }
+
+
+def kinds_to_try(shape: Shape, limit: int = 0) -> int:
+    """How many kinds of stop point `choose` tries on `shape` (each its own step): the kinds the run has, the
+    first step after a resume among them, at most `limit` (> 0)."""
+    count = 1 + sum(1 for found in _options(shape).values() if found)  # + the first step after a resume
+    return min(count, limit) if limit > 0 else count
+
+
+def too_short(shape: Shape, limit: int, bound: str) -> str:
+    """ "" when the run has a step for every kind of stop to try, else the line that refuses it: fewer steps
+    could try only some kinds, and say nothing of the others. `bound`: the option that makes the run longer."""
+    needed = kinds_to_try(shape, limit)
+    if shape.last >= needed:
+        return ""
+    return (
+        f"the run has {shape.last} optimizer step(s), fewer than the {needed} kinds of stop point the check "
+        f"tries (each at a step of its own): a check of it would prove little. Fix: make the run longer with "
+        f"{bound}, or fewer kinds with --stops {max(shape.last, 1)}"
+    )
 
 
 def describe(stop: Stop, micro: Mapping[int, int], evals: Mapping[int, int]) -> str:
