@@ -21,7 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_ddp._version import __version__
 
-__all__ = ["Callback", "ClusterConfigError", "DistEnv", "Task", "TrainConfig", "__version__", "detect", "long_work"]
+__all__ = [
+    "Callback",
+    "ClusterConfigError",
+    "DistEnv",
+    "Task",
+    "TrainConfig",
+    "__version__",
+    "detect",
+    "long_work",
+]
 
 if TYPE_CHECKING:
     from hpc_ddp.cluster.env import DistEnv, detect

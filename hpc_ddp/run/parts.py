@@ -205,7 +205,11 @@ class CallbacksPart(Part):
     """Per rank: under ddp an EMA of the weights is the same on every rank, but under fsdp it holds each rank's
     shards, and a callback may keep what is its rank's own; each rank's is saved and loaded back by that rank.
     The cost: the full format gathers every rank's copy to rank 0 (a copy per rank in the file); the sharded
-    format writes each into its rank's own file."""
+    format writes each into its rank's own file.
+
+    The state is copied to the CPU here, on every rank: the full format sends each rank's to rank 0 pickled
+    (all_gather_object), where a GPU tensor would come back on the sender's device index, which rank 0 may not
+    have (another node) or must not fill (another rank's GPU)."""
 
     key, kind, what = "callbacks", PER_RANK, WHAT
 
@@ -213,7 +217,7 @@ class CallbacksPart(Part):
         self.callbacks = callbacks
 
     def state_dict(self) -> Any:
-        return self.callbacks.state_dict()
+        return content.to_cpu(self.callbacks.state_dict(), self.what)
 
     def load_state_dict(self, state: Any, ctx: Loading) -> None:
         ctx.notes.extend(self.callbacks.load_state_dict(state))
