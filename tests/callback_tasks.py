@@ -29,6 +29,9 @@ class EMA(Callback):
     def on_train_start(self, state: Any) -> None:
         if self.shadow is None:  # a resume loaded it already (load_state_dict comes first)
             self.shadow = {k: v.detach().float().clone() for k, v in state.model.state_dict().items()}
+        else:  # a checkpoint is read to the CPU: back where the model is
+            device = next(state.model.parameters()).device
+            self.shadow = {k: v.to(device) for k, v in self.shadow.items()}
 
     def on_step_end(self, state: Any) -> None:
         assert self.shadow is not None
