@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-from callback_tasks import EMA
 from test_launch_local import finish, start
 from test_run_models import preempted_twice
 
@@ -268,7 +267,6 @@ def test_an_ema_callback_preempted_twice_resumes_bit_for_bit(tmp_path: Path) -> 
     last = full.load(store.read_latest(tmp_path / "twice"))  # type: ignore[arg-type]
     ranks = last["callbacks"]
     assert len(ranks) == 2 and all(torch.equal(ranks[0]["0.EMA"]["shadow"][k], straight[k]) for k in straight)
-    assert isinstance(EMA().decay, float)
 
 
 @pytest.mark.slow
