@@ -6,6 +6,7 @@ task), `python -m hpc_ddp.doctor`, `python -m hpc_ddp.bench`; `python -m hpc_ddp
 The public API, importable from here:
 
     Task, TrainConfig            what to train, and the training options (hpc_ddp.run)
+    Callback                     the base of Task.callbacks: hooks into the loop (hpc_ddp.run.callbacks)
     long_work                    mark long legitimate work in the task's own code for the hang watchdog
     detect, DistEnv              this process's place in the job, from the launcher's variables (hpc_ddp.cluster.env)
     ClusterConfigError           what `detect` raises for missing or inconsistent variables (hpc_ddp.errors)
@@ -20,11 +21,21 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_ddp._version import __version__
 
-__all__ = ["ClusterConfigError", "DistEnv", "Task", "TrainConfig", "__version__", "detect", "long_work"]
+__all__ = [
+    "Callback",
+    "ClusterConfigError",
+    "DistEnv",
+    "Task",
+    "TrainConfig",
+    "__version__",
+    "detect",
+    "long_work",
+]
 
 if TYPE_CHECKING:
     from hpc_ddp.cluster.env import DistEnv, detect
     from hpc_ddp.errors import ClusterConfigError
+    from hpc_ddp.run.callbacks import Callback
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.run.longwork import long_work
     from hpc_ddp.run.tasks import Task
@@ -32,6 +43,7 @@ if TYPE_CHECKING:
 # name -> the module that defines it, imported on first use (PEP 562)
 _PUBLIC = {
     "Task": "hpc_ddp.run.tasks",
+    "Callback": "hpc_ddp.run.callbacks",
     "long_work": "hpc_ddp.run.longwork",
     "TrainConfig": "hpc_ddp.run.config",
     "detect": "hpc_ddp.cluster.env",

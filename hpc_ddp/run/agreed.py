@@ -1,7 +1,7 @@
 """The one all-reduce of every optimizer step, and what every rank learns from it.
 
 One packet of numbers per step carries [loss sum, micro-batches, requeue votes, stop votes, saving trouble,
-exhausted streams, the task's extra metrics]: the loss is averaged over all ranks for reporting, and a signal
+exhausted streams, callbacks' stop requests, the task's extra metrics]: the loss is averaged over all ranks for reporting, and a signal
 seen by any rank stops every rank at the same step, at no extra collective. It comes before the optimizer
 step, so a loss that is NaN or infinite on any rank is non-finite in the sum on every rank at the same step,
 and its update is never applied (`--nonfinite-loss`: stop, the default, or skip that step).
@@ -31,6 +31,7 @@ class Agreed(NamedTuple):
     extras: tuple[
         float, ...
     ] = ()  # the step's extra metrics (Task.step), summed over micro-batches and ranks
+    halt: float = 0.0  # ranks whose callback asked to stop (hpc_ddp.run.callbacks): this step is not taken
 
 
 class Pending:
@@ -44,7 +45,9 @@ class Pending:
     def wait(self) -> Agreed:
         self.work.wait()
         values = self.packet.tolist()
-        return Agreed(values[0], values[1], values[2], values[3], values[4], values[5], tuple(values[6:]))
+        return Agreed(
+            values[0], values[1], values[2], values[3], values[4], values[5], tuple(values[7:]), values[6]
+        )
 
 
 def launch(
@@ -54,6 +57,7 @@ def launch(
     exhausted: float,
     extras: Mapping[str, Any],
     names: Sequence[str],
+    halt: float = 0.0,
 ) -> Pending:
     """A collective, started and not waited for: this rank's step (its loss sum over `count` micro-batches, its
     writer's state `saving`, whether its stream is `exhausted`, its `extras` in the order of `names`) and its
@@ -68,7 +72,7 @@ def launch(
     requeue, stop = preemption.pending()
     # One host-to-device copy for the numbers this rank knows on its host, the loss and the extras where they
     # are (on the device: no synchronisation here).
-    votes = torch.tensor([float(count), float(requeue), float(stop), saving, exhausted], device=device)
+    votes = torch.tensor([float(count), float(requeue), float(stop), saving, exhausted, halt], device=device)
     values = [loss_sum.float().reshape(1), votes]
     values += [torch.as_tensor(extras[name], dtype=torch.float32, device=device).reshape(1) for name in names]
     packet = torch.cat(values)
@@ -82,6 +86,7 @@ def agree(
     exhausted: float,
     extras: Mapping[str, Any],
     names: Sequence[str],
+    halt: float = 0.0,
 ) -> Agreed:
     """`launch`, waited for at once."""
-    return launch(loss_sum, count, saving, exhausted, extras, names).wait()
+    return launch(loss_sum, count, saving, exhausted, extras, names, halt).wait()

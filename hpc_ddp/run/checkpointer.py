@@ -127,9 +127,9 @@ class Checkpointer:
         """This process resumed from the checkpoint of `pos` (written by an earlier one): it is on disk."""
         self.saved = _Saved(pos.step, asdict(pos), None)
 
-    def save(self, pos: Position, final: bool = False, best: bool = False) -> None:
+    def save(self, pos: Position, final: bool = False, best: bool = False) -> bool:
         """Checkpoint at `pos` (a collective): the format snapshots the parts now, the writer makes it durable
-        in the background. `final` also waits until it is durable (retrying a failed write). `best`
+        in the background; True if this call took a new checkpoint (False: `pos` was saved already). `final` also waits until it is durable (retrying a failed write). `best`
         (--keep-best): once it is durable and promoted, rank 0 points the store's `best` at it, on the writer
         thread (so after `latest`, in the same order).
 
@@ -141,7 +141,8 @@ class Checkpointer:
         began = time.monotonic()
         now = asdict(pos)
         saved = self.saved
-        if saved is None or saved.step != pos.step or (final and saved.position != now):
+        taken = saved is None or saved.step != pos.step or (final and saved.position != now)
+        if taken:
             # The gather of every rank's share is a collective (a peer frozen there is found at the steady
             # limit); the format marks this rank's own work after it a long phase (Format.on_own_work).
             self.beacon.set(phase.CHECKPOINT_GATHER)
@@ -171,6 +172,7 @@ class Checkpointer:
             # Nothing is saved after the final save: what the format keeps for the next (its staging copy, as
             # large as this rank's share of the state) goes now, before model.pth is written.
             self.format.close()
+        return taken
 
     def _promoting(self, write: _Write, best: bool) -> Job:
         """The job the writer runs: `write` (once durable, the format has promoted it), then, for a new best,

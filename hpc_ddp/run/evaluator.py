@@ -46,6 +46,7 @@ from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import evaluation, loaders, preemption, rng, schedules, seeding
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.best import Best
+from hpc_ddp.run.callbacks import Callbacks
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.metrics import Recorder
 from hpc_ddp.run.position import Outcome, Position
@@ -270,9 +271,10 @@ class Evaluations:
         plateau: Any | None,
         metrics: Recorder,
         log: RankLog,
+        callbacks: Callbacks | None = None,
     ) -> None:
         self.evaluator, self.cfg, self.best, self.plateau = evaluator, cfg, best, plateau
-        self.metrics, self.log = metrics, log
+        self.metrics, self.log, self.callbacks = metrics, log, callbacks
         self.last = -1  # the step this process last evaluated at
 
     def after_step(self, pos: Position, mid_epoch: bool, last: bool, finished: bool) -> bool:
@@ -316,6 +318,8 @@ class Evaluations:
                 f"New best {best.name} {best.value:.4f} ({best.mode}) at step {pos.step}: its "
                 "checkpoint is saved now and kept as checkpoints/best"
             )
+        if self.callbacks is not None:  # the evaluation is done and recorded: the task's hooks see its means
+            self.callbacks.call("on_eval_end", pos.step, pos.epoch, result.means)
         return None, new_best
 
     def close(self) -> None:

@@ -11,6 +11,8 @@
                has one: the dataset's own without DataLoader workers, the StatefulDataLoader's (every
                worker's) with them (hpc_ddp.run.loaders); None otherwise
     best       --keep-best: the best evaluation value so far and its step (hpc_ddp.run.best); None without
+    callbacks  every rank's state of the task's callbacks that have state_dict()/load_state_dict() (PER_RANK,
+               hpc_ddp.run.callbacks); the part exists only when such a callback does
 
 Their keys are the entries of every checkpoint written since 0.1.0: never rename one.
 """
@@ -25,6 +27,7 @@ import torch
 
 from hpc_ddp.run import resume, rng, schedules
 from hpc_ddp.run.best import Best
+from hpc_ddp.run.callbacks import WHAT, Callbacks
 from hpc_ddp.run.checkpoint import content
 from hpc_ddp.run.checkpoint.part import PER_RANK, REPLICATED, SHARDED, Loading, Part
 from hpc_ddp.run.position import Position
@@ -196,3 +199,25 @@ class RngPart(Part):
         if state is None:
             return  # no RNG of this rank in the checkpoint: the run goes on with the seed's stream
         rng.load(state, self.device)
+
+
+class CallbacksPart(Part):
+    """Per rank: under ddp an EMA of the weights is the same on every rank, but under fsdp it holds each rank's
+    shards, and a callback may keep what is its rank's own; each rank's is saved and loaded back by that rank.
+    The cost: the full format gathers every rank's copy to rank 0 (a copy per rank in the file); the sharded
+    format writes each into its rank's own file.
+
+    The state is copied to the CPU here, on every rank: the full format sends each rank's to rank 0 pickled
+    (all_gather_object), where a GPU tensor would come back on the sender's device index, which rank 0 may not
+    have (another node) or must not fill (another rank's GPU)."""
+
+    key, kind, what = "callbacks", PER_RANK, WHAT
+
+    def __init__(self, callbacks: Callbacks) -> None:
+        self.callbacks = callbacks
+
+    def state_dict(self) -> Any:
+        return content.to_cpu(self.callbacks.state_dict(), self.what)
+
+    def load_state_dict(self, state: Any, ctx: Loading) -> None:
+        ctx.notes.extend(self.callbacks.load_state_dict(state))

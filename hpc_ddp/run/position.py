@@ -19,6 +19,7 @@ class Position:
     # --max-steps was reached at `step`, inside an epoch, but the run's end (its final evaluation, the epoch's
     # record) was not: a signal came in that last step or during that evaluation. The resume ends the run.
     end_pending: bool = False
+    stopped: bool = False  # a callback asked the run to stop (hpc_ddp.run.callbacks): it finished at `step`
 
 
 def epochs_done(pos: Position, batches_per_epoch: int) -> int:
@@ -38,5 +39,5 @@ class Outcome:
 
 
 def trained(pos: Position, epochs: int, max_steps: int) -> bool:
-    """No step left to train at `pos` under --epochs and --max-steps (0: no limit)."""
-    return pos.epoch >= epochs or bool(max_steps and pos.step >= max_steps)
+    """No step left to train at `pos` under --epochs and --max-steps (0: no limit), or a callback stopped it."""
+    return pos.stopped or pos.epoch >= epochs or bool(max_steps and pos.step >= max_steps)

@@ -197,6 +197,7 @@ def _train(
                 return _finished(trainer, env, folder, log)
         _begin(trainer, env, folder, log, environ, plan, resized)
         preemption.arm()  # from here on a stop signal is saved for at the next agreed step
+        trainer.callbacks.start(trainer.pos.step, trainer.pos.epoch)  # the task's (hpc_ddp.run.callbacks)
         outcome = trainer.run()
         return _end(trainer, outcome, env, folder, log, environ)
 
@@ -274,6 +275,7 @@ def _end(
     trainer.metrics.end(trainer.pos)
     if not outcome.finished:
         return _preempted(trainer.cfg, env, folder, log, environ, outcome, trainer.pos.step)
+    trainer.callbacks.call("on_train_end", trainer.pos.step, trainer.pos.epoch)  # finished, finally saved
     trainer.strategy.check_in_sync(log)
     _write_model(trainer, env, folder / run_folder.MODEL, log)
     log.main(f"Model saved by rank 0 to {folder / run_folder.MODEL}")
@@ -380,6 +382,13 @@ def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
     cfg, pos = trainer.cfg, trainer.pos
     limits = f"--epochs {cfg.epochs}" + (f" --max-steps {cfg.max_steps}" if cfg.max_steps else "")
     epoch = epochs_done(pos, trainer.batches_per_epoch)  # as its end said it: "ranks ended at epoch 50"
+    if pos.stopped:
+        log.info(
+            f"The run in {folder} already finished at epoch {epoch}, step {pos.step}: a callback stopped it "
+            "(hpc_ddp.Callback, state.request_stop()). Nothing to train, nothing written. To start over, use "
+            "another --folder or --resume never --overwrite"
+        )
+        return
     log.info(
         f"The run in {folder} already finished at epoch {epoch}, step {pos.step} ({limits}): nothing to "
         "train, nothing written. To train further, raise --epochs or --max-steps; to start over, use "

@@ -22,7 +22,7 @@ import importlib
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from hpc_ddp.errors import UsageError
+from hpc_ddp.run.callbacks import Callback
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.params import Parameters
 
@@ -84,6 +85,10 @@ class Task:
                   it the evaluation reports the loss (`loss_fn` or `step`'s).
     shard         --strategy fsdp: shard(model) -> the modules to shard one by one (default: the modules of
                   the model's nn.ModuleLists).
+    callbacks     instances of classes deriving from hpc_ddp.Callback: on_train_start, on_step_end,
+                  on_eval_end, on_save, on_train_end, each given a read-only state; one with state_dict() and
+                  load_state_dict() is checkpointed per rank; state.request_stop() ends the run as finished
+                  (hpc_ddp.run.callbacks, docs/callbacks.md).
 
     A batch may be any structure of tensors (tuples, lists, dicts, namedtuples, dataclasses, objects with
     .to() such as a BatchEncoding): it goes to the rank's device as a whole. Saved in every checkpoint: the
@@ -102,6 +107,7 @@ class Task:
     eval_step: Callable[[nn.Module, Any], Any] | None = field(default=None, kw_only=True)
     shard: Callable[[nn.Module], Iterable[nn.Module]] | None = field(default=None, kw_only=True)
     init_weights: Callable[[nn.Module], None] | None = field(default=None, kw_only=True)
+    callbacks: Sequence[Callback] = field(default=(), kw_only=True)
 
 
 def _synthetic_regression(samples: int, features: int, outputs: int, seed: int) -> TensorDataset:
@@ -250,3 +256,21 @@ def check(task: Task, where: str) -> None:
         value = getattr(task, name)
         if value is not None and not callable(value):
             raise UsageError(f"{where}: Task.{name} is {type(value).__name__}, expected a function")
+    check_callbacks(task.callbacks, where)
+
+
+def check_callbacks(callbacks: Any, where: str) -> None:
+    """Task.callbacks is a list of Callback instances (UsageError naming the first that is not)."""
+    if not isinstance(callbacks, (list, tuple)):
+        raise UsageError(
+            f"{where}: Task.callbacks is {type(callbacks).__name__}, expected a list of hpc_ddp.Callback "
+            "instances, e.g. callbacks=[MyCallback()]"
+        )
+    for i, callback in enumerate(callbacks):
+        if isinstance(callback, Callback):
+            continue
+        if isinstance(callback, type) and issubclass(callback, Callback):
+            found, fix = f"the class {callback.__name__}", f"an instance: {callback.__name__}()"
+        else:
+            found, fix = type(callback).__name__, "an instance of a class deriving from hpc_ddp.Callback"
+        raise UsageError(f"{where}: Task.callbacks[{i}] is {found}, expected {fix}")

@@ -38,6 +38,7 @@ from hpc_ddp.run import forward, metrics, nonfinite, progress, schedules, stragg
 from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.agreed import Agreed, Pending, launch
 from hpc_ddp.run.beacon import Beacon
+from hpc_ddp.run.callbacks import Callbacks
 from hpc_ddp.run.checkpoint import content, formats
 from hpc_ddp.run.checkpoint.format import Opened
 from hpc_ddp.run.checkpoint.part import Part
@@ -49,6 +50,7 @@ from hpc_ddp.run.evaluator import Evaluations, Evaluator
 from hpc_ddp.run.feed import Ahead, Feed
 from hpc_ddp.run.parts import (
     BestPart,
+    CallbacksPart,
     ModelPart,
     OptimizerPart,
     PositionPart,
@@ -113,6 +115,7 @@ class Trainer:
             content.check_savable(self.strategy.model.state_dict(), "the model's state_dict()")
         self.model, self.optimizer = self.strategy.model, self.strategy.optimizer  # the user's, on the device
         self.scaler = self.strategy.scaler
+        self.callbacks = Callbacks(task.callbacks, self.model, self.optimizer, env, self.folder)  # the task's
         self.pos = Position()
         self.save_due = False  # a periodic save waits for a finite step (see _periodic_save)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
@@ -126,12 +129,7 @@ class Trainer:
         known = total if total or not self.feed.iterable else None  # None: a stream without --max-steps
         self.scheduler = schedules.for_run(task, cfg, self.optimizer, known, self.log.main)
         self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (hpc_ddp.run.schedules)
-        evaluator = None
-        if task.eval_dataset is not None:
-            loss, options = self.forward.loss, self.feed.options
-            evaluator = Evaluator(task, cfg, env, self.device, self.strategy, loss, self.beacon, options)
-        plateau = self.scheduler if self.plateau else None
-        self.evaluations = Evaluations(evaluator, cfg, self.best, plateau, self.metrics, self.log)
+        self.evaluations = _evaluations(self, task)
         fmt, record = formats.for_run(cfg, self.folder, env, storage), self.metrics.save
         self.checkpointer = Checkpointer(
             cfg, env, self.folder, _parts(self), fmt, self.log, record, self.beacon, asked_grad_accum
@@ -180,11 +178,11 @@ class Trainer:
 
     # ----- checkpoints ------------------------------------------------------------------------------------
     def save(self, final: bool = False) -> None:
-        """Checkpoint at the current position (a collective; see Checkpointer.save). `final` also waits until
-        it is durable."""
+        """Checkpoint here (a collective: Checkpointer.save; `final`: until durable), then the callbacks' on_save."""
         self.save_due = False
         best = self.best is not None and self.best.step == self.pos.step
-        self.checkpointer.save(self.pos, final, best=best)
+        if self.checkpointer.save(self.pos, final, best=best):
+            self.callbacks.call("on_save", self.pos.step, self.pos.epoch)
 
     def resume_from(self, path: Path, verify: bool = False) -> None:
         """Every rank: load checkpoint `path` (rank 0 verified it already unless `verify`)."""
@@ -206,7 +204,7 @@ class Trainer:
         """One optimizer step over `count` micro-batches (--grad-accum), as the loop takes it; a collective.
         `micro_batches` is read lazily: loading data (the loader's iterator, timed) happens between micro-steps.
         `ahead`: a stream's fetch of its next step (run/feed.py), whose end rides in this step's all-reduce."""
-        strategy, clock, names = self.strategy, self.clock, self.forward.names
+        strategy, clock, names, hooks = self.strategy, self.clock, self.forward.names, self.callbacks
         loss_sum, extras, done = self._step_loss.zero_(), {}, 0
         pending: Pending | None = None
         for batch in micro_batches:
@@ -234,7 +232,7 @@ class Trainer:
                     if ahead is not None:
                         clock.computing()  # the fetch said "data loading"; the backward comes now
                     saving = self.checkpointer.check()
-                    pending = launch(loss_sum, count, saving, exhausted, extras, names or [])
+                    pending = launch(loss_sum, count, saving, exhausted, extras, names or [], hooks.halt)
                 scaled = loss * (1.0 / count)
                 if last and clock.watched:
                     strategy.on_backward_end(scaled, clock.mark_grads_ready)
@@ -254,7 +252,7 @@ class Trainer:
         # The rate this step is taken with, recorded with it (the scheduler's next one is set by then).
         self.step_lr = float(self.optimizer.param_groups[0]["lr"])
         with clock.task:  # the update, as a hand-written loop has it
-            if math.isfinite(agreed.loss_sum) and not agreed.saving:
+            if math.isfinite(agreed.loss_sum) and not agreed.saving and not agreed.halt:
                 if self.scaler:
                     self.scaler.unscale_(self.optimizer)
                 if self.cfg.clip_grad > 0:
@@ -272,7 +270,8 @@ class Trainer:
             # re-views, instead of a memset of every bucket here plus an in-place add during backward.
             self.optimizer.zero_grad(set_to_none=True)
         clock.step_done()
-        self._count(agreed, count)
+        if not agreed.halt or agreed.saving:  # a callback's stop request: this step is not taken, not counted
+            self._count(agreed, count)
         return agreed
 
     def _count(self, agreed: Agreed, size: int) -> None:
@@ -296,6 +295,7 @@ class Trainer:
         )
         clock.data_s = clock.task_s = 0.0
         self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
+        self.callbacks.step_end(pos.step, pos.epoch, agreed.loss_sum / per, extras)
 
     # ----- the loop -------------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -373,6 +373,8 @@ class Trainer:
         """What every rank decides after a step, the same way: an Outcome if the loop must end here. `last`:
         the epoch's last step of a stream."""
         cfg, pos = self.cfg, self.pos
+        if agreed.halt and not agreed.saving:  # a callback asked to stop: every rank learned it here
+            return _stopped(pos, self.log)
         finished = bool(cfg.max_steps and pos.step >= cfg.max_steps)  # evaluated at the end, by run()
         mid_epoch = pos.batch < self.batches_per_epoch
         evaluate = self.evaluations.after_step(pos, mid_epoch, last, finished)
@@ -414,6 +416,26 @@ class Trainer:
         return stopped
 
 
+def _evaluations(trainer: Trainer, task: Task) -> Evaluations:
+    """When and how `trainer` evaluates `task` (nothing is ever due without Task.eval_dataset)."""
+    evaluator = None
+    if task.eval_dataset is not None:
+        loss, options, t = trainer.forward.loss, trainer.feed.options, trainer
+        evaluator = Evaluator(task, t.cfg, t.env, t.device, t.strategy, loss, t.beacon, options)
+    plateau = trainer.scheduler if trainer.plateau else None
+    hooks = (trainer.metrics, trainer.log, trainer.callbacks)
+    return Evaluations(evaluator, trainer.cfg, trainer.best, plateau, *hooks)
+
+
+def _stopped(pos: Position, log: RankLog) -> Outcome:
+    """A callback asked to stop (hpc_ddp.run.callbacks): the step whose packet said so was not taken, and the run
+    ends as finished at the one before, as --max-steps would end it there (its final evaluation, the epoch's
+    record, the final save), for good: a rerun finds it finished."""
+    log.main(f"a callback asked to stop: every rank ends the run at step {pos.step}")
+    pos.stopped = True
+    return Outcome(True)
+
+
 def _total_steps(cfg: TrainConfig, feed: Feed) -> int:
     """The run's last step, from --epochs and --max-steps; a stream's is --max-steps alone (0: unknown)."""
     if feed.iterable:
@@ -437,4 +459,4 @@ def _parts(trainer: Trainer) -> list[Part]:
         StreamPart(lambda: trainer.feed.state, trainer.feed.load),
         BestPart(trainer.best),
         RngPart(trainer.device),
-    ]
+    ] + ([CallbacksPart(trainer.callbacks)] if trainer.callbacks.stateful else [])

@@ -48,7 +48,7 @@ class _Unsavable(Exception):
             f"{where} is a {kind.__module__}.{kind.__qualname__} ({repr(self.value)[:60]}), which a "
             "checkpoint cannot hold: torch.load(weights_only=True) refuses it, so the checkpoint could never "
             "be resumed. Fix: keep plain Python numbers, strings, lists, dicts and torch tensors in the "
-            "model's and optimizer's state (or register the type with torch.serialization.add_safe_globals "
+            "model's, the optimizer's and the callbacks' state (or register the type with torch.serialization.add_safe_globals "
             "in your task module)"
         )
 
