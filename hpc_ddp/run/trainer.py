@@ -58,6 +58,7 @@ from hpc_ddp.run.parts import (
     StreamPart,
 )
 from hpc_ddp.run.position import Outcome, Position, trained
+from hpc_ddp.run.sinks import trackers
 from hpc_ddp.run.strategy.base import Strategy
 from hpc_ddp.run.tasks import Task
 
@@ -117,6 +118,9 @@ class Trainer:
         self.save_due = False  # a periodic save waits for a finite step (see _periodic_save)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.step_lr = 0.0  # the rate this step was taken with (recorded: the scheduler moved on since)
+        self.grad_norm: torch.Tensor | None = (
+            None  # this step's gradient norm before clipping (on the device)
+        )
         self._step_loss = torch.zeros((), device=self.device)  # this step's micro-batch losses, on the device
         total = _total_steps(cfg, self.feed)
         main_folder = self.folder if env.is_main else None  # rank 0 records
@@ -126,6 +130,11 @@ class Trainer:
         known = total if total or not self.feed.iterable else None  # None: a stream without --max-steps
         self.scheduler = schedules.for_run(task, cfg, self.optimizer, known, self.log.main)
         self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (hpc_ddp.run.schedules)
+        self.metrics.params = trackers.run_params(
+            cfg.as_dict(),
+            f"Task.optimizer ({type(self.optimizer).__name__})" if task.optimizer else "SGD (--lr)",
+            f"Task.scheduler ({type(self.scheduler).__name__})" if task.scheduler else "",
+        )
         evaluator = None
         if task.eval_dataset is not None:
             loss, options = self.forward.loss, self.feed.options
@@ -257,8 +266,12 @@ class Trainer:
             if math.isfinite(agreed.loss_sum) and not agreed.saving:
                 if self.scaler:
                     self.scaler.unscale_(self.optimizer)
+                # The norm before clipping, kept a tensor: converted only for a record (run/metrics.py), so that
+                # a GPU step waits for nothing here. Free with --clip-grad; else one more reduction.
                 if self.cfg.clip_grad > 0:
-                    strategy.clip_grad_norm(self.cfg.clip_grad)
+                    self.grad_norm = strategy.clip_grad_norm(self.cfg.clip_grad)
+                else:
+                    self.grad_norm = strategy.grad_norm()
                 if self.scaler:
                     self.scaler.step(self.optimizer)
                     self.scaler.update()
@@ -267,6 +280,8 @@ class Trainer:
                 # Once per applied step, never per micro-batch; a plateau schedule by evaluations instead.
                 if self.scheduler is not None and not self.plateau:
                     self.scheduler.step()
+            else:
+                self.grad_norm = None  # no update: no norm of it
             # set_to_none even with DDP's bucket views (hpc_ddp.bench: mlp, 2 CPU ranks, ~1350 -> ~1460
             # samples/s): backward then hands DDP a fresh gradient that it copies into the bucket once and
             # re-views, instead of a memset of every bucket here plus an in-place add during backward.
@@ -292,7 +307,14 @@ class Trainer:
         samples = self.cfg.batch_size * size * self.env.world_size
         clock = self.clock
         self.metrics.step(
-            pos, agreed.loss_sum / per, samples, self.step_lr, clock.data_s, extras, clock.task_s
+            pos,
+            agreed.loss_sum / per,
+            samples,
+            self.step_lr,
+            clock.data_s,
+            extras,
+            clock.task_s,
+            self.grad_norm,
         )
         clock.data_s = clock.task_s = 0.0
         self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
