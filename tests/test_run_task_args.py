@@ -167,6 +167,11 @@ def test_trackers_get_the_options_in_full_the_task_settings_and_the_tasks_own_pa
     assert got == [params]
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(tensor, "to_local", None)  # a DTensor (fsdp): on one rank, its shard is all of it
+    return to_local() if to_local is not None else tensor
+
+
 def run_steps(cfg: TrainConfig, folder: Path, wrap: str) -> tuple[list[float], list[dict[str, Any]]]:
     """A real Trainer's run of `cfg` on a one-rank gloo group, the strategy's `wrap` method recording what it
     returns (and, for grad_norm, the norm of the gradients computed apart); the step records."""
@@ -180,8 +185,10 @@ def run_steps(cfg: TrainConfig, folder: Path, wrap: str) -> tuple[list[float], l
             original = getattr(strategy, wrap)
 
             def recorded(*args: Any) -> torch.Tensor:
-                if wrap == "grad_norm":  # computed apart: every gradient as one vector
-                    grads = [p.grad.flatten() for p in strategy.parameters() if p.grad is not None]
+                if (
+                    wrap == "grad_norm"
+                ):  # computed apart: every gradient as one vector (fsdp: one rank's shards)
+                    grads = [_local(p.grad).flatten() for p in strategy.parameters() if p.grad is not None]
                     apart = float(torch.linalg.vector_norm(torch.cat(grads)))
                 norm = original(*args)
                 seen.append(float(norm))
@@ -194,9 +201,21 @@ def run_steps(cfg: TrainConfig, folder: Path, wrap: str) -> tuple[list[float], l
     return seen, [r for r in read_records(folder / "metrics.jsonl") if r["event"] == "step"]
 
 
-@pytest.mark.parametrize(("clip", "wrap"), [(0.05, "clip_grad_norm"), (0.0, "grad_norm")])
-def test_grad_norm_is_the_clippings_norm_in_every_step_record(clip: float, wrap: str, tmp_path: Path) -> None:
-    cfg = TrainConfig(epochs=1, batch_size=64, clip_grad=clip, save_every_epochs=0, log_every_s=1e9)
+@pytest.mark.parametrize(
+    ("clip", "wrap", "strategy"),
+    [
+        (0.05, "clip_grad_norm", "ddp"),
+        (0.0, "grad_norm", "ddp"),
+        (0.05, "clip_grad_norm", "fsdp"),
+        (0.0, "grad_norm", "fsdp"),
+    ],
+)
+def test_grad_norm_is_the_clippings_norm_in_every_step_record(
+    clip: float, wrap: str, strategy: str, tmp_path: Path
+) -> None:
+    cfg = TrainConfig(
+        epochs=1, batch_size=64, clip_grad=clip, save_every_epochs=0, log_every_s=1e9, strategy=strategy
+    )
     seen, steps = run_steps(cfg, tmp_path, wrap)
     assert len(steps) == len(seen) >= 10  # a record for every step of a short run
     assert [r["grad_norm"] for r in steps] == seen  # rank 0's, exactly (the same on every rank after DDP)
@@ -283,3 +302,31 @@ def test_a_run_records_its_settings_and_refuses_a_resume_with_others(tmp_path: P
         line for line in (again.stdout + again.stderr).splitlines() if "--task-arg width=3 (now 4)" in line
     ]
     assert said and "Fix:" in said[0], again.stdout[-2000:] + again.stderr[-2000:]
+
+
+def test_the_resume_doctor_passes_the_settings_to_both_its_runs(tmp_path: Path) -> None:
+    from hpc_ddp.doctor import resume
+
+    ns = configfile.parse(
+        resume.build_argparser(), ["--task-arg", "width=3", "--task", "task_args_tasks:sized"]
+    )
+    check = resume.Check(from_namespace(ns), tmp_path, ("--nodes", "1"), 10, 0)
+    for name in ("uninterrupted", "stopped"):
+        argv = check.argv(name)
+        assert "--task-arg=width=3" in argv
+        assert from_namespace(parser().parse_args(argv[argv.index("--nodes") + 2 :])).task_args == {
+            "width": 3
+        }
+
+
+def test_the_report_draws_grad_norm_with_the_steps_own_values() -> None:
+    from hpc_ddp.report.recorded import compile_records
+
+    records = [
+        {"event": "start", "job": "1", "restart": 0, "step": 0, "time": 1.0},
+        {"event": "step", "step": 1, "loss": 1.0, "grad_norm": 2.5, "time": 2.0},
+        {"event": "step", "step": 2, "loss": 0.5, "grad_norm": None, "time": 3.0},  # no update applied
+        {"event": "step", "step": 3, "loss": 0.4, "grad_norm": 1.5, "time": 4.0},
+    ]
+    series = compile_records(records).extras["grad_norm"]
+    assert list(series.steps) == [1, 3] and list(series.values) == [2.5, 1.5]

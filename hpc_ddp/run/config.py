@@ -369,9 +369,8 @@ def from_namespace(ns: argparse.Namespace) -> TrainConfig:
     """Build the validated config from parsed flags (raises UsageError)."""
     values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)}
     # The file's [task-args] table (hpc_ddp.run.configfile sets it as a parser default), then --task-arg.
-    values["task_args"] = taskargs.merge(getattr(ns, TASK_ARGS_FILE, None), values["task_args"])
+    values["task_args"] = taskargs.merge(getattr(ns, taskargs.FILE_DEST, None), values["task_args"])
     return TrainConfig(**{k: False if v is None and k in _FLAGS else v for k, v in values.items()})
 
 
-TASK_ARGS_FILE = "task_args_file"  # the namespace's name of a --config file's [task-args] table
 _FLAGS = {f.name for f in dataclasses.fields(TrainConfig) if f.type in ("bool", bool)}

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import UsageError
+from hpc_ddp.run import taskargs
 
 OPTION = "--config"
 HELP = (
@@ -53,17 +54,7 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _toml() -> Any:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
-        try:
-            import tomli as tomllib
-        except ModuleNotFoundError:
-            raise UsageError(
-                "--config needs a TOML parser: Python 3.11+ has tomllib; on Python 3.10 install tomli "
-                "(pip install tomli, which the kit's own install does on 3.10)"
-            ) from None
-    return tomllib
+    return taskargs.toml_parser()
 
 
 def read(path: str) -> dict[str, Any]:
@@ -144,15 +135,12 @@ def _value(key: str, value: Any, action: argparse.Action, path: str) -> Any:
 
 def defaults(parser: argparse.ArgumentParser, table: Mapping[str, Any], path: str) -> dict[str, Any]:
     """The parser's defaults the file sets, by destination (UsageError for an unknown key or a bad value)."""
-    from hpc_ddp.run import taskargs
-    from hpc_ddp.run.config import TASK_ARGS_FILE
-
     options = _options(parser)
     found: dict[str, Any] = {}
     for raw, value in table.items():
         key = raw.replace("_", "-")
         if key == taskargs.TABLE and taskargs.OPTION[2:] in options:  # the task's own settings
-            found[TASK_ARGS_FILE] = taskargs.from_table(value, path)
+            found[taskargs.FILE_DEST] = taskargs.from_table(value, path)
             continue
         if key == taskargs.OPTION[2:] and taskargs.OPTION[2:] in options:
             raise UsageError(

@@ -8,9 +8,11 @@ the epoch). Steps count optimizer steps from 1 over the whole run; `epoch` count
   `step_time_s` (this step), `lr` (the first parameter group's), `data_s` (mean seconds per step that rank 0
   waited for its data since the last "step" record), `total_steps` (of the whole run: epochs x steps per
   epoch, or --max-steps), `eta_s` (at the mean time of the recent steps, this process's first step left out;
-  null until there is one). A run of up to POINTS steps has one for every step; a longer one has one every
-  ceil(total_steps / POINTS) steps, so that a million steps write a few MB at most (about 250 bytes a
-  record); a process that stops between two of them (an error, a stop) writes its last step's on its way out.
+  null until there is one), `grad_norm` (the gradients' total norm before clipping, after the all-reduce:
+  rank 0's, the same on every rank; null for a step whose update was not applied). A run of up to POINTS
+  steps has one for every step; a longer one has one every ceil(total_steps / POINTS) steps, so that a million
+  steps write a few MB at most (about 270 bytes a record); a process that stops between two of them (an error,
+  a stop) writes its last step's on its way out.
   With a Task.step that returns extra values: `metrics`, {name: value averaged over all ranks}.
 - "eval" (each evaluation): `epoch`, `step`, `samples` (evaluated, all ranks), `metrics` ({name: mean over
   every evaluated sample}).

@@ -37,6 +37,7 @@ from typing import Any
 from hpc_ddp.errors import UsageError
 
 OPTION = "--task-arg"
+FILE_DEST = "task_args_file"  # the parsed namespace's name of a --config file's [task-args] (configfile.py)
 TABLE = "task-args"
 KEY = re.compile(r"[A-Za-z0-9_-]+")
 HELP = (
@@ -160,11 +161,24 @@ def _check_value(value: Any, key: str, where: str) -> Any:
     return value
 
 
+def toml_parser() -> Any:
+    """tomllib (Python 3.11+), or on Python 3.10 tomli, the same parser published apart."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            raise UsageError(
+                "--config needs a TOML parser: Python 3.11+ has tomllib (--task-arg's values too); on Python 3.10 "
+                "install tomli (pip install tomli, which the kit's own install does on 3.10)"
+            ) from None
+    return tomllib
+
+
 def parse_value(text: str) -> Any:
     """`text` as a TOML value, or the text itself when it is not one (or is a date or time)."""
-    from hpc_ddp.run.configfile import _toml
-
-    toml = _toml()
+    toml = toml_parser()
     try:
         value = toml.loads(f"v = {text}")["v"]
         _check_value(value, "v", OPTION)

@@ -118,9 +118,7 @@ class Trainer:
         self.save_due = False  # a periodic save waits for a finite step (see _periodic_save)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.step_lr = 0.0  # the rate this step was taken with (recorded: the scheduler moved on since)
-        self.grad_norm: torch.Tensor | None = (
-            None  # this step's gradient norm before clipping (on the device)
-        )
+        self.grad_norm: torch.Tensor | None = None  # the step's norm before clipping (a tensor)
         self._step_loss = torch.zeros((), device=self.device)  # this step's micro-batch losses, on the device
         total = _total_steps(cfg, self.feed)
         main_folder = self.folder if env.is_main else None  # rank 0 records
@@ -130,11 +128,7 @@ class Trainer:
         known = total if total or not self.feed.iterable else None  # None: a stream without --max-steps
         self.scheduler = schedules.for_run(task, cfg, self.optimizer, known, self.log.main)
         self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (hpc_ddp.run.schedules)
-        self.metrics.params = trackers.run_params(
-            cfg.as_dict(),
-            f"Task.optimizer ({type(self.optimizer).__name__})" if task.optimizer else "SGD (--lr)",
-            f"Task.scheduler ({type(self.scheduler).__name__})" if task.scheduler else "",
-        )
+        self.metrics.params = _tracker_params(cfg, task, self.optimizer, self.scheduler)
         evaluator = None
         if task.eval_dataset is not None:
             loss, options = self.forward.loss, self.feed.options
@@ -229,9 +223,7 @@ class Trainer:
                 with strategy.autocast(), clock.task:
                     loss, more = self.forward(strategy.wrapped, batch)
                 forward.trainable(loss)
-                if (
-                    names is None
-                ):  # the first micro-batch: every rank returned the same metrics (a collective)
+                if names is None:  # the first micro-batch: the same metrics on every rank (a collective)
                     self.forward.agree(more)
                     names = self.forward.names
                 forward.add(extras, more, names)
@@ -261,17 +253,14 @@ class Trainer:
         agreed = pending.wait()
         clock.optimizer()
         # The rate this step is taken with, recorded with it (the scheduler's next one is set by then).
-        self.step_lr = float(self.optimizer.param_groups[0]["lr"])
+        self.step_lr, self.grad_norm = float(self.optimizer.param_groups[0]["lr"]), None  # a norm: if applied
         with clock.task:  # the update, as a hand-written loop has it
             if math.isfinite(agreed.loss_sum) and not agreed.saving:
                 if self.scaler:
                     self.scaler.unscale_(self.optimizer)
-                # The norm before clipping, kept a tensor: converted only for a record (run/metrics.py), so that
-                # a GPU step waits for nothing here. Free with --clip-grad; else one more reduction.
-                if self.cfg.clip_grad > 0:
-                    self.grad_norm = strategy.clip_grad_norm(self.cfg.clip_grad)
-                else:
-                    self.grad_norm = strategy.grad_norm()
+                # The norm before clipping (free with --clip-grad), a tensor: read for a record only (metrics.py).
+                clip = self.cfg.clip_grad
+                self.grad_norm = strategy.clip_grad_norm(clip) if clip > 0 else strategy.grad_norm()
                 if self.scaler:
                     self.scaler.step(self.optimizer)
                     self.scaler.update()
@@ -280,8 +269,6 @@ class Trainer:
                 # Once per applied step, never per micro-batch; a plateau schedule by evaluations instead.
                 if self.scheduler is not None and not self.plateau:
                     self.scheduler.step()
-            else:
-                self.grad_norm = None  # no update: no norm of it
             # set_to_none even with DDP's bucket views (hpc_ddp.bench: mlp, 2 CPU ranks, ~1350 -> ~1460
             # samples/s): backward then hands DDP a fresh gradient that it copies into the bucket once and
             # re-views, instead of a memset of every bucket here plus an in-place add during backward.
@@ -306,16 +293,8 @@ class Trainer:
         extras = dict(zip(self.forward.names or (), (v / per for v in agreed.extras), strict=True))
         samples = self.cfg.batch_size * size * self.env.world_size
         clock = self.clock
-        self.metrics.step(
-            pos,
-            agreed.loss_sum / per,
-            samples,
-            self.step_lr,
-            clock.data_s,
-            extras,
-            clock.task_s,
-            self.grad_norm,
-        )
+        mean, lr, norm = agreed.loss_sum / per, self.step_lr, self.grad_norm
+        self.metrics.step(pos, mean, samples, lr, clock.data_s, extras, clock.task_s, norm)
         clock.data_s = clock.task_s = 0.0
         self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
 
@@ -434,6 +413,16 @@ class Trainer:
             stopped, new_best = self.evaluations.run(self.pos)
         self.save_due = self.save_due or new_best
         return stopped
+
+
+def _tracker_params(cfg: TrainConfig, task: Task, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """The trackers' run parameters: the options, the task's settings, and the task's own optimizer and
+    scheduler said by their class (hpc_ddp.run.sinks.trackers.run_params)."""
+    return trackers.run_params(
+        cfg.as_dict(),
+        f"Task.optimizer ({type(optimizer).__name__})" if task.optimizer else "SGD (--lr)",
+        f"Task.scheduler ({type(scheduler).__name__})" if task.scheduler else "",
+    )
 
 
 def _total_steps(cfg: TrainConfig, feed: Feed) -> int:
