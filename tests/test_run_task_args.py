@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import run_module
+from conftest import clean_environ, run_module
 
 from hpc_ddp.cli import build_parser
 from hpc_ddp.cluster import env as dist_env
@@ -330,3 +331,59 @@ def test_the_report_draws_grad_norm_with_the_steps_own_values() -> None:
     ]
     series = compile_records(records).extras["grad_norm"]
     assert list(series.steps) == [1, 3] and list(series.values) == [2.5, 1.5]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(150)
+def test_fsdp_records_the_global_norm_as_ddp_does(tmp_path: Path) -> None:
+    """2 ranks: the first step's gradients are the same under ddp and fsdp (same init, same data); fsdp's norm
+    over its shards alone would be about 1/sqrt(2) of it."""
+    first = {}
+    for strategy in ("ddp", "fsdp"):
+        folder = tmp_path / strategy
+        proc = run_module(
+            "hpc_ddp.submit", "--local", "--nodes", "1", "--tasks-per-node", "2", "--folder", str(folder),
+            "--task", "mlp", "--epochs", "1", "--max-steps", "2", "--save-every-epochs", "0", "--strategy", strategy,
+            cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        steps = [r for r in read_records(folder / "metrics.jsonl") if r["event"] == "step"]
+        first[strategy] = steps[0]["grad_norm"]
+    assert first["fsdp"] == pytest.approx(first["ddp"], rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(200)
+def test_offline_trackers_get_the_settings_the_tasks_scheduler_and_grad_norm(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+    from test_report_run import offline_trackers  # wandb offline, an MLflow file store, under tmp_path
+    from tracker_check import wandb_run
+
+    folder = tmp_path / "run"
+    proc = run_module(
+        "hpc_ddp.submit", "--local", "--nodes", "1", "--tasks-per-node", "1", "--folder", str(folder),
+        "--task", "task_args_tasks:scheduled", "--epochs", "1", "--max-steps", "2", "--save-every-epochs", "0",
+        "--tracker", "wandb,mlflow", "--task-arg", "depth=12", "--task-arg", "name=wide",
+        cwd=tmp_path, timeout=150, env=clean_environ(**offline_trackers(tmp_path)),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ids = json.loads((folder / "trackers.json").read_text())
+    (run_file,) = sorted((folder / "wandb").glob("offline-run-*/run-*.wandb"))
+    config = {k: json.loads(v) for k, v in wandb_run(run_file)["config"].items()}
+    assert (
+        config["lr_schedule"] == "Task.scheduler (LambdaLR)"
+        and config["optimizer"] == "Task.optimizer (AdamW)"
+    )
+    assert (
+        config["task_args.depth"] == 12 and config["task_args.name"] == "wide" and config["batch_size"] == 32
+    )
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # the test reads the file store the run wrote
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    run = client.get_run(ids["mlflow"]["id"])
+    assert (
+        run.data.params["lr_schedule"] == "Task.scheduler (LambdaLR)"
+        and run.data.params["task_args.depth"] == "12"
+    )
+    norms = client.get_metric_history(run.info.run_id, "train/grad_norm")
+    steps = [r for r in read_records(folder / "metrics.jsonl") if r["event"] == "step"]
+    assert [m.value for m in norms] == pytest.approx([r["grad_norm"] for r in steps]) and len(norms) == 2
