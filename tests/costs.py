@@ -127,6 +127,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_teardown.py": ("unit", "process"),
     "test_run_trainer.py": "unit",
     "test_run_callbacks.py": ("unit", "ranks"),
+    "test_run_task_args.py": ("unit", "ranks"),
     "test_run_exact.py": "process",
     "test_run_exact_ranks.py": "ranks",
     "test_suite.py": ("unit", "process"),

@@ -225,6 +225,10 @@ def check_report(folder: Path, shot: Path, *args: str, expect_heatmap: bool | No
     if expect_heatmap is None:
         expect_heatmap = any(r.get("event") == "ranks" for r in read_records(folder / "metrics.jsonl"))
     expected = [n for n in IMAGES if expect_heatmap or n != "step-time-heatmap.png"]
+    # A step's own values, and its gradient norm (every step record's since issue 46), are drawn in their own.
+    steps = [r for r in read_records(folder / "metrics.jsonl") if r.get("event") == "step"]
+    if any(r.get("grad_norm") is not None or r.get("metrics") for r in steps):
+        expected.append("train-metrics.png")
     images = inline_images(page)
     assert sorted(images) == sorted(expected), sorted(images)
     shares = {}

@@ -60,7 +60,7 @@ def test_every_sink_gets_the_records_of_metrics_jsonl_and_every_steps_scalars(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kept = Kept()
-    monkeypatch.setattr(sinks, "optional", lambda folder, cfg: [kept])
+    monkeypatch.setattr(sinks, "optional", lambda folder, cfg, params=None: [kept])
     rec = Recorder(tmp_path, TrainConfig(), detect({}), total_steps=3)
     run(rec, 3)
     assert kept.records == read_records(tmp_path / "metrics.jsonl")
@@ -77,7 +77,7 @@ def test_a_failing_optional_sink_is_dropped_with_one_warning_and_the_others_go_o
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broken, kept = Broken(), Kept()
-    monkeypatch.setattr(sinks, "optional", lambda folder, cfg: [broken, kept])
+    monkeypatch.setattr(sinks, "optional", lambda folder, cfg, params=None: [broken, kept])
     said: list[str] = []
     rec = Recorder(tmp_path, TrainConfig(), detect({}), total_steps=3, warn=said.append)
     run(rec, 3)

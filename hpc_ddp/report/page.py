@@ -22,7 +22,7 @@ CAPTIONS = {
     "time-breakdown.png": "Where each attempt's time went, from the time before it (a queue wait, or the time "
     'between attempts; not allocated) to its end; "all" sums the attempts.',
     "train-metrics.png": "Each value the task's step returns besides its loss (the mean over the step's "
-    "micro-batches and all ranks) at each recorded step.",
+    "micro-batches and all ranks) at each recorded step, and grad_norm: the gradients' norm before clipping.",
     "evaluation.png": "Each evaluation metric (the mean over every evaluated sample, all ranks) at the step it "
     "was evaluated at; with --keep-best, a star marks the evaluation whose checkpoint checkpoints/best keeps.",
 }

@@ -258,6 +258,9 @@ def compile_records(records: Iterable[Mapping[str, Any]]) -> Recorded:
                 run.step_times.append(step_time)
             elif (step_time := duration_or_none(step_time)) is not None:
                 run.step_times.append(step_time)
+            # The gradient norm before clipping (issue 46): drawn with the task's own values, train-metrics.png.
+            if (norm := num(r.get("grad_norm"))) is not None:
+                run.extras.setdefault("grad_norm", Series()).add(step, t, norm)
             extras = r.get("metrics")  # absent unless the task's step returns its own values
             if extras is not None and isinstance(extras, Mapping):
                 for name, value in extras.items():

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run import options
+from hpc_ddp.run import options, taskargs
 from hpc_ddp.run.checkpoint.options import ASYNC_SAVE_DEFAULT as ASYNC_SAVE_DEFAULT
 from hpc_ddp.run.checkpoint.options import CheckpointOptions
 from hpc_ddp.run.evaluation import EvalOptions
@@ -39,6 +39,7 @@ from hpc_ddp.run.schedules import ScheduleOptions
 from hpc_ddp.run.sinks.options import LoggingOptions
 from hpc_ddp.run.strategy.options import AMP_CHOICES as AMP_CHOICES
 from hpc_ddp.run.strategy.options import StrategyOptions
+from hpc_ddp.run.taskargs import TaskArgs
 from hpc_ddp.run.watchdog import GroupOptions
 from hpc_ddp.run.workers import DataOptions
 
@@ -89,6 +90,8 @@ class RunOptions:
             "uninterrupted one"
         },
     )
+    # The task's own settings (hpc_ddp.run.taskargs): --task-arg KEY=VALUE and a --config file's [task-args].
+    task_args: TaskArgs = field(default=TaskArgs(), metadata={"help": taskargs.HELP})
     nonfinite_loss: str = field(
         default="stop",
         metadata={
@@ -106,6 +109,8 @@ class RunOptions:
         self._check_run()
 
     def _check_run(self) -> None:
+        if not isinstance(self.task_args, TaskArgs):  # TrainConfig(task_args={...}) in code: frozen the same
+            object.__setattr__(self, "task_args", TaskArgs(self.task_args))
         options.at_least(self, 1, ["epochs", "batch_size", "grad_accum"])
         options.at_least(self, 0, ["max_steps", "clip_grad"])
         if not self.lr > 0:
@@ -241,6 +246,9 @@ class TrainConfig(
             value = getattr(self, f.name)
             if value == f.default:
                 continue
+            if f.name == "task_args":
+                argv.extend(self.task_args.argv())
+                continue
             if isinstance(value, bool):
                 argv.append(f"--{options.flag(f.name)}")
             else:
@@ -251,7 +259,9 @@ class TrainConfig(
         return dataclasses.replace(self, folder=folder)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every option by name, plain (JSON-ready: `task_args` a dict): run.json, the checkpoint, trackers."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**values, "task_args": self.task_args.plain()}
 
 
 def check_min_nodes(cfg: TrainConfig, nodes: int, tasks_per_node: int | None) -> None:
@@ -298,12 +308,17 @@ def accum_for(grad_accum: int, saved: int, now: int) -> int | None:
 
 def differences(saved: dict[str, Any], cfg: TrainConfig, skip: tuple[str, ...] = ()) -> list[str]:
     """The MUST_MATCH fields where `saved` (a run's recorded config) differs from `cfg`, each as
-    "--seed 0 (now 1)"; empty when `cfg` continues that run."""
-    return [
+    "--seed 0 (now 1)", then the task's settings that differ ("--task-arg depth=12 (now 16)": they shape the
+    task as much); empty when `cfg` continues that run. A record from before task settings has none to check."""
+    found = [
         f"--{options.flag(k)} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
         for k in MUST_MATCH
         if k in saved and saved[k] != getattr(cfg, k) and k not in skip
     ]
+    recorded = saved.get("task_args")
+    if isinstance(recorded, dict):
+        found += taskargs.differences(recorded, cfg.task_args)
+    return found
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, folder_default: str | None = None) -> None:
@@ -314,6 +329,17 @@ def add_train_arguments(parser: argparse.ArgumentParser, folder_default: str | N
         help_text = f.metadata.get("help", "")
         if f.name == "folder" and folder_default:
             help_text = help_text.replace("runs/<job id>", folder_default)
+        if f.name == "task_args":  # repeatable; merged over the --config file's [task-args] by from_namespace
+            group.add_argument(
+                f"--{options.flag(f.name)}",
+                taskargs.OPTION,
+                dest="task_args",
+                action="append",
+                default=None,
+                metavar="KEY=VALUE",
+                help=help_text,
+            )
+            continue
         if f.type in ("bool", bool):
             # --no-FLAG turns off what a --config file turned on. The default is None, not False: Python 3.10's
             # BooleanOptionalAction would add a second "(default: False)" to the help (from_namespace: False).
@@ -342,6 +368,8 @@ def _shown(default: Any) -> str:
 def from_namespace(ns: argparse.Namespace) -> TrainConfig:
     """Build the validated config from parsed flags (raises UsageError)."""
     values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainConfig)}
+    # The file's [task-args] table (hpc_ddp.run.configfile sets it as a parser default), then --task-arg.
+    values["task_args"] = taskargs.merge(getattr(ns, taskargs.FILE_DEST, None), values["task_args"])
     return TrainConfig(**{k: False if v is None and k in _FLAGS else v for k, v in values.items()})
 
 

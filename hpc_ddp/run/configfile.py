@@ -7,6 +7,9 @@
     lr = 3e-4
     deterministic = true
 
+    [task-args]      # the task's own settings, after the options: config.task_args (hpc_ddp.run.taskargs)
+    depth = 12
+
     python -m hpc_ddp.submit --local --config run.toml --epochs 8    # the command line wins: 8 epochs
 
 Precedence: command-line options > the file > the defaults. The file's values become the parser's defaults, so
@@ -35,11 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import UsageError
+from hpc_ddp.run import taskargs
 
 OPTION = "--config"
 HELP = (
-    "read options from this TOML file, keys named as the long options (batch-size = 64); options on the "
-    "command line override it (default: none)"
+    "read options from this TOML file, keys named as the long options (batch-size = 64), and the task's own "
+    "settings in a [task-args] table after them (depth = 12: config.task_args, see --task-arg); options on the "
+    "command line override it, --task-arg key by key (default: none)"
 )
 
 
@@ -49,17 +54,7 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _toml() -> Any:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
-        try:
-            import tomli as tomllib
-        except ModuleNotFoundError:
-            raise UsageError(
-                "--config needs a TOML parser: Python 3.11+ has tomllib; on Python 3.10 install tomli "
-                "(pip install tomli, which the kit's own install does on 3.10)"
-            ) from None
-    return tomllib
+    return taskargs.toml_parser()
 
 
 def read(path: str) -> dict[str, Any]:
@@ -144,6 +139,14 @@ def defaults(parser: argparse.ArgumentParser, table: Mapping[str, Any], path: st
     found: dict[str, Any] = {}
     for raw, value in table.items():
         key = raw.replace("_", "-")
+        if key == taskargs.TABLE and taskargs.OPTION[2:] in options:  # the task's own settings
+            found[taskargs.FILE_DEST] = taskargs.from_table(value, path)
+            continue
+        if key == taskargs.OPTION[2:] and taskargs.OPTION[2:] in options:
+            raise UsageError(
+                f"--config {path}: {raw} = ...: the task's settings go in a [{taskargs.TABLE}] table (after the "
+                "options: a line [task-args], then depth = 12)"
+            )
         if isinstance(value, dict):
             raise UsageError(f"--config {path}: [{raw}] is a table; every option is a key at the top level")
         action = options.get(key)
@@ -176,6 +179,8 @@ def dump(config: Any) -> str:
     lines = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
+        if f.name == "task_args":  # a table: after every top-level key
+            continue
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, (int, float)):
@@ -183,7 +188,8 @@ def dump(config: Any) -> str:
         else:
             text = json.dumps(str(value))
         lines.append(f"{f.name.replace('_', '-')} = {text}")
-    return "\n".join(lines) + "\n"
+    task_args = getattr(config, "task_args", None)
+    return "\n".join(lines) + "\n" + (task_args.toml() if task_args is not None else "")
 
 
 def save(folder: Path, config: Any) -> None:

@@ -8,9 +8,11 @@ the epoch). Steps count optimizer steps from 1 over the whole run; `epoch` count
   `step_time_s` (this step), `lr` (the first parameter group's), `data_s` (mean seconds per step that rank 0
   waited for its data since the last "step" record), `total_steps` (of the whole run: epochs x steps per
   epoch, or --max-steps), `eta_s` (at the mean time of the recent steps, this process's first step left out;
-  null until there is one). A run of up to POINTS steps has one for every step; a longer one has one every
-  ceil(total_steps / POINTS) steps, so that a million steps write a few MB at most (about 250 bytes a
-  record); a process that stops between two of them (an error, a stop) writes its last step's on its way out.
+  null until there is one), `grad_norm` (the gradients' total norm before clipping, after the all-reduce:
+  rank 0's, the same on every rank; null for a step whose update was not applied). A run of up to POINTS
+  steps has one for every step; a longer one has one every ceil(total_steps / POINTS) steps, so that a million
+  steps write a few MB at most (about 270 bytes a record); a process that stops between two of them (an error,
+  a stop) writes its last step's on its way out.
   With a Task.step that returns extra values: `metrics`, {name: value averaged over all ranks}.
 - "eval" (each evaluation): `epoch`, `step`, `samples` (evaluated, all ranks), `metrics` ({name: mean over
   every evaluated sample}).
@@ -121,6 +123,9 @@ class Recorder:
         self.total_steps = total_steps
         self.sinks = sinks.Sinks([JsonLines(self.path, warn or _warn)] if self.path else [], warn or _warn)
         self.opened = False  # the optional sinks (opened by the first `start`)
+        self.params: Mapping[str, Any] | None = (
+            None  # the trackers' run parameters (the trainer's: run_params)
+        )
         self.live = live_mode() if folder else ""
         self.tty = self.live == "tty"
         self.started = time.monotonic()
@@ -136,8 +141,8 @@ class Recorder:
         self.kit_s = 0.0  # the kit's own time in this process's warm steps (see `step`)
         self.data_sum, self.data_steps = 0.0, 0  # rank 0's data wait since the last "step" record
         self.reached = StepFile(folder) if folder else None
-        # epoch, step, loss, step time, lr, Task.step's extras
-        self.last: tuple[int, int, float, float, float, Mapping[str, float] | None] | None = None
+        # epoch, step, loss, step time, lr, Task.step's extras, the gradient norm (a tensor until recorded)
+        self.last: tuple[int, int, float, float, float, Mapping[str, float] | None, Any] | None = None
         self.written = -1  # the step of the last "step" record written
         self.ranks_pending: list[list[float]] | None = None  # the slowest of the windows not written yet
         self.ranks_written = 0  # the step of the last "ranks" record
@@ -166,10 +171,13 @@ class Recorder:
         data_s: float = 0.0,
         extras: Mapping[str, float] | None = None,
         task_s: float = 0.0,
+        grad_norm: Any = None,
     ) -> None:
         """A step ended. `data_s`: its wait for data; `task_s`: its time in the task's own work (forward,
         backward with DDP's gradient all-reduce, the update: hpc_ddp.run.clock). What is left of the step's
-        time is the kit's own work (`kit_us_per_step` in the end record)."""
+        time is the kit's own work (`kit_us_per_step` in the end record). `grad_norm`: the gradients' norm
+        before clipping, a tensor on the device (None: no update), read only when a record or a curve needs
+        it: on a GPU, reading it waits for the step."""
         now = time.monotonic()
         step_time = now - self.last_step_end
         self.last_step_end = now
@@ -185,7 +193,7 @@ class Recorder:
         if self.reached is None:  # not rank 0
             return
         self.reached.reach(pos.step)
-        self.last = (pos.epoch, pos.step, loss, step_time, lr, extras)  # pos changes in place: its values
+        self.last = (pos.epoch, pos.step, loss, step_time, lr, extras, grad_norm)  # pos changes: its values
         self.data_sum += data_s
         self.data_steps += 1
         if self.sinks.curves:  # a sink that draws curves gets every step
@@ -197,6 +205,7 @@ class Recorder:
                     "time/step_s": step_time,
                     "time/data_s": data_s,
                     "train/samples_per_s": samples / step_time if step_time > 0 else None,
+                    "train/grad_norm": _number(grad_norm),
                     **{f"train/{name}": value for name, value in (extras or {}).items()},
                 },
             )
@@ -208,10 +217,10 @@ class Recorder:
         record = self._step_record(*self.last)
         if live:
             self.last_live = now
-            self._show(progress.line(record), live=True)
+            self._show(progress.line(record, self.cfg.log_grad_norm), live=True)
         if due:
             self.last_print = now
-            self._show(progress.line(record), live=False)
+            self._show(progress.line(record, self.cfg.log_grad_norm), live=False)
         if due or point:
             self._write_step(record)
 
@@ -223,6 +232,7 @@ class Recorder:
         step_time: float,
         lr: float,
         extras: Mapping[str, float] | None = None,
+        grad_norm: Any = None,
     ) -> dict[str, Any]:
         recent = self.step_times[-progress.RECENT_STEPS :]
         record = {
@@ -236,6 +246,7 @@ class Recorder:
             "data_s": self.data_sum / max(self.data_steps, 1),
             "total_steps": self.total_steps,
             "eta_s": progress.eta_s(step, self.total_steps, recent),
+            "grad_norm": _number(grad_norm),
         }
         if extras:  # Task.step's own values, averaged over ranks (and the step's micro-batches)
             record["metrics"] = {name: finite_or_none(value) for name, value in extras.items()}
@@ -289,7 +300,7 @@ class Recorder:
         self.ranks_written = pos.step
         if self.folder is not None and not self.opened:
             self.opened = True
-            self.sinks.add(sinks.optional(self.folder, self.cfg))
+            self.sinks.add(sinks.optional(self.folder, self.cfg, self.params))
         self._write(
             {
                 "event": "start",
@@ -436,6 +447,11 @@ class Recorder:
             finally:
                 if self.reached is not None:
                     self.reached.close()
+
+
+def _number(value: Any) -> float | None:
+    """A tensor's or a number's value as a finite float, or None (none given, NaN, infinite)."""
+    return None if value is None else finite_or_none(float(value))
 
 
 def _warn(message: str) -> None:

@@ -61,14 +61,18 @@ def total_steps(epochs: int, steps_per_epoch: int, max_steps: int) -> int:
     return min(total, max_steps) if max_steps else total
 
 
-def line(record: Mapping[str, Any]) -> str:
-    """The progress text of a "step" record (pure). Fields it lacks are left out."""
+def line(record: Mapping[str, Any], grad_norm: bool = False) -> str:
+    """The progress text of a "step" record (pure). Fields it lacks are left out; its `grad_norm` with
+    `grad_norm` (--log-grad-norm)."""
     step, total = record.get("step", 0), record.get("total_steps") or 0
     parts = [f"epoch {record.get('epoch', 0)} step {step}" + (f"/{total}" if total else "")]
     loss = record.get("loss")
     parts[0] += " loss " + ("nan" if loss is None else f"{loss:.4f}")
     for name, value in (record.get("metrics") or {}).items():
         parts[0] += f" {name} " + ("nan" if value is None else f"{value:.4g}")
+    if grad_norm and "grad_norm" in record:
+        norm = record["grad_norm"]
+        parts[0] += " grad_norm " + ("nan" if norm is None else f"{norm:.4g}")
     rate = record.get("samples_per_s")
     if rate:  # 0 until a process's second step: its first, the warm-up, is not measured
         parts.append(f"{rate:,.0f} samples/s")

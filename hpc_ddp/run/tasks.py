@@ -14,6 +14,9 @@ DistributedSampler gives each rank its own slice of the data.
         return Task(model=torch.nn.Linear(32, 1),
                     dataset=torch.utils.data.TensorDataset(x, y),
                     loss_fn=torch.nn.functional.mse_loss)
+
+The task's own settings (a width, a depth) come in `config.task_args`, a read-only mapping: `--task-arg
+width=64` and a --config file's `[task-args]` table (hpc_ddp.run.taskargs), recorded and checked on resume.
 """
 
 from __future__ import annotations

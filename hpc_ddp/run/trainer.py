@@ -60,6 +60,7 @@ from hpc_ddp.run.parts import (
     StreamPart,
 )
 from hpc_ddp.run.position import Outcome, Position, trained
+from hpc_ddp.run.sinks import trackers
 from hpc_ddp.run.strategy.base import Strategy
 from hpc_ddp.run.tasks import Task
 
@@ -120,6 +121,7 @@ class Trainer:
         self.save_due = False  # a periodic save waits for a finite step (see _periodic_save)
         self.notes: list[str] = []  # what a resume changed (said once training really starts)
         self.step_lr = 0.0  # the rate this step was taken with (recorded: the scheduler moved on since)
+        self.grad_norm: torch.Tensor | None = None  # the step's norm before clipping (a tensor)
         self._step_loss = torch.zeros((), device=self.device)  # this step's micro-batch losses, on the device
         total = _total_steps(cfg, self.feed)
         main_folder = self.folder if env.is_main else None  # rank 0 records
@@ -129,6 +131,7 @@ class Trainer:
         known = total if total or not self.feed.iterable else None  # None: a stream without --max-steps
         self.scheduler = schedules.for_run(task, cfg, self.optimizer, known, self.log.main)
         self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (hpc_ddp.run.schedules)
+        self.metrics.params = _tracker_params(cfg, task, self.optimizer, self.scheduler)
         self.evaluations = _evaluations(self, task)
         fmt, record = formats.for_run(cfg, self.folder, env, storage), self.metrics.save
         self.checkpointer = Checkpointer(
@@ -218,9 +221,7 @@ class Trainer:
                 with strategy.autocast(), clock.task:
                     loss, more = self.forward(strategy.wrapped, batch)
                 forward.trainable(loss)
-                if (
-                    names is None
-                ):  # the first micro-batch: every rank returned the same metrics (a collective)
+                if names is None:  # the first micro-batch: the same metrics on every rank (a collective)
                     self.forward.agree(more)
                     names = self.forward.names
                 forward.add(extras, more, names)
@@ -250,13 +251,14 @@ class Trainer:
         agreed = pending.wait()
         clock.optimizer()
         # The rate this step is taken with, recorded with it (the scheduler's next one is set by then).
-        self.step_lr = float(self.optimizer.param_groups[0]["lr"])
+        self.step_lr, self.grad_norm = float(self.optimizer.param_groups[0]["lr"]), None  # a norm: if applied
         with clock.task:  # the update, as a hand-written loop has it
             if math.isfinite(agreed.loss_sum) and not agreed.saving and not agreed.halt:
                 if self.scaler:
                     self.scaler.unscale_(self.optimizer)
-                if self.cfg.clip_grad > 0:
-                    strategy.clip_grad_norm(self.cfg.clip_grad)
+                # The norm before clipping (free with --clip-grad), a tensor: read for a record only (metrics.py).
+                clip = self.cfg.clip_grad
+                self.grad_norm = strategy.clip_grad_norm(clip) if clip > 0 else strategy.grad_norm()
                 if self.scaler:
                     self.scaler.step(self.optimizer)
                     self.scaler.update()
@@ -290,9 +292,8 @@ class Trainer:
         extras = dict(zip(self.forward.names or (), (v / per for v in agreed.extras), strict=True))
         samples = self.cfg.batch_size * size * self.env.world_size
         clock = self.clock
-        self.metrics.step(
-            pos, agreed.loss_sum / per, samples, self.step_lr, clock.data_s, extras, clock.task_s
-        )
+        mean, lr, norm = agreed.loss_sum / per, self.step_lr, self.grad_norm
+        self.metrics.step(pos, mean, samples, lr, clock.data_s, extras, clock.task_s, norm)
         clock.data_s = clock.task_s = 0.0
         self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
         self.callbacks.step_end(pos.step, pos.epoch, agreed.loss_sum / per, extras)
@@ -434,6 +435,16 @@ def _stopped(pos: Position, log: RankLog) -> Outcome:
     log.main(f"a callback asked to stop: every rank ends the run at step {pos.step}")
     pos.stopped = True
     return Outcome(True)
+
+
+def _tracker_params(cfg: TrainConfig, task: Task, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """The trackers' run parameters: the options, the task's settings, and the task's own optimizer and
+    scheduler said by their class (hpc_ddp.run.sinks.trackers.run_params)."""
+    return trackers.run_params(
+        cfg.as_dict(),
+        f"Task.optimizer ({type(optimizer).__name__})" if task.optimizer else "SGD (--lr)",
+        f"Task.scheduler ({type(scheduler).__name__})" if task.scheduler else "",
+    )
 
 
 def _total_steps(cfg: TrainConfig, feed: Feed) -> int:

@@ -118,7 +118,8 @@ class DataOptions:
     prefetch_factor: int = field(
         default=0,
         metadata={
-            "help": "batches each DataLoader worker loads ahead (0: torch's default, 2); needs --num-workers"
+            "help": "batches each DataLoader worker loads ahead (0: torch's default, 2); needs --num-workers N "
+            "given (N > 0): refused without it"
         },
     )
 
@@ -128,10 +129,13 @@ class DataOptions:
     def _check_data(self) -> None:
         options.at_least(self, 0, ["prefetch_factor"])
         options.choice("pin_memory", self.pin_memory, PIN_MEMORY)
-        if self.prefetch_factor and self.num_workers == 0:
-            raise UsageError(
-                f"--prefetch-factor {self.prefetch_factor} needs DataLoader workers: add --num-workers N (N > 0), "
-                "or drop --prefetch-factor"
-            )
         if self.num_workers < -1:
             raise UsageError(f"--num-workers {self.num_workers}: use -1 (auto) or a count >= 0")
+        # Auto workers (-1) are none on a CPU rank, where the prefetch would be ignored without a word: it asks
+        # for workers by number (issue 46).
+        if self.prefetch_factor and self.num_workers <= 0:
+            given = "none" if self.num_workers == 0 else "auto (none on a CPU rank)"
+            raise UsageError(
+                f"--prefetch-factor {self.prefetch_factor} needs DataLoader workers, and --num-workers is {given}: "
+                "add --num-workers N (N > 0), or drop --prefetch-factor"
+            )

@@ -16,8 +16,9 @@ destination (an experiment tracker) is one module here with a class deriving fro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.run.sinks.base import Sink, Sinks
 
@@ -27,9 +28,10 @@ if TYPE_CHECKING:
 __all__ = ["Sink", "Sinks", "optional"]
 
 
-def optional(folder: Path, cfg: TrainConfig) -> list[Sink]:
+def optional(folder: Path, cfg: TrainConfig, params: Mapping[str, Any] | None = None) -> list[Sink]:
     """The sinks the options ask for beside metrics.jsonl, opened now (rank 0, at its start of training, once
-    the run folder is settled)."""
+    the run folder is settled). `params`: the run's parameters for the trackers (trackers.run_params; by
+    default of the options alone)."""
     found: list[Sink] = []
     if cfg.tensorboard:
         from hpc_ddp.run.tblog import Board
@@ -38,5 +40,5 @@ def optional(folder: Path, cfg: TrainConfig) -> list[Sink]:
     if cfg.tracker:
         from hpc_ddp.run.sinks import trackers
 
-        found.extend(trackers.open_all(cfg.tracker, folder, cfg.as_dict()))
+        found.extend(trackers.open_all(cfg.tracker, folder, params or trackers.run_params(cfg.as_dict())))
     return found

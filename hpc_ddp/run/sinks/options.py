@@ -21,10 +21,17 @@ class LoggingOptions:
             "(about 5,000 in a longer one), and one every N seconds besides"
         },
     )
+    log_grad_norm: bool = field(
+        default=False,
+        metadata={
+            "help": "show the gradient norm (before clipping) on the progress line; metrics.jsonl's step "
+            "records, TensorBoard (train/grad_norm) and the trackers have it always"
+        },
+    )
     tensorboard: bool = field(
         default=False,
         metadata={
-            "help": "rank 0 writes TensorBoard scalars (loss, learning rate, samples/s, step time, per-rank step "
+            "help": "rank 0 writes TensorBoard scalars (loss, learning rate, gradient norm, samples/s, step time, per-rank step "
             "time, checkpoint stall, data wait, evaluation metrics) to <folder>/tb/ (needs: pip install "
             "'hpc-ddp[tensorboard]')"
         },

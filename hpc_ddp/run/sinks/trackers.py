@@ -68,6 +68,21 @@ def problem(value: str) -> str | None:
     return None
 
 
+def run_params(config: Mapping[str, Any], optimizer: str = "", scheduler: str = "") -> dict[str, Any]:
+    """The run's parameters as every tracker gets them: the kit's options in full (`config`, as run.json holds
+    them), each of the task's own settings as `task_args.<key>`, and what the task's own parts replace, said:
+    `optimizer` (e.g. "Task.optimizer (AdamW)"), and `lr_schedule` when the task brings its scheduler
+    ("Task.scheduler (LambdaLR)"), where --lr-schedule's default would say "constant", which it is not."""
+    params = {k: v for k, v in config.items() if k != "task_args"}
+    if optimizer:
+        params["optimizer"] = optimizer
+    if scheduler:
+        params["lr_schedule"] = scheduler
+    for key, value in (config.get("task_args") or {}).items():
+        params[f"task_args.{key}"] = value
+    return params
+
+
 def open_all(value: str, folder: Path, config: Mapping[str, Any]) -> list[Sink]:
     """The sinks of --tracker, each with its tracker run made or resumed."""
     from hpc_ddp.errors import UsageError
@@ -100,6 +115,7 @@ def scalars_of(record: Mapping[str, Any]) -> dict[str, float]:
             "train/samples_per_s": record.get("samples_per_s"),
             "time/step_s": record.get("step_time_s"),
             "time/data_s": record.get("data_s"),
+            "train/grad_norm": record.get("grad_norm"),
             **{f"train/{k}": v for k, v in (record.get("metrics") or {}).items()},
         }
     elif event == "eval":

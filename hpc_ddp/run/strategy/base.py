@@ -108,6 +108,11 @@ class Strategy(ABC):
         """Clip the gradients to a total norm of `max_norm`; returns the norm before clipping (not synced)."""
         return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
 
+    def grad_norm(self) -> torch.Tensor:
+        """The gradients' total norm, as `clip_grad_norm` computes it but changing nothing (no --clip-grad):
+        local work after DDP's all-reduce, a tensor on the device (not synced)."""
+        return torch.nn.utils.get_total_norm([p.grad for p in self.parameters() if p.grad is not None])
+
     # ----- state --------------------------------------------------------------------------------------------
     def model_state(self) -> dict[str, Any]:
         """The model's state as the checkpoint holds it (this rank's shard when `shards_state`)."""

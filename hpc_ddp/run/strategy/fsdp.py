@@ -180,6 +180,11 @@ class FSDPStrategy(Strategy):
         norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
+    def grad_norm(self) -> torch.Tensor:
+        # The global norm of the sharded gradients: one all-reduce of a scalar (as clipping's).
+        norm = super().grad_norm()
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
     # ----- state --------------------------------------------------------------------------------------------
     def model_state(self) -> dict[str, Any]:
         """A collective: this rank's shards (DTensors), or with the full format the whole CPU state on rank 0
