@@ -57,11 +57,13 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
         sections["watchdog"]["with_vs_without"],
         sections["watchdog"]["with_samples_per_s"],
         sections["watchdog"]["without_samples_per_s"],
+        sections["overhead"]["kit_own_us_per_step"],  # the kit's own work per step, from the end record
     ]
     assert all(isinstance(x, float) and math.isfinite(x) and x > 0 for x in figures), figures
     assert [t["name"] for t in report["targets"]] == [
         "kit / hand loop, default threads",
         "kit / hand loop, tuned threads",
+        "kit's own work per step, us",
         "checkpoint / raw write",
         "launch / torchrun",
         "launch CPU / torchrun",
