@@ -12,15 +12,13 @@ rank from Slurm's variables, and global rank 0 writes checkpoints to --folder.
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
 import sys
-from collections.abc import Sequence
 from typing import NoReturn
 
 from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import run_main
 from hpc_ddp.launch import options
+from hpc_ddp.launch.rerun import resume_command as resume_command
 from hpc_ddp.run import configfile
 from hpc_ddp.run.config import add_train_arguments
 
@@ -165,25 +163,6 @@ def build_argparser() -> argparse.ArgumentParser:
     add_slurm_arguments(parser)
     add_train_arguments(parser, FOLDER_DEFAULT)
     return parser
-
-
-def resume_command(argv: Sequence[str], python: str = sys.executable, cwd: str | None = None) -> str:
-    """The command that resumes the run `argv` started: the same one, less what would start it over
-    (`--resume never --overwrite` deletes the checkpoints, `--resume PATH` goes back to PATH), as a shell line.
-    The interpreter is this one, relative to the working directory when it is under it (.venv/bin/python)."""
-    kept: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--resume":
-            skip = True
-        elif arg != "--overwrite" and not arg.startswith("--resume="):
-            kept.append(arg)
-    here = os.path.abspath(cwd or os.getcwd())
-    if python.startswith(here + os.sep):
-        python = os.path.relpath(python, here)
-    return shlex.join([python, "-m", "hpc_ddp.submit", *kept])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,7 +126,7 @@ class Check:
     def repro(self) -> str:
         """The command that runs the user's task as the check ran it, without the probe: to reproduce a
         failure (in `<folder>/repro`, which the next check empties)."""
-        from hpc_ddp.submit import resume_command
+        from hpc_ddp.launch.rerun import resume_command
 
         cfg = self.options("repro")
         return resume_command(

@@ -15,6 +15,10 @@ Two things are refused at submission, in one line, before anything starts or que
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,3 +72,22 @@ def refuse_unfinished_job(folder: Path, scheduler: Scheduler) -> None:
                 f"itself, and a second job would take turns with it on the same checkpoints. Fix: follow it "
                 f"(sacct -j {job}), or scancel {job} and run this again"
             )
+
+
+def resume_command(argv: Sequence[str], python: str = sys.executable, cwd: str | None = None) -> str:
+    """The command that resumes the run `argv` started: the same one, less what would start it over
+    (`--resume never --overwrite` deletes the checkpoints, `--resume PATH` goes back to PATH), as a shell line.
+    The interpreter is this one, relative to the working directory when it is under it (.venv/bin/python)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif arg != "--overwrite" and not arg.startswith("--resume="):
+            kept.append(arg)
+    here = os.path.abspath(cwd or os.getcwd())
+    if python.startswith(here + os.sep):
+        python = os.path.relpath(python, here)
+    return shlex.join([python, "-m", "hpc_ddp.submit", *kept])
