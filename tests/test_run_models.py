@@ -146,6 +146,31 @@ def test_lr_schedule_steps_per_optimizer_step_and_a_new_lr_on_resume_scales_it(t
     )
 
 
+@pytest.mark.deadline(200)  # two runs in a row
+def test_epochs_raised_on_a_finished_cosine_run_goes_on_over_the_new_total_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """Issue 42: the "already finished" message suggests raising --epochs; on a cosine schedule that moved the
+    rate from its end (0) to the new total's at once, unsaid. It goes on deliberately, said on the console."""
+    args = ("--task", "linear", "--nodes", "1", "--tasks-per-node", "1", "--log-every-s", "0")
+    code, out = finish(start(tmp_path, *args, "--lr-schedule", "cosine", "--epochs", "2"), timeout=100)
+    assert code == 0, out
+    old = records(tmp_path, "step")[-1]["total_steps"]
+    code, out = finish(start(tmp_path, *args, "--lr-schedule", "cosine", "--epochs", "3"), timeout=100)
+    assert code == 0, out
+    steps = records(tmp_path, "step")
+    new, base = steps[-1]["total_steps"], steps[0]["lr"] / schedules.factor("cosine", 0, 0, old)
+    assert new == old * 3 // 2
+    after = base * schedules.factor("cosine", old, 0, new)
+    assert (
+        f"the LR schedule's total changed from {old} to {new} optimizer steps (--epochs 2 -> 3): it goes on "
+        f"over the new total, so the learning rate goes from 0 to {after:.4g} at step {old}" in out
+    )
+    assert lrs(tmp_path)[old:] == pytest.approx(
+        [base * schedules.factor("cosine", s, 0, new) for s in range(old, new)]
+    )
+
+
 def final(folder: Path) -> tuple[dict, dict]:
     return torch.load(folder / "model.pth", weights_only=True), full.load(store.list_checkpoints(folder)[0])
 

@@ -90,8 +90,10 @@ class Checkpointer:
         record: Record,
         beacon: Beacon,
         asked_grad_accum: int | None = None,
+        total_steps: int | None = None,
     ) -> None:
         self.cfg, self.env, self.folder, self.parts, self.format = cfg, env, folder, list(parts), fmt
+        self.total_steps = total_steps  # the LR schedule's total (None: unknown), which a resume compares
         self.log, self.record, self.beacon = log, record, beacon
         # The command line's --grad-accum, when a resize (--allow-resize) chose the one `cfg` has.
         self.asked_grad_accum = cfg.grad_accum if asked_grad_accum is None else asked_grad_accum
@@ -108,6 +110,8 @@ class Checkpointer:
             "config": self.cfg.as_dict(),
             # The --grad-accum the command line gave, when a resize chose another (resume.resize reads it).
             "asked_grad_accum": self.asked_grad_accum,
+            # The optimizer steps the scheduler was built over: a resume with another says so (parts.py).
+            "total_steps": self.total_steps,
             "version": __version__,
         }
 

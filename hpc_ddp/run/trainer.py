@@ -125,6 +125,7 @@ class Trainer:
         # optimizer and scheduler states then overwrite them (hpc_ddp.run.schedules).
         known = total if total or not self.feed.iterable else None  # None: a stream without --max-steps
         self.scheduler = schedules.for_run(task, cfg, self.optimizer, known, self.log.main)
+        self.schedule_total = known  # in every checkpoint: a resume over another total says so (parts.py)
         self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (hpc_ddp.run.schedules)
         evaluator = None
         if task.eval_dataset is not None:
@@ -134,7 +135,7 @@ class Trainer:
         self.evaluations = Evaluations(evaluator, cfg, self.best, plateau, self.metrics, self.log)
         fmt, record = formats.for_run(cfg, self.folder, env, storage), self.metrics.save
         self.checkpointer = Checkpointer(
-            cfg, env, self.folder, _parts(self), fmt, self.log, record, self.beacon, asked_grad_accum
+            cfg, env, self.folder, _parts(self), fmt, self.log, record, self.beacon, asked_grad_accum, known
         )
         self.checkpointer.check_savable()
         guarded = (self.metrics, self.strategy, self.checkpointer)  # --nonfinite-loss (hpc_ddp.run.nonfinite)
@@ -432,7 +433,7 @@ def _parts(trainer: Trainer) -> list[Part]:
         ModelPart(trainer.strategy),
         OptimizerPart(trainer.strategy),
         ScalerPart(trainer.scaler),
-        SchedulerPart(lambda: trainer.scheduler),
+        SchedulerPart(lambda: trainer.scheduler, trainer.schedule_total),
         PositionPart(lambda: trainer.pos, set_pos),
         StreamPart(lambda: trainer.feed.state, trainer.feed.load),
         BestPart(trainer.best),
