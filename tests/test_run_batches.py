@@ -197,8 +197,8 @@ def test_a_resume_over_another_total_says_so_in_the_part_that_loads_it(tmp_path:
     meta = {"config": TrainConfig(epochs=2, lr=0.01).as_dict(), "total_steps": 8}
     for total, said in ((8, False), (12, True)):
         optimizer, scheduler = make(total)
-        ctx = Loading(tmp_path, meta, TrainConfig(epochs=3 if said else 2, lr=0.01))
-        SchedulerPart(lambda s=scheduler: s, total).load_state_dict(state, ctx)
+        ctx = Loading(tmp_path, meta, TrainConfig(epochs=3 if said else 2, lr=0.01), total_steps=total)
+        SchedulerPart(lambda s=scheduler: s).load_state_dict(state, ctx)
         if not said:
             assert ctx.notes == []
             continue

@@ -87,13 +87,13 @@ class SchedulerPart(Part):
     """The LR scheduler (Task.scheduler or --lr-schedule). Loaded after the optimizer, whose state holds the
     groups' current rates. --lr changed on resume: every rate (the scheduler's base rates, each group's current
     rate) is scaled by new/old --lr, so the schedule goes on from the step it reached at the new base. A total
-    that changed (`total`, the one this run's scheduler was built over: --epochs raised on a finished run) is
-    gone on with deliberately, and said (schedules.total_changed): never a silent jump of the rate."""
+    that changed (`ctx.total_steps`, the one this run's scheduler is built over: --epochs raised on a finished
+    run) is gone on with deliberately, and said (schedules.total_changed): never a silent jump of the rate."""
 
     key, kind, what = "scheduler", REPLICATED, "the LR scheduler's state_dict()"
 
-    def __init__(self, get: Callable[[], Any], total: int | None = None) -> None:
-        self.get, self.total = get, total
+    def __init__(self, get: Callable[[], Any]) -> None:
+        self.get = get
 
     def state_dict(self) -> Any:
         scheduler = self.get()
@@ -153,7 +153,7 @@ class SchedulerPart(Part):
             return schedules.total_changed(
                 saved[0] if saved else None, totals[0][1], step, before, after, False, why
             )
-        if "total_steps" not in ctx.meta or ctx.meta["total_steps"] == self.total:
+        if "total_steps" not in ctx.meta or ctx.meta["total_steps"] == ctx.total_steps:
             return None  # a checkpoint written before it said its total, or the same total
         after = (
             before
@@ -161,7 +161,7 @@ class SchedulerPart(Part):
             else schedules.trial_step(scheduler, scheduler.optimizer)[0]
         )
         return schedules.total_changed(
-            ctx.meta["total_steps"], self.total, step + 1, before, after, True, why
+            ctx.meta["total_steps"], ctx.total_steps, step + 1, before, after, True, why
         )
 
 

@@ -121,11 +121,9 @@ class Trainer:
         total = _total_steps(cfg, self.feed)
         main_folder = self.folder if env.is_main else None  # rank 0 records
         self.metrics = metrics.Recorder(main_folder, cfg, env, total, warn=self.log.warn)
-        # Built before any state is loaded: a scheduler sets the groups' rates when it is made, and a resume's
-        # optimizer and scheduler states then overwrite them (hpc_ddp.run.schedules).
+        # Built before any state is loaded (it sets the rates; a resume's states overwrite them: run/schedules).
         known = total if total or not self.feed.iterable else None  # None: a stream without --max-steps
         self.scheduler = schedules.for_run(task, cfg, self.optimizer, known, self.log.main)
-        self.schedule_total = known  # in every checkpoint: a resume over another total says so (parts.py)
         self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (hpc_ddp.run.schedules)
         evaluator = None
         if task.eval_dataset is not None:
@@ -135,8 +133,9 @@ class Trainer:
         self.evaluations = Evaluations(evaluator, cfg, self.best, plateau, self.metrics, self.log)
         fmt, record = formats.for_run(cfg, self.folder, env, storage), self.metrics.save
         self.checkpointer = Checkpointer(
-            cfg, env, self.folder, _parts(self), fmt, self.log, record, self.beacon, asked_grad_accum, known
+            cfg, env, self.folder, _parts(self), fmt, self.log, record, self.beacon, asked_grad_accum
         )
+        self.checkpointer.total_steps = known  # in every checkpoint: a resume over another says so (parts.py)
         self.checkpointer.check_savable()
         guarded = (self.metrics, self.strategy, self.checkpointer)  # --nonfinite-loss (hpc_ddp.run.nonfinite)
         self.guard = nonfinite.Guard(cfg.nonfinite_loss, env, self.log, *guarded)
@@ -433,7 +432,7 @@ def _parts(trainer: Trainer) -> list[Part]:
         ModelPart(trainer.strategy),
         OptimizerPart(trainer.strategy),
         ScalerPart(trainer.scaler),
-        SchedulerPart(lambda: trainer.scheduler, trainer.schedule_total),
+        SchedulerPart(lambda: trainer.scheduler),
         PositionPart(lambda: trainer.pos, set_pos),
         StreamPart(lambda: trainer.feed.state, trainer.feed.load),
         BestPart(trainer.best),
