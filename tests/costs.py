@@ -67,6 +67,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_variables.py": "unit",
     "test_docs.py": "process",
     "test_run_batches.py": "unit",
+    "test_run_taskspec.py": "unit",
     "test_run_models.py": "ranks",
     "test_run_fsdp.py": "ranks",
     "test_run_fsdp_memory.py": "ranks",
