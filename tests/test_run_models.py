@@ -155,6 +155,7 @@ def test_epochs_raised_on_a_finished_cosine_run_goes_on_over_the_new_total_and_s
     args = ("--task", "linear", "--nodes", "1", "--tasks-per-node", "1", "--log-every-s", "0")
     code, out = finish(start(tmp_path, *args, "--lr-schedule", "cosine", "--epochs", "2"), timeout=100)
     assert code == 0, out
+    assert "Parameters identical on the 1 rank" in out and "on all 1 ranks" not in out  # issue 42, item 5
     old = records(tmp_path, "step")[-1]["total_steps"]
     code, out = finish(start(tmp_path, *args, "--lr-schedule", "cosine", "--epochs", "3"), timeout=100)
     assert code == 0, out
