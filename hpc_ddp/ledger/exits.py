@@ -51,6 +51,11 @@ def reserve(folder: Path, job: str, restart: int, rank: int) -> None:
         pass
 
 
+def reserved(folder: Path, job: str, restart: int, rank: int) -> bool:
+    """This rank's attempt started training: its note's space was set aside (or its note is written)."""
+    return _path(folder, job, restart, rank).is_file()
+
+
 def release(folder: Path, job: str, restart: int, rank: int) -> None:
     """This rank leaves without a note: its placeholder goes (a note written over it stays), and the attempt's
     folder with it once empty. Never raises."""

@@ -71,15 +71,19 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
 
 
 def _note(folder: Path, env: DistEnv, error: BaseException) -> None:
-    """For the supervisor (local launcher, batch shell): which error came first, on which node; a usage error
-    too (rank 0's alone, a tracker's refusal, while the others wait in a collective: they fail on it). Once per
-    error. Never in a folder another job holds (this job's rank 0 was refused it, and this rank failed for that
-    reason); never for Ctrl-C or an exit asked for."""
+    """For the supervisor (local launcher, batch shell): which error came first, on which node. Once per error.
+    A usage error too once training started (rank 0's alone, a tracker's refusal at the first step, while the
+    others wait in a collective and fail on it); before, a refused start writes nothing in the folder. Never in
+    a folder another job holds (this job's rank 0 was refused it, and this rank failed for that reason); never
+    for Ctrl-C or an exit asked for."""
     if isinstance(error, (KeyboardInterrupt, SystemExit)) or getattr(error, _NOTED, False):
+        return
+    job = env.job_id or ""
+    if isinstance(error, UsageError) and not exits.reserved(folder, job, env.restart, env.rank):
         return
     holder = run_folder.holder_job(folder) if folder.is_dir() else None
     if folder.is_dir() and not (holder and env.job_id and holder != env.job_id):
-        exits.note(folder, env.job_id or "", env.restart, env.rank, env.node, error)
+        exits.note(folder, job, env.restart, env.rank, env.node, error)
     with contextlib.suppress(AttributeError):  # an exception type that takes no attribute: noted again later
         setattr(error, _NOTED, True)
 
