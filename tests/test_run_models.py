@@ -96,7 +96,7 @@ def test_dict_batches_and_a_step_with_metrics_record_them_averaged(dicts_run: tu
         r["metrics"]["half"] == 0.5 for r in steps
     )  # a constant: averaged over ranks and micro-batches
     assert all(r["metrics"]["mae"] > 0 for r in steps)
-    assert " half 0.5 mae " in out  # the progress line shows them
+    assert " half 0.5000 mae " in out  # the progress line shows them (one format: run/progress.value_text)
     assert "set_epoch calls: [0, 1]" in out  # the dataset's set_epoch, once an epoch
 
 
