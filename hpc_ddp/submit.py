@@ -19,8 +19,8 @@ from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import run_main
 from hpc_ddp.launch import options
 from hpc_ddp.launch.rerun import resume_command as resume_command
-from hpc_ddp.run import configfile
-from hpc_ddp.run.config import add_train_arguments
+from hpc_ddp.run import configfile, taskspec
+from hpc_ddp.run.config import BUILTIN_TASKS, add_train_arguments
 
 PROG = "python -m hpc_ddp.submit"
 
@@ -168,6 +168,10 @@ def build_argparser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     launch, cfg = options.read(configfile.parse(build_argparser(), argv))  # every flag checked, once
+    if launch.trains:  # --task mod:buidl is refused here, before any rank starts (its source read, never run)
+        runtime = launch.slurm.request.runtime if launch.slurm is not None else None
+        same = runtime is None or not (runtime.python or runtime.setup or runtime.container)
+        taskspec.check(cfg.task, BUILTIN_TASKS, environment=same)
     if launch.local is not None:
         from hpc_ddp.launch import local
 

@@ -67,6 +67,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_variables.py": "unit",
     "test_docs.py": "process",
     "test_run_batches.py": "unit",
+    "test_run_taskspec.py": "unit",
     "test_run_models.py": "ranks",
     "test_run_fsdp.py": "ranks",
     "test_run_fsdp_memory.py": "ranks",
@@ -168,6 +169,9 @@ TESTS: dict[str, str] = {
         "scenario"
     ),
     "test_run_teardown.py::test_any_error_on_rank0_reaches_every_rank_at_once": "ranks",
+    "test_run_teardown.py::test_a_usage_error_on_rank_0_alone_is_the_first_cause_not_its_peer_s_closed_connection": (
+        "ranks"
+    ),
     "test_launch_slurm_min_nodes.py::test_the_batch_scripts_take_the_task_count_from_the_allocation": "process",
 }
 

@@ -45,3 +45,16 @@ def gil_hang_in_step(config):  # type: ignore[no-untyped-def]
         return nn.functional.mse_loss(output, target)
 
     return _linear(config, loss_fn)
+
+
+def usage_error_on_rank0(config):  # type: ignore[no-untyped-def]
+    """Rank 0 alone refuses its first step with a usage error (as MLflow 3 refuses a file store) while the other
+    ranks are already in the step's collective: they fail on the vanished peer a moment later (issue 42)."""
+    from hpc_ddp.errors import UsageError
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if os.environ.get("RANK", "0") == "0":
+            raise UsageError("the tracker refuses a file store. Fix: set MLFLOW_ALLOW_FILE_STORE=1")
+        return nn.functional.mse_loss(output, target)
+
+    return _linear(config, loss_fn)

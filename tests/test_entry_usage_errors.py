@@ -58,6 +58,11 @@ SUBMIT_CASES = [
     (["--resume", "auto", "--overwrite"], ["--overwrite only applies with --resume never"]),
     (["--timeout-s", "0"], ["--timeout-s 0.0: must be positive"]),
     (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
+    (
+        ["--batchsize", "32"],
+        ["unrecognized arguments: --batchsize 32 (did you mean --batch-size? see --help)"],
+    ),
+    (["--task", "mytasks:build"], ["--task 'mytasks:build': module 'mytasks' not found in"]),
     (["--min-nodes", "3"], ["--min-nodes 3 is more than the job's 2 node(s) (--nodes)"]),
     (["--min-nodes", "1"], ["ddp's full checkpoint resumes only", "Fix: --strategy fsdp --allow-resize"]),
     (
@@ -74,6 +79,17 @@ def test_submit_local_bad_input(args: list[str], expected: list[str], tmp_path: 
     assert_usage_error(proc, SUBMIT, *expected)
     assert proc.stdout == ""
     assert not (tmp_path / "runs").exists()  # nothing was started, no run folder made
+
+
+def test_a_mistyped_task_function_is_refused_at_submission_before_any_rank_starts(tmp_path: Path) -> None:
+    """Issue 42: `--task mytasks:buidl` started the ranks, each of which failed on it; now submit reads the
+    module's source (never runs it: its first line would leave a file) and refuses it, naming the one close."""
+    (tmp_path / "mytasks.py").write_text("open('ran', 'w')\n\ndef build(config):\n    pass\n")
+    proc = run_module(SUBMIT, "--local", "--task", "mytasks:buidl", cwd=tmp_path, timeout=60)
+    assert_usage_error(
+        proc, SUBMIT, "--task 'mytasks:buidl': mytasks has no function 'buidl'; did you mean build?"
+    )
+    assert proc.stdout == "" and not (tmp_path / "runs").exists() and not (tmp_path / "ran").exists()
 
 
 @pytest.mark.parametrize("sub, why", [("", "File exists"), ("sub", "Not a directory")])
@@ -228,6 +244,10 @@ def test_bench_hand_refuses_abbreviated_options(tmp_path: Path) -> None:
 CONFIG_CASES = [
     ("batchsize = 64\n", ["unknown key 'batchsize'; the nearest option is --batch-size"]),
     ("epoch = 3\n", ["unknown key 'epoch'; the nearest option is --epochs"]),
+    (
+        "weight-decay = 0.1\n",
+        ["unknown key 'weight-decay' (keys are this command's long options"],
+    ),  # none close
     ('epochs = "ten"\n', ['epochs = "ten": --epochs takes an integer']),
     ("deterministic = 1\n", ["deterministic = 1: --deterministic takes true or false"]),
     ('amp = "fp8"\n', ['amp = "fp8": choose one of none, bf16, fp16']),

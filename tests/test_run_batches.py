@@ -119,6 +119,97 @@ def test_a_schedule_pickles_and_resumes_exactly() -> None:
     assert rates(None) == rates(7)
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "before", "after", "own", "expected"),
+    [
+        (8, 8, 0.0, 0.0, False, None),
+        (
+            None,
+            12,
+            0.0,
+            0.005,
+            False,
+            None,
+        ),  # a checkpoint written before it said its total: nothing to compare
+        (
+            8,
+            12,
+            0.0,
+            0.005,
+            False,
+            "the LR schedule's total changed from 8 to 12 optimizer steps (--epochs 2 -> 3): it goes on over the "
+            "new total, so the learning rate goes from 0 to 0.005 at step 8",
+        ),
+        (
+            8,
+            12,
+            0.02,
+            0.02,
+            True,
+            "Task.scheduler's total changed from 8 to 12 optimizer steps (--epochs 2 -> 3): it goes on over the new "
+            "total, so the learning rate stays at 0.02 at step 8 (its next step, with the new total)",
+        ),
+    ],
+)
+def test_a_changed_total_is_said_with_both_totals_and_rates(
+    old: int | None, new: int, before: float, after: float, own: bool, expected: str | None
+) -> None:
+    assert schedules.total_changed(old, new, 8, before, after, own, "--epochs 2 -> 3") == expected
+
+
+@pytest.mark.parametrize(
+    ("saved", "now", "expected"),
+    [
+        ({"epochs": 2, "max_steps": 0}, {"epochs": 3, "max_steps": 0}, "--epochs 2 -> 3"),
+        ({"epochs": 2, "max_steps": 0}, {"epochs": 2, "max_steps": 5}, "--max-steps 0 -> 5"),
+        (
+            {"epochs": 2, "max_steps": 0},
+            {"epochs": 2, "max_steps": 0},
+            "another number of ranks or --grad-accum",
+        ),
+    ],
+)
+def test_why_a_total_changed_names_the_flags(saved: dict, now: dict, expected: str) -> None:
+    assert schedules.why_total(saved, now) == expected
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_a_resume_over_another_total_says_so_in_the_part_that_loads_it(tmp_path: Any, own: bool) -> None:
+    """Issue 42: --epochs raised on a finished cosine run moved the rate about 100x, unsaid. The scheduler part
+    (real LambdaLR objects, a state as a checkpoint holds it) goes on over the new total and says so."""
+    from hpc_ddp.run.checkpoint.part import Loading
+    from hpc_ddp.run.config import TrainConfig
+    from hpc_ddp.run.parts import SchedulerPart
+
+    def make(total: int) -> tuple[Any, Any]:
+        optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.01)
+        if own:  # a task's own: a closure over its total (LambdaLR saves no function)
+            return optimizer, torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda s: 1 - min(s, total) / total
+            )
+        return optimizer, schedules.build("cosine", 0, optimizer, total)
+
+    optimizer, scheduler = make(8)
+    for _ in range(8):
+        optimizer.step()
+        scheduler.step()
+    state = pickle.loads(pickle.dumps(scheduler.state_dict()))
+    meta = {"config": TrainConfig(epochs=2, lr=0.01).as_dict(), "total_steps": 8}
+    for total, said in ((8, False), (12, True)):
+        optimizer, scheduler = make(total)
+        ctx = Loading(tmp_path, meta, TrainConfig(epochs=3 if said else 2, lr=0.01), total_steps=total)
+        SchedulerPart(lambda s=scheduler: s).load_state_dict(state, ctx)
+        if not said:
+            assert ctx.notes == []
+            continue
+        after = 0.01 * (1 - 9 / 12) if own else 0.01 * schedules.factor("cosine", 8, 0, 12)
+        (note,) = ctx.notes
+        assert "total changed from 8 to 12 optimizer steps (--epochs 2 -> 3)" in note
+        assert f"goes from 0 to {after:.4g} at step {9 if own else 8}" in note
+        # a built-in schedule's rate is the new total's at once; a task's own keeps its reached rate one step
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0 if own else after)
+
+
 def test_no_scheduler_when_the_rate_never_changes() -> None:
     optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
     assert schedules.build("constant", 0, optimizer, 10) is None

@@ -176,8 +176,10 @@ def test_incompatible_checkpoint_names_the_difference(tmp_path: Path) -> None:
 
 def test_best_and_latest_work_wherever_a_checkpoint_path_does(tmp_path: Path) -> None:
     """Issue 32, finding 14: the pointer files were read as checkpoints ("holds kpt, which a weights_only load
-    refuses"); they name one, and `checkpoint export` and `--resume` take the one they name."""
-    from hpc_ddp.checkpoint.__main__ import run_export
+    refuses"); they name one, and `checkpoint export` and `--resume` take the one they name. Issue 42: so do
+    `hpc_ddp.checkpoint.load_model` and `full.load` (the loader README names), through the same resolver."""
+    from hpc_ddp.checkpoint import load_model
+    from hpc_ddp.checkpoint.__main__ import main, run_export
 
     states = {step: sample_state(step) for step in (4, 8)}
     for step, state in states.items():
@@ -191,6 +193,14 @@ def test_best_and_latest_work_wherever_a_checkpoint_path_does(tmp_path: Path) ->
         exported = torch.load(out, weights_only=True)
         assert exported.keys() == expected.keys()
         assert all(torch.equal(exported[k], expected[k]) for k in expected)
+        loaded = load_model(torch.nn.Linear(4, 2), pointers / name).state_dict()
+        assert all(torch.equal(loaded[k], expected[k]) for k in expected)
+        assert full.load(pointers / name)["position"]["step"] == step
+        assert full.load(str(pointers / name))["position"]["step"] == step
+    assert main(["export", str(pointers / "best"), str(tmp_path / "cli.pth")]) == 0
+    assert torch.equal(
+        torch.load(tmp_path / "cli.pth", weights_only=True)["weight"], states[4]["model"]["weight"]
+    )
     # --resume checkpoints/best: an earlier checkpoint of this folder, so a new line (the later one set aside).
     chosen = resume.plan(TrainConfig(resume=str(pointers / "best")), tmp_path, {}, print)
     assert chosen.start == pointers / "ckpt-00000004.pt"
@@ -202,6 +212,12 @@ def test_best_and_latest_work_wherever_a_checkpoint_path_does(tmp_path: Path) ->
         UsageError, match=r"best names 'ckpt-00000099.pt', which is not a checkpoint beside it"
     ):
         run_export(pointers / "best", tmp_path / "x.pth")
+    for load in (lambda p: load_model(torch.nn.Linear(4, 2), p), full.load):
+        with pytest.raises(
+            UsageError, match=r"best names 'ckpt-00000099.pt', which is not a checkpoint beside"
+        ):
+            load(pointers / "best")
+    assert main(["export", str(pointers / "best"), str(tmp_path / "x.pth")]) == 2
 
 
 def test_a_changed_checkpoint_format_is_refused_naming_the_flag(tmp_path: Path) -> None:

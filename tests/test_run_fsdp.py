@@ -217,6 +217,7 @@ def test_a_corrupt_shard_or_a_torn_save_falls_back_to_the_checkpoint_before(
     from hpc_ddp.checkpoint import load_model
 
     assert_same(dict(load_model(Blocks(), ckpts / "ckpt-00000012").state_dict()), exported)
+    assert_same(dict(load_model(Blocks(), ckpts / "latest").state_dict()), exported)  # the pointer (issue 42)
     # A finished run whose model.pth is gone writes it again from its final checkpoint, and nothing else.
     (tmp_path / "model.pth").unlink()
     code, out = finish(start(tmp_path, *args, "--epochs", "3"))

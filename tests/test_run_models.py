@@ -96,7 +96,7 @@ def test_dict_batches_and_a_step_with_metrics_record_them_averaged(dicts_run: tu
         r["metrics"]["half"] == 0.5 for r in steps
     )  # a constant: averaged over ranks and micro-batches
     assert all(r["metrics"]["mae"] > 0 for r in steps)
-    assert " half 0.5 mae " in out  # the progress line shows them
+    assert " half 0.5000 mae " in out  # the progress line shows them (one format: run/progress.value_text)
     assert "set_epoch calls: [0, 1]" in out  # the dataset's set_epoch, once an epoch
 
 
@@ -143,6 +143,32 @@ def test_lr_schedule_steps_per_optimizer_step_and_a_new_lr_on_resume_scales_it(t
     # The longer run's schedule spans its 12 steps, at the new base rate.
     assert lrs(tmp_path)[8:] == pytest.approx(
         [0.005 * schedules.factor("cosine", s, 2, 12) for s in range(8, 12)]
+    )
+
+
+@pytest.mark.deadline(200)  # two runs in a row
+def test_epochs_raised_on_a_finished_cosine_run_goes_on_over_the_new_total_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """Issue 42: the "already finished" message suggests raising --epochs; on a cosine schedule that moved the
+    rate from its end (0) to the new total's at once, unsaid. It goes on deliberately, said on the console."""
+    args = ("--task", "linear", "--nodes", "1", "--tasks-per-node", "1", "--log-every-s", "0")
+    code, out = finish(start(tmp_path, *args, "--lr-schedule", "cosine", "--epochs", "2"), timeout=100)
+    assert code == 0, out
+    assert "Parameters identical on the 1 rank" in out and "on all 1 ranks" not in out  # issue 42, item 5
+    old = records(tmp_path, "step")[-1]["total_steps"]
+    code, out = finish(start(tmp_path, *args, "--lr-schedule", "cosine", "--epochs", "3"), timeout=100)
+    assert code == 0, out
+    steps = records(tmp_path, "step")
+    new, base = steps[-1]["total_steps"], steps[0]["lr"] / schedules.factor("cosine", 0, 0, old)
+    assert new == old * 3 // 2
+    after = base * schedules.factor("cosine", old, 0, new)
+    assert (
+        f"the LR schedule's total changed from {old} to {new} optimizer steps (--epochs 2 -> 3): it goes on "
+        f"over the new total, so the learning rate goes from 0 to {after:.4g} at step {old}" in out
+    )
+    assert lrs(tmp_path)[old:] == pytest.approx(
+        [base * schedules.factor("cosine", s, 0, new) for s in range(old, new)]
     )
 
 

@@ -64,6 +64,26 @@ def test_the_progress_line_of_a_step_record(record: dict[str, object], text: str
     assert progress.line(record) == text
 
 
+def test_every_value_on_the_progress_line_has_one_format() -> None:
+    """Issue 42: `accuracy 1`, `0.375` and `0.9688` on one line (%.4g); now every value as the loss is."""
+    record = step(
+        loss=0.5, metrics={"accuracy": 1.0, "top5": 0.375, "f1": 0.96875, "lr": 2.5e-05, "ppl": 1.2345e7}
+    )
+    assert progress.line(record) == (
+        "epoch 1 step 120/400 loss 0.5000 accuracy 1.0000 top5 0.3750 f1 0.9688 lr 2.500e-05 ppl 1.234e+07 | "
+        "1,530 samples/s | ETA 3m05s"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.0, "0.0000"), (1.0, "1.0000"), (-0.25, "-0.2500"), (0.001, "0.0010"), (0.0009, "9.000e-04")]
+    + [(999999.0, "999999.0000"), (1e6, "1.000e+06"), (None, "nan"), (float("inf"), "inf")],
+)
+def test_one_rule_for_a_value(value: float | None, text: str) -> None:
+    assert progress.value_text(value) == text
+
+
 @pytest.mark.parametrize(
     "seconds, text",
     [

@@ -28,6 +28,8 @@ def note(rank: int, kind: str, message: str, t: float, node: str = "n1", again: 
 
 
 NODES = ("n1", "n1", "n2", "n2")
+USAGE_0 = {**note(0, "UsageError", "the tracker refuses a file store", 1.0, again=False), "usage": True}
+CLOSED_1 = note(1, "RuntimeError", "[pair.cc:553] Connection closed by peer [127.0.0.1]:41091", 1.1)
 
 
 @pytest.mark.parametrize(
@@ -187,11 +189,32 @@ NODES = ("n1", "n1", "n2", "n2")
             ("usage", None, None, False),
         ),
         (judge.Evidence(code=1), ("failed", None, None, False)),
+        # Issue 42: a usage error on rank 0 alone (a tracker's refusal) while rank 1 waited in a collective and
+        # failed on it, whichever exit the launcher saw first and whichever note was written first.
+        *(
+            (
+                judge.Evidence(code=code, rank_nodes=NODES, first_rank=first, notes=notes),
+                ("usage", 0, "n1", False),
+            )
+            for code, first in ((2, 0), (1, 1))
+            for notes in ((USAGE_0, CLOSED_1), (dict(CLOSED_1, time=0.5), USAGE_0))
+        ),
+        # A usage error with only a peer's consequence noted (rank 0 left none): the rank seen first, not rank 1.
+        (
+            judge.Evidence(code=2, rank_nodes=NODES, first_rank=0, notes=(CLOSED_1,)),
+            ("usage", 0, "n1", False),
+        ),
     ],
 )
 def test_judge_names_the_first_cause(evidence: judge.Evidence, expected: tuple) -> None:
     ending = judge.judge(evidence)
     assert (ending.outcome, ending.rank, ending.node, ending.blamed) == expected
+
+
+def test_a_usage_error_is_recorded_as_its_rank_s_line() -> None:
+    ending = judge.judge(judge.Evidence(code=1, rank_nodes=NODES, first_rank=1, notes=(CLOSED_1, USAGE_0)))
+    assert ending.reason == "UsageError: the tracker refuses a file store" and ending.exit_code == 2
+    assert not ending.retryable
 
 
 CAUSE_1 = judge.Ending("failed", "RuntimeError: boom", rank=1)

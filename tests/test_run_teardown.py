@@ -244,6 +244,47 @@ def test_a_usage_error_after_user_code_started_a_thread_still_exits_2(tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_usage_error_on_rank_0_alone_is_the_first_cause_not_its_peer_s_closed_connection(
+    tmp_path: Path,
+) -> None:
+    """Issue 42: rank 0 alone refuses its first step with a usage error (as MLflow 3 refuses a file store) while
+    rank 1 waits in the step's collective and fails on it ("Connection closed by peer"). Rank 0's line is the
+    first cause, on the console (no traceback of rank 1's) and in attempts.jsonl; exit 2, never retried."""
+    import json
+
+    from test_launch_local import finish, start
+
+    from hpc_ddp.ledger import exits
+
+    code, out = finish(
+        start(tmp_path, "--task", "exit_tasks:usage_error_on_rank0", "--nodes", "1", "--epochs", "1"), 100
+    )
+    assert code == exitcodes.USAGE, out
+    assert "python -m hpc_ddp.train: error: the tracker refuses a file store" in out
+    assert (
+        "[launcher] rank 0 on node 0 (127.0.0.1)" in out
+        and "exited with code 2; stopped the other ranks" in out
+    )
+    assert "then rank 1 failed too, on the rank that ended first (Connection closed by peer)" in out
+    assert "Traceback" not in out and "rank 1 failed first" not in out and "restarting" not in out
+    end = [
+        r
+        for r in map(json.loads, (tmp_path / "attempts.jsonl").read_text().splitlines())
+        if r["event"] == "end"
+    ]
+    assert [(r["outcome"], r["rank"], r["reason"]) for r in end] == [
+        ("usage", 0, "UsageError: the tracker refuses a file store. Fix: set MLFLOW_ALLOW_FILE_STORE=1")
+    ]
+    (attempt,) = (tmp_path / exits.EXITS).iterdir()
+    job, restart = attempt.name.rsplit("-", 1)
+    notes = exits.read(tmp_path, job, int(restart))
+    assert (
+        notes[0]["rank"] == 0 and notes[0]["usage"] is True
+    )  # written before its group went: before rank 1's
+
+
+@pytest.mark.slow
 def test_a_step_stuck_in_native_code_holding_the_gil_ends_at_the_timeout_with_stacks(tmp_path: Path) -> None:
     """No Python thread can run then, the hang watchdog's neither: its dead man's switch, faulthandler's C timer
     pushed forward on every tick, fires threshold (3 s) + window (5 s) + margin (10 s) after the last tick,

@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.errors import RunStopped
+from hpc_ddp.errors import RunStopped, UsageError
 from hpc_ddp.ledger.files import atomic_write_bytes, is_full
 from hpc_ddp.ledger.signature import signature
 
@@ -49,6 +49,11 @@ def reserve(folder: Path, job: str, restart: int, rank: int) -> None:
         atomic_write_bytes(path, _PLACEHOLDER.ljust(NOTE_BYTES))
     except OSError:
         pass
+
+
+def reserved(folder: Path, job: str, restart: int, rank: int) -> bool:
+    """This rank's attempt started training: its note's space was set aside (or its note is written)."""
+    return _path(folder, job, restart, rank).is_file()
 
 
 def release(folder: Path, job: str, restart: int, rank: int) -> None:
@@ -78,7 +83,9 @@ def note(folder: Path, job: str, restart: int, rank: int, node: str, error: Base
         "traceback": text[-20000:],
         "signature": signature(type(error).__name__, message),
         # The kit stopped the run on purpose (checkpoints cannot be written...): a retry fails the same way.
-        "retry": not isinstance(error, RunStopped),
+        "retry": not isinstance(error, (RunStopped, UsageError)),
+        # A user's mistake (exit 2): the first cause even where a peer's failure on it was seen first.
+        "usage": isinstance(error, UsageError),
     }
     data = _encoded(record)
     path = _path(folder, job, restart, rank)

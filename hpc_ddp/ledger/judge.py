@@ -179,9 +179,9 @@ def _judge(ev: Evidence) -> Ending:
         return Ending(record.FAILED, ev.unwritable, "unwritable run folder", retryable=False)
     if ev.code == exitcodes.PREEMPTED and ev.requeue is not None and not node_fail:
         return _preempted(ev.requeue, ev.rank0_requeued)
-    if ev.code == exitcodes.USAGE:
-        note = ev.notes[0] if ev.notes else {}
-        return Ending(record.USAGE, "usage error (see the log)", "usage", note.get("rank"), note.get("node"))
+    usage = _usage_note(ev.notes)
+    if ev.code == exitcodes.USAGE or usage is not None:
+        return _usage(ev, usage)
     if ev.code == exitcodes.NONFINITE:
         return Ending(record.NONFINITE, "the loss became NaN or infinite", "nonfinite")
     if node_fail:
@@ -190,6 +190,32 @@ def _judge(ev: Evidence) -> Ending:
     if ev.verdict is not None:
         return _hang(ev)
     return _failed(ev)
+
+
+def _usage_note(notes: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first note of a usage error (a user's mistake, hpc_ddp.errors.UsageError), never one a peer's end
+    caused: rank 0's alone, while the others failed on it in a collective, is the cause whoever was seen first."""
+    return next(
+        (n for n in notes if n.get("usage") and not secondary(f"{n.get('type')}: {n.get('message')}")), None
+    )
+
+
+def _usage(ev: Evidence, note: dict[str, Any] | None) -> Ending:
+    """A usage error: its rank's line (the first usage note), else the first rank's own error, else the log."""
+    if note is None:
+        note = next((n for n in ev.notes if not secondary(f"{n.get('type')}: {n.get('message')}")), None)
+    if note is None:
+        return Ending(record.USAGE, "usage error (see the log)", "usage")
+    rank = int(note["rank"])
+    return Ending(
+        record.USAGE,
+        f"{note.get('type')}: {note.get('message')}",
+        "usage",
+        rank,
+        note.get("node") or _node(ev, rank),
+        traceback=str(note.get("traceback") or ""),
+        retryable=False,
+    )
 
 
 def _preempted(requeue: bool, rank0_requeued: bool | None) -> Ending:

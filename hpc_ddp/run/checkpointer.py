@@ -92,6 +92,7 @@ class Checkpointer:
         asked_grad_accum: int | None = None,
     ) -> None:
         self.cfg, self.env, self.folder, self.parts, self.format = cfg, env, folder, list(parts), fmt
+        self.total_steps: int | None = None  # the LR schedule's total (None: unknown): a resume compares it
         self.log, self.record, self.beacon = log, record, beacon
         # The command line's --grad-accum, when a resize (--allow-resize) chose the one `cfg` has.
         self.asked_grad_accum = cfg.grad_accum if asked_grad_accum is None else asked_grad_accum
@@ -108,6 +109,8 @@ class Checkpointer:
             "config": self.cfg.as_dict(),
             # The --grad-accum the command line gave, when a resize chose another (resume.resize reads it).
             "asked_grad_accum": self.asked_grad_accum,
+            # The optimizer steps the scheduler was built over: a resume with another says so (parts.py).
+            "total_steps": self.total_steps,
             "version": __version__,
         }
 
@@ -280,7 +283,9 @@ class Checkpointer:
     def restore(self, opened: Opened, path: Path) -> list[str]:
         """Give each part its state from `opened`, after checking it fits this run (CheckpointError)."""
         resume.check_compatible(opened.meta, path, self.cfg, self.env.world_size, formats.format_of(path))
-        ctx = Loading(path, opened.meta, self.cfg, world_size=self.env.world_size)
+        ctx = Loading(
+            path, opened.meta, self.cfg, world_size=self.env.world_size, total_steps=self.total_steps
+        )
         for part in self.parts:
             part.load_state_dict(opened.state_of(part, self.env.rank), ctx)
         return ctx.notes

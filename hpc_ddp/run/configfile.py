@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp import cli
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import taskargs
 
@@ -155,8 +155,8 @@ def defaults(parser: argparse.ArgumentParser, table: Mapping[str, Any], path: st
                 raise UsageError(
                     f"--config {path}: config = ...: a file cannot name another; merge them into one"
                 )
-            nearest = difflib.get_close_matches(key, list(options), n=1, cutoff=0.0)
-            hint = f"; the nearest option is --{nearest[0]}" if nearest else ""
+            meant = cli.nearest(key, options)  # only when one is close: a far one misleads
+            hint = f"; the nearest option is --{meant}" if meant else ""
             raise UsageError(
                 f"--config {path}: unknown key {raw!r}{hint} (keys are this command's long options without "
                 "the dashes: see --help)"

@@ -43,7 +43,7 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import batches as batching
 from hpc_ddp.run import beacon as phase
-from hpc_ddp.run import evaluation, loaders, preemption, rng, schedules, seeding
+from hpc_ddp.run import evaluation, loaders, preemption, progress, rng, schedules, seeding
 from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.best import Best
 from hpc_ddp.run.callbacks import Callbacks
@@ -310,12 +310,12 @@ class Evaluations:
             first = self.plateau.last_epoch == 0
             schedules.after_evaluation(self.plateau, result.means, self.cfg.plateau_metric, first)
         self.metrics.eval(pos, result.samples, result.means)
-        shown = " | ".join(f"{name} {value:.4f}" for name, value in result.means.items())
+        shown = " | ".join(f"{name} {progress.value_text(value)}" for name, value in result.means.items())
         self.log.main(f"Eval at step {pos.step} (epoch {pos.epoch}, {result.samples} samples): {shown}")
         if new_best and best is not None:  # --keep-best made visible: a line and a "best" record
             self.metrics.best(pos, best.name, best.value, best.mode)
             self.log.main(
-                f"New best {best.name} {best.value:.4f} ({best.mode}) at step {pos.step}: its "
+                f"New best {best.name} {progress.value_text(best.value)} ({best.mode}) at step {pos.step}: its "
                 "checkpoint is saved now and kept as checkpoints/best"
             )
         if self.callbacks is not None:  # the evaluation is done and recorded: the task's hooks see its means

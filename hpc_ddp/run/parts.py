@@ -89,7 +89,9 @@ class ScalerPart(Part):
 class SchedulerPart(Part):
     """The LR scheduler (Task.scheduler or --lr-schedule). Loaded after the optimizer, whose state holds the
     groups' current rates. --lr changed on resume: every rate (the scheduler's base rates, each group's current
-    rate) is scaled by new/old --lr, so the schedule goes on from the step it reached at the new base."""
+    rate) is scaled by new/old --lr, so the schedule goes on from the step it reached at the new base. A total
+    that changed (`ctx.total_steps`, the one this run's scheduler is built over: --epochs raised on a finished
+    run) is gone on with deliberately, and said (schedules.total_changed): never a silent jump of the rate."""
 
     key, kind, what = "scheduler", REPLICATED, "the LR scheduler's state_dict()"
 
@@ -128,14 +130,41 @@ class SchedulerPart(Part):
             ]
         else:  # a task's own: the rates it reached, scaled
             rates = [rate * ratio for rate in state.get("_last_lr") or [g["lr"] for g in groups]]
+        before = list(state.get("_last_lr") or [g["lr"] for g in groups])
         for group, rate in zip(groups, rates, strict=True):
             group["lr"] = rate
         scheduler._last_lr = [g["lr"] for g in groups]
+        note = self._total_note(scheduler, state, ctx, totals, before[0] * ratio)
+        if note:
+            ctx.notes.append(note)
         if not changed:
             return
         ctx.notes.append(
             f"the LR schedule goes on from step {state.get('last_epoch')} at the new --lr {ctx.cfg.lr} (every "
             f"rate scaled by {ratio:g})"
+        )
+
+    def _total_note(
+        self, scheduler: Any, state: Any, ctx: Loading, totals: list[tuple[Any, int]], before: float
+    ) -> str | None:
+        """The line a changed total gets (group 0's rate before and after), or None."""
+        step = int(state.get("last_epoch") or 0)
+        why = schedules.why_total(ctx.meta.get("config") or {}, ctx.cfg.as_dict())
+        if totals:  # --lr-schedule: its Factor's total is in the state (LambdaLR saves a callable's __dict__)
+            saved = [d.get("total") for d in state.get("lr_lambdas") or () if isinstance(d, dict)]
+            after = scheduler.optimizer.param_groups[0]["lr"]
+            return schedules.total_changed(
+                saved[0] if saved else None, totals[0][1], step, before, after, False, why
+            )
+        if "total_steps" not in ctx.meta or ctx.meta["total_steps"] == ctx.total_steps:
+            return None  # a checkpoint written before it said its total, or the same total
+        after = (
+            before
+            if schedules.is_plateau(scheduler)
+            else schedules.trial_step(scheduler, scheduler.optimizer)[0]
+        )
+        return schedules.total_changed(
+            ctx.meta["total_steps"], ctx.total_steps, step + 1, before, after, True, why
         )
 
 

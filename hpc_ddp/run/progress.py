@@ -61,18 +61,28 @@ def total_steps(epochs: int, steps_per_epoch: int, max_steps: int) -> int:
     return min(total, max_steps) if max_steps else total
 
 
+def value_text(value: float | None) -> str:
+    """A loss's or a metric's value on the progress line, every one the same way (pure): 4 decimals (`1.0000`,
+    `0.3750`, `0.9688`), scientific where 4 decimals would hide it (`2.500e-05`) or be too wide (`1.235e+07`);
+    None (a non-finite value, as records write it) is `nan`."""
+    if value is None:
+        return "nan"
+    if value != 0 and not 1e-3 <= abs(value) < 1e6:
+        return f"{value:.3e}"
+    return f"{value:.4f}"
+
+
 def line(record: Mapping[str, Any], grad_norm: bool = False) -> str:
     """The progress text of a "step" record (pure). Fields it lacks are left out; its `grad_norm` with
     `grad_norm` (--log-grad-norm)."""
     step, total = record.get("step", 0), record.get("total_steps") or 0
     parts = [f"epoch {record.get('epoch', 0)} step {step}" + (f"/{total}" if total else "")]
     loss = record.get("loss")
-    parts[0] += " loss " + ("nan" if loss is None else f"{loss:.4f}")
+    parts[0] += " loss " + value_text(loss)
     for name, value in (record.get("metrics") or {}).items():
-        parts[0] += f" {name} " + ("nan" if value is None else f"{value:.4g}")
+        parts[0] += f" {name} " + value_text(value)
     if grad_norm and "grad_norm" in record:
-        norm = record["grad_norm"]
-        parts[0] += " grad_norm " + ("nan" if norm is None else f"{norm:.4g}")
+        parts[0] += " grad_norm " + value_text(record["grad_norm"])
     rate = record.get("samples_per_s")
     if rate:  # 0 until a process's second step: its first, the warm-up, is not measured
         parts.append(f"{rate:,.0f} samples/s")

@@ -83,8 +83,9 @@ def from_task(make: Callable[[Any, int | None], Any], optimizer: Any, total: int
     return scheduler
 
 
-def trial_step(scheduler: Any, optimizer: Any) -> None:
-    """Step `scheduler` once and put it and the optimizer's groups back as they were; raises what it raises."""
+def trial_step(scheduler: Any, optimizer: Any) -> list[float]:
+    """Step `scheduler` once and put it and the optimizer's groups back as they were; the groups' rates that
+    step gave. Raises what it raises."""
     import copy
     import warnings
 
@@ -94,10 +95,39 @@ def trial_step(scheduler: Any, optimizer: Any) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's "lr_scheduler.step() before optimizer.step()"
             scheduler.step()
+        return [g["lr"] for g in optimizer.param_groups]
     finally:
         scheduler.load_state_dict(state)
         for group, saved in zip(optimizer.param_groups, groups, strict=True):
             group.update(saved)
+
+
+def total_changed(
+    old: int | None, new: int | None, step: int, before: float, after: float, own: bool, why: str
+) -> str | None:
+    """What a resume says when the schedule's total changed (--epochs or --max-steps raised, say on a finished
+    run, as its end suggests; or another number of ranks): the schedule goes on over the new total, which for a
+    decaying one moves the rate at once (a cosine near its end jumps back up). `why`: the options that changed
+    it. None when nothing changed, or when the checkpoint does not say its total (written before it did). Pure."""
+    if old is None or old == new:
+        return None
+    whose = "Task.scheduler" if own else "the LR schedule"
+    moved = f"stays at {after:.4g}" if after == before else f"goes from {before:.4g} to {after:.4g}"
+    when = f"at step {step}" + (" (its next step, with the new total)" if own else "")
+    return (
+        f"{whose}'s total changed from {old} to {new or 'unknown'} optimizer steps ({why}): it goes on over the "
+        f"new total, so the learning rate {moved} {when}"
+    )
+
+
+def why_total(saved: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """The options that change a run's total between a checkpoint's config (`saved`) and now's, as flags. Pure."""
+    changed = [
+        f"--{name.replace('_', '-')} {saved[name]} -> {now[name]}"
+        for name in ("epochs", "max_steps")
+        if name in saved and saved[name] != now.get(name)
+    ]
+    return ", ".join(changed) or "another number of ranks or --grad-accum"
 
 
 def is_plateau(scheduler: Any) -> bool:

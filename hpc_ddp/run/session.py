@@ -61,19 +61,34 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         run_folder.tell_folder(folder, environ)  # where slurm/ddp.sbatch finds preempted.json
     try:
         return _run_holding(cfg, env, folder, environ)
-    except (UsageError, KeyboardInterrupt, SystemExit):
-        raise
     except BaseException as e:
-        # For the supervisor (local launcher, batch shell): which error came first, on which node. Never in a
-        # folder another job holds (this job's rank 0 was refused it, and this rank failed for that reason).
-        holder = run_folder.holder_job(folder) if folder.is_dir() else None
-        if folder.is_dir() and not (holder and env.job_id and holder != env.job_id):
-            exits.note(folder, env.job_id or "", env.restart, env.rank, env.node, e)
+        _note(folder, env, e)  # unless written already, before the process group went (_run_holding)
         raise
     finally:
         exits.release(folder, env.job_id or "", env.restart, env.rank)  # the space its note had (if unused)
         if lock is not None:
             lock.release()
+
+
+def _note(folder: Path, env: DistEnv, error: BaseException) -> None:
+    """For the supervisor (local launcher, batch shell): which error came first, on which node. Once per error.
+    A usage error too once training started (rank 0's alone, a tracker's refusal at the first step, while the
+    others wait in a collective and fail on it); before, a refused start writes nothing in the folder. Never in
+    a folder another job holds (this job's rank 0 was refused it, and this rank failed for that reason); never
+    for Ctrl-C or an exit asked for."""
+    if isinstance(error, (KeyboardInterrupt, SystemExit)) or getattr(error, _NOTED, False):
+        return
+    job = env.job_id or ""
+    if isinstance(error, UsageError) and not exits.reserved(folder, job, env.restart, env.rank):
+        return
+    holder = run_folder.holder_job(folder) if folder.is_dir() else None
+    if folder.is_dir() and not (holder and env.job_id and holder != env.job_id):
+        exits.note(folder, job, env.restart, env.rank, env.node, error)
+    with contextlib.suppress(AttributeError):  # an exception type that takes no attribute: noted again later
+        setattr(error, _NOTED, True)
+
+
+_NOTED = "_hpc_ddp_noted"  # set on an exception once its exit note is written
 
 
 def _run_holding(cfg: TrainConfig, env: DistEnv, folder: Path, environ: Mapping[str, str]) -> int:
@@ -108,7 +123,13 @@ def _run_holding(cfg: TrainConfig, env: DistEnv, folder: Path, environ: Mapping[
             f"local rank {env.local_rank}, {device}, {backend}, {count(plan.threads, 'thread')}; "
             f"world size {env.world_size})"
         )
-        code = _train(cfg, env, device, folder, log, environ)
+        try:
+            code = _train(cfg, env, device, folder, log, environ)
+        except BaseException as e:
+            # Before the group goes: the peers waiting in a collective fail on this rank only once it has, so
+            # this note comes before theirs, and the supervisor names this rank's error as the first cause.
+            _note(folder, env, e)
+            raise
     log.info("Process group destroyed")
     return code
 

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
+from hpc_ddp import cli
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run.callbacks import Callback
 from hpc_ddp.run.config import TrainConfig
@@ -205,7 +206,9 @@ def resolve(spec: str) -> Callable[[TrainConfig], Task]:
         ) from e
     builder = getattr(module, func_name, None)
     if not callable(builder):
-        raise UsageError(f"--task {spec!r}: {module_name} has no function {func_name!r}")
+        meant = cli.nearest(func_name, [n for n in vars(module) if not n.startswith("_")])
+        hint = f"; did you mean {meant}?" if meant else ""
+        raise UsageError(f"--task {spec!r}: {module_name} has no function {func_name!r}{hint}")
     return builder
 
 

@@ -126,8 +126,7 @@ class Trainer:
         total = _total_steps(cfg, self.feed)
         main_folder = self.folder if env.is_main else None  # rank 0 records
         self.metrics = metrics.Recorder(main_folder, cfg, env, total, warn=self.log.warn)
-        # Built before any state is loaded: a scheduler sets the groups' rates when it is made, and a resume's
-        # optimizer and scheduler states then overwrite them (hpc_ddp.run.schedules).
+        # Built before any state is loaded (it sets the rates; a resume's states overwrite them: run/schedules).
         known = total if total or not self.feed.iterable else None  # None: a stream without --max-steps
         self.scheduler = schedules.for_run(task, cfg, self.optimizer, known, self.log.main)
         self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (hpc_ddp.run.schedules)
@@ -137,6 +136,7 @@ class Trainer:
         self.checkpointer = Checkpointer(
             cfg, env, self.folder, _parts(self), fmt, self.log, record, self.beacon, asked_grad_accum
         )
+        self.checkpointer.total_steps = known  # in every checkpoint: a resume over another says so (parts.py)
         self.checkpointer.check_savable()
         guarded = (self.metrics, self.strategy, self.checkpointer)  # --nonfinite-loss (hpc_ddp.run.nonfinite)
         self.guard = nonfinite.Guard(cfg.nonfinite_loss, env, self.log, *guarded)

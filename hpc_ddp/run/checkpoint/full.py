@@ -41,8 +41,15 @@ def commit(
 
 
 def load(path: str | Path, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
-    """A full checkpoint as data (torchfile.load_file: weights_only, checksum when `verify`). CheckpointError
-    if it is no hpc_ddp checkpoint."""
+    """A full checkpoint as data (torchfile.load_file: weights_only, checksum when `verify`); `path` may be a
+    run's `checkpoints/best` or `checkpoints/latest` (the checkpoint each names). CheckpointError if it is no
+    hpc_ddp checkpoint."""
+    path = store.resolve(path)
+    if path.is_dir():
+        raise CheckpointError(
+            f"{path} is a sharded checkpoint (a folder), not a full one. Fix: read its model with "
+            "hpc_ddp.checkpoint.load_model(model, path), or export it with python -m hpc_ddp.checkpoint export"
+        )
     state = torchfile.load_file(path, map_location, verify)
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not an hpc_ddp checkpoint (no 'model' entry)")

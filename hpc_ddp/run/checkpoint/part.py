@@ -34,6 +34,7 @@ class Loading:
     cfg: TrainConfig
     notes: list[str] = field(default_factory=list)  # what a resume changed, said once training starts
     world_size: int = 0  # the ranks loading it (0: unknown)
+    total_steps: int | None = None  # the optimizer steps this run's LR schedule is built over (None: unknown)
 
 
 class Part(ABC):

@@ -108,10 +108,12 @@ def _read_pointer(
     return None
 
 
-def resolve(path: Path) -> Path:
+def resolve(path: str | os.PathLike[str]) -> Path:
     """`path` itself, or, for a `latest` or `best` pointer (`<folder>/checkpoints/best`), the checkpoint it names:
-    a pointer works wherever a checkpoint path does (`--resume`, `checkpoint export`). UsageError for a pointer
-    that names no checkpoint beside it."""
+    a pointer works wherever a checkpoint path does. The one resolver of every entry point that takes one
+    (`--resume PATH`, `checkpoint export`, `hpc_ddp.checkpoint.load_model`, `full.load`). UsageError for a
+    pointer that names no checkpoint beside it."""
+    path = Path(path)
     if path.name not in (LATEST, BEST) or not path.is_file():
         return path
     try:

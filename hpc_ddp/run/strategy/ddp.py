@@ -129,4 +129,9 @@ class DDPStrategy(Strategy):
         if differing and self.env.is_main:
             log.warn(f"parameters differ between rank 0 and ranks {differing} at the end of training")
         elif not differing:
-            log.main(f"Parameters identical on all {self.env.world_size} ranks")
+            log.main(f"Parameters identical on {_all_ranks(self.env.world_size)}")
+
+
+def _all_ranks(world_size: int) -> str:
+    """'all 4 ranks', or 'the 1 rank' for a world of one (pure)."""
+    return f"all {world_size} ranks" if world_size != 1 else "the 1 rank"
