@@ -78,15 +78,3 @@ def launch(
     packet = torch.cat(values)
     return Pending(packet, dist.all_reduce(packet, async_op=True))
 
-
-def agree(
-    loss_sum: torch.Tensor,
-    count: int,
-    saving: float,
-    exhausted: float,
-    extras: Mapping[str, Any],
-    names: Sequence[str],
-    halt: float = 0.0,
-) -> Agreed:
-    """`launch`, waited for at once."""
-    return launch(loss_sum, count, saving, exhausted, extras, names, halt).wait()
