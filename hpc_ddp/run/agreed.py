@@ -77,4 +77,3 @@ def launch(
     values += [torch.as_tensor(extras[name], dtype=torch.float32, device=device).reshape(1) for name in names]
     packet = torch.cat(values)
     return Pending(packet, dist.all_reduce(packet, async_op=True))
-

@@ -36,6 +36,9 @@ class StepClock:
         self.data_s = 0.0  # this step's wait for data (rank 0 records it)
         self.task_s = 0.0  # this step's time in the task's own work (`with clock.task:`)
         self.task = _Task(self)
+        self.kit = _Task(
+            self, -1.0
+        )  # inside a `task` block: the kit's own work, taken out of the task's time
         self.grads_ready = 0.0  # when backward's last gradient bucket was ready (the comm wait starts)
         self._since = 0.0  # when the current phase of the step began
         self._ready = 0.0
@@ -115,16 +118,16 @@ class StepClock:
 
 
 class _Task:
-    """`with clock.task:`: the block's time is the task's own work. One object per clock, reused (no allocation
-    per step)."""
+    """`with clock.task:`: the block's time is the task's own work (`sign` -1: `clock.kit`, a block of the kit's
+    own inside one of the task's). One object per clock, reused (no allocation per step)."""
 
-    __slots__ = ("clock", "start")
+    __slots__ = ("clock", "sign", "start")
 
-    def __init__(self, clock: StepClock) -> None:
-        self.clock, self.start = clock, 0.0
+    def __init__(self, clock: StepClock, sign: float = 1.0) -> None:
+        self.clock, self.sign, self.start = clock, sign, 0.0
 
     def __enter__(self) -> None:
         self.start = time.monotonic()
 
     def __exit__(self, *exc: object) -> None:
-        self.clock.task_s += time.monotonic() - self.start
+        self.clock.task_s += self.sign * (time.monotonic() - self.start)

@@ -256,9 +256,9 @@ class Trainer:
             if math.isfinite(agreed.loss_sum) and not agreed.saving and not agreed.halt:
                 if self.scaler:
                     self.scaler.unscale_(self.optimizer)
-                # The norm before clipping (free with --clip-grad), a tensor: read for a record only (metrics.py).
-                clip = self.cfg.clip_grad
-                self.grad_norm = strategy.clip_grad_norm(clip) if clip > 0 else strategy.grad_norm()
+                self.grad_norm = _norm_before_update(
+                    strategy, self.cfg.clip_grad, clock
+                )  # clips, with --clip-grad
                 if self.scaler:
                     self.scaler.step(self.optimizer)
                     self.scaler.update()
@@ -415,6 +415,16 @@ class Trainer:
             stopped, new_best = self.evaluations.run(self.pos)
         self.save_due = self.save_due or new_best
         return stopped
+
+
+def _norm_before_update(strategy: Strategy, clip: float, clock: StepClock) -> torch.Tensor:
+    """The gradients' norm before clipping, a tensor (read for a record only: run/metrics.py). With --clip-grad
+    the clipping's own (and the gradients clipped), free; else one reduction for the records: the kit's own
+    work, not the task's (`clock.kit`)."""
+    if clip > 0:
+        return strategy.clip_grad_norm(clip)
+    with clock.kit:
+        return strategy.grad_norm()
 
 
 def _evaluations(trainer: Trainer, task: Task) -> Evaluations:
