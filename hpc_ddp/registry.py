@@ -21,7 +21,9 @@ usage error), for that name alone: the others load. Base layer: no torch, no oth
 
 from __future__ import annotations
 
+import functools
 import importlib
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -87,13 +89,21 @@ def _normalized(name: str) -> str:
 
 def _declared(group: str) -> list[Entry]:
     """The entry points of `group` in this Python's installed distributions (and on sys.path: a dist-info
-    folder there counts), the kit's own first."""
+    folder there counts)."""
+    return [e for g, e in _all_declared(tuple(sys.path)) if g == group]
+
+
+@functools.lru_cache(maxsize=8)
+def _all_declared(path: tuple[str, ...]) -> tuple[tuple[str, Entry], ...]:
+    """(group, entry) for every entry point of the kit's groups, read once per sys.path: reading the metadata
+    costs milliseconds, and the config checks ask on every TrainConfig."""
     found = []
-    for ep in metadata.entry_points(group=group):
-        dist = getattr(ep, "dist", None)
-        name = dist.metadata["Name"] if dist is not None else "?"
-        found.append(Entry(ep.name, ep.value, KIT if _normalized(name or "?") == KIT else name))
-    return found
+    for group in BUILTINS:
+        for ep in metadata.entry_points(group=group):
+            dist = getattr(ep, "dist", None)
+            name = (dist.metadata["Name"] if dist is not None else None) or "?"
+            found.append((group, Entry(ep.name, ep.value, KIT if _normalized(name) == KIT else name)))
+    return tuple(found)
 
 
 class Registry:
@@ -104,8 +114,8 @@ class Registry:
         self._loaded: dict[str, type] = {}
 
     def entries(self) -> dict[str, Entry]:
-        """Every name installed, by name: the built-ins first, then the other distributions' (read each time:
-        cheap, and a test may put a plugin on sys.path)."""
+        """Every name installed, by name: the built-ins first, then the other distributions' (read again when
+        sys.path changes: a test may put a plugin on it)."""
         declared = _declared(self.group)
         own = [e for e in declared if e.builtin]
         if not own:  # no metadata of the kit's own (a source checkout, an older install): the same table

@@ -148,7 +148,19 @@ def test_help_lists_the_names_installed_and_an_unknown_one_is_exit_2() -> None:
         env=env,
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    assert "--strategy test-ddpp: choose one of ddp, fsdp, test-broken, test-ddp" in bad.stderr and "Traceback" not in bad.stderr
+    assert (
+        "--strategy test-ddpp: choose one of ddp, fsdp, test-broken, test-ddp" in bad.stderr
+        and "Traceback" not in bad.stderr
+    )
+    broken = subprocess.run(
+        [*cmd, "--strategy", "test-broken", "--folder", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert broken.returncode == 2 and len(broken.stderr.strip().splitlines()) == 1, broken.stderr
+    assert "the plugin from package hpc-ddp-testplugin" in broken.stderr and "Traceback" not in broken.stderr
 
 
 def test_a_plugin_of_the_public_api_is_a_subclass_of_its_builtin() -> None:
