@@ -11,6 +11,9 @@ The public API, importable from here:
     detect, DistEnv              this process's place in the job, from the launcher's variables (hpc_ddp.cluster.env)
     ClusterConfigError           what `detect` raises for missing or inconsistent variables (hpc_ddp.errors)
 
+The plugin API (a strategy, checkpoint format, storage, sink or scheduler of your own, found by entry point)
+is hpc_ddp.plugins (docs/plugins.md).
+
 Importing this package is cheap: each name is imported when first used (torch only with `Task`), so `--help`
 and usage errors answer at once. The layers below are described in docs/architecture.md.
 """

@@ -55,6 +55,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_report_records.py": ("process", "ranks"),
     "test_run_progress_records.py": ("unit", "ranks"),
     "test_run_sinks.py": "unit",
+    "test_plugins.py": ("process", "ranks"),
     "test_run_hot_path.py": "unit",
     "test_run_quiet.py": "unit",
     "test_run_params.py": "unit",

@@ -28,6 +28,7 @@ BASE = {
     "hpc_ddp.exitcodes",
     "hpc_ddp.log",
     "hpc_ddp.proc",
+    "hpc_ddp.registry",  # the plugin registries: entry points by name, no import of what they name
     "hpc_ddp.variables",
 }
 ENTRY = {"hpc_ddp", "hpc_ddp.__main__", "hpc_ddp.train", "hpc_ddp.submit"}
@@ -37,6 +38,7 @@ PACKAGES = {
     "hpc_ddp.scheduler": "scheduler",
     "hpc_ddp.ledger": "ledger",
     "hpc_ddp.run": "run",
+    "hpc_ddp.plugins": "run",  # the public plugin API: run's and the scheduler's interfaces and built-ins
     "hpc_ddp.launch": "launch",
     "hpc_ddp.doctor": "tools",
     "hpc_ddp.bench": "tools",

@@ -278,11 +278,18 @@ class Checkpointer:
     def load(self, path: Path, verify: bool = True) -> list[str]:
         """Every rank: load checkpoint `path` (by its own format) into the parts; returns what it changed
         (notes to say once training starts)."""
-        return self.restore(formats.open_checkpoint(path, verify, self.format.storage), path)
+        return self.restore(self.open(path, verify), path)
+
+    def open(self, path: Path, verify: bool = True) -> Opened:
+        """Checkpoint `path` read back through this run's storage, by this run's format when it owns it (a
+        plugin's class derived from a built-in reads its base's checkpoints)."""
+        return formats.open_checkpoint(path, verify, self.format.storage, type(self.format))  # type: ignore[no-any-return]
 
     def restore(self, opened: Opened, path: Path) -> list[str]:
         """Give each part its state from `opened`, after checking it fits this run (CheckpointError)."""
-        resume.check_compatible(opened.meta, path, self.cfg, self.env.world_size, formats.format_of(path))
+        resume.check_compatible(
+            opened.meta, path, self.cfg, self.env.world_size, formats.format_of(path, type(self.format))
+        )
         ctx = Loading(
             path, opened.meta, self.cfg, world_size=self.env.world_size, total_steps=self.total_steps
         )

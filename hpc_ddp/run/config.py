@@ -30,6 +30,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc_ddp import registry
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import options, taskargs
 from hpc_ddp.run.checkpoint.options import ASYNC_SAVE_DEFAULT as ASYNC_SAVE_DEFAULT
@@ -216,13 +217,15 @@ class TrainConfig(
         self._check_eval()
         self._check_data()
         self._check_strategy()
-        # Across parts: the checkpoint format against the strategy.
-        if self.strategy == "ddp" and self.checkpoint_format == "sharded":
+        # Across parts: the checkpoint format against the strategy, by what each declares (a plugin's class
+        # derived from a built-in is checked as the built-in is: hpc_ddp.registry).
+        if not self.strategy_shards() and self.format_shards():
             raise UsageError(
-                "--checkpoint-format sharded needs --strategy fsdp (DDP's replicas are the same on every rank: "
-                "rank 0's full checkpoint holds them). Fix: --strategy fsdp, or --checkpoint-format full"
+                f"--checkpoint-format {self.format_name()} needs --strategy fsdp (DDP's replicas are the same on "
+                "every rank: rank 0's full checkpoint holds them). Fix: --strategy fsdp, or --checkpoint-format "
+                "full"
             )
-        if self.async_save == "process" and self.format_name() != "sharded":
+        if self.async_save == "process" and not self.format_shards():
             raise UsageError(
                 "--async-save process writes sharded checkpoints (each rank's shards, from a process of its own); "
                 "this run writes the full format (one file, rank 0). Fix: --strategy fsdp (sharded by default), "
@@ -233,7 +236,11 @@ class TrainConfig(
         """The checkpoint format this run writes: --checkpoint-format, auto resolved by --strategy."""
         if self.checkpoint_format != "auto":
             return self.checkpoint_format
-        return "sharded" if self.strategy == "fsdp" else "full"
+        return "sharded" if self.strategy_shards() else "full"
+
+    def format_shards(self) -> bool:
+        """This run's checkpoint format writes shards, every rank its own (its class's `shards`)."""
+        return bool(registry.checkpoint_formats.trait(self.format_name(), "shards"))
 
     def to_argv(self) -> list[str]:
         """The flags that reproduce this config (defaults left out), for a task's command line.
@@ -280,10 +287,11 @@ def check_min_nodes(cfg: TrainConfig, nodes: int, tasks_per_node: int | None) ->
             f"--min-nodes {least} is more than the job's {nodes} node(s) (--nodes). Fix: --min-nodes between 1 "
             f"and {nodes}, or drop it"
         )
-    if cfg.format_name() != "sharded":
+    if not registry.checkpoint_formats.trait(cfg.format_name(), "reshards"):
         raise UsageError(
             f"--min-nodes {least} below --nodes {nodes} lets the job go on with fewer ranks, but "
-            f"{'ddp' if cfg.strategy == 'ddp' else '--checkpoint-format full'}'s full checkpoint resumes "
+            f"{cfg.strategy if not cfg.strategy_shards() else '--checkpoint-format ' + cfg.format_name()}'s "
+            f"{cfg.format_name()} checkpoint resumes "
             "only on the world size that wrote it (one RNG state and data position per rank). Fix: "
             "--strategy fsdp --allow-resize (sharded checkpoints reshard), or drop --min-nodes"
         )
@@ -351,6 +359,11 @@ def add_train_arguments(parser: argparse.ArgumentParser, folder_default: str | N
             )
             continue
         kind = {"int": int, "float": float, "str": str}[str(f.type)]
+        named = f.metadata.get("registry")
+        if named is not None:  # a registry's names: those installed now, checked by the config (one line)
+            installed = f"; installed: {', '.join([*f.metadata.get('also', ()), *named.names()])}"
+            at = help_text.find(" (default: ")
+            help_text = help_text[:at] + installed + help_text[at:] if at >= 0 else help_text + installed
         group.add_argument(
             f"--{options.flag(f.name)}",
             type=kind,

@@ -203,7 +203,7 @@ def check_compatible(
     _check_format(fmt, path, cfg)
     saved = meta.get("config", {})
     resized = fmt.world_size_change(meta.get("world_size"), world_size)
-    reshards = bool(getattr(fmt, "reshards", False))
+    reshards = fmt.reshards  # declared by the format (Format.reshards)
     allowed = bool(resized) and cfg.allow_resize and reshards
     # Resized, the global batch changes anyway: --grad-accum may change to keep it (see `resize`).
     diffs = differences(saved, cfg, skip=("grad_accum",) if allowed else ())
@@ -223,7 +223,7 @@ def _check_format(fmt: type[Format], path: Path, cfg: TrainConfig) -> None:
     """A run keeps one checkpoint format: a checkpoint of another (--checkpoint-format changed on resume) is
     refused naming the flag, before any part would fail to load it as "another model"."""
     now = cfg.format_name()
-    if fmt.name == now:
+    if fmt.name == now or fmt is formats.named(now):  # a plugin's class may keep its base's `name`
         return
     how = f" (auto: {now} under --strategy {cfg.strategy})" if cfg.checkpoint_format == "auto" else ""
     raise CheckpointError(

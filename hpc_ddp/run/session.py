@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hpc_ddp import exitcodes, scheduler
+from hpc_ddp import exitcodes, registry, scheduler
 from hpc_ddp.cluster.env import DistEnv, detect
 from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import attempts, exits, files, rules
@@ -208,7 +208,16 @@ def _train(
     # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed. The
     # watchdog is stopped first, and covers everything up to then: training, saves, the final barriers.
     with (
-        Trainer(cfg, env, device, task, log, beacon=beacon, asked_grad_accum=asked_grad_accum) as trainer,
+        Trainer(
+            cfg,
+            env,
+            device,
+            task,
+            log,
+            beacon=beacon,
+            storage=_storage(cfg),
+            asked_grad_accum=asked_grad_accum,
+        ) as trainer,
         _watchdog(cfg, env, folder, log, trainer, environ),
     ):
         beacon.set(STARTUP)  # the user's setup is done; the kit resumes and prepares the folder (rank 0)
@@ -415,6 +424,12 @@ def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
         "train, nothing written. To train further, raise --epochs or --max-steps; to start over, use "
         "another --folder or --resume never --overwrite"
     )
+
+
+def _storage(cfg: TrainConfig) -> Any:
+    """The storage --checkpoint-storage names (a built-in's or a plugin's class, built with no arguments: its
+    own settings are its own, from the environment), which this rank's checkpoints are written to."""
+    return registry.storages.load(cfg.checkpoint_storage)()
 
 
 def _watchdog(

@@ -189,7 +189,7 @@ class Trainer:
 
     def resume_from(self, path: Path, verify: bool = False) -> None:
         """Every rank: load checkpoint `path` (rank 0 verified it already unless `verify`)."""
-        self.load(formats.open_checkpoint(path, verify, self.checkpointer.format.storage), path)
+        self.load(self.checkpointer.open(path, verify), path)
 
     def load(self, opened: Opened, path: Path) -> None:
         """Every rank: give each part its state from checkpoint `path`, read back (`opened`). A --lr that differs

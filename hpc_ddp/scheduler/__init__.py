@@ -12,7 +12,7 @@
 
 Below the run, ledger and launch layers, above the cluster layer (whose `env` holds the one table of launcher
 variables this package reads). No code outside this package runs a Slurm command or builds srun's options
-(tests/test_architecture.py checks it). A new scheduler is a folder beside `slurm/`, named in `of`.
+(tests/test_architecture.py checks it). A new scheduler is a folder beside `slurm/`, or a plugin's class (hpc_ddp.registry, docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -24,17 +24,22 @@ if TYPE_CHECKING:
 
 
 def of(name: str, **options: Any) -> Scheduler:
-    """The scheduler named `name`: "slurm" (the Slurm client; `options` are its own), or "local" (the local
-    launcher's emulation; `nodes`). Imported when asked for: a task that never asks pays nothing."""
-    if name == "slurm":
-        from hpc_ddp.scheduler.slurm.client import SlurmClient
+    """The scheduler named `name` in the schedulers' registry (hpc_ddp.registry, entry point group
+    `hpc_ddp.schedulers`): "slurm" (the Slurm client; `options` are its own), "local" (the local launcher's
+    emulation; `nodes`), or an installed package's. Imported when asked for: a task that never asks pays nothing."""
+    from hpc_ddp import registry
+    from hpc_ddp.errors import UsageError
 
-        return SlurmClient(**options)
-    if name == "local":
-        from hpc_ddp.scheduler.local import LocalScheduler
-
-        return LocalScheduler(**options)
-    raise ValueError(f"no scheduler named {name!r}: expected 'slurm' or 'local'")
+    try:
+        kind = registry.schedulers.load(name)
+    except registry.PluginError:
+        raise
+    except UsageError as e:
+        raise ValueError(
+            f"no scheduler named {name!r}: expected one of {', '.join(registry.schedulers.names())}"
+        ) from e
+    found: Scheduler = kind(**options)
+    return found
 
 
 def for_task(requeue_by: str) -> Scheduler:

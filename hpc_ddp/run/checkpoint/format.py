@@ -5,7 +5,8 @@ written (storage: every byte goes through the run's `Storage`), the background w
 which parts there are (part), when to save and what a resume must match (hpc_ddp.run.checkpointer,
 hpc_ddp.run.resume). Two formats: "full" (one file rank 0 writes, hpc_ddp.run.checkpoint.full) and "sharded"
 (every rank writes its shards into `ckpt-<step>/`, hpc_ddp.run.checkpoint.sharded), listed in
-hpc_ddp.run.checkpoint.formats; another is one more class beside them, and its entry there.
+hpc_ddp.registry (entry point group `hpc_ddp.checkpoint_formats`); another is one more class beside them, or
+a plugin's in an installed package (docs/plugins.md).
 
 Every format follows the store's rule: it writes under a temporary name, renames into the final one once the
 checkpoint is whole and durable, and only then promotes it (`store.promote`: `latest`, rotation).
@@ -38,7 +39,19 @@ class Format(ABC):
     """How the checkpoints of one run are written (an instance: `folder`, `env`, `keep`) and read (class
     methods: resuming looks at a checkpoint before any run is set up)."""
 
-    name: ClassVar[str]  # what --checkpoint-format calls it
+    name: ClassVar[str]  # what --checkpoint-format calls it (a plugin's: its entry point's name)
+    # What the config checks ask before any run (hpc_ddp.registry.trait; the built-ins' values are also in
+    # registry.BUILTIN_TRAITS, so that the submitters need no torch):
+    shards: ClassVar[bool] = (
+        False  # every rank writes its own shards (needs a strategy that shards its state)
+    )
+    reshards: ClassVar[bool] = False  # a checkpoint of N ranks loads on M (--allow-resize, --min-nodes)
+
+    @classmethod
+    def for_run(cls, cfg: Any, folder: Path, env: DistEnv, storage: Storage) -> Format:
+        """This format for a run with options `cfg`, writing into `storage` (a format with options of its own
+        overrides it: the sharded one's --async-save)."""
+        return cls(folder, env, cfg.keep, storage)
 
     def __init__(self, folder: Path, env: DistEnv, keep: int, storage: Storage = LOCAL) -> None:
         self.folder, self.env, self.keep = Path(folder), env, keep

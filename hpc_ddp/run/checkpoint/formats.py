@@ -1,5 +1,6 @@
-"""The checkpoint formats the kit knows, and what needs to ask them: which format a checkpoint is, and which
-checkpoint of a folder a run can resume. Adding a format: its module, and one entry in FORMATS.
+"""The checkpoint formats installed, and what needs to ask them: which format a checkpoint is, and which
+checkpoint of a folder a run can resume. The formats come from the registry (hpc_ddp.registry, entry point
+group `hpc_ddp.checkpoint_formats`): the kit's own (FORMATS) first, then any installed package's.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp import registry
 from hpc_ddp.errors import CheckpointError
 from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.checkpoint.format import Format
@@ -16,27 +18,25 @@ from hpc_ddp.run.checkpoint.full import Full
 from hpc_ddp.run.checkpoint.sharded import Sharded
 from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
 
-FORMATS: tuple[type[Format], ...] = (Full, Sharded)
+FORMATS: tuple[type[Format], ...] = (Full, Sharded)  # the kit's own (registry.BUILTINS names the same)
 
 
 def for_run(cfg: Any, folder: Path, env: Any, storage: Storage = LOCAL) -> Format:
     """The format this run writes (--checkpoint-format, auto resolved by --strategy), into `storage`."""
-    kind = named(cfg.format_name())
-    if kind is Sharded:
-        return Sharded(folder, env, cfg.keep, cfg.async_save_kind(), storage)
-    return kind(folder, env, cfg.keep, storage)
+    return named(cfg.format_name()).for_run(cfg, folder, env, storage)
 
 
 def named(name: str) -> type[Format]:
-    for fmt in FORMATS:
-        if fmt.name == name:
-            return fmt
-    known = ", ".join(f.name for f in FORMATS)
-    raise CheckpointError(f"no checkpoint format {name!r}; known: {known}")
+    """The format class called `name` (a built-in's or a plugin's: its module imported now)."""
+    found: type[Format] = registry.checkpoint_formats.load(name)
+    return found
 
 
-def format_of(path: Path) -> type[Format]:
-    """The format of checkpoint `path`; CheckpointError if no format the kit knows reads it."""
+def format_of(path: Path, preferred: type[Format] | None = None) -> type[Format]:
+    """The format of checkpoint `path`: `preferred` (the run's own) when it owns it, else the first of the kit's
+    that does; CheckpointError if no format the kit knows reads it."""
+    if preferred is not None and preferred.owns(path):
+        return preferred
     for fmt in FORMATS:
         if fmt.owns(path):
             return fmt
@@ -69,6 +69,9 @@ def find_resumable(folder: str | os.PathLike[str], warn: Callable[[str], None]) 
     return None
 
 
-def open_checkpoint(path: Path, verify: bool = True, storage: Storage = LOCAL) -> Any:
-    """Checkpoint `path` read back from `storage` by its own format (`Opened`: meta, each part's state)."""
-    return format_of(path).open(path, verify=verify, storage=storage)
+def open_checkpoint(
+    path: Path, verify: bool = True, storage: Storage = LOCAL, preferred: type[Format] | None = None
+) -> Any:
+    """Checkpoint `path` read back from `storage` by its own format (`Opened`: meta, each part's state): the
+    run's (`preferred`) when it owns it."""
+    return format_of(path, preferred).open(path, verify=verify, storage=storage)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hpc_ddp import registry
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import options
 
-CHECKPOINT_FORMATS = ("auto", "full", "sharded")  # auto: sharded under fsdp, full under ddp (formats.FORMATS)
+AUTO = "auto"  # --checkpoint-format auto: sharded under a strategy that shards its state, else full
 ASYNC_SAVES = ("auto", "thread", "process")  # how sharded checkpoints are written (dcpwrite.py)
 ASYNC_SAVE_DEFAULT = "thread"  # what auto means: chosen from `python -m hpc_ddp.bench fsdp` (README)
 
@@ -20,8 +21,18 @@ class CheckpointOptions:
         default="auto",
         metadata={
             "help": "full: one file rank 0 writes; sharded: every rank writes its own shards (Distributed "
-            "Checkpoint), in the background; auto: sharded under --strategy fsdp, full under ddp",
-            "choices": CHECKPOINT_FORMATS,
+            "Checkpoint), in the background; auto: sharded under --strategy fsdp, full under ddp; or a plugin's "
+            "(docs/plugins.md)",
+            "registry": registry.checkpoint_formats,
+            "also": (AUTO,),
+        },
+    )
+    checkpoint_storage: str = field(
+        default="local",
+        metadata={
+            "help": "where checkpoints are written and read: local, this machine's filesystem (a shared one "
+            "for a multi-node run); or a plugin's storage (docs/plugins.md)",
+            "registry": registry.storages,
         },
     )
     async_save: str = field(
@@ -65,7 +76,11 @@ class CheckpointOptions:
     def _check_checkpoint(self) -> None:
         options.at_least(self, 1, ["keep"])
         options.at_least(self, 0, ["save_every_epochs", "save_every_steps"])
-        options.choice("checkpoint_format", self.checkpoint_format, CHECKPOINT_FORMATS)
+        if self.checkpoint_format != AUTO:
+            registry.checkpoint_formats.entry(
+                self.checkpoint_format
+            )  # an installed name, else the names that are
+        registry.storages.entry(self.checkpoint_storage)
         options.choice("async_save", self.async_save, ASYNC_SAVES)
         if self.overwrite and self.resume != "never":
             raise UsageError(

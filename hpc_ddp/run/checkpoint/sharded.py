@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused, NonFinite
 from hpc_ddp.run import memory
 from hpc_ddp.run.checkpoint import content, dcpwrite, durable, store, streamed, torchfile
@@ -208,7 +209,12 @@ def read_manifest(path: Path, verify: bool, storage: Storage = LOCAL) -> dict[st
 # ----- the format --------------------------------------------------------------------------------------------
 class Sharded(Format):
     name = "sharded"
+    shards = True
     reshards = True  # a checkpoint of N ranks loads on M (--allow-resize)
+
+    @classmethod
+    def for_run(cls, cfg: Any, folder: Path, env: DistEnv, storage: Storage) -> Format:
+        return cls(folder, env, cfg.keep, cfg.async_save_kind(), storage)
 
     def __init__(
         self, folder: Path, env: Any, keep: int, async_save: str = "thread", storage: Storage = LOCAL

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hpc_ddp import registry
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import options, tblog
 from hpc_ddp.run.sinks import trackers
@@ -39,10 +40,12 @@ class LoggingOptions:
     tracker: str = field(
         default="",
         metadata={
-            "help": "experiment trackers rank 0 logs to, comma-separated: wandb, mlflow (the options once, step "
+            "help": "experiment trackers (sinks) rank 0 logs to, comma-separated: wandb, mlflow, or a plugin's "
+            "(docs/plugins.md) (the options once, step "
             "and evaluation metrics, new best checkpoints, the attempts and why each ended; one tracker run per "
             "run folder, resumed after a requeue). Their packages are yours to install; their own settings "
-            "apply (WANDB_MODE=offline, MLFLOW_TRACKING_URI) (default: none)"
+            "apply (WANDB_MODE=offline, MLFLOW_TRACKING_URI) (default: none)",
+            "registry": registry.sinks,
         },
     )
 

@@ -27,7 +27,9 @@ from typing import Any
 
 from hpc_ddp.run.sinks.base import Sink
 
-# name -> (the module:class of its sink, the package it imports, how to install it, where it logs)
+# The kit's own trackers, name -> (the module:class of its sink, the package it imports, how to install it,
+# where it logs). `--tracker` takes any name of the sinks' registry (hpc_ddp.registry, entry point group
+# `hpc_ddp.sinks`: these, then any installed package's); a plugin's sink brings its own imports.
 TRACKERS: dict[str, tuple[str, str, str, str]] = {
     "wandb": (
         "hpc_ddp.run.sinks.wandb_run:WandbRun",
@@ -54,11 +56,14 @@ def names(value: str) -> list[str]:
 def problem(value: str) -> str | None:
     """Why --tracker `value` cannot work in this Python (the fix included), or None when it can. No import:
     finding the package is enough here, and `--help` stays fast."""
+    from hpc_ddp import registry
+
+    installed = registry.sinks.names()
     for name in names(value):
+        if name not in installed:
+            return f"--tracker {value}: no tracker {name!r}; choose from {', '.join(installed)} (comma-separated)"
         if name not in TRACKERS:
-            return (
-                f"--tracker {value}: no tracker {name!r}; choose from {', '.join(TRACKERS)} (comma-separated)"
-            )
+            continue  # a plugin's: its own imports, said in one line when it is opened (registry.PluginError)
         package, install = TRACKERS[name][1], TRACKERS[name][2]
         if importlib.util.find_spec(package) is None:
             return (
@@ -85,17 +90,19 @@ def run_params(config: Mapping[str, Any], optimizer: str = "", scheduler: str = 
 
 def open_all(value: str, folder: Path, config: Mapping[str, Any]) -> list[Sink]:
     """The sinks of --tracker, each with its tracker run made or resumed."""
+    from hpc_ddp import registry
     from hpc_ddp.errors import UsageError
 
     found: list[Sink] = []
     for name in names(value):
-        where, _, _, settings = TRACKERS[name]
-        module, _, cls = where.partition(":")
+        settings = TRACKERS[name][3] if name in TRACKERS else "its package's settings"
         try:
-            found.append(getattr(importlib.import_module(module), cls)(folder, config))
+            found.append(registry.sinks.load(name)(folder, config))
         except Exception as e:  # a store that cannot be reached or written: said before training starts
             for sink in found:
                 sink.close()
+            if isinstance(e, registry.PluginError):
+                raise
             raise UsageError(
                 f"--tracker {name}: its run could not be opened ({type(e).__name__}: {str(e)[:300]}). Fix: "
                 f"check {settings}; or drop --tracker"

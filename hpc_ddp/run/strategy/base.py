@@ -6,7 +6,7 @@ micro-batch whose gradients must not be synchronised yet (`no_sync`), the forwar
 backward's gradients are all computed, clipping, each state to save and load, the full weights for
 `model.pth`, the end-of-training check that the ranks agree, and the release of everything that holds the
 process group (`close`). Two strategies implement it: DDP (ddp.py) and FSDP2 (fsdp.py); another is one more
-file beside them, and its entry in options.STRATEGIES.
+file beside them, or a plugin's class in an installed package (hpc_ddp.registry, docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ class Strategy(ABC):
     shards_state: ClassVar[bool] = (
         False  # model and optimizer state: a shard per rank (else the same everywhere)
     )
+    # Declared, for the config checks before any run (hpc_ddp.registry.trait): the strategy shards the model
+    # over the ranks (FSDP), so it can write the sharded checkpoint format and takes FSDP's flags.
+    # `shards_state` above is what one run's instance does (FSDP under --checkpoint-format full: whole states).
+    shards_model: ClassVar[bool] = False
 
     def __init__(
         self, cfg: TrainConfig, env: DistEnv, device: torch.device, init_weights: InitWeights | None = None
@@ -51,6 +55,14 @@ class Strategy(ABC):
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
         # fp16 needs loss scaling; bf16 has float32's range and does not.
         self.scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
+
+    @classmethod
+    def for_task(
+        cls, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Any, comm_hook: Any = None
+    ) -> Strategy:
+        """This strategy for a run of `task`, with what it takes of it (`Task.init_weights`, and each
+        strategy's own: DDP's comm hook, FSDP's `Task.shard`); a plugin's class built its own way overrides it."""
+        return cls(cfg, env, device, init_weights=task.init_weights)
 
     # ----- building ---------------------------------------------------------------------------------------
     def setup(

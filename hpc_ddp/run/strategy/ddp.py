@@ -71,6 +71,12 @@ class DDPStrategy(Strategy):
         super().__init__(cfg, env, device, init_weights)
         self.comm_hook = comm_hook
 
+    @classmethod
+    def for_task(
+        cls, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Any, comm_hook: Any = None
+    ) -> Strategy:
+        return cls(cfg, env, device, comm_hook=comm_hook, init_weights=task.init_weights)
+
     def wrap(self, model: nn.Module | Factory) -> nn.Module:
         self.model = built = self.build(model).to(self.device)
         # gradient_as_bucket_view: gradients live inside DDP's all-reduce buckets, saving a copy per step.

@@ -49,6 +49,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from hpc_ddp import registry
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import CheckpointError, NonFinite, UsageError
 from hpc_ddp.log import RankLog
@@ -74,6 +75,7 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 
 class FSDPStrategy(Strategy):
     name = "fsdp"
+    shards_model = True
 
     def __init__(
         self,
@@ -85,7 +87,8 @@ class FSDPStrategy(Strategy):
     ) -> None:
         super().__init__(cfg, env, device, init_weights)
         self.shard = shard
-        self.full_states = cfg.format_name() == "full"  # the checkpoint holds whole states, not shards
+        # The checkpoint holds whole states, not shards: its format declares whether it writes shards.
+        self.full_states = not registry.checkpoint_formats.trait(cfg.format_name(), "shards")
         self.shards_state = not self.full_states  # type: ignore[misc]
         self.autocast_dtype = None  # the mixed-precision policy casts; autocast stays off
         self.policy = (
@@ -95,6 +98,12 @@ class FSDPStrategy(Strategy):
         )
         self.blocks: list[nn.Module] = []
         self.pool: gloo_comm.BufferPool | None = None  # the collectives' buffers on CPU ranks (gloo_comm)
+
+    @classmethod
+    def for_task(
+        cls, cfg: TrainConfig, env: DistEnv, device: torch.device, task: Any, comm_hook: Any = None
+    ) -> Strategy:
+        return cls(cfg, env, device, shard=task.shard, init_weights=task.init_weights)
 
     def wrap(self, model: nn.Module | Factory) -> nn.Module:
         # No model.to(device) first: that would put the whole model on every GPU, which is what fsdp is for

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hpc_ddp import registry
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import options
 
-STRATEGIES: dict[str, str] = {  # name -> "module:class", imported on first use
-    "ddp": "hpc_ddp.run.strategy.ddp:DDPStrategy",
-    "fsdp": "hpc_ddp.run.strategy.fsdp:FSDPStrategy",
-}
 AMP_CHOICES = ("none", "bf16", "fp16")
 TRUE_FALSE = ("true", "false")
 
@@ -25,8 +22,9 @@ class StrategyOptions:
         default="ddp",
         metadata={
             "help": "ddp: a full replica of the model on every rank; fsdp: FSDP2, parameters, gradients and "
-            "optimizer state sharded over the ranks (for models bigger than one GPU)",
-            "choices": tuple(STRATEGIES),
+            "optimizer state sharded over the ranks (for models bigger than one GPU); or a plugin's "
+            "(docs/plugins.md)",
+            "registry": registry.strategies,
         },
     )
     reshard_after_forward: str = field(
@@ -50,15 +48,22 @@ class StrategyOptions:
 
     def _check_strategy(self) -> None:
         options.choice("amp", self.amp, AMP_CHOICES)
-        options.choice("strategy", self.strategy, tuple(STRATEGIES))
         options.choice("reshard_after_forward", self.reshard_after_forward, TRUE_FALSE)
-        if self.strategy == "fsdp" and self.amp == "fp16":
+        # What the strategy declares (Strategy.shards_model), not its name: a plugin's strategy derived from
+        # FSDP's is checked as FSDP's is.
+        shards = self.strategy_shards()
+        if shards and self.amp == "fp16":
             raise UsageError(
-                "--amp fp16 with --strategy fsdp: fp16 needs a sharded gradient scaler, which the kit does not "
-                "have. Fix: --amp bf16 (FSDP's mixed precision: bf16 parameters, fp32 reductions)"
+                f"--amp fp16 with --strategy {self.strategy}: fp16 needs a sharded gradient scaler, which the kit "
+                "does not have. Fix: --amp bf16 (FSDP's mixed precision: bf16 parameters, fp32 reductions)"
             )
-        if self.strategy == "ddp" and self.reshard_after_forward != "true":
+        if not shards and self.reshard_after_forward != "true":
             raise UsageError(
                 f"--reshard-after-forward {self.reshard_after_forward} applies to --strategy fsdp only. "
                 "Fix: add --strategy fsdp, or drop the flag"
             )
+
+    def strategy_shards(self) -> bool:
+        """The strategy shards the model and optimizer state over the ranks (its `shards_model`; a usage error
+        for a name no package installed provides)."""
+        return bool(registry.strategies.trait(self.strategy, "shards_model"))
