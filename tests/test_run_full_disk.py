@@ -77,8 +77,11 @@ def on_tmpfs(
 
 
 def steps(folder: Path) -> list[int]:
-    lines = (folder / "metrics.jsonl").read_text().splitlines()
-    return [r["step"] for r in map(json.loads, lines) if r["event"] == "step"]
+    """The steps metrics.jsonl records, read as the kit reads it: a line a killed writer left cut (a write the full
+    disk took part of) is skipped."""
+    from hpc_ddp.run.metrics_read import read_records
+
+    return [r["step"] for r in read_records(folder / "metrics.jsonl") if r["event"] == "step"]
 
 
 TASK = ("--task", "robust_tasks:full_for_a_while", "--nodes", "1", "--epochs", "3", "--save-every-steps", "5")
