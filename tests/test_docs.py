@@ -40,7 +40,15 @@ ENTRY_POINTS = (
     "hpc_ddp.bench",
     "hpc_ddp.report",
 )
-PUBLIC = {"hpc_ddp.Task", "hpc_ddp.TrainConfig", "hpc_ddp.detect", "hpc_ddp.DistEnv", *ENTRY_POINTS}
+PUBLIC = {
+    "hpc_ddp.Task",
+    "hpc_ddp.Callback",
+    "hpc_ddp.plugins",
+    "hpc_ddp.TrainConfig",
+    "hpc_ddp.detect",
+    "hpc_ddp.DistEnv",
+    *ENTRY_POINTS,
+}
 INTERNAL = (
     re.compile(r"\bhpc_ddp(?:\.[A-Za-z_]+)+"),  # a dotted module path (public names allowed below)
     re.compile(r"\bhpc_ddp/[\w/]+\.py\b"),  # a source file

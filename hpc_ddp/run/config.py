@@ -61,7 +61,9 @@ class RunOptions:
         default="linear",
         metadata={
             "help": f"a built-in task ({', '.join(BUILTIN_TASKS)}) or module.path:function returning an "
-            "hpc_ddp.Task (imported from the working directory or PYTHONPATH)"
+            "hpc_ddp.Task (imported from the working directory or PYTHONPATH); Task(callbacks=[...]) takes "
+            "hpc_ddp.Callback objects with any of on_train_start, on_step_end, on_eval_end, on_save, "
+            "on_train_end (saved with the checkpoint if they have state_dict/load_state_dict)"
         },
     )
     epochs: int = field(default=10, metadata={"help": "epochs to train; counted from 0"})
