@@ -460,3 +460,102 @@ def test_a_crashing_task_shows_its_last_lines_and_the_users_command_and_a_file_f
     command = repro[0].split("to reproduce it with your task alone: ", 1)[1]
     assert "-m hpc_ddp.submit --local " in command and "--task=resume_tasks:crashing" in command
     assert "hpc_ddp.doctor.probe" not in command and "--epochs=1" in command
+
+
+# ----- issue 42: the run the user will run, everything it produces --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "boundaries"),
+    [
+        # 4 epochs of 20 steps, an evaluation every 10, a save every 15: every boundary before the last step.
+        (
+            stops.Shape(
+                micro={s: 1 for s in range(1, 81)},
+                evals={s: 2 for s in range(10, 81, 10)},
+                epoch_ends=[20, 40, 60, 80],
+                saves=[15, 30, 45, 60, 75],
+            ),
+            [20, 40, 60],
+        ),
+        # 2 epochs of 64 steps (more than the 40 the check once stopped at), plain steps.
+        (stops.Shape(micro={s: 1 for s in range(1, 129)}, epoch_ends=[64, 128]), [64]),
+        # 1 epoch of 80: no boundary, the run's end and a late stop all the same.
+        (stops.Shape(micro={s: 1 for s in range(1, 81)}, epoch_ends=[80]), []),
+        # --grad-accum 2, --max-steps 50 inside the third epoch of 20.
+        (stops.Shape(micro={s: 2 for s in range(1, 51)}, epoch_ends=[20, 40, 50]), [20, 40]),
+    ],
+)
+@pytest.mark.parametrize("seed", range(10))
+def test_the_whole_check_stops_at_every_kind_every_epoch_boundary_late_and_at_the_end(
+    shape: stops.Shape, boundaries: list[int], seed: int
+) -> None:
+    chosen, skipped = stops.choose(shape, seed)
+    kinds = {s.what for s in chosen}
+    found = {line.split(":")[0] for line in skipped}
+    mid = stops.ACCUM if any(n > 1 for n in shape.micro.values()) else stops.STEP
+    every = {stops.LAST, mid, stops.AFTER_RESUME, stops.EPOCH_END, stops.EVAL, stops.SAVE}
+    assert kinds | found == every and not kinds & found  # each kind tried, or said why not
+    assert (stops.EPOCH_END in kinds) == bool(boundaries)
+    # Every boundary in the run: a stop there (an epoch's last step, or another kind's stop at that step).
+    steps = [s.step for s in chosen]
+    assert set(boundaries) <= set(steps), chosen
+    assert any(s.what == stops.LAST and s.step == shape.last for s in chosen)  # the run's end
+    # A stop late in the run (its last quarter, before the last step: after step 60 of 80) with steps after it.
+    assert any(60 * shape.last < 80 * s.step < 80 * shape.last for s in chosen), chosen
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    assert [s.attempt for s in chosen] == list(range(len(chosen)))
+    for save in (s for s in chosen if s.save):  # a save still in flight: no stop at the step it was made at
+        assert save.step - 1 in shape.saves and save.step - 1 not in steps
+    # --stops N: an epoch's last step is drawn among every boundary, not only the last one.
+    if len(boundaries) > 1:
+        drawn = {
+            s.step for k in range(30) for s in stops.choose(shape, k, limit=6)[0] if s.what == stops.EPOCH_END
+        }
+        assert drawn - {boundaries[0]}, drawn  # the first stop takes the earliest; later ones others too
+
+
+@pytest.mark.parametrize(
+    ("steps", "cap", "bound", "expected"),
+    [
+        (
+            128,
+            40,
+            "--epochs (now 2)",
+            "the run has 128 optimizer step(s), more than the check's cap, --steps 40",
+        ),
+        (300, 200, "--max-steps (now 300) or --epochs (now 10)", "Fix: raise --steps to 300"),
+        (0, 200, "--epochs (now 10)", "the run has more than 200 optimizer steps (a stream's"),
+    ],
+)
+def test_a_run_longer_than_the_cap_is_refused_in_one_line_like_a_short_one(
+    steps: int, cap: int, bound: str, expected: str
+) -> None:
+    line = stops.too_long(steps, cap, bound)
+    assert "\n" not in line and expected in line
+    assert line.endswith(f"or make the run shorter with {bound}") and "never shortens it" in line
+    short = stops.too_short(stops.Shape(micro={1: 1}), 0, bound)
+    assert short.startswith("the run has 1 optimizer step(s), fewer than") and f"longer with {bound}" in short
+
+
+def test_the_watch_refuses_the_run_once_its_records_pass_the_cap(tmp_path: Path) -> None:
+    from hpc_ddp.doctor.resume import Watch
+
+    path = tmp_path / "metrics.jsonl"
+    watch = Watch(path, 10, "--epochs (now 2)")
+    assert not watch.read()  # nothing written yet
+    path.write_text(
+        '{"event": "start", "step": 0}\n{"event": "step", "step": 1, "total_steps": 8}\n{"event": "st'
+    )
+    assert not watch.read() and watch.refusal == ""  # 8 steps in all: within the cap; a cut line waits
+    with open(path, "a") as f:
+        f.write('ep", "step": 2, "total_steps": 8}\n')
+    assert not watch.read()
+    stream = Watch(path, 10, "--epochs (now 2)")  # a stream's run: no total, its steps counted
+    with open(path, "a") as f:
+        f.write("".join(f'{{"event": "step", "step": {s}, "total_steps": 0}}\n' for s in range(3, 12)))
+    assert stream.read() and "the run has more than 10 optimizer steps" in stream.refusal
+    long = tmp_path / "long.jsonl"
+    long.write_text('{"event": "step", "step": 1, "total_steps": 128}\n')
+    watch = Watch(long, 40, "--epochs (now 2)")
+    assert watch.read() and watch.refusal.startswith("the run has 128 optimizer step(s), more than")
