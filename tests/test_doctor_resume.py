@@ -5,6 +5,7 @@ checkpoint is named, part and step."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -559,3 +560,118 @@ def test_the_watch_refuses_the_run_once_its_records_pass_the_cap(tmp_path: Path)
     long.write_text('{"event": "step", "step": 1, "total_steps": 128}\n')
     watch = Watch(long, 40, "--epochs (now 2)")
     assert watch.read() and watch.refusal.startswith("the run has 128 optimizer step(s), more than")
+
+
+def values(extras: dict[int, dict[str, object]] | None = None, **records: object) -> dict[str, object]:
+    """A run's step records beside the loss: grad_norm, lr, epoch (`records` changes one at step 2), extras."""
+    table = {s: {"grad_norm": 0.5, "lr": 0.1, "epoch": 0} for s in (1, 2)}
+    table[2] = {**table[2], **records}
+    return {"records": table, "extras": extras if extras is not None else {1: {"avg": 1.0}, 2: {"avg": 0.75}}}
+
+
+@pytest.mark.parametrize(
+    ("stopped", "part", "name", "step"),
+    [
+        (run(*STRAIGHT, **values({1: {"avg": 1.0}, 2: {"avg": 0.5}})), divergence.STEP_EXTRA, "avg", 2),
+        (run(*STRAIGHT, **values({1: {"avg": 1.0}, 2: {}})), divergence.STEP_EXTRA, "avg", 2),  # left out
+        (run(*STRAIGHT, **values({1: {"avg": 1.0, "n": 1}, 2: {"avg": 0.75}})), divergence.STEP_EXTRA, "n", 1),
+        (run(*STRAIGHT, **values(grad_norm=0.25)), divergence.STEP_RECORD, "grad_norm", 2),
+        (run(*STRAIGHT, **values(lr=0.05)), divergence.STEP_RECORD, "lr", 2),
+        # The record's values before the step's own (a symptom of the update), the loss before both.
+        (run(*STRAIGHT, **values({1: {"avg": 1.0}, 2: {"avg": 0}}, grad_norm=0.25)), divergence.STEP_RECORD, "grad_norm", 2),
+        (run(*STRAIGHT, losses={1: 1.0, 2: 0.25}, **values({1: {"avg": 1.0}, 2: {"avg": 0}})), divergence.LOSS, "", 2),
+        # What the step starts from (its parameters) before its records; an earlier step's value before both.
+        (run(*changed(2, params={"w": "q"}), **values({1: {"avg": 1.0}, 2: {"avg": 0}})), divergence.PARAMS, "w", 2),
+        (run(*changed(2, params={"w": "q"}), **values({1: {"avg": 2.0}, 2: {"avg": 0.75}})), divergence.STEP_EXTRA, "avg", 1),
+        (run(*STRAIGHT, **values(), best_checkpoint={"model.w": "z"}), divergence.BEST_CHECKPOINT, "model.w", None),
+    ],
+)  # fmt: skip
+def test_the_step_records_values_and_the_best_checkpoint_are_compared_in_run_order(
+    stopped: Evidence, part: str, name: str, step: int | None
+) -> None:
+    found = divergence.first_divergence(run(*STRAIGHT, **values()), stopped)
+    assert found is not None
+    assert (found.part, found.name, found.step) == (part, name, step)
+    assert divergence.first_divergence(run(*STRAIGHT, **values()), run(*STRAIGHT, **values())) is None
+    lines = divergence.explain(found, [(("train", 1, 0), "a stop")])
+    if part == divergence.STEP_EXTRA:
+        assert (
+            lines[0]
+            == f"first divergence: the step's extra value '{name}' differs at step {step}: step {step}"
+        )
+        if step > 1:  # after the stop at step 1 (at step 1: before it, two starts already differ)
+            assert "running mean" in lines[-2] and "closure" in lines[-2]
+    if part == divergence.STEP_RECORD:
+        assert lines[0].startswith(f"first divergence: the step's {name} differs at step {step}: ")
+
+
+TINY = ("--batch-size", "2", "--num-workers", "0")  # 2 samples a step on each of 2 ranks: many cheap steps
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(150)
+def test_a_set_epoch_with_a_private_generator_in_a_64_step_epoch_is_not_exact(tmp_path: Path) -> None:
+    # 2 epochs of 64 steps, checked whole (the check once stopped at step 40, in the first epoch, and passed it).
+    code, out = check(tmp_path, "--task", "resume_tasks:set_epoch_private", "--epochs", "2", *TINY)
+    assert code == 1, out
+    assert "uninterrupted: 128 steps; now stopped" in out and "stop 1, at an epoch's last step: " in out
+    found = re.search(r"first divergence: data order at step (\d+): ", out)
+    assert found is not None and int(found.group(1)) > 64, out  # a resume in the second epoch draws again
+    assert "the resume is not exact" in out
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(150)
+def test_a_layer_a_python_counter_unfreezes_at_forward_60_of_80_is_caught(tmp_path: Path) -> None:
+    code, out = check(tmp_path, "--task", "resume_tasks:late_unfreeze", "--epochs", "1", *TINY)
+    assert code == 1, out
+    assert "uninterrupted: 80 steps; now stopped" in out
+    found = re.search(r"first divergence: the step's grad_norm differs at step (\d+): step \d+", out)
+    assert found is not None and int(found.group(1)) >= 60, out
+    assert "a Python counter that unfreezes a layer" in out and "the resume is not exact" in out
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(150)
+def test_a_running_mean_returned_by_step_is_not_exact_and_named(tmp_path: Path) -> None:
+    # Stopped mid-run at step 2 (--stops 2: its earliest point), then the mean starts anew at step 3.
+    code, out = check(
+        tmp_path, "--task", "resume_tasks:running_mean", "--epochs", "1", "--batch-size", "64", "--stops", "2"
+    )
+    assert code == 1, out
+    assert "first divergence: the step's extra value 'avg' differs at step 3: step 3" in out
+    assert "a running mean" in out and "parameter outside state_dict" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(150)
+def test_an_exact_task_passes_on_its_whole_run_and_a_run_past_the_cap_is_refused(tmp_path: Path) -> None:
+    # --max-steps past the cap: refused before anything runs.
+    code, out = check(tmp_path / "max", "--task", "linear", "--max-steps", "300")
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert "the run has 300 optimizer step(s), more than the check's cap, --steps 200" in out
+    assert "Fix: raise --steps to 300" in out and "--max-steps (now 300)" in out
+    # Its epochs past a lower cap: refused at the uninterrupted run's first step record, never shortened.
+    exact = (
+        "--task",
+        "linear",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "96",
+        "--save-every-steps",
+        "2",
+    )  # 5 an epoch
+    code, out = check(tmp_path / "cap", *exact, "--steps", "9")
+    assert code == 2, out
+    assert "the run has 10 optimizer step(s), more than the check's cap, --steps 9" in out, out
+    assert "make the run shorter with --epochs (now 2)" in out and "now stopped" not in out
+    code, out = check(tmp_path / "whole", *exact)
+    assert code == 0, out
+    assert "every stop matched" in out and "the uninterrupted run of 10 steps" in out
+    assert out.rstrip().endswith("s); kinds not tried: during an evaluation"), out  # linear has none
+    assert "at an epoch's last step: micro-batch 1 of 1 of step 5" in out

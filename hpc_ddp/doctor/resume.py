@@ -250,8 +250,9 @@ def _check(check: Check, tell: Any) -> int:
         untried = "; kinds not tried: " + ", ".join(line.split(":")[0] for line in skipped) if skipped else ""
         tell(
             f"every stop matched: optimizer settings and state, parameters, buffers, RNG streams, data order, "
-            f"evaluation and epoch records and the best pointer are bitwise equal to the uninterrupted run "
-            f"of {shape.last} steps ({seconds:.0f} s){untried}"
+            f"the step records (loss, grad_norm, lr, the step's own values), evaluation and epoch records, "
+            f"model.pth, the final and best checkpoints and the pointers are bitwise equal to the uninterrupted "
+            f"run of {shape.last} steps ({seconds:.0f} s){untried}"
         )
         return exitcodes.OK
     tell(f"the resume is not exact; the runs are in {check.folder} ({seconds:.0f} s)")
@@ -464,7 +465,10 @@ def evidence(folder: Path) -> Evidence:
     from hpc_ddp.run.checkpoint import store
 
     records = list(iter_records(folder / run_folder.METRICS))
-    losses = {r["step"]: r.get("loss") for r in records if r.get("event") == "step"}
+    steps = [r for r in records if r.get("event") == "step"]
+    losses = {r["step"]: r.get("loss") for r in steps}
+    values = {r["step"]: {name: r.get(name) for name in divergence.RECORD_FIELDS} for r in steps}
+    extras = {r["step"]: dict(r.get("metrics") or {}) for r in steps}
     evals = {r["step"]: (r.get("samples"), r.get("metrics")) for r in records if r.get("event") == "eval"}
     epochs: dict[int, list[tuple[Any, Any]]] = {}
     for r in records:
@@ -474,10 +478,13 @@ def evidence(folder: Path) -> Evidence:
     return Evidence(
         trace=read_trace(folder / "trace"),
         losses=losses,
+        records=values,
+        extras=extras,
         evals=evals,
         epochs=epochs,
         model=_model_fingerprints(folder / run_folder.MODEL),
         checkpoint=checkpoint_fingerprints(latest) if latest is not None else {},
+        best_checkpoint=checkpoint_fingerprints(best) if best is not None and best != latest else {},
         best=store.ckpt_step(best) if best is not None else None,
         latest=store.ckpt_step(latest) if latest is not None else None,
     )
