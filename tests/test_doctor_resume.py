@@ -576,7 +576,8 @@ def values(extras: dict[int, dict[str, object]] | None = None, **records: object
         (run(*STRAIGHT, **values({1: {"avg": 1.0}, 2: {}})), divergence.STEP_EXTRA, "avg", 2),  # left out
         (run(*STRAIGHT, **values({1: {"avg": 1.0, "n": 1}, 2: {"avg": 0.75}})), divergence.STEP_EXTRA, "n", 1),
         (run(*STRAIGHT, **values(grad_norm=0.25)), divergence.STEP_RECORD, "grad_norm", 2),
-        (run(*STRAIGHT, **values(lr=0.05)), divergence.STEP_RECORD, "lr", 2),
+        # The record's lr is the optimizer's first group's: its setting is named.
+        (run(*STRAIGHT, **values(lr=0.05)), divergence.OPT_GROUPS, "group 0's lr", 2),
         # The record's values before the step's own (a symptom of the update), the loss before both.
         (run(*STRAIGHT, **values({1: {"avg": 1.0}, 2: {"avg": 0}}, grad_norm=0.25)), divergence.STEP_RECORD, "grad_norm", 2),
         (run(*STRAIGHT, losses={1: 1.0, 2: 0.25}, **values({1: {"avg": 1.0}, 2: {"avg": 0}})), divergence.LOSS, "", 2),
@@ -595,14 +596,18 @@ def test_the_step_records_values_and_the_best_checkpoint_are_compared_in_run_ord
     assert divergence.first_divergence(run(*STRAIGHT, **values()), run(*STRAIGHT, **values())) is None
     lines = divergence.explain(found, [(("train", 1, 0), "a stop")])
     if part == divergence.STEP_EXTRA:
-        assert (
-            lines[0]
-            == f"first divergence: the step's extra value '{name}' differs at step {step}: step {step}"
+        assert lines[0] == (
+            f"first divergence: the step's extra value '{name}' differs at step {step}: metrics.jsonl's record of "
+            f"step {step}"
         )
         if step > 1:  # after the stop at step 1 (at step 1: before it, two starts already differ)
             assert "running mean" in lines[-2] and "closure" in lines[-2]
     if part == divergence.STEP_RECORD:
         assert lines[0].startswith(f"first divergence: the step's {name} differs at step {step}: ")
+    if part == divergence.OPT_GROUPS:
+        assert lines[0].startswith(
+            "first divergence: the optimizer's group 0's lr differs at step 2: metrics"
+        )
 
 
 TINY = ("--batch-size", "2", "--num-workers", "0")  # 2 samples a step on each of 2 ranks: many cheap steps
@@ -628,7 +633,9 @@ def test_a_layer_a_python_counter_unfreezes_at_forward_60_of_80_is_caught(tmp_pa
     code, out = check(tmp_path, "--task", "resume_tasks:late_unfreeze", "--epochs", "1", *TINY)
     assert code == 1, out
     assert "uninterrupted: 80 steps; now stopped" in out
-    found = re.search(r"first divergence: the step's grad_norm differs at step (\d+): step \d+", out)
+    found = re.search(
+        r"first divergence: the step's grad_norm differs at step (\d+): metrics.jsonl's record", out
+    )
     assert found is not None and int(found.group(1)) >= 60, out
     assert "a Python counter that unfreezes a layer" in out and "the resume is not exact" in out
 
@@ -642,7 +649,10 @@ def test_a_running_mean_returned_by_step_is_not_exact_and_named(tmp_path: Path) 
         tmp_path, "--task", "resume_tasks:running_mean", "--epochs", "1", "--batch-size", "64", "--stops", "2"
     )
     assert code == 1, out
-    assert "first divergence: the step's extra value 'avg' differs at step 3: step 3" in out
+    assert (
+        "first divergence: the step's extra value 'avg' differs at step 3: metrics.jsonl's record of step 3"
+        in out
+    )
     assert "a running mean" in out and "parameter outside state_dict" not in out
 
 

@@ -189,8 +189,13 @@ def _event(straight: Evidence, stopped: Evidence, what: str, key: Any) -> Diverg
         x, y = a.get(key) or {}, b.get(key) or {}
         for name in list(x) + [n for n in y if n not in x]:
             if not _same(x.get(name), y.get(name)):
-                at = (key, STEP_LOSS, 1 if what == "record" else 2)
-                return Divergence(part, name, key, f"step {key}", at, x.get(name), y.get(name))
+                at, where = (
+                    (key, STEP_LOSS, 1 if what == "record" else 2),
+                    f"metrics.jsonl's record of step {key}",
+                )
+                if what == "record" and name == "lr":  # the rate of the optimizer's first group: its setting
+                    return Divergence(OPT_GROUPS, "group 0's lr", key, where, at, x.get(name), y.get(name))
+                return Divergence(part, name, key, where, at, x.get(name), y.get(name))
         return None
     table_a, table_b = (
         (straight.losses, stopped.losses) if what == "loss" else (straight.evals, stopped.evals)
