@@ -5,6 +5,7 @@ checkpoint is named, part and step."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -460,3 +461,227 @@ def test_a_crashing_task_shows_its_last_lines_and_the_users_command_and_a_file_f
     command = repro[0].split("to reproduce it with your task alone: ", 1)[1]
     assert "-m hpc_ddp.submit --local " in command and "--task=resume_tasks:crashing" in command
     assert "hpc_ddp.doctor.probe" not in command and "--epochs=1" in command
+
+
+# ----- issue 42: the run the user will run, everything it produces --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "boundaries"),
+    [
+        # 4 epochs of 20 steps, an evaluation every 10, a save every 15: every boundary before the last step.
+        (
+            stops.Shape(
+                micro={s: 1 for s in range(1, 81)},
+                evals={s: 2 for s in range(10, 81, 10)},
+                epoch_ends=[20, 40, 60, 80],
+                saves=[15, 30, 45, 60, 75],
+            ),
+            [20, 40, 60],
+        ),
+        # 2 epochs of 64 steps (more than the 40 the check once stopped at), plain steps.
+        (stops.Shape(micro={s: 1 for s in range(1, 129)}, epoch_ends=[64, 128]), [64]),
+        # 1 epoch of 80: no boundary, the run's end and a late stop all the same.
+        (stops.Shape(micro={s: 1 for s in range(1, 81)}, epoch_ends=[80]), []),
+        # --grad-accum 2, --max-steps 50 inside the third epoch of 20.
+        (stops.Shape(micro={s: 2 for s in range(1, 51)}, epoch_ends=[20, 40, 50]), [20, 40]),
+    ],
+)
+@pytest.mark.parametrize("seed", range(10))
+def test_the_whole_check_stops_at_every_kind_every_epoch_boundary_late_and_at_the_end(
+    shape: stops.Shape, boundaries: list[int], seed: int
+) -> None:
+    chosen, skipped = stops.choose(shape, seed)
+    kinds = {s.what for s in chosen}
+    found = {line.split(":")[0] for line in skipped}
+    mid = stops.ACCUM if any(n > 1 for n in shape.micro.values()) else stops.STEP
+    every = {stops.LAST, mid, stops.AFTER_RESUME, stops.EPOCH_END, stops.EVAL, stops.SAVE}
+    assert kinds | found == every and not kinds & found  # each kind tried, or said why not
+    assert (stops.EPOCH_END in kinds) == bool(boundaries)
+    # Every boundary in the run: a stop there (an epoch's last step, or another kind's stop at that step).
+    steps = [s.step for s in chosen]
+    assert set(boundaries) <= set(steps), chosen
+    assert any(s.what == stops.LAST and s.step == shape.last for s in chosen)  # the run's end
+    # A stop late in the run (its last quarter, before the last step: after step 60 of 80) with steps after it.
+    assert any(60 * shape.last < 80 * s.step < 80 * shape.last for s in chosen), chosen
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    assert [s.attempt for s in chosen] == list(range(len(chosen)))
+    for save in (s for s in chosen if s.save):  # a save still in flight: no stop at the step it was made at
+        assert save.step - 1 in shape.saves and save.step - 1 not in steps
+    # --stops N: an epoch's last step is drawn among every boundary, not only the last one.
+    if len(boundaries) > 1:
+        drawn = {
+            s.step for k in range(30) for s in stops.choose(shape, k, limit=6)[0] if s.what == stops.EPOCH_END
+        }
+        assert drawn - {boundaries[0]}, drawn  # the first stop takes the earliest; later ones others too
+
+
+@pytest.mark.parametrize(
+    ("steps", "cap", "bound", "expected"),
+    [
+        (
+            128,
+            40,
+            "--epochs (now 2)",
+            "the run has 128 optimizer step(s), more than the check's cap, --steps 40",
+        ),
+        (300, 200, "--max-steps (now 300) or --epochs (now 10)", "Fix: raise --steps to 300"),
+        (0, 200, "--epochs (now 10)", "the run has more than 200 optimizer steps (a stream's"),
+    ],
+)
+def test_a_run_longer_than_the_cap_is_refused_in_one_line_like_a_short_one(
+    steps: int, cap: int, bound: str, expected: str
+) -> None:
+    line = stops.too_long(steps, cap, bound)
+    assert "\n" not in line and expected in line
+    assert line.endswith(f"or make the run shorter with {bound}") and "never shortens it" in line
+    short = stops.too_short(stops.Shape(micro={1: 1}), 0, bound)
+    assert short.startswith("the run has 1 optimizer step(s), fewer than") and f"longer with {bound}" in short
+
+
+def test_the_watch_refuses_the_run_once_its_records_pass_the_cap(tmp_path: Path) -> None:
+    from hpc_ddp.doctor.resume import Watch
+
+    path = tmp_path / "metrics.jsonl"
+    watch = Watch(path, 10, "--epochs (now 2)")
+    assert not watch.read()  # nothing written yet
+    path.write_text(
+        '{"event": "start", "step": 0}\n{"event": "step", "step": 1, "total_steps": 8}\n{"event": "st'
+    )
+    assert not watch.read() and watch.refusal == ""  # 8 steps in all: within the cap; a cut line waits
+    with open(path, "a") as f:
+        f.write('ep", "step": 2, "total_steps": 8}\n')
+    assert not watch.read()
+    stream = Watch(path, 10, "--epochs (now 2)")  # a stream's run: no total, its steps counted
+    with open(path, "a") as f:
+        f.write("".join(f'{{"event": "step", "step": {s}, "total_steps": 0}}\n' for s in range(3, 12)))
+    assert stream.read() and "the run has more than 10 optimizer steps" in stream.refusal
+    long = tmp_path / "long.jsonl"
+    long.write_text('{"event": "step", "step": 1, "total_steps": 128}\n')
+    watch = Watch(long, 40, "--epochs (now 2)")
+    assert watch.read() and watch.refusal.startswith("the run has 128 optimizer step(s), more than")
+
+
+def values(extras: dict[int, dict[str, object]] | None = None, **records: object) -> dict[str, object]:
+    """A run's step records beside the loss: grad_norm, lr, epoch (`records` changes one at step 2), extras."""
+    table = {s: {"grad_norm": 0.5, "lr": 0.1, "epoch": 0} for s in (1, 2)}
+    table[2] = {**table[2], **records}
+    return {"records": table, "extras": extras if extras is not None else {1: {"avg": 1.0}, 2: {"avg": 0.75}}}
+
+
+@pytest.mark.parametrize(
+    ("stopped", "part", "name", "step"),
+    [
+        (run(*STRAIGHT, **values({1: {"avg": 1.0}, 2: {"avg": 0.5}})), divergence.STEP_EXTRA, "avg", 2),
+        (run(*STRAIGHT, **values({1: {"avg": 1.0}, 2: {}})), divergence.STEP_EXTRA, "avg", 2),  # left out
+        (run(*STRAIGHT, **values({1: {"avg": 1.0, "n": 1}, 2: {"avg": 0.75}})), divergence.STEP_EXTRA, "n", 1),
+        (run(*STRAIGHT, **values(grad_norm=0.25)), divergence.STEP_RECORD, "grad_norm", 2),
+        # The record's lr is the optimizer's first group's: its setting is named.
+        (run(*STRAIGHT, **values(lr=0.05)), divergence.OPT_GROUPS, "group 0's lr", 2),
+        # The record's values before the step's own (a symptom of the update), the loss before both.
+        (run(*STRAIGHT, **values({1: {"avg": 1.0}, 2: {"avg": 0}}, grad_norm=0.25)), divergence.STEP_RECORD, "grad_norm", 2),
+        (run(*STRAIGHT, losses={1: 1.0, 2: 0.25}, **values({1: {"avg": 1.0}, 2: {"avg": 0}})), divergence.LOSS, "", 2),
+        # What the step starts from (its parameters) before its records; an earlier step's value before both.
+        (run(*changed(2, params={"w": "q"}), **values({1: {"avg": 1.0}, 2: {"avg": 0}})), divergence.PARAMS, "w", 2),
+        (run(*changed(2, params={"w": "q"}), **values({1: {"avg": 2.0}, 2: {"avg": 0.75}})), divergence.STEP_EXTRA, "avg", 1),
+        (run(*STRAIGHT, **values(), best_checkpoint={"model.w": "z"}), divergence.BEST_CHECKPOINT, "model.w", None),
+    ],
+)  # fmt: skip
+def test_the_step_records_values_and_the_best_checkpoint_are_compared_in_run_order(
+    stopped: Evidence, part: str, name: str, step: int | None
+) -> None:
+    found = divergence.first_divergence(run(*STRAIGHT, **values()), stopped)
+    assert found is not None
+    assert (found.part, found.name, found.step) == (part, name, step)
+    assert divergence.first_divergence(run(*STRAIGHT, **values()), run(*STRAIGHT, **values())) is None
+    lines = divergence.explain(found, [(("train", 1, 0), "a stop")])
+    if part == divergence.STEP_EXTRA:
+        assert lines[0] == (
+            f"first divergence: the step's extra value '{name}' differs at step {step}: metrics.jsonl's record of "
+            f"step {step}"
+        )
+        if step > 1:  # after the stop at step 1 (at step 1: before it, two starts already differ)
+            assert "running mean" in lines[-2] and "closure" in lines[-2]
+    if part == divergence.STEP_RECORD:
+        assert lines[0].startswith(f"first divergence: the step's {name} differs at step {step}: ")
+    if part == divergence.OPT_GROUPS:
+        assert lines[0].startswith(
+            "first divergence: the optimizer's group 0's lr differs at step 2: metrics"
+        )
+
+
+TINY = ("--batch-size", "2", "--num-workers", "0")  # 2 samples a step on each of 2 ranks: many cheap steps
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(150)
+def test_a_set_epoch_with_a_private_generator_in_a_64_step_epoch_is_not_exact(tmp_path: Path) -> None:
+    # 2 epochs of 64 steps, checked whole (the check once stopped at step 40, in the first epoch, and passed it).
+    code, out = check(tmp_path, "--task", "resume_tasks:set_epoch_private", "--epochs", "2", *TINY)
+    assert code == 1, out
+    assert "uninterrupted: 128 steps; now stopped" in out and "stop 1, at an epoch's last step: " in out
+    found = re.search(r"first divergence: data order at step (\d+): ", out)
+    assert found is not None and int(found.group(1)) > 64, out  # a resume in the second epoch draws again
+    assert "the resume is not exact" in out
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(150)
+def test_a_layer_a_python_counter_unfreezes_at_forward_60_of_80_is_caught(tmp_path: Path) -> None:
+    code, out = check(tmp_path, "--task", "resume_tasks:late_unfreeze", "--epochs", "1", *TINY)
+    assert code == 1, out
+    assert "uninterrupted: 80 steps; now stopped" in out
+    found = re.search(
+        r"first divergence: the step's grad_norm differs at step (\d+): metrics.jsonl's record", out
+    )
+    assert found is not None and int(found.group(1)) >= 60, out
+    assert "a Python counter that unfreezes a layer" in out and "the resume is not exact" in out
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(150)
+def test_a_running_mean_returned_by_step_is_not_exact_and_named(tmp_path: Path) -> None:
+    # Stopped mid-run at step 2 (--stops 2: its earliest point), then the mean starts anew at step 3.
+    code, out = check(
+        tmp_path, "--task", "resume_tasks:running_mean", "--epochs", "1", "--batch-size", "64", "--stops", "2"
+    )
+    assert code == 1, out
+    assert (
+        "first divergence: the step's extra value 'avg' differs at step 3: metrics.jsonl's record of step 3"
+        in out
+    )
+    assert "a running mean" in out and "parameter outside state_dict" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+@pytest.mark.deadline(150)
+def test_an_exact_task_passes_on_its_whole_run_and_a_run_past_the_cap_is_refused(tmp_path: Path) -> None:
+    # --max-steps past the cap: refused before anything runs.
+    code, out = check(tmp_path / "max", "--task", "linear", "--max-steps", "300")
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert "the run has 300 optimizer step(s), more than the check's cap, --steps 200" in out
+    assert "Fix: raise --steps to 300" in out and "--max-steps (now 300)" in out
+    # Its epochs past a lower cap: refused at the uninterrupted run's first step record, never shortened.
+    exact = (
+        "--task",
+        "linear",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "96",
+        "--save-every-steps",
+        "2",
+    )  # 5 an epoch
+    code, out = check(tmp_path / "cap", *exact, "--steps", "9")
+    assert code == 2, out
+    assert "the run has 10 optimizer step(s), more than the check's cap, --steps 9" in out, out
+    assert "make the run shorter with --epochs (now 2)" in out and "now stopped" not in out
+    code, out = check(tmp_path / "whole", *exact)
+    assert code == 0, out
+    assert "every stop matched" in out and "the uninterrupted run of 10 steps" in out
+    assert out.rstrip().endswith("s); kinds not tried: during an evaluation"), out  # linear has none
+    assert "at an epoch's last step: micro-batch 1 of 1 of step 5" in out

@@ -2,16 +2,18 @@
 
 Each run's evidence (`Evidence`, read by hpc_ddp.doctor.resume) is the probe's trace merged over its attempts
 (for a position reached twice, an evaluation a resume reruns, the later attempt's record counts: it is the one
-training went on from), the step losses and evaluation records of metrics.jsonl, the fingerprints of `model.pth`
-and of the final checkpoint's parts, the `best` and `latest` pointers, and each epoch's record (its mean loss,
-the `Epoch N, Loss:` line), once.
+training went on from), metrics.jsonl's records (what the trackers and TensorBoard receive: each step's loss,
+its grad_norm, lr and epoch, the values Task.step returned beside the loss; the evaluation records; each epoch's
+record, its mean loss, the `Epoch N, Loss:` line, once; their times left out), the fingerprints of `model.pth`,
+of the final checkpoint's parts and of the best one's, and the `best` and `latest` pointers.
 
 `first_divergence` walks the run in the order things happen and returns the first difference: step by step, each
 micro-batch's data, then the random-number generators, then (at the step's first micro-batch) what the step
 starts from, a cause before what it changes: the optimizer's settings (param_groups), its plain attributes, its
-state, then the parameters and the buffers; the step's loss; the evaluation at that step (its batches,
-then its record); the record of the epoch that ended there (or of the run's end); after the last step,
-`model.pth`, the final checkpoint and the pointers. A position one run reached and the other did not is a
+state, then the parameters and the buffers; the step's loss, then the rest of its record (grad_norm, lr, epoch),
+then the values Task.step returned (a symptom: what they are computed from comes before them); the evaluation at
+that step (its batches, then its record); the record of the epoch that ended there (or of the run's end); after
+the last step, `model.pth`, the final checkpoint, the best checkpoint and the pointers. A position one run reached and the other did not is a
 difference too (work lost, or done twice). `explain` turns it into the lines the check prints: the part, the
 step, which stop it followed, the likely cause and the fix.
 """
@@ -46,6 +48,9 @@ STARTS_FROM = (
 OPTIMIZER_PARTS = (OPT_GROUPS, OPT_ATTRIBUTES, OPTIMIZER)
 LOSS, EVAL_DATA, EVAL_RNG, EVALS = "the loss", "evaluation data", "the evaluation's RNG", "evaluation records"
 EPOCHS = "epoch records"
+STEP_RECORD, STEP_EXTRA = "the step's record", "a value the step returned"
+RECORD_FIELDS = ("grad_norm", "lr", "epoch")  # a step record's values beside the loss, timings left out
+BEST_CHECKPOINT = "the best checkpoint"
 MODEL, CHECKPOINT, BEST, LATEST, LOST, EXTRA = (
     "model.pth",
     "the final checkpoint",
@@ -62,12 +67,17 @@ class Evidence:
 
     trace: Mapping[Key, Mapping[str, Any]] = field(default_factory=dict)
     losses: Mapping[int, Any] = field(default_factory=dict)  # step -> its loss (None: not finite)
+    records: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)  # step -> {RECORD_FIELDS: value}
+    extras: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)  # step -> Task.step's {name: value}
     evals: Mapping[int, Any] = field(default_factory=dict)  # step -> (samples, {name: mean})
     epochs: Mapping[int, Any] = field(
         default_factory=dict
     )  # step -> [(epoch, mean loss)] of those ended there
     model: Mapping[str, str] = field(default_factory=dict)  # model.pth: tensor name -> fingerprint
     checkpoint: Mapping[str, str] = field(default_factory=dict)  # the final checkpoint: path -> fingerprint
+    best_checkpoint: Mapping[str, str] = field(
+        default_factory=dict
+    )  # the one `best` names: path -> fingerprint
     best: int | None = None  # the step `best` names
     latest: int | None = None  # the step `latest` names
 
@@ -89,8 +99,8 @@ class Divergence:
         return self.at is not None and self.at[1] in (EVAL_BATCH, EVAL_RECORD)
 
 
-# Phases of a step in run order: its micro-batches, its loss, its evaluation's batches, its evaluation's record,
-# the record of the epoch that ended there.
+# Phases of a step in run order: its micro-batches, its loss (then its record's other values, then Task.step's:
+# indexes 1 and 2), its evaluation's batches, its evaluation's record, the record of the epoch that ended there.
 TRAIN, STEP_LOSS, EVAL_BATCH, EVAL_RECORD, EPOCH_RECORD = 0, 1, 2, 3, 4
 
 
@@ -144,10 +154,12 @@ def first_divergence(straight: Evidence, stopped: Evidence) -> Divergence | None
     keys = sorted(set(straight.trace) | set(stopped.trace), key=_order)
     tables = (straight.losses, stopped.losses, straight.evals, stopped.evals, straight.epochs, stopped.epochs)
     steps = sorted(set().union(*tables))
-    # Events in run order: each step's batches, its loss, its evaluation's batches, its evaluation's record, the
-    # record of the epoch that ended there.
+    # Events in run order: each step's batches, its loss, its record's other values, the values Task.step
+    # returned, its evaluation's batches, its evaluation's record, the record of the epoch that ended there.
     events: list[tuple[tuple[int, int, int, int], str, Any]] = [(_order(k), "batch", k) for k in keys]
     events += [((s, STEP_LOSS, 0, 0), "loss", s) for s in steps]
+    events += [((s, STEP_LOSS, 1, 0), "record", s) for s in steps]
+    events += [((s, STEP_LOSS, 2, 0), "extras", s) for s in steps]
     events += [((s, EVAL_RECORD, 0, 0), "eval", s) for s in steps]
     events += [((s, EPOCH_RECORD, 0, 0), "epoch", s) for s in steps]
     for _, what, key in sorted(events, key=lambda e: e[0]):
@@ -165,6 +177,26 @@ def _event(straight: Evidence, stopped: Evidence, what: str, key: Any) -> Diverg
         return _record(key, a, b)
     if what == "epoch":
         return _epoch_event(straight.epochs.get(key) or [], stopped.epochs.get(key) or [], key)
+    if what in ("record", "extras"):
+        # A step both runs recorded (one recorded by one run only is the loss's finding, before this).
+        if key not in straight.losses or key not in stopped.losses:
+            return None
+        part, a, b = (
+            (STEP_RECORD, straight.records, stopped.records)
+            if what == "record"
+            else (STEP_EXTRA, straight.extras, stopped.extras)
+        )
+        x, y = a.get(key) or {}, b.get(key) or {}
+        for name in list(x) + [n for n in y if n not in x]:
+            if not _same(x.get(name), y.get(name)):
+                at, where = (
+                    (key, STEP_LOSS, 1 if what == "record" else 2),
+                    f"metrics.jsonl's record of step {key}",
+                )
+                if what == "record" and name == "lr":  # the rate of the optimizer's first group: its setting
+                    return Divergence(OPT_GROUPS, "group 0's lr", key, where, at, x.get(name), y.get(name))
+                return Divergence(part, name, key, where, at, x.get(name), y.get(name))
+        return None
     table_a, table_b = (
         (straight.losses, stopped.losses) if what == "loss" else (straight.evals, stopped.evals)
     )
@@ -205,6 +237,7 @@ def _after_training(straight: Evidence, stopped: Evidence) -> Divergence | None:
     for part, a, b in (
         (MODEL, straight.model, stopped.model),
         (CHECKPOINT, straight.checkpoint, stopped.checkpoint),
+        (BEST_CHECKPOINT, straight.best_checkpoint, stopped.best_checkpoint),
     ):
         name = _first_mismatch(a, b)
         if name is not None:
@@ -285,6 +318,20 @@ CAUSES: dict[str, tuple[str, str]] = {
         "stop during it, then the rerun, drew twice), or depends on state outside the checkpoint",
         "draw an evaluation's random numbers from a generator of its own, seeded from (--seed, step)",
     ),
+    STEP_RECORD: (
+        "the step's record differs with the same batch, generators, starting state and loss: the backward or the "
+        "update depends on something outside the checkpoint (a Python counter that unfreezes a layer or scales a "
+        "gradient, a flag set once, the clock) or on a non-deterministic kernel",
+        "make what the step does a function of the batch, the model, the seeded generators and the step the kit "
+        "restores (never a counter of calls); run with --deterministic",
+    ),
+    STEP_EXTRA: (
+        "a value Task.step returned beside the loss differs while the step's batch, generators, starting state "
+        "and loss matched: it is computed from state outside the checkpoint (a running mean, a counter or a list "
+        "kept in a closure or a global), which a resumed process starts anew",
+        "compute it from the step's batch and model alone (the kit averages it over the ranks and the trackers "
+        "chart it), or keep its state in a persistent buffer of the model, which the checkpoint holds",
+    ),
     EPOCHS: (
         "an epoch's mean loss differs while its steps matched: the resumed epoch did not go on from the sums "
         "its checkpoint holds",
@@ -294,6 +341,11 @@ CAUSES: dict[str, tuple[str, str]] = {
         "every step matched but the final weights differ: the end of the run (model.pth written from another "
         "checkpoint, a final step trained twice or not at all) differs",
         "check that the run that was stopped finished once, at the same step",
+    ),
+    BEST_CHECKPOINT: (
+        "every step matched but the checkpoint `best` names holds another state: it was saved at another moment "
+        "(a stop at the step of the best evaluation, or a best found again after a resume)",
+        "report it with the check's folders",
     ),
     CHECKPOINT: (
         "every step matched but the final checkpoint holds another state: a part the loop does not use again "
@@ -330,6 +382,10 @@ def explain(found: Divergence, stops: Sequence[tuple[tuple[str, int, int], str]]
     at = f"at step {found.step}" if found.step is not None else "after training"
     if found.part in OPTIMIZER_PARTS:  # "the optimizer's group 0's lr differs at step 7"
         what, at = f"the optimizer's {found.name or 'state'}", f"differs {at}"
+    elif found.part == STEP_EXTRA:  # "the step's extra value 'avg' differs at step 7"
+        what, at = f"the step's extra value '{found.name}'", f"differs {at}"
+    elif found.part == STEP_RECORD:  # "the step's grad_norm differs at step 60"
+        what, at = f"the step's {found.name}", f"differs {at}"
     lines = [f"first divergence: {what} {at}: {found.where}"]
     before = _stops_before(found, stops)
     if before:

@@ -1,8 +1,8 @@
 """`python -m hpc_ddp.doctor resume --task mod:build [training options]`: does a stop resume your task exactly?
 
 It runs the task locally twice with the same options (`python -m hpc_ddp.submit --local`, 1 node x 2 CPU
-processes unless told otherwise, `--deterministic`, at most --steps optimizer steps): once uninterrupted, then
-again stopped by real preemption signals (SIGUSR2) at points chosen from the first run's shape with a seeded
+processes unless told otherwise, `--deterministic`): once uninterrupted, then again stopped by real
+preemption signals (SIGUSR2) at points chosen from the first run's shape with a seeded
 generator (hpc_ddp.doctor.stops): in the run's last step, within gradient accumulation, during an evaluation, at
 an epoch's last step, while a save is in flight, the first step after a resume. Each stop saves, the launcher
 starts the run again, and it resumes. A probe inside every rank (hpc_ddp.doctor.probe) fingerprints every batch, every generator and
@@ -10,9 +10,14 @@ the state every step starts from. The two runs are then compared bit for bit (hp
 the first divergence is named: which part, at which step, after which stop, the likely cause and the fix. Last,
 the same command is run once more on the finished run, which must say it is finished and write nothing.
 
+The run is checked as its options describe it, never shortened: one longer than --steps (the check's cap, 200
+optimizer steps unless raised) is refused (`stops.too_long`), at once when --max-steps says so, else as soon as
+the uninterrupted run's first step record tells its length (or its steps pass the cap: a stream's run has no
+known length), and the processes it started are ended.
+
 Exit 0 only when every stop happened and everything matched; 1 otherwise; 2 for bad options, a run too short
-for the kinds of stop it would try (`stops.too_short`), a folder another check holds, or when the task is
-refused at start (its line is shown). The check holds its folder (`run.lock`, hpc_ddp.run.folder.hold_folder)
+for the kinds of stop it would try (`stops.too_short`) or too long for the cap, a folder another check holds,
+or when the task is refused at start (its line is shown). The check holds its folder (`run.lock`, hpc_ddp.run.folder.hold_folder)
 while it runs; SIGTERM, SIGHUP or Ctrl-C end every process it started (the launcher, its fork server, the ranks,
 their workers) at once, and it exits 128 + the signal. A run that fails shows its last lines and the command
 that reproduces it with the user's own task.
@@ -56,6 +61,8 @@ RUNS = ("uninterrupted", "stopped", "repro")  # "repro": where the command shown
 ENDS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # signals that end the check and all it started
 CHECK_ROLE = "resume check"  # the role in its folder's run.lock
 END_WAIT_S = 5.0  # how long the processes the check SIGKILLed may take to be gone
+CAP = 200  # --steps by default: the longest run the check takes (each stop runs the rest of it again)
+WATCH_EVERY_S = 0.2  # how often the uninterrupted run's records are read for its length
 
 
 class Ended(Exception):
@@ -69,7 +76,13 @@ class Ended(Exception):
 def build_argparser() -> argparse.ArgumentParser:
     parser = build_parser(PROG, __doc__ or "")
     group = parser.add_argument_group("resume check")
-    group.add_argument("--steps", type=int, default=40, help="optimizer steps checked, at most (default: 40)")
+    group.add_argument(
+        "--steps",
+        type=int,
+        default=CAP,
+        help=f"the longest run checked, in optimizer steps (default: {CAP}): a longer one is refused, never "
+        "shortened",
+    )
     group.add_argument(
         "--stop-seed", type=int, default=0, help="chooses the stop points among the candidates (default: 0)"
     )
@@ -98,7 +111,7 @@ class Check:
     cfg: TrainConfig  # the user's options, as given
     folder: Path  # the check's own folder: uninterrupted/, stopped/, their traces and logs
     shape_args: tuple[str, ...]
-    steps: int
+    steps: int  # the cap: the longest run checked (--steps)
     seed: int
     stops: int = 0  # kinds of stop points at most (0: every kind the run has)
 
@@ -110,7 +123,7 @@ class Check:
         return dataclasses.replace(
             self.cfg,
             folder=str(self.run_folder(name)),
-            max_steps=self.cfg.max_steps or self.steps,
+            # The run as the user's options describe it: never shortened (a longer one than --steps is refused)
             deterministic=True,
             resume="auto",
             overwrite=False,
@@ -134,17 +147,17 @@ class Check:
         )
 
     def bound(self) -> str:
-        """The option that makes the run longer: what ends it (the step limit, or its epochs)."""
+        """The options that end the run: its step limit, and its epochs."""
         if self.cfg.max_steps:
-            return f"--max-steps (now {self.cfg.max_steps}) or --epochs"
-        return f"--steps (now {self.steps}) or --epochs (now {self.cfg.epochs})"
+            return f"--max-steps (now {self.cfg.max_steps}) or --epochs (now {self.cfg.epochs})"
+        return f"--epochs (now {self.cfg.epochs})"
 
 
 def main(argv: Sequence[str]) -> int:
     ns = configfile.parse(build_argparser(), list(argv))
     shape = job_shape(ns.nodes, ns.gpus_per_node, ns.tasks_per_node)
     if ns.steps < 2:
-        raise UsageError(f"--steps {ns.steps}: the check needs at least 2 steps, e.g. --steps 40")
+        raise UsageError(f"--steps {ns.steps}: the check needs at least 2 steps, e.g. --steps {CAP}")
     if ns.stops < 0:
         raise UsageError(f"--stops {ns.stops}: 0 (every kind of point) or more, e.g. --stops 2")
     cfg = from_namespace(ns)
@@ -155,6 +168,8 @@ def main(argv: Sequence[str]) -> int:
         shape_args += ("--tasks-per-node", str(shape.tasks_per_node))
     folder = Path(cfg.folder) if cfg.folder else Path("runs", "resume-check-" + _slug(cfg.task))
     check = Check(cfg, folder, shape_args, ns.steps, ns.stop_seed, ns.stops)
+    if cfg.max_steps > check.steps:  # known before anything runs
+        raise UsageError(stops.too_long(cfg.max_steps, check.steps, check.bound()))
     return run(check, say)
 
 
@@ -193,7 +208,11 @@ def _check(check: Check, tell: Any) -> int:
     began = time.monotonic()
     tell(f"{check.cfg.task}: checking that a stopped run resumes bit for bit, in {check.folder}")
     straight = check.run_folder("uninterrupted")
-    code = _launch(check, "uninterrupted", Plan(check.cfg.task, str(straight / "trace")), {})
+    watch = Watch(straight / run_folder.METRICS, check.steps, check.bound())
+    code = _launch(check, "uninterrupted", Plan(check.cfg.task, str(straight / "trace")), {}, watch=watch)
+    if watch.refusal:
+        tell(watch.refusal)
+        return exitcodes.USAGE
     if code != exitcodes.OK:
         return _failed_run(check, "uninterrupted", code, tell)
     shape = _shape(straight)
@@ -203,7 +222,7 @@ def _check(check: Check, tell: Any) -> int:
         return exitcodes.USAGE
     chosen, skipped = stops.choose(shape, check.seed, check.stops)
     if not chosen:
-        tell("the run is too short to stop anywhere: raise --steps")
+        tell(f"the run is too short to stop anywhere: make it longer with {check.bound()}")
         return exitcodes.FAILED
     words = [stops.describe(s, shape.micro, shape.evals) for s in chosen]
     tell(f"uninterrupted: {shape.last} steps; now stopped {len(chosen)} times:")
@@ -231,8 +250,9 @@ def _check(check: Check, tell: Any) -> int:
         untried = "; kinds not tried: " + ", ".join(line.split(":")[0] for line in skipped) if skipped else ""
         tell(
             f"every stop matched: optimizer settings and state, parameters, buffers, RNG streams, data order, "
-            f"evaluation and epoch records and the best pointer are bitwise equal to the uninterrupted run "
-            f"({seconds:.0f} s){untried}"
+            f"the step records (loss, grad_norm, lr, the step's own values), evaluation and epoch records, "
+            f"model.pth, the final and best checkpoints and the pointers are bitwise equal to the uninterrupted "
+            f"run of {shape.last} steps ({seconds:.0f} s){untried}"
         )
         return exitcodes.OK
     tell(f"the resume is not exact; the runs are in {check.folder} ({seconds:.0f} s)")
@@ -285,9 +305,11 @@ def _holder(lock: Path) -> dict[str, Any] | None:
         return None
 
 
-def _launch(check: Check, name: str, plan: Plan, extra: Mapping[str, str], log: str = "") -> int:
+def _launch(
+    check: Check, name: str, plan: Plan, extra: Mapping[str, str], log: str = "", watch: Watch | None = None
+) -> int:
     """One local run in `<check folder>/<name>`, its console in `<check folder>/<log or name>.log`; its exit
-    code."""
+    code. `watch`: read while it runs; once it refuses the run, the run is ended at once."""
     env = {**os.environ, RESUME_PROBE: plan.to_json(), **extra}
     with open(check.folder / f"{log or name}.log", "w") as out:
         # Its own session: a terminal's Ctrl-C reaches the check alone, which ends the whole tree itself.
@@ -300,10 +322,48 @@ def _launch(check: Check, name: str, plan: Plan, extra: Mapping[str, str], log: 
             start_new_session=True,
         )
         try:
+            while watch is not None:
+                try:
+                    return proc.wait(WATCH_EVERY_S)
+                except subprocess.TimeoutExpired:
+                    if watch.read():
+                        end_tree(proc)
+                        return proc.returncode
             return proc.wait()
         except BaseException:  # Ended, mostly: nothing the check started outlives it
             end_tree(proc)
             raise
+
+
+class Watch:
+    """The uninterrupted run's length, read from its step records as they are written (`total_steps`, known
+    from the first; a stream's run without --max-steps has none: its steps are counted): `refusal` is the line
+    that refuses a run longer than the cap, once one is seen."""
+
+    def __init__(self, path: Path, cap: int, bound: str) -> None:
+        self.path, self.cap, self.bound = path, cap, bound
+        self.offset = 0
+        self.refusal = ""
+
+    def read(self) -> bool:
+        """Reads the records written since the last call; True once the run is known to pass the cap."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:  # not yet written
+            return False
+        lines = chunk.split(b"\n")
+        self.offset += len(chunk) - len(lines[-1])  # a line not yet whole is read next time
+        for line in lines[:-1]:
+            record = _json(line.decode(errors="replace"))
+            if record is None or record.get("event") != "step":
+                continue
+            total, step = record.get("total_steps") or 0, record.get("step") or 0
+            if total > self.cap or step > self.cap:
+                self.refusal = stops.too_long(total if total > self.cap else 0, self.cap, self.bound)
+                return True
+        return False
 
 
 def end_tree(proc: subprocess.Popen[Any]) -> None:
@@ -405,7 +465,10 @@ def evidence(folder: Path) -> Evidence:
     from hpc_ddp.run.checkpoint import store
 
     records = list(iter_records(folder / run_folder.METRICS))
-    losses = {r["step"]: r.get("loss") for r in records if r.get("event") == "step"}
+    steps = [r for r in records if r.get("event") == "step"]
+    losses = {r["step"]: r.get("loss") for r in steps}
+    values = {r["step"]: {name: r.get(name) for name in divergence.RECORD_FIELDS} for r in steps}
+    extras = {r["step"]: dict(r.get("metrics") or {}) for r in steps}
     evals = {r["step"]: (r.get("samples"), r.get("metrics")) for r in records if r.get("event") == "eval"}
     epochs: dict[int, list[tuple[Any, Any]]] = {}
     for r in records:
@@ -415,10 +478,13 @@ def evidence(folder: Path) -> Evidence:
     return Evidence(
         trace=read_trace(folder / "trace"),
         losses=losses,
+        records=values,
+        extras=extras,
         evals=evals,
         epochs=epochs,
         model=_model_fingerprints(folder / run_folder.MODEL),
         checkpoint=checkpoint_fingerprints(latest) if latest is not None else {},
+        best_checkpoint=checkpoint_fingerprints(best) if best is not None and best != latest else {},
         best=store.ckpt_step(best) if best is not None else None,
         latest=store.ckpt_step(latest) if latest is not None else None,
     )

@@ -7,13 +7,16 @@ The points a preemption can hit that an exact resume must survive (issue 32), ea
                                        record, the final save and model.pth)
     within gradient accumulation       a micro-batch before a step's last (a plain step without --grad-accum)
     during an evaluation               one of its batches
-    at an epoch's last step            the last one before the run's last step (the next epoch follows)
+    at an epoch's last step            one before the run's last step (the next epoch follows); the whole check
+                                       stops at every one of them, the run's epoch boundaries
     while a save is in flight          the step right after a checkpoint (the check delays the write)
     the first step after a resume      the step right after another stop's
 
 The stops are taken in run order, one per attempt (stop k ends attempt k - 1; the launcher starts attempt k,
 which resumes from the checkpoint the stop saved). Two stops never share a step: a stop at a step saves there,
-and the next attempt begins after it.
+and the next attempt begins after it. The whole check (no --stops limit) has a stop late in the run too, in its
+last quarter before the last step (a state lost there is seen only by a resume after it: a counter's threshold
+late in the run): the mid-step kind is drawn from there when no other stop is.
 """
 
 from __future__ import annotations
@@ -59,12 +62,19 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
     options = _options(shape)
     ends = options[EPOCH_END]
     if not ends:
-        skipped.append(f"{EPOCH_END}: no epoch ended before the run's last step, {last} (raise --steps)")
+        skipped.append(
+            f"{EPOCH_END}: no epoch ended before the run's last step, {last} (raise --epochs, and raise --steps "
+            "if the run then passes the check's cap)"
+        )
     if not evals:
         skipped.append(f"{EVAL}: the task has no evaluation (Task.eval_dataset)")
     if not options[SAVE]:
         skipped.append(f"{SAVE}: no checkpoint before the last step (add --save-every-steps)")
     kinds = [k for k, found in options.items() if found] + [AFTER_RESUME]
+    middle_kind = ACCUM if options.get(ACCUM) else STEP
+    if limit <= 0 and middle_kind in kinds:  # drawn after the others: late if none of them is (see `late`)
+        kinds.remove(middle_kind)
+        kinds.insert(len(kinds) - 1, middle_kind)
     opening = ""  # --stops N: the kind of the first stop, at its earliest point before the run's last step
     if limit > 0:
         # First a stop mid-run with the most steps after it (a stop in the last step alone has only the run's
@@ -102,6 +112,10 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
                 free = [o for o in free if o[0] == part]
             if what == SAVE:
                 free = [o for o in free if o[1] - 1 not in taken]
+                if limit <= 0:  # a save at an epoch boundary would keep the whole check from stopping there
+                    free = [o for o in free if ("train", o[1] - 1, 0) not in ends] or free
+        if limit <= 0 and what == middle_kind and not any(late(shape, p[2]) for p in picks if p[0] != LAST):
+            free = [o for o in free if late(shape, o[1])] or free
         if what == opening and not picks:  # the earliest point: the most steps after it
             free = [min((o for o in free if o[1] < last), key=lambda o: (o[1], o[0] == "eval", o[2]))]
         elif opening and picks:  # after it: it stays the first stop in run order
@@ -110,6 +124,13 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
             kind, step, index = rng.choice(free)
             picks.append((what, kind, step, index))
             taken.add(step)
+        elif what != AFTER_RESUME and not (opening and picks):  # said, never left out in silence
+            skipped.append(
+                f"{what}: each of its points is another stop's step, or right before a save's stop"
+            )
+    if limit <= 0:  # the whole check: every epoch boundary (a stop of any kind there is one), not only one
+        saving = {p[2] - 1 for p in picks if p[0] == SAVE}
+        picks += [(EPOCH_END, *o) for o in ends if o[1] not in taken and o[1] not in saving]
     if limit > 0:
         tried, said = {p[0] for p in picks}, {line.split(":")[0] for line in skipped}
         skipped += [f"{k}: beyond --stops {limit}" for k in kinds if k not in tried and k not in said]
@@ -133,12 +154,17 @@ def _options(shape: Shape) -> dict[str, list[tuple[str, int, int]]]:
         # The hardest case: the run's end (final evaluation, records, final save, model.pth) is all that is left.
         LAST: [("train", last, i) for i in range(shape.micro.get(last, 0))]
         + [("eval", last, b) for b in range(evals.get(last, 0))],  # its final evaluation
-        EPOCH_END: [("train", max(ends), 0)] if ends else [],
+        EPOCH_END: [("train", s, 0) for s in sorted(set(ends))],  # every epoch boundary before the last step
         # Before the kinds with many points: a save in flight has few, and no other stop may save before it.
         SAVE: [("train", s + 1, 0) for s in shape.saves if s + 1 <= last],
         ACCUM if accum else STEP: accum or [("train", s, 0) for s in shape.micro if 1 < s < last],
         EVAL: [("eval", s, b) for s, n in evals.items() for b in range(n)],
     }
+
+
+def late(shape: Shape, step: int) -> bool:
+    """`step` is in the run's last quarter, before its last step (step 61 to 79 of 80)."""
+    return 4 * step > 3 * shape.last and step < shape.last
 
 
 def kinds_to_try(shape: Shape, limit: int = 0) -> int:
@@ -158,6 +184,22 @@ def too_short(shape: Shape, limit: int, bound: str) -> str:
         f"the run has {shape.last} optimizer step(s), fewer than the {needed} kinds of stop point the check "
         f"tries (each at a step of its own): a check of it would prove little. Fix: make the run longer with "
         f"{bound}, or fewer kinds with --stops {max(shape.last, 1)}"
+    )
+
+
+def too_long(steps: int, cap: int, bound: str) -> str:
+    """The line that refuses a run of `steps` optimizer steps longer than the check's cap, --steps `cap` (0:
+    its length unknown, a stream's without --max-steps, seen past the cap): the check never shortens a run (a
+    shorter one would not prove it; each stop runs the rest of it again). `bound`: the options that end it."""
+    has = (
+        f"the run has {steps} optimizer step(s)"
+        if steps
+        else f"the run has more than {cap} optimizer steps (a stream's: its length is unknown until it ends)"
+    )
+    return (
+        f"{has}, more than the check's cap, --steps {cap}: a check of a shorter run would not prove this one, "
+        f"and the check never shortens it. Fix: raise --steps{f' to {steps}' if steps else ''} (each stop "
+        f"runs the rest of the run again), or make the run shorter with {bound}"
     )
 
 
