@@ -58,36 +58,11 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
     rng = random.Random(seed)
     last = shape.last
     evals = dict(shape.evals or {})
-    skipped: list[str] = []
     options = _options(shape)
     ends = options[EPOCH_END]
-    if not ends:
-        skipped.append(
-            f"{EPOCH_END}: no epoch ended before the run's last step, {last} (raise --epochs, and raise --steps "
-            "if the run then passes the check's cap)"
-        )
-    if not evals:
-        skipped.append(f"{EVAL}: the task has no evaluation (Task.eval_dataset)")
-    if not options[SAVE]:
-        skipped.append(f"{SAVE}: no checkpoint before the last step (add --save-every-steps)")
-    kinds = [k for k, found in options.items() if found] + [AFTER_RESUME]
+    skipped = _absent(options, bool(evals), last)
     middle_kind = ACCUM if options.get(ACCUM) else STEP
-    if limit <= 0 and middle_kind in kinds:  # drawn after the others: late if none of them is (see `late`)
-        kinds.remove(middle_kind)
-        kinds.insert(len(kinds) - 1, middle_kind)
-    opening = ""  # --stops N: the kind of the first stop, at its earliest point before the run's last step
-    if limit > 0:
-        # First a stop mid-run with the most steps after it (a stop in the last step alone has only the run's
-        # end after it: it cannot see a state that is lost and only matters later), of a kind the seed picks;
-        # then the run's last step (the hardest case: a stop, then only the run's end to do); then the other
-        # kinds in a seeded order, a resume's stop after some other: the first `limit` that fit.
-        middle = [k for k in kinds if k not in (LAST, AFTER_RESUME) and any(o[1] < last for o in options[k])]
-        opening = rng.choice(middle) if middle else ""
-        first = [k for k in (opening, LAST) if k in kinds]
-        rest = rng.sample([k for k in kinds if k not in first], len(kinds) - len(first))
-        if not first and rest[0] == AFTER_RESUME and len(rest) > 1:
-            rest[0], rest[1] = rest[1], rest[0]
-        kinds = first + rest
+    kinds, opening = _kinds(options, middle_kind, limit, rng, last)
     picks: list[tuple[str, str, int, int]] = []  # (what, kind, step, index)
     taken: set[int] = set()
     for what in kinds:
@@ -141,6 +116,49 @@ def choose(shape: Shape, seed: int, limit: int = 0) -> tuple[list[Stop], list[st
         for attempt, (what, kind, step, index) in enumerate(picks)
     ]
     return stops, skipped
+
+
+def _absent(options: Mapping[str, list[tuple[str, int, int]]], evals: bool, last: int) -> list[str]:
+    """A line for each kind of point the run does not have."""
+    skipped = []
+    if not options[EPOCH_END]:
+        skipped.append(
+            f"{EPOCH_END}: no epoch ended before the run's last step, {last} (raise --epochs, and raise --steps "
+            "if the run then passes the check's cap)"
+        )
+    if not evals:
+        skipped.append(f"{EVAL}: the task has no evaluation (Task.eval_dataset)")
+    if not options[SAVE]:
+        skipped.append(f"{SAVE}: no checkpoint before the last step (add --save-every-steps)")
+    return skipped
+
+
+def _kinds(
+    options: Mapping[str, list[tuple[str, int, int]]],
+    middle_kind: str,
+    limit: int,
+    rng: random.Random,
+    last: int,
+) -> tuple[list[str], str]:
+    """The kinds of stop in the order they are drawn, and (--stops N) the kind of the first stop, at its earliest
+    point before the run's last step ('' without --stops)."""
+    kinds = [k for k, found in options.items() if found] + [AFTER_RESUME]
+    if limit <= 0:
+        if middle_kind in kinds:  # drawn after the others: late if none of them is (see `late`)
+            kinds.remove(middle_kind)
+            kinds.insert(len(kinds) - 1, middle_kind)
+        return kinds, ""
+    # First a stop mid-run with the most steps after it (a stop in the last step alone has only the run's end
+    # after it: it cannot see a state that is lost and only matters later), of a kind the seed picks; then the
+    # run's last step (the hardest case: a stop, then only the run's end to do); then the other kinds in a
+    # seeded order, a resume's stop after some other: the first `limit` that fit.
+    middle = [k for k in kinds if k not in (LAST, AFTER_RESUME) and any(o[1] < last for o in options[k])]
+    opening = rng.choice(middle) if middle else ""
+    first = [k for k in (opening, LAST) if k in kinds]
+    rest = rng.sample([k for k in kinds if k not in first], len(kinds) - len(first))
+    if not first and rest[0] == AFTER_RESUME and len(rest) > 1:
+        rest[0], rest[1] = rest[1], rest[0]
+    return first + rest, opening
 
 
 def _options(shape: Shape) -> dict[str, list[tuple[str, int, int]]]:
