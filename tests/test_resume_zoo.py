@@ -6,7 +6,8 @@ What keeps it cheap: the smallest runs that still hold the defect (1 node x 2 CP
 small blocks, 3 to 6 steps an epoch) and `--stops 1` (one stop, always mid-run at its kind's earliest point:
 the most steps after it) or 2 where a second kind is the case's point; only the cases about long runs (a
 set_epoch past 40 steps, a counter threshold at forward 60) run longer, and try every kind. --stop-seed 0
-everywhere: the same points in every run.
+everywhere: the same points in every run. Measured (2026-12-07, the 2-core VM, lightly loaded, -n 0): the file
+165 s wall, 142 CPU-s, 7-14 s a case.
 
 The last three defects (a step's extra value, a set_epoch past 40 steps, a counter threshold late in the run)
 need issue 42 items 1 and 2 (the whole run checked, a step's extra values compared): marked xfail until those
@@ -164,6 +165,8 @@ def test_the_check_names_each_defect_and_passes_each_exact_task(tmp_path: Path, 
     assert got == code, f"{case}: exit {got}, expected {code}:\n{out}"
     for words in said:
         assert words in out, f"{case}: {words!r} not in the check's output:\n{out}"
+    if "the optimizer's" in said[0]:  # the cause named, not what it changed (issue 42, item 4)
+        assert "parameter outside state_dict" not in out and "non-deterministic" not in out, out
     if code == NOT_EXACT:
         assert (
             "the resume is not exact" in out
