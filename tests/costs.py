@@ -44,6 +44,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_doctor_rules.py": "unit",
     "test_doctor_runs.py": ("process", "ranks"),
     "test_doctor_resume.py": ("unit", "ranks"),
+    "test_resume_zoo.py": ("unit", "ranks"),
     "test_entry_points.py": "process",
     "test_entry_usage_errors.py": "process",
     "test_gpu.py": "process",

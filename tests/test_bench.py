@@ -5,6 +5,7 @@ No timing is asserted (the machine is shared and noisy): only that every section
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -26,13 +27,13 @@ from hpc_ddp.run.trainer import Trainer
 SETTINGS = Settings(trials=3, steps=60, world_size=2, batch_size=32, work=Path("/nonexistent"))
 
 
-@pytest.mark.slow  # about 25 CPU-seconds of runs of one rank each: every section, fsdp too, once, at its least
+@pytest.mark.slow  # about 40 CPU-seconds of runs of one rank each: every section, fsdp and resume too, once, at its least
 # beside other pytest-xdist workers on 2 cores, CPU-bound runs take 4-5 times as long: a deadline catches a
 # hang, not a slow machine.
 @pytest.mark.deadline(600)
 @pytest.mark.alone  # CPU-bound runs: never beside a timing-sensitive test (tests/workers.py)
 def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
-    """Every section, the optional fsdp one too, in one bench at its smallest (--quick: one trial of a few
+    """Every section, the optional fsdp and resume ones too, in one bench at its smallest (--quick: one trial of a few
     steps; one rank): it measures nothing, it runs every path and writes every figure."""
     out = tmp_path / "bench.json"
     proc = run_module(
@@ -73,6 +74,7 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
         "fsdp / ddp samples/s",
         "fsdp async / ddp rank-0 save stall",
         "hang watch on / off",
+        "resume check / its budget",
     ]
     assert all(isinstance(t["met"], bool) for t in report["targets"])
     assert report["settings"]["quick"] is True
@@ -126,6 +128,20 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
     assert "peak RSS fsdp / ddp (the kit's settings)" in proc.stdout
     assert "--async-save thread / process: loop stall per save" in proc.stdout
     assert "trial 1/1 fsdp, freed memory returned:" in proc.stderr
+    # The resume section (issue 42): a check of every kind of stop against the plain run of the same options.
+    rc = sections["resume"]
+    assert (
+        rc["ranks"] == 1 and rc["steps"] == 8 and rc["restarts"] >= 7
+    )  # 6 kinds of stop + the finished rerun
+    for key in ("check_s", "uninterrupted_s", "startup_s", "check_vs_budget"):
+        assert isinstance(rc[key], float) and math.isfinite(rc[key]) and rc[key] > 0, key
+    assert rc["check_s"] > rc["uninterrupted_s"] > rc["startup_s"]
+    budget = 3 * rc["uninterrupted_s"] + rc["restarts"] * rc["startup_s"]
+    assert rc["check_vs_budget"] == pytest.approx(rc["check_s"] / budget)
+    assert (
+        "target  resume check / its budget" in proc.stdout
+        and "[bench] trial 1/1 resume-check:" in proc.stderr
+    )
 
 
 def test_a_saves_costs_are_read_from_its_records() -> None:
@@ -258,3 +274,23 @@ def test_the_header_names_the_fsdp_sections_own_task_and_batch() -> None:
     assert "task mlp, 4 ranks x batch 32" in header(s, ["overhead", "fsdp"])
     assert "fsdp: its own model and batch" in header(s, ["overhead", "fsdp"])
     assert "fsdp" not in header(s, ["overhead"])
+
+
+def test_the_resume_sections_options_make_the_check_try_every_kind_of_stop() -> None:
+    """200 optimizer steps in 2 epochs (an epoch's end inside the run), --grad-accum 2, evaluations and saves
+    inside the run; the batch chosen so that the epochs hold them at --world-size ranks; --quick: 8 steps."""
+    from hpc_ddp.bench import resuming
+
+    def given(s: Settings) -> dict[str, str]:
+        args = resuming.options(s)
+        return dict(zip(args[::2], args[1::2], strict=True))
+
+    full = given(SETTINGS)
+    assert full["--epochs"] == "2" and full["--max-steps"] == "200" and full["--grad-accum"] == "2"
+    batch = int(full["--batch-size"])
+    assert resuming.SAMPLES // (SETTINGS.world_size * batch * 2) == 100  # optimizer steps an epoch
+    assert 0 < int(full["--eval-every-steps"]) < 200 and 0 < int(full["--save-every-steps"]) < 200
+    quick = given(dataclasses.replace(SETTINGS, quick=True, world_size=1))
+    assert quick["--max-steps"] == "8" and resuming.SAMPLES // (int(quick["--batch-size"]) * 2) == 4
+    with pytest.raises(runs.RunFailed, match="too many ranks"):
+        resuming.options(dataclasses.replace(SETTINGS, world_size=1000))

@@ -66,6 +66,12 @@ Sections:
               job set DOWN, recovered by today's requeue and in place (--spare-nodes 1: a new step inside the
               allocation), interleaved: seconds from the failure to the next committed step (hpc_ddp/bench/
               recovery.py). About a minute a trial.
+  resume      Only when named (minutes): what `python -m hpc_ddp.doctor resume` costs against one uninterrupted
+              run of the same options, interleaved: a 200-step task (a linear layer, bench/resuming.py) on
+              --world-size ranks whose options make the check try every kind of stop point (2 epochs,
+              --grad-accum 2, evaluations, saves). The check's whole command (its two runs, a restart per stop,
+              its rerun of the finished run) against the plain run; a restart's start-up is the plain run's
+              command start to rank 0's first step. --quick: 8 steps.
 
 Targets (this 2-CPU machine): kit / default-threads loop >= 1.8x; kit / tuned loop >= 0.97x; the kit's
 own work per step (rank 0's step less its data wait and the task's forward, backward and update) <= 500 us;
@@ -73,7 +79,7 @@ checkpoint >= 0.8x of the raw write; launch <= 1.0x of torchrun;
 launch CPU <= 0.75x of torchrun's; rank import paused / plain <= 0.95x; hang watch on / off >= 0.99x (at most 1 % slower);
 fsdp / ddp peak memory per rank <= 0.3x with freed memory returned, <= 0.5x with the kit's settings;
 fsdp / ddp samples/s >= 0.85x; fsdp / ddp save stall <= 0.1x; recovery in place <= 15 s (median) and <= 0.3x
-of the requeue path.
+of the requeue path; resume check <= 3 x the uninterrupted run + its restarts x the start-up of one.
 The table and the JSON say which were met. A target whose median misses but whose trials straddle it (some
 met it) is "noisy: rerun on a quiet machine", with the trials' range; when every trial misses, it is MISSED,
 whatever the machine's load. The exit code is 0 whenever the bench ran (1 if a measured run failed, 2 for a

@@ -138,6 +138,9 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
         w, t = results["watchdog"], results["watchdog"].get("trials", {})
         trials = ratios(t.get("with", []), t.get("without", []))
         target("hang watch on / off", w["with_vs_without"], ">=", 0.99, trials)
+    if "resume" in results:  # since issue 42
+        rc, t = results["resume"], results["resume"].get("trials", {})
+        target("resume check / its budget", rc["check_vs_budget"], "<=", 1.0, t.get("check_vs_budget", []))
     return found
 
 
@@ -296,6 +299,20 @@ def _watchdog_rows(w: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]
     ]
 
 
+def _resume_rows(rc: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
+    return [
+        (
+            "resume",
+            f"doctor resume: {rc['steps']} steps, {rc['ranks']} ranks, every kind",
+            f"{rc['check_s']:.1f} s",
+        ),
+        ("", "the same options, uninterrupted", f"{rc['uninterrupted_s']:.1f} s"),
+        ("", "restarts: its stops + the finished rerun", f"{rc['restarts']:.0f}"),
+        ("", "start-up of one run (start to first step)", f"{rc['startup_s']:.1f} s"),
+        ("", "check / (3 x run + restarts x start-up)", f"{rc['check_vs_budget']:.2f}x"),
+    ]
+
+
 # Each section's rows, in the table's order.
 ROWS: dict[str, Callable[[dict[str, Any], Settings], list[tuple[str, str, str]]]] = {
     "overhead": _overhead_rows,
@@ -304,6 +321,7 @@ ROWS: dict[str, Callable[[dict[str, Any], Settings], list[tuple[str, str, str]]]
     "launch": _launch_rows,
     "fsdp": _fsdp_rows,
     "recovery": _recovery_rows,
+    "resume": _resume_rows,
     "watchdog": _watchdog_rows,
 }
 
@@ -324,8 +342,9 @@ def table(results: dict[str, dict[str, Any]], s: Settings, load: float = 0.0, cp
 
 
 def header(s: Settings, sections: Sequence[str] = ()) -> str:
-    """The settings line. The fsdp section runs its own model and batch (bench/sharding.py), so a run of it
-    alone names those, and a run with others says that its rows name theirs."""
+    """The settings line. The fsdp and resume sections run their own model and batch (bench/sharding.py,
+    bench/resuming.py), so a run of one alone names those, and a run with others says that its rows name
+    theirs."""
     runs = f"{s.trials} interleaved trial(s), {len(os.sched_getaffinity(0))} CPUs"
     if sections and set(sections) == {"fsdp"}:
         from hpc_ddp.bench import sharding
@@ -334,5 +353,14 @@ def header(s: Settings, sections: Sequence[str] = ()) -> str:
             f"hpc_ddp.bench: task {sharding.TASK}, {s.world_size} ranks x batch {sharding.batch(s)}, "
             f"{sharding.steps(s)} steps, {runs}"
         )
-    other = " (fsdp: its own model and batch, in its rows)" if "fsdp" in sections else ""
+    if sections and set(sections) == {"resume"}:
+        from hpc_ddp.bench import resuming
+
+        return (
+            f"hpc_ddp.bench: task {resuming.TASK_SPEC}, {s.world_size} ranks, {resuming.steps(s)} steps, "
+            f"{runs}"
+        )
+    others = [name for name in ("fsdp", "resume") if name in sections]
+    each = "its" if len(others) == 1 else "each its"
+    other = f" ({', '.join(others)}: {each} own model and batch, in its rows)" if others else ""
     return f"hpc_ddp.bench: task {TASK}, {s.world_size} ranks x batch {s.batch_size}, {s.steps} steps{other}, {runs}"

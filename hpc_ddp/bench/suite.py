@@ -13,14 +13,15 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.bench import recovery, saving, sharding, startup, throughput, watching
+from hpc_ddp.bench import recovery, resuming, saving, sharding, startup, throughput, watching
 from hpc_ddp.bench.report import header, table, targets
 from hpc_ddp.bench.runs import TASK, RunFailed, Settings, load_average, progress
 
 PROG = "python -m hpc_ddp.bench"
 SECTIONS = ("overhead", "scaling", "checkpoint", "launch", "watchdog")  # the default run
-# Asked for by name only: fsdp takes minutes and gigabytes; recovery a Slurm cluster whose nodes it takes away.
-OPTIONAL = ("fsdp", "recovery")
+# Asked for by name only: fsdp takes minutes and gigabytes; recovery a Slurm cluster whose nodes it takes away;
+# resume a check of a 200-step run (minutes on a loaded machine).
+OPTIONAL = ("fsdp", "recovery", "resume")
 
 
 def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -37,6 +38,8 @@ def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, An
         results["fsdp"] = sharding.fsdp_section(s)
     if "recovery" in sections:
         results["recovery"] = recovery.recovery_section(s)
+    if "resume" in sections:
+        results["resume"] = resuming.resume_section(s)
     return {name: results[name] for name in SECTIONS + OPTIONAL if name in results}
 
 
