@@ -120,6 +120,9 @@ class Registry:
         own = [e for e in declared if e.builtin]
         if not own:  # no metadata of the kit's own (a source checkout, an older install): the same table
             own = [Entry(name, value, KIT) for name, value in BUILTINS.get(self.group, {}).items()]
+        # In the table's order whatever the metadata's (an installer may sort entry_points.txt): the default first.
+        order = list(BUILTINS.get(self.group, {}))
+        own.sort(key=lambda e: order.index(e.name) if e.name in order else len(order))
         others = sorted((e for e in declared if not e.builtin), key=lambda e: (e.dist, e.name))
         found: dict[str, Entry] = {}
         for entry in own + others:

@@ -2,7 +2,7 @@
 
 tests/data/plugin_pkg holds `hpc_ddp_testplugin` and its dist-info (entry_points.txt, METADATA): on the path,
 importlib.metadata finds it as if installed. Its strategy, format, storage, sink and scheduler each derive
-from a built-in and log their calls to the file $HPC_DDP_TESTPLUGIN_LOG names.
+from a built-in and log their calls to the file $TESTPLUGIN_CALLS_LOG names.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def test_the_scheduler_plugin_is_found_by_name_and_answers_as_the_local_one(
     from hpc_ddp.scheduler.local import LocalScheduler
 
     log = tmp_path / "calls.log"
-    monkeypatch.setenv("HPC_DDP_TESTPLUGIN_LOG", str(log))
+    monkeypatch.setenv("TESTPLUGIN_CALLS_LOG", str(log))
     plugin = scheduler.of("test-local", nodes=3)
     assert type(plugin).__name__ == "TestLocalScheduler" and isinstance(plugin, LocalScheduler)
     # tests/test_scheduler.py's tables, asked of the plugin: the whole interface, and the same answers.
@@ -231,12 +231,7 @@ def test_a_run_with_every_plugin_preempted_twice_ends_bitwise_equal_to_the_built
         "test-sink",
     )
     out = preempted_twice(
-        tmp_path / "plugins",
-        *args,
-        *plugins,
-        SLOW_TASK_SLEEP_S="0.03",
-        HPC_DDP_TESTPLUGIN_LOG=str(log),
-        **path,
+        tmp_path / "plugins", *args, *plugins, SLOW_TASK_SLEEP_S="0.03", TESTPLUGIN_CALLS_LOG=str(log), **path
     )
     assert out.count("Resuming from ") == 2
     models = [torch.load(tmp_path / f / "model.pth", weights_only=True) for f in ("builtins", "plugins")]

@@ -3,14 +3,14 @@ storage, a sink and a scheduler, each derived from a built-in, overriding nothin
 
 Found without installing: its `hpc_ddp_testplugin-0.1.dist-info` (entry_points.txt, METADATA) lies beside it,
 so importlib.metadata finds it once this folder is on the path (PYTHONPATH for a run, sys.path in process).
-Each call appends "<kind> <method> <rank>" to the file $HPC_DDP_TESTPLUGIN_LOG names (nothing when unset).
+Each call appends "<kind> <method> <rank>" to the file $TESTPLUGIN_CALLS_LOG names (nothing when unset).
 """
 
 from __future__ import annotations
 
 import os
 
-LOG = "HPC_DDP_TESTPLUGIN_LOG"
+LOG = "TESTPLUGIN_CALLS_LOG"
 
 
 def log(kind: str, method: str) -> None:
