@@ -75,26 +75,6 @@ def batchnorm_step(config):  # type: ignore[no-untyped-def]
     return Task(model=model, dataset=data, step=step)
 
 
-def lr_in_step(config):  # type: ignore[no-untyped-def]
-    """A learning rate set by a closure inside `step`, from a Python counter of its calls: a resumed process
-    counts from 0 again, and the optimizer's group 0 gets another lr than the uninterrupted run's."""
-    calls = [0]
-    holder: list[torch.optim.Optimizer] = []
-
-    def optimizer(params):  # type: ignore[no-untyped-def]
-        holder.append(torch.optim.SGD(params, lr=0.01))
-        return holder[0]
-
-    def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        calls[0] += 1
-        for group in holder[0].param_groups:
-            group["lr"] = 0.01 / calls[0]
-        x, y = batch
-        return nn.functional.mse_loss(model(x), y)
-
-    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), step=step, optimizer=optimizer)
-
-
 def crashing(config):  # type: ignore[no-untyped-def]
     """Raises in its third step, on every rank: a task that crashes, for the check's report of it."""
     calls = [0]

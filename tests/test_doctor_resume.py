@@ -410,23 +410,6 @@ def test_batchnorm_under_fsdp_passes_through_loss_fn_and_step_and_a_second_check
 
 @pytest.mark.slow
 @pytest.mark.ranks
-@pytest.mark.deadline(150)
-def test_an_lr_set_in_step_is_named_as_the_optimizers(tmp_path: Path) -> None:
-    code, out = check(
-        tmp_path, "--task", "resume_tasks:lr_in_step", "--epochs", "1", "--batch-size", "64",
-        "--save-every-steps", "2", "--stops", "2",
-    )  # fmt: skip
-    assert code == 1, out
-    found = [line for line in out.splitlines() if "first divergence: " in line]
-    assert (
-        len(found) == 1 and "first divergence: the optimizer's group 0's lr differs at step " in found[0]
-    ), out
-    assert "likely cause: the optimizer's settings" in out and "Task.scheduler" in out
-    assert "parameter outside state_dict" not in out and "non-deterministic" not in out
-
-
-@pytest.mark.slow
-@pytest.mark.ranks
 @pytest.mark.deadline(120)
 def test_sigterm_ends_every_process_the_check_started(tmp_path: Path) -> None:
     proc = check_in_background(tmp_path, "--task", "resume_tasks:batchnorm_step", *BATCHNORM)

@@ -59,6 +59,7 @@ CASES: dict[str, tuple[str, tuple[str, ...], int, tuple[str, ...]]] = {
         (
             "first divergence: the optimizer's group 0's lr differs at step ",
             "after stop 1",
+            "likely cause: the optimizer's settings",
             "set the learning rate with Task.scheduler",
         ),
     ),

@@ -90,11 +90,6 @@ def end_record(folder: Path) -> dict[str, Any]:
     raise RunFailed(f"no 'end' record in {folder / 'metrics.jsonl'}")
 
 
-def end_rate(folder: Path) -> float:
-    """The samples/s of the "end" record in a kit run folder."""
-    return float(end_record(folder)["samples_per_s"])
-
-
 def first_step_time(folder: Path) -> float:
     """Wall-clock time of rank 0's first optimizer step: its `"step": 1` metrics record."""
     for record in read_records(folder / "metrics.jsonl"):
