@@ -124,6 +124,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "HPC_DDP_TORCH", "user", "env/setup.sh: the CPU torch version to install on a machine without one"
     ),
+    Variable("HPC_DDP_NO_UV", "user", "env/setup.sh: 1 installs the packages with pip instead of uv"),
     # ----- the test suite, the CI and the local Slurm cluster -----
     Variable("HPC_DDP_NO_SLURM", "test", "env/test.sh: 1 runs the suite without the local Slurm cluster"),
     Variable(

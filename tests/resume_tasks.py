@@ -3,8 +3,6 @@ on slow_tasks' data, with one thing a resume cannot restore, as a user's task ma
 
 from __future__ import annotations
 
-import random
-
 import torch
 from slow_tasks import _data
 from torch import nn
@@ -92,31 +90,6 @@ def crashing(config):  # type: ignore[no-untyped-def]
 # ----- issue 42: the run the user will run, and everything it produces ---------------------------------------------
 
 
-class EpochOffset(torch.utils.data.Dataset):
-    """slow_tasks' data, its inputs shifted by an offset that set_epoch draws from a private generator: a resumed
-    process draws its first number again, so an epoch after a resume gets another offset."""
-
-    def __init__(self, data: torch.utils.data.TensorDataset) -> None:
-        self.data, self.rng, self.offset = data, random.Random(0), 0.0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.offset = self.rng.random()
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.data[index]
-        return x + self.offset, y
-
-
-def set_epoch_private(config):  # type: ignore[no-untyped-def]
-    """256 samples: 64 steps an epoch with --batch-size 2 on 2 ranks (more than the 40 the check once stopped at)."""
-    return Task(
-        model=nn.Linear(10, 1), dataset=EpochOffset(_data(config.seed, 256)), loss_fn=nn.functional.mse_loss
-    )
-
-
 class LateUnfreeze(nn.Module):
     """A layer whose gradients a Python counter of forwards lets through from the 60th on (its output is the same
     before and after: only the training changes). A resumed process counts from 0 again."""
@@ -137,19 +110,3 @@ class LateUnfreeze(nn.Module):
 def late_unfreeze(config):  # type: ignore[no-untyped-def]
     """320 samples: 80 steps with --batch-size 2 on 2 ranks, the layer unfrozen at forward 60."""
     return Task(model=LateUnfreeze(), dataset=_data(config.seed, 320), loss_fn=nn.functional.mse_loss)
-
-
-def running_mean(config):  # type: ignore[no-untyped-def]
-    """Task.step returns the mean of its losses so far beside the loss, kept in a closure: a resumed process
-    starts it anew."""
-    seen = [0.0, 0]
-
-    def step(
-        model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        x, y = batch
-        loss = nn.functional.mse_loss(model(x), y)
-        seen[0], seen[1] = seen[0] + loss.item(), seen[1] + 1
-        return loss, {"avg": seen[0] / seen[1]}
-
-    return Task(model=nn.Linear(10, 1), dataset=_data(config.seed), step=step)

@@ -8,7 +8,8 @@ an epoch's last step, while a save is in flight, the first step after a resume. 
 starts the run again, and it resumes. A probe inside every rank (hpc_ddp.doctor.probe) fingerprints every batch, every generator and
 the state every step starts from. The two runs are then compared bit for bit (hpc_ddp.doctor.divergence), and
 the first divergence is named: which part, at which step, after which stop, the likely cause and the fix. Last,
-the same command is run once more on the finished run, which must say it is finished and write nothing.
+when everything matched, the same command is run once more on the finished run, which must say it is finished
+and write nothing (after a divergence the verdict is already "not exact": that start is saved).
 
 The run is checked as its options describe it, never shortened: one longer than --steps (the check's cap, 200
 optimizer steps unless raised) is refused (`stops.too_long`), at once when --max-steps says so, else as soon as
@@ -242,7 +243,10 @@ def _check(check: Check, tell: Any) -> int:
             tell(line)
     for line in problems:
         tell(line)
-    rerun = _finished_writes_nothing(check, plan)
+    # The rerun on the finished run is one more start of the ranks (a torch import, a rendezvous): worth it
+    # only while the verdict may still be "exact". Once a stop diverged or was missed, the check is not exact
+    # whatever the rerun shows, and the user fixes that first.
+    rerun = "" if found is not None or problems else _finished_writes_nothing(check, plan)
     if rerun:
         tell(rerun)
     seconds = time.monotonic() - began
