@@ -17,7 +17,7 @@ from fake_slurm import FakeSlurm
 from hpc_ddp import exitcodes
 from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.launch.slurm import batch, min_nodes
-from hpc_ddp.ledger import attempts, outcomes, rules
+from hpc_ddp.ledger import attempts, decision, outcomes, rules
 from hpc_ddp.run import resume
 from hpc_ddp.run.checkpoint import sharded
 from hpc_ddp.run.config import TrainConfig, accum_for, check_min_nodes
@@ -128,7 +128,9 @@ def test_fits_with_min_nodes(
 ) -> None:
     client = SlurmClient(FakeSlurm(states))
     info = JobInfo({"Partition": "debug", "ExcNodeList": excluded or "(null)", "JobState": "RUNNING"})
-    decided = batch._fits(client, REQUEUE, info, 2, rule)
+    this = attempts.Attempt("7", 0, number=1, outcome=outcomes.FAILED)
+    facts = min_nodes.facts(client, this.outcome, REQUEUE.exclude, info.excluded, info.partition, 2, rule)
+    decided = decision.on_allocation(REQUEUE, this, facts)
     assert (decided.action, decided.nodes) == (action, nodes)
     if action == outcomes.STOP:
         assert decided.message.startswith("cannot requeue: the job needs 2 node(s)")
@@ -197,9 +199,9 @@ def test_requeue_steps_on_fewer_nodes(already: bool, excluded: tuple[str, ...], 
 
 def test_the_size_comes_from_the_decision_and_the_tasks_per_node() -> None:
     decided = rules.Decision(outcomes.REQUEUE, "", ("node2",), nodes=1)
-    assert min_nodes.size(decided, {"SLURM_NTASKS_PER_NODE": "4"}) == Size(1, 4)
-    assert min_nodes.size(decided, {}) is None
-    assert min_nodes.size(REQUEUE, {"SLURM_NTASKS_PER_NODE": "4"}) is None
+    assert min_nodes.size_for(decided, 4) == Size(1, 4)
+    assert min_nodes.size_for(decided, None) is None  # no --ntasks-per-node
+    assert min_nodes.size_for(REQUEUE, 4) is None
 
 
 # ----- the batch shell's steps over a fake cluster --------------------------------------------------------
@@ -336,12 +338,12 @@ def test_the_batch_step_takes_the_grad_accum_of_a_resized_checkpoint(tmp_path: P
 
     assert store.MANIFEST == sharded.MANIFEST
     cfg = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1)
-    environ = {"SLURM_NTASKS_PER_NODE": "1"}
-    assert min_nodes.smaller(cfg, environ, tmp_path).grad_accum == 1  # no checkpoint yet: the command line
+    per_node = 1  # SLURM_NTASKS_PER_NODE
+    assert min_nodes.rule(cfg, per_node, tmp_path).grad_accum == 1  # no checkpoint yet: the command line
     ckpt = fake_sharded(tmp_path / "checkpoints" / "ckpt-00000010", 2, 2, asked=1)
     store.point_latest(tmp_path, ckpt)
-    rule = min_nodes.smaller(cfg, environ, tmp_path)
+    rule = min_nodes.rule(cfg, per_node, tmp_path)
     assert rule.grad_accum == 2
     assert "the global batch stays 128 (--grad-accum 4)" in min_nodes.went_on(2, 1, ["node2"], rule)
     changed = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1, grad_accum=3)
-    assert min_nodes.smaller(changed, environ, tmp_path).grad_accum == 3  # the user's own value
+    assert min_nodes.rule(changed, per_node, tmp_path).grad_accum == 3  # the user's own value

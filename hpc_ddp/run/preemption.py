@@ -31,7 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpc_ddp import scheduler
-from hpc_ddp.ledger import rules
+from hpc_ddp.ledger import decision, outcomes
+from hpc_ddp.ledger.attempts import Attempt
 from hpc_ddp.variables import BATCH
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -100,15 +101,19 @@ class Decision:
 
 
 def decide(requeue_votes: float, stop_votes: float, preempted: int, max_requeue: int) -> Decision:
-    """Pure rule for what rank 0 does after the agreed save when it decides alone (mode "scontrol": no
-    supervisor of the kit). Stop (SIGTERM) wins over requeue. `preempted` is how many earlier attempts of this
-    job were preempted (hpc_ddp.ledger.rules.preemptions): the budget counts preemptions only, not the requeues
-    after failures (SLURM_RESTART_COUNT counts both). The budget is the supervisors' one rule
-    (hpc_ddp.ledger.rules.requeue_budget)."""
-    if stop_votes > 0:
+    """What rank 0 does after the agreed save when it decides alone (mode "scontrol": no supervisor of the
+    kit): the supervisors' one decision (hpc_ddp.ledger.decision.decide), in rank 0's words. Stop (SIGTERM)
+    wins over requeue. `preempted` is how many earlier attempts of this job were preempted
+    (hpc_ddp.ledger.rules.preemptions): the budget counts preemptions only, not the requeues after failures
+    (SLURM_RESTART_COUNT counts both). Pure."""
+    outcome = outcomes.STOPPED if stop_votes > 0 else outcomes.PREEMPTED
+    history = [Attempt("", r, number=r + 1, outcome=outcomes.PREEMPTED) for r in range(preempted)]
+    this = Attempt("", preempted, number=preempted + 1, outcome=outcome)
+    decided = decision.decide(history, this, decision.Budgets(0, max_requeue, outcomes.REQUEUE))
+    if outcome == outcomes.STOPPED:
         return Decision(False, "stopped by SIGTERM: checkpoint saved, not requeued")
-    budget = rules.requeue_budget(preempted, max_requeue)
-    return Decision(budget.ok, f"preempted: checkpoint saved{',' if budget.ok else ';'} {budget.message}")
+    requeue = decided.action == outcomes.REQUEUE
+    return Decision(requeue, f"preempted: checkpoint saved{',' if requeue else ';'} {decided.said}")
 
 
 def requeue_mode(requeue_by: str, launcher: str, supervised: bool = False) -> str:

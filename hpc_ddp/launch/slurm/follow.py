@@ -201,7 +201,7 @@ class _Local:
                 self.say(line)
             again = closed.decision.action == outcomes.REQUEUE
             if closed.decision.action == outcomes.STOP and policy is not None:
-                self.say(f"job {self.job_id} stops: {closed.decision.message}. Attempts:")
+                self.say(f"job {self.job_id} stops: {closed.decision.said}. Attempts:")
                 for a in journal.history(self.job_id):
                     self.out.write(f"    {attempts.summary(a)}\n")
                 self.stopped_here = True
