@@ -95,12 +95,14 @@ def signal_name() -> str:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Choice:
+    """The ledger's decision as rank 0 acts on it and says it (`decide`)."""
+
     requeue: bool
     message: str
 
 
-def decide(requeue_votes: float, stop_votes: float, preempted: int, max_requeue: int) -> Decision:
+def decide(requeue_votes: float, stop_votes: float, preempted: int, max_requeue: int) -> Choice:
     """What rank 0 does after the agreed save when it decides alone (mode "scontrol": no supervisor of the
     kit): the supervisors' one decision (hpc_ddp.ledger.decision.decide), in rank 0's words. Stop (SIGTERM)
     wins over requeue. `preempted` is how many earlier attempts of this job were preempted
@@ -111,9 +113,9 @@ def decide(requeue_votes: float, stop_votes: float, preempted: int, max_requeue:
     this = Attempt("", preempted, number=preempted + 1, outcome=outcome)
     decided = decision.decide(history, this, decision.Budgets(0, max_requeue, outcomes.REQUEUE))
     if outcome == outcomes.STOPPED:
-        return Decision(False, "stopped by SIGTERM: checkpoint saved, not requeued")
+        return Choice(False, "stopped by SIGTERM: checkpoint saved, not requeued")
     requeue = decided.action == outcomes.REQUEUE
-    return Decision(requeue, f"preempted: checkpoint saved{',' if requeue else ';'} {decided.said}")
+    return Choice(requeue, f"preempted: checkpoint saved{',' if requeue else ';'} {decided.said}")
 
 
 def requeue_mode(requeue_by: str, launcher: str, supervised: bool = False) -> str:
@@ -130,7 +132,7 @@ def requeue_mode(requeue_by: str, launcher: str, supervised: bool = False) -> st
         requeue_by == "auto"
         and launcher == "slurm"
         and not supervised
-        and scheduler.of("slurm").can_requeue()
+        and scheduler.detect(launcher, requeue_by).can_requeue()
     ):
         return "scontrol"
     return "exit"

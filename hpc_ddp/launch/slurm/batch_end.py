@@ -23,9 +23,9 @@ from hpc_ddp.ledger import attempts as record
 from hpc_ddp.ledger import decision, exits, judge, outcomes, preemption, rules
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.scheduler.base import End, Size
-from hpc_ddp.scheduler.slurm import parse, steps
+from hpc_ddp.scheduler.slurm import steps
 from hpc_ddp.scheduler.slurm.client import SlurmClient
-from hpc_ddp.scheduler.slurm.parse import JobInfo, first_exit, hosts, srun_deaths, srun_refusal
+from hpc_ddp.scheduler.slurm.parse import JobInfo, hosts
 from hpc_ddp.variables import IN_PLACE
 
 
@@ -165,9 +165,9 @@ def read_step(
         or list(hosts(job.nodelist))
     )
     lines = list(given) if given is not None else srun_lines(state, log)
-    said = parse.srun_node_failures(lines)
+    said = client.step_end(lines)  # what srun said of the step, through the scheduler's seam
     failed = status != exitcodes.OK
-    gone = lost.lost_nodes(nodes, said, info, client.nodes(), slurm_run) if failed else ()
+    gone = client.lost(job.id, nodes, said.failed_nodes, slurm_run, view=info) if failed else ()
     # Slurm requeued the job itself: accounting says whether a node failure ended this run (the node may be
     # back already: a live slurmd returns at once, ReturnToService=2), or a requeue with every node up.
     run = lost.run_of(client.history(job.id), slurm_run) if failed and requeued else None
@@ -175,19 +175,19 @@ def read_step(
     # This attempt's own preemption record only: an older one (kept for the user) is no decision about it.
     preempted = preemption.read_since(folder, began) if status == exitcodes.PREEMPTED else None
     by_rank0 = preempted is not None and preempted.mode == "scontrol"  # rank 0 decided and requeued itself
-    usage = failed and first_exit(lines) == exitcodes.USAGE
+    usage = failed and said.first_exit == exitcodes.USAGE
     evidence = judge.Evidence(
         code=exitcodes.USAGE if usage else status,
         rank_nodes=this.ranks if this else (),
         notes=tuple(exits.read(folder, job.id, job.restart)),
         verdict=hang_verdict.read(folder, since=began) if began else None,
-        killed=srun_deaths(lines),
-        ends=parse.srun_task_ends(lines),
+        killed=said.killed,
+        ends=said.ends,
         requeue=preempted.requeue if preempted else None,
         rank0_requeued=(bool(preempted.requeued) if by_rank0 and preempted else None),
         lost=gone,
         node_fail=node_fail,
-        refused=srun_refusal(lines) if failed else "",
+        refused=said.refused if failed else "",
         unwritable=unwritable_folder(folder) if failed else "",
     )
     found = judge.requeued_by_scheduler(status, requeued, node_fail) or evidence

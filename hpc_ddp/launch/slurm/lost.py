@@ -36,39 +36,13 @@ from hpc_ddp.launch.slurm import min_nodes
 from hpc_ddp.ledger import attempts as record
 from hpc_ddp.ledger import decision, judge, outcomes
 from hpc_ddp.scheduler.base import Kind
-from hpc_ddp.scheduler.slurm import states as slurm_states
 from hpc_ddp.scheduler.slurm.client import SlurmClient
+from hpc_ddp.scheduler.slurm.lost import lost_nodes as lost_nodes
+from hpc_ddp.scheduler.slurm.lost import removed as removed
 from hpc_ddp.scheduler.slurm.parse import JobHistory, JobInfo
 from hpc_ddp.scheduler.slurm.states import JobState
 
 # ----- pure parts ----------------------------------------------------------------------------------------
-
-
-def removed(nodes: Sequence[str], info: JobInfo | None, restart: int) -> tuple[str, ...]:
-    """The nodes of run `restart` (`nodes`) that Slurm removed from the job for a failure (pure). Under
-    --no-kill a failed node leaves the NodeList of the job, which runs on; a job whose batch host failed
-    ends FAILED with Reason JobLaunchFailure and a NodeList without that host (measured). Nothing else
-    counts: a job that is ending for any other reason (cancelled, requeued, a time limit) releases its nodes
-    one by one, and its NodeList then lacks nodes that did not fail; nor a later run's nodes."""
-    if info is None or info.gone or not info.nodes or info.restarts != restart:
-        return ()
-    if info.state.kind is Kind.RUNNING:
-        return tuple(n for n in nodes if n not in info.nodes)
-    host = info.batch_host
-    # The batch host lost ends the job whether or not its step ran there (--spare-nodes keeps it as a spare).
-    if info.state.done and info.reason == "JobLaunchFailure" and host and host not in info.nodes:
-        return (host,)
-    return ()
-
-
-def lost_nodes(
-    nodes: Sequence[str], said: Sequence[str], info: JobInfo | None, states: Mapping[str, str], restart: int
-) -> tuple[str, ...]:
-    """The nodes run `restart` on `nodes` lost (pure): those srun said failed (`said`), those Slurm removed
-    from the job, and those whose state says failed (down, fail, not responding; never drained), first
-    first."""
-    failed = [n for n in nodes if slurm_states.node_failed(states.get(n, "idle"))]
-    return tuple(dict.fromkeys([*said, *removed(nodes, info, restart), *failed]))
 
 
 def run_of(history: JobHistory | None, restart: int) -> JobState | None:
@@ -127,7 +101,9 @@ def close(
     the decision, else none (the job is over: every ending is a stop); `survey` gives the decision what only
     the caller knows (the job is over; the usable nodes left)."""
     # Slurm numbers runs by requeue; a restart in place (hpc_ddp.launch.slurm.inplace) is a step of one.
-    lost = lost_nodes(attempt.nodes, (), found.info, found.states, requeues(attempt.restart))
+    lost = lost_nodes(
+        attempt.nodes, (), found.info, found.states, requeues(attempt.restart)
+    )  # the seam's rule
     run = run_of(found.history, requeues(attempt.restart))
     when = attempt.started or 0
     return supervisor.end_attempt(
