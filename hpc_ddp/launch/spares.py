@@ -1,7 +1,7 @@
 """Which nodes a job step runs on, inside an allocation that holds spare nodes (`--spare-nodes K`), pure.
 
 A job with spares allocates N + K nodes and trains on N of them. When a step fails and the kit judges it a
-failure worth another attempt (hpc_ddp.ledger.rules), the batch shell starts the next step inside the same
+failure worth another attempt (hpc_ddp.ledger.decision), the batch shell starts the next step inside the same
 allocation instead of requeueing the job (hpc_ddp.launch.slurm.inplace): `after` says on which nodes.
 
 - The nodes of the failed step that are neither blamed nor gone from the allocation stay (a code error blames

@@ -1,4 +1,5 @@
-"""What a job does after an attempt ended, pure: done, start again, or stop; and its two budgets, each one rule.
+"""The budgets' word on an attempt that ended, pure: done, start again, or stop; and its two budgets, each one rule.
+The whole decision, with the allocation's facts, is hpc_ddp.ledger.decision.decide: every actor calls that one.
 
 `decide(history, this, ...)` reads the attempt as it ended (hpc_ddp.ledger.judge) and the job's attempts
 before it:
@@ -16,7 +17,7 @@ before it:
   the blame is only recorded).
 
 How the job starts again is the supervisor's word (`again`): outcomes.REQUEUE on Slurm, RESTART where the
-supervisor starts the ranks itself (the local launcher; a restart inside an allocation would be one too). What
+supervisor starts the ranks itself (the local launcher; a restart inside an allocation is one too). What
 counts against each budget is `preemptions` and `failures`, and nothing else.
 """
 

@@ -27,7 +27,7 @@ job from the Slurm client itself (hpc_ddp.scheduler.slurm.parse).
 A restart inside the allocation (`--spare-nodes`: a new step on the allocation's nodes after a failure) is the
 batch shell's, on Slurm's own terms: the step started on given nodes is hpc_ddp.scheduler.slurm.steps (srun's
 variables and host file), the nodes hpc_ddp.launch.spares chooses among the job's (`identity(environ).nodes`),
-and the decision to start again stays the ledger's (hpc_ddp.ledger.rules).
+and the decision to start again stays the ledger's (hpc_ddp.ledger.decision).
 
 Job ids are text: "123", an array task "123_4", a heterogeneous job's component "123+0" (`is_job_id`).
 """
