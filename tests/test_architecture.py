@@ -591,6 +591,20 @@ def test_the_check_leaves_acting_on_a_decision_alone(source: str) -> None:
     assert decision_uses(source) == []
 
 
+def test_the_batch_shell_is_split_by_concern() -> None:
+    """Issue 43: launch/slurm/batch.py was 607 lines that re-read the raw environment at every decision. Now the
+    job is read once (`job.Job`) and each step has its module, none over 300 lines; only `job` reads the
+    batch environment's variables."""
+    modules = all_modules()
+    parts = ("batch", "batch_begin", "batch_end", "job")
+    for part in parts:
+        lines = len(modules[f"hpc_ddp.launch.slurm.{part}"].read_text().splitlines())
+        assert lines <= 300, f"launch/slurm/{part}.py has {lines} lines (at most 300)"
+    for part in parts[:-1]:
+        source = modules[f"hpc_ddp.launch.slurm.{part}"].read_text()
+        assert "slurm_env." not in source and "environ.get(" not in source, part
+
+
 def scheduler_names(source: str, module: str, known: Iterable[str]) -> list[tuple[int, str]]:
     """(line, what) for each place `source` imports the Slurm scheduler or asks for a scheduler by name."""
     found = [
