@@ -86,9 +86,7 @@ class Facts:
 
     over: bool = False  # the whole job is over (no run to come): whatever ended, it stops
     ended: bool = False  # this run is over and the job does not pend: only a lost node brings it back
-    stop: str | None = (
-        None  # a stop the supervisor was asked for (Ctrl-C, a signal to the launcher): its words
-    )
+    stop: str | None = None  # a stop the launcher was asked for (Ctrl-C, a signal): its words
     in_place: InPlace | None = None  # a restart in place is possible, on these nodes (--spare-nodes)
     ran: int = 0  # the nodes the job asked for (what it ran on): what a requeue needs
     usable: int | None = None  # nodes left: the partition's usable ones once `excluded` are (None: not asked)

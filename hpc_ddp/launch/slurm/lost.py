@@ -101,9 +101,8 @@ def close(
     the decision, else none (the job is over: every ending is a stop); `survey` gives the decision what only
     the caller knows (the job is over; the usable nodes left)."""
     # Slurm numbers runs by requeue; a restart in place (hpc_ddp.launch.slurm.inplace) is a step of one.
-    lost = lost_nodes(
-        attempt.nodes, (), found.info, found.states, requeues(attempt.restart)
-    )  # the seam's rule
+    # The rule behind SlurmClient.lost, on what was asked once for all the job's open attempts (`ask`).
+    lost = lost_nodes(attempt.nodes, (), found.info, found.states, requeues(attempt.restart))
     run = run_of(found.history, requeues(attempt.restart))
     when = attempt.started or 0
     return supervisor.end_attempt(
