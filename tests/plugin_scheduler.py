@@ -1,8 +1,9 @@
 """The supervisor's unit tables, run through a third party's scheduler: `test-slurm` of the test plugin package
 (tests/data/plugin_pkg: the built-in Slurm client derived, logging each call of the interface) over a fake
-cluster (tests/fake_slurm.py): the batch shell's `begin` and `end` and the `--wait` follower. The supervisor asks the Scheduler interface for srun's word, the lost
-nodes and the usable nodes left (hpc_ddp.scheduler.base), so a plugin's scheduler drives it as the built-in does
-(issue 43 item 7). A test module uses it as
+cluster (tests/fake_slurm.py), for the batch shell's `begin` and `end` and the `--wait` follower. They ask the
+Scheduler interface for srun's word, the lost nodes, the usable nodes left, the requeue and the cancel
+(hpc_ddp.scheduler.base), so a plugin's scheduler drives them as the built-in does (issue 43 item 7). A test
+module uses it as
 
     from plugin_scheduler import calls, client, through_the_plugin  # noqa: F401 (an autouse fixture)
 
