@@ -87,6 +87,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_scheduler.py": "unit",
     "test_ledger_attempts.py": "unit",
     "test_ledger_judge.py": "unit",
+    "test_ledger_decision.py": "unit",
     "test_launch_options.py": "unit",
     "test_launch_slurm_batch.py": "unit",
     "test_launch_slurm_endings.py": "unit",

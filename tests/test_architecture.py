@@ -491,6 +491,163 @@ def test_the_check_leaves_prose_and_mode_names_alone(source: str) -> None:
     assert slurm_uses(source) == []
 
 
+# ----- one decision (issue 43 item 5) and one scheduler seam (item 6) ----------------------------------------
+# What follows an attempt is decided once, by hpc_ddp.ledger.decision.decide (the budgets' rules beneath it): no
+# other module builds a decision, edits one (dataclasses.replace), or reads a decision's message to learn what
+# was decided. The scheduler is chosen by the registry (hpc_ddp.scheduler.detect): run/ and report/ never import
+# the Slurm scheduler nor ask for a scheduler by name.
+DECIDERS = ("hpc_ddp.ledger.decision", "hpc_ddp.ledger.rules")
+NO_SCHEDULER_NAMES = ("hpc_ddp.run", "hpc_ddp.report")
+_TEXT_MATCHES = frozenset(
+    {"split", "partition", "rpartition", "startswith", "endswith", "find", "index", "replace"}
+)
+
+
+def _about_a_decision(node: ast.AST) -> bool:
+    """An expression that names a decision: `decision`, `decided`, `closed.decision`, `x.decision`."""
+    text = ast.unparse(node)
+    return bool(re.search(r"\b(decision|decided)\b", text))
+
+
+def decision_uses(source: str) -> list[tuple[int, str]]:
+    """(line, what) for each place `source` builds a decision (a call of `Decision` or `x.Decision`), edits one
+    (`replace(decision, ...)`), or matches on a decision's message (a string method of it, `in` it)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            if name == "Decision" or name.endswith(".Decision"):
+                found.append((node.lineno, "builds a Decision"))
+            if (
+                (name == "replace" or name.endswith(".replace"))
+                and node.args
+                and _about_a_decision(node.args[0])
+            ):
+                if not (isinstance(node.func, ast.Attribute) and _is_message(node.func.value)):
+                    found.append((node.lineno, f"edits a decision ({ast.unparse(node.args[0])})"))
+            if isinstance(node.func, ast.Attribute) and node.func.attr in _TEXT_MATCHES:
+                if _is_message(node.func.value):
+                    found.append((node.lineno, f"matches on a decision's message ({node.func.attr})"))
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            if any(_is_message(c) for c in node.comparators):
+                found.append((node.lineno, "matches on a decision's message (in)"))
+    return found
+
+
+def _is_message(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute) and node.attr in ("message", "said") and _about_a_decision(node.value)
+    )
+
+
+def test_one_decision_function() -> None:
+    """Issue 43: four actors adjusted the ledger's decision after the fact, and one launcher cut a decision's
+    message at ". Resume with". Only the ledger's decide builds a decision; every actor acts on it as it is."""
+    found = []
+    for name, path in all_modules().items():
+        if name in DECIDERS:
+            continue
+        found += [
+            f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in decision_uses(path.read_text())
+        ]
+    assert found == [], "\n".join(found)
+
+
+def test_the_ledger_is_where_decisions_are_built() -> None:
+    """Not vacuous: the check sees the ledger's own decisions."""
+    modules = all_modules()
+    assert "builds a Decision" in {
+        w for _, w in decision_uses(modules["hpc_ddp.ledger.decision"].read_text())
+    }
+
+
+@pytest.mark.parametrize(
+    "source, what",
+    [
+        ('rules.Decision(outcomes.STOP, "no", decision.exclude)\n', "builds a Decision"),
+        ('d = Decision("stop", "no")\n', "builds a Decision"),
+        ('replace(decision, action="restart")\n', "edits a decision (decision)"),
+        ("dataclasses.replace(closed.decision, nodes=2)\n", "edits a decision (closed.decision)"),
+        (
+            'say(closed.decision.message.split(". Resume with")[0])\n',
+            "matches on a decision's message (split)",
+        ),
+        ('if "budget" in decided.message:\n    pass\n', "matches on a decision's message (in)"),
+    ],
+)
+def test_the_check_names_a_decision_use(source: str, what: str) -> None:
+    assert [w for _, w in decision_uses(source)] == [what]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'say(f"job {job} stops: {decision.said}")\n',  # a decision said, whole
+        "if decided.action == outcomes.REQUEUE:\n    pass\n",  # acted on by its data
+        'log.info(f"{name}: {choice.message}")\n',  # rank 0's words about it
+    ],
+)
+def test_the_check_leaves_acting_on_a_decision_alone(source: str) -> None:
+    assert decision_uses(source) == []
+
+
+def test_the_batch_shell_is_split_by_concern() -> None:
+    """Issue 43: launch/slurm/batch.py was 607 lines that re-read the raw environment at every decision. Now the
+    job is read once (`job.Job`) and each step has its module, none over 300 lines; only `job` reads the
+    batch environment's variables."""
+    modules = all_modules()
+    parts = ("batch", "batch_begin", "batch_end", "job")
+    for part in parts:
+        lines = len(modules[f"hpc_ddp.launch.slurm.{part}"].read_text().splitlines())
+        assert lines <= 300, f"launch/slurm/{part}.py has {lines} lines (at most 300)"
+    for part in parts[:-1]:
+        source = modules[f"hpc_ddp.launch.slurm.{part}"].read_text()
+        assert "slurm_env." not in source and "environ.get(" not in source, part
+
+
+def scheduler_names(source: str, module: str, known: Iterable[str]) -> list[tuple[int, str]]:
+    """(line, what) for each place `source` imports the Slurm scheduler or asks for a scheduler by name."""
+    found = [
+        (line, f"imports {target}")
+        for line, target in imports(source, module, False, known)
+        if target == f"{SCHEDULER}.slurm" or target.startswith(f"{SCHEDULER}.slurm.")
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("scheduler.of", "of"):
+            if node.args and isinstance(node.args[0], ast.Constant):
+                found.append((node.lineno, f"asks for scheduler {node.args[0].value!r} by name"))
+    return found
+
+
+def test_run_and_report_never_import_or_name_the_slurm_scheduler() -> None:
+    """Issue 43 item 6: `scheduler.of("slurm")` stood in run/ and report/. Their scheduler is the registry's
+    choice (hpc_ddp.scheduler.detect from what cluster.env.detect found, or its default)."""
+    modules = all_modules()
+    found = []
+    for name, path in modules.items():
+        if any(name == p or name.startswith(p + ".") for p in NO_SCHEDULER_NAMES):
+            lines = scheduler_names(path.read_text(), name, modules)
+            found += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in lines]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "source, what",
+    [
+        ('scheduler.of("slurm").version()\n', "asks for scheduler 'slurm' by name"),
+        ("from hpc_ddp.scheduler.slurm import client\n", "imports hpc_ddp.scheduler.slurm.client"),
+        (
+            "from hpc_ddp.scheduler.slurm.client import SlurmClient\n",
+            "imports hpc_ddp.scheduler.slurm.client",
+        ),
+    ],
+)
+def test_the_check_names_a_scheduler_by_name(source: str, what: str) -> None:
+    modules = all_modules()
+    assert [w for _, w in scheduler_names(source, "hpc_ddp.run.x", modules)] == [what]
+    assert scheduler_names("scheduler.default().version()\n", "hpc_ddp.run.x", modules) == []
+
+
 # ----- sizes, a reader's measure (issue 34) -----------------------------------------------------------------
 # No function over 80 lines, no class in run/ over 350 lines and none elsewhere over 400, no constructor over 9
 # parameters, everywhere (launch/, ledger/ and scheduler/ included). Lines are the definition's whole extent

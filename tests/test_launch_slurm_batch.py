@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from fake_slurm import FakeSlurm
+from plugin_scheduler import calls, client, through_the_plugin  # noqa: F401 (an autouse fixture)
 
 from hpc_ddp import exitcodes
 from hpc_ddp.launch.slurm import batch
 from hpc_ddp.ledger import attempts, preemption
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.scheduler.slurm import parse
-from hpc_ddp.scheduler.slurm.client import SlurmClient
 from hpc_ddp.scheduler.slurm.parse import JobInfo
 
 pytestmark = pytest.mark.unit
@@ -42,7 +42,7 @@ def environ(restart: int = 0, **extra: str) -> dict[str, str]:
 
 def run_end(folder: Path, fake: FakeSlurm, status: int, restart: int = 0, log: str = "", **extra: str) -> int:
     args = ["--folder", str(folder), "--max-restarts", "1", "--max-requeue", "1"]
-    return batch.end(args, status, log, environ(restart, **extra), SlurmClient(fake))
+    return batch.end(args, status, log, environ(restart, **extra), client(fake))
 
 
 @pytest.mark.parametrize(
@@ -185,7 +185,7 @@ def test_an_attempt_a_time_limit_left_open_is_closed_by_the_next_job_in_the_fold
     fake.submit("11", state="TIMEOUT", records=[["TIMEOUT", "0:0", "TimeLimit"]])
     fake.submit("12", state="RUNNING", records=[["RUNNING", "0:0", "None"]])
     args = ["--folder", str(tmp_path)]
-    assert batch.begin(args, "", environ(), SlurmClient(fake)) == exitcodes.OK
+    assert batch.begin(args, "", environ(), client(fake)) == exitcodes.OK
     by_job = {a.job: a for a in attempts.read(tmp_path)}
     assert (by_job["11"].outcome, by_job["11"].decision) == ("stopped", "stop")
     assert "time limit" in by_job["11"].reason
@@ -211,5 +211,5 @@ def test_begin_prints_the_strategys_malloc_settings_for_the_shell_to_eval(
     fake = FakeSlurm()
     fake.submit("27", state="RUNNING", node_list="node[1-2]")
     args = ["--folder", str(tmp_path), *options]
-    assert batch.begin(args, "", environ(**extra), SlurmClient(fake)) == exitcodes.OK
+    assert batch.begin(args, "", environ(**extra), client(fake)) == exitcodes.OK
     assert capsys.readouterr().out == expected

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import DATA
 from fake_slurm import FakeClock, FakeSlurm
+from plugin_scheduler import calls, client, through_the_plugin  # noqa: F401 (an autouse fixture)
 
 from hpc_ddp import exitcodes
 from hpc_ddp.launch import supervisor
@@ -24,7 +25,6 @@ from hpc_ddp.launch.slurm.follow import Clock, follow
 from hpc_ddp.ledger import attempts, exits
 from hpc_ddp.ledger.outcomes import REQUEUE
 from hpc_ddp.scheduler.slurm import parse
-from hpc_ddp.scheduler.slurm.client import SlurmClient
 
 pytestmark = pytest.mark.unit
 
@@ -77,7 +77,7 @@ def end(folder: Path, fake: FakeSlurm, status: int, srun: str = "", *args: str, 
     log = folder.parent / "srun.log"
     log.write_text(recorded(srun) if srun else "")
     argv = ["--folder", str(folder), "--max-restarts", "3", "--max-requeue", "1", *args]
-    return batch.end(argv, status, str(log), environ(fake_job(fake), restart), SlurmClient(fake))
+    return batch.end(argv, status, str(log), environ(fake_job(fake), restart), client(fake))
 
 
 def fake_job(fake: FakeSlurm) -> str:
@@ -108,6 +108,9 @@ def test_a_node_lost_under_no_kill_is_recorded_by_the_batch_shell_and_the_job_re
         ("scontrol", "release"),
     ]
     assert fake.jobs["6031"].excluded == "node2" and fake.count("scancel") == 0
+    # Through the plugin's scheduler (tests/plugin_scheduler.py): srun's word, the lost nodes, the usable nodes
+    # left and the requeue, each asked of the Scheduler interface.
+    assert calls() == ["step_end", "lost", "usable", "requeue_excluding"]
 
 
 def test_a_node_lost_that_leaves_too_few_stops_the_job_and_nothing_pends(
@@ -127,6 +130,7 @@ def test_a_node_lost_that_leaves_too_few_stops_the_job_and_nothing_pends(
         "cannot requeue: the job needs 2 node(s) and only 1 usable one(s) remain" in capsys.readouterr().err
     )
     assert not [c for c in fake.calls if c[0] == "scancel" or c[1:2] in (("requeue",), ("requeuehold",))]
+    assert calls() == ["step_end", "lost", "usable"]  # the stop is the decision's: nothing else asked
 
 
 def test_with_wait_for_nodes_the_job_too_big_for_the_nodes_left_is_requeued_to_wait(tmp_path: Path) -> None:
@@ -282,7 +286,7 @@ def test_two_nodes_lost_together_are_both_recorded_and_excluded(tmp_path: Path) 
     log = "srun: error: Node failure on node2\nsrun: error: Node failure on node3\n"
     (tmp_path / "srun.log").write_text(log)
     env = {**environ(), "SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_NODELIST": "node[1-3]"}
-    batch.end(["--folder", str(folder)], 137, str(tmp_path / "srun.log"), env, SlurmClient(fake))
+    batch.end(["--folder", str(folder)], 137, str(tmp_path / "srun.log"), env, client(fake))
     (failed,) = attempts.read(folder)
     assert (failed.outcome, failed.node, failed.lost, failed.exclude) == (
         "node_fail",
@@ -318,9 +322,7 @@ def follow_lost(
     rules = lost.Policy(supervisor.Budgets(3, 3, REQUEUE), 2, tasks_per_node=1, **policy)  # type: ignore[arg-type]
     out = io.StringIO()
     clock = clock or FakeClock()
-    code = follow(
-        "6032", folder, 2, 0.0, SlurmClient(fake), out, Clock(clock.now, clock.sleep), rules, "RESUME"
-    )
+    code = follow("6032", folder, 2, 0.0, client(fake), out, Clock(clock.now, clock.sleep), rules, "RESUME")
     return code, out.getvalue()
 
 
@@ -398,7 +400,7 @@ def test_without_a_follower_the_next_job_in_the_folder_records_the_lost_batch_ho
     folder, fake = batch_host_lost(tmp_path)
     (folder / "metrics.jsonl").write_text(json.dumps({"event": "step", "step": 3, "time": 150.0}) + "\n")
     fake.submit("6040", state="RUNNING", node_list="node[2-3]")
-    assert batch.begin(["--folder", str(folder)], "", environ("6040"), SlurmClient(fake)) == exitcodes.OK
+    assert batch.begin(["--folder", str(folder)], "", environ("6040"), client(fake)) == exitcodes.OK
     closed = next(a for a in attempts.read(folder) if a.job == "6032")
     assert (closed.outcome, closed.node, closed.decision) == ("node_fail", "node1", "stop")
     assert (closed.ended, closed.step) == (150.0, 3)
@@ -433,7 +435,7 @@ def test_a_job_whose_folder_another_job_took_over_stops_at_begin_and_writes_noth
     before = (folder / "attempts.jsonl").read_bytes()
     fake = FakeSlurm()
     fake.submit("27", state="RUNNING", restarts=1)
-    code = batch.begin(["--folder", str(folder)], "", environ("27", 1), SlurmClient(fake))
+    code = batch.begin(["--folder", str(folder)], "", environ("27", 1), client(fake))
     assert code == exitcodes.USAGE
     assert (folder / "attempts.jsonl").read_bytes() == before
     assert not (folder / "exits" / "27-1").exists()
@@ -460,7 +462,7 @@ def test_the_attempt_numbers_of_begin_and_the_record_agree(
         )
     fake = FakeSlurm()
     fake.submit("28", state="RUNNING")
-    assert batch.begin(["--folder", str(folder)], "", environ("28"), SlurmClient(fake)) == exitcodes.OK
+    assert batch.begin(["--folder", str(folder)], "", environ("28"), client(fake)) == exitcodes.OK
     assert "attempt 3 of job 28 (restart 0)" in capsys.readouterr().err
     started(folder, job="28")
     assert attempts.find(attempts.read(folder), "28", 0).number == 3  # type: ignore[union-attr]
@@ -498,13 +500,13 @@ def test_a_read_only_run_folder_stops_the_job_in_one_line_without_a_requeue(
     fake.submit("6031", state="RUNNING", node_list="node[1-2]", restarts=1)
     env = environ(restart=1)
     argv = ["--folder", str(read_only)]
-    assert batch.end(argv, 1, "", env, SlurmClient(fake)) == exitcodes.FAILED
+    assert batch.end(argv, 1, "", env, client(fake)) == exitcodes.FAILED
     err = capsys.readouterr().err
     assert f"run folder {read_only} cannot be written (Read-only file system)" in err
     assert "Traceback" not in err
     assert not [c for c in fake.calls if c[0] == "scancel" or c[1:2] in (("requeue",), ("requeuehold",))]
     assert "could not be written to" in err  # the record it could not keep is said, once
-    assert batch.begin(argv, "", env, SlurmClient(fake)) == exitcodes.FAILED
+    assert batch.begin(argv, "", env, client(fake)) == exitcodes.FAILED
     err = capsys.readouterr().err
     assert (
         err.count("\n") == 1 and "cannot be written (Read-only file system)" in err and "Traceback" not in err

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import die_with_test
 from fake_slurm import FakeClock, FakeSlurm
+from plugin_scheduler import calls, client, through_the_plugin  # noqa: F401 (an autouse fixture)
 
 from hpc_ddp.launch import options
 from hpc_ddp.launch.slurm import follow, outcome, submitter
@@ -143,7 +144,7 @@ class Run:
     def follow(self) -> tuple[int, str]:
         out = io.StringIO()
         clock = follow.Clock(self.clock.now, self.clock.sleep)
-        code = follow.follow("7", self.folder, 4, 0.0, SlurmClient(self.fake), out=out, clock=clock)
+        code = follow.follow("7", self.folder, 4, 0.0, client(self.fake), out=out, clock=clock)
         return code, out.getvalue()
 
     def looks(self) -> list[float]:
@@ -534,7 +535,7 @@ def test_a_job_slurm_requeued_onto_nodes_that_are_gone_is_stopped_by_wait_with_i
     out = io.StringIO()
     policy = lost.Policy(supervisor.Budgets(3, 3, "requeue"), 2, tasks_per_node=2)
     clock = follow.Clock(run.clock.now, run.clock.sleep)
-    code = follow.follow("7", tmp_path, 4, 0.0, SlurmClient(run.fake), out, clock, policy)
+    code = follow.follow("7", tmp_path, 4, 0.0, client(run.fake), out, clock, policy)
     text = out.getvalue()
     assert code == 1, text
     (closed,) = attempts.read(tmp_path)
@@ -545,6 +546,7 @@ def test_a_job_slurm_requeued_onto_nodes_that_are_gone_is_stopped_by_wait_with_i
     assert text.splitlines()[-2].startswith(
         "[submit] job 7 stopped after 1 attempt(s): a node failed (on node2)"
     )
+    assert calls() == ["usable", "cancel"]  # the follower's facts and action, through the plugin's scheduler
 
 
 def test_a_job_waiting_for_nodes_is_said_every_minute(tmp_path: Path) -> None:
@@ -559,14 +561,7 @@ def test_a_job_waiting_for_nodes_is_said_every_minute(tmp_path: Path) -> None:
     out = io.StringIO()
     policy = lost.Policy(supervisor.Budgets(3, 3, "requeue"), 2, wait=True)
     code = follow.follow(
-        "7",
-        tmp_path,
-        4,
-        0.0,
-        SlurmClient(run.fake),
-        out,
-        follow.Clock(run.clock.now, run.clock.sleep),
-        policy,
+        "7", tmp_path, 4, 0.0, client(run.fake), out, follow.Clock(run.clock.now, run.clock.sleep), policy
     )
     assert code == 0
     told = [line for line in out.getvalue().splitlines() if "--wait-for-nodes" in line]

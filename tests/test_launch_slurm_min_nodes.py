@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 from fake_slurm import FakeSlurm
+from plugin_scheduler import calls, client, through_the_plugin  # noqa: F401 (an autouse fixture)
 
 from hpc_ddp import exitcodes
 from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.launch.slurm import batch, min_nodes
-from hpc_ddp.ledger import attempts, outcomes, rules
+from hpc_ddp.ledger import attempts, decision, outcomes, rules
 from hpc_ddp.run import resume
 from hpc_ddp.run.checkpoint import sharded
 from hpc_ddp.run.config import TrainConfig, accum_for, check_min_nodes
-from hpc_ddp.scheduler.slurm.client import Size, SlurmClient, requeue_steps
+from hpc_ddp.scheduler.slurm.client import Size, requeue_steps
 from hpc_ddp.scheduler.slurm.parse import JobInfo
 from hpc_ddp.scheduler.slurm.request import TASK_COUNT
 
@@ -126,9 +127,12 @@ RULE = min_nodes.Smaller(least=1, per_node=2, batch=32, grad_accum=1)
 def test_fits_with_min_nodes(
     states: dict[str, str], excluded: str, rule: min_nodes.Smaller, action: str, nodes: int | None
 ) -> None:
-    client = SlurmClient(FakeSlurm(states))
+    scheduler = client(FakeSlurm(states))  # the test plugin's (tests/plugin_scheduler.py)
     info = JobInfo({"Partition": "debug", "ExcNodeList": excluded or "(null)", "JobState": "RUNNING"})
-    decided = batch._fits(client, REQUEUE, info, 2, rule)
+    this = attempts.Attempt("7", 0, number=1, outcome=outcomes.FAILED)
+    facts = min_nodes.facts(scheduler, this.outcome, REQUEUE.exclude, info.excluded, info.partition, 2, rule)
+    decided = decision.on_allocation(REQUEUE, this, facts)
+    assert calls() == ["usable"]  # the usable nodes left: the Scheduler interface's question
     assert (decided.action, decided.nodes) == (action, nodes)
     if action == outcomes.STOP:
         assert decided.message.startswith("cannot requeue: the job needs 2 node(s)")
@@ -197,9 +201,9 @@ def test_requeue_steps_on_fewer_nodes(already: bool, excluded: tuple[str, ...], 
 
 def test_the_size_comes_from_the_decision_and_the_tasks_per_node() -> None:
     decided = rules.Decision(outcomes.REQUEUE, "", ("node2",), nodes=1)
-    assert min_nodes.size(decided, {"SLURM_NTASKS_PER_NODE": "4"}) == Size(1, 4)
-    assert min_nodes.size(decided, {}) is None
-    assert min_nodes.size(REQUEUE, {"SLURM_NTASKS_PER_NODE": "4"}) is None
+    assert min_nodes.size_for(decided, 4) == Size(1, 4)
+    assert min_nodes.size_for(decided, None) is None  # no --ntasks-per-node
+    assert min_nodes.size_for(REQUEUE, 4) is None
 
 
 # ----- the batch shell's steps over a fake cluster --------------------------------------------------------
@@ -223,7 +227,7 @@ def test_a_lost_node_with_min_nodes_goes_on_with_the_node_left(tmp_path: Path) -
     fake = FakeSlurm({"node1": "idle", "node2": "down*", "node3": "drain"})
     fake.submit("27", state="PENDING", restarts=1, num_nodes="1")
     args = ["--folder", str(tmp_path), "--min-nodes", "1", "--strategy", "fsdp", "--allow-resize"]
-    assert batch.end(args, 1, "", environ(), SlurmClient(fake)) == 1  # as its tasks ended
+    assert batch.end(args, 1, "", environ(), client(fake)) == 1  # as its tasks ended
     (lost,) = attempts.read(tmp_path)
     assert (lost.outcome, lost.decision, lost.exclude) == ("node_fail", "requeue", ("node2",))
     assert ("scontrol", "update", "JobId=27", "ExcNodeList=node2", "NumNodes=1", "NumTasks=2") in fake.calls
@@ -236,9 +240,9 @@ def test_begin_refuses_min_nodes_that_cannot_work(tmp_path: Path) -> None:
     """slurm/ddp.sbatch takes the options as they come: `begin` checks them against the job (exit 2)."""
     args = ["--folder", str(tmp_path), "--min-nodes", "1"]
     with pytest.raises(UsageError, match="ddp's full checkpoint resumes only"):
-        batch.begin(args, "", environ(), SlurmClient(FakeSlurm()))
+        batch.begin(args, "", environ(), client(FakeSlurm()))
     ok = [*args, "--strategy", "fsdp", "--allow-resize"]
-    assert batch.begin(ok, "", environ(), SlurmClient(FakeSlurm())) == exitcodes.OK
+    assert batch.begin(ok, "", environ(), client(FakeSlurm())) == exitcodes.OK
 
 
 # ----- the batch scripts' task count ----------------------------------------------------------------------
@@ -336,12 +340,12 @@ def test_the_batch_step_takes_the_grad_accum_of_a_resized_checkpoint(tmp_path: P
 
     assert store.MANIFEST == sharded.MANIFEST
     cfg = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1)
-    environ = {"SLURM_NTASKS_PER_NODE": "1"}
-    assert min_nodes.smaller(cfg, environ, tmp_path).grad_accum == 1  # no checkpoint yet: the command line
+    per_node = 1  # SLURM_NTASKS_PER_NODE
+    assert min_nodes.rule(cfg, per_node, tmp_path).grad_accum == 1  # no checkpoint yet: the command line
     ckpt = fake_sharded(tmp_path / "checkpoints" / "ckpt-00000010", 2, 2, asked=1)
     store.point_latest(tmp_path, ckpt)
-    rule = min_nodes.smaller(cfg, environ, tmp_path)
+    rule = min_nodes.rule(cfg, per_node, tmp_path)
     assert rule.grad_accum == 2
     assert "the global batch stays 128 (--grad-accum 4)" in min_nodes.went_on(2, 1, ["node2"], rule)
     changed = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1, grad_accum=3)
-    assert min_nodes.smaller(changed, environ, tmp_path).grad_accum == 3  # the user's own value
+    assert min_nodes.rule(changed, per_node, tmp_path).grad_accum == 3  # the user's own value

@@ -1,11 +1,13 @@
 """Restarting inside the allocation (--spare-nodes), its pure rules: which nodes a step runs on
-(hpc_ddp.launch.spares), when a requeue becomes a restart in place (hpc_ddp.launch.slurm.inplace.plan), how a
+(hpc_ddp.launch.spares), when a requeue becomes a restart in place (the placement hpc_ddp.launch.slurm.inplace finds,
+a fact of the ledger's one decision, hpc_ddp.ledger.decision), how a
 step in place is numbered (hpc_ddp.cluster.env), and the shell text `begin` hands the batch script
 (hpc_ddp.scheduler.slurm.steps). The real
 thing, on the local Slurm cluster: tests/test_launch_slurm_inplace.py."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from dataclasses import replace
 
@@ -14,7 +16,7 @@ import pytest
 from hpc_ddp.cluster.env import in_place, order, requeues, restart_count
 from hpc_ddp.launch import spares
 from hpc_ddp.launch.slurm import inplace, min_nodes
-from hpc_ddp.ledger import attempts, outcomes, rules
+from hpc_ddp.ledger import attempts, decision, outcomes, rules
 from hpc_ddp.scheduler.slurm import steps
 
 N3 = ("node1", "node2", "node3")
@@ -143,6 +145,27 @@ REQUEUE = rules.Decision(
 ELASTIC = min_nodes.Smaller(least=1, per_node=2, batch=8, grad_accum=1)
 
 
+def plan(
+    base: rules.Decision,
+    outcome: str,
+    spare: int,
+    allocation: tuple[str, ...],
+    ran_on: tuple[str, ...],
+    batch_host: str,
+    rule: min_nodes.Smaller,
+    signature: str = "",
+    node: str | None = None,
+) -> tuple[rules.Decision, spares.Placement | None]:
+    """The budgets' decision `base` made whole by the allocation's facts (the batch shell's way): the decision,
+    and the placement it restarts on (None: no restart in place)."""
+    here = inplace.placement(
+        outcome, spare, allocation, ran_on, batch_host, rule, base.exclude, signature, node
+    )
+    this = attempts.Attempt("7", 0, number=1, outcome=outcome, signature=signature, node=node)
+    got = decision.on_allocation(base, this, decision.Facts(in_place=here))
+    return got, here.placement if here is not None and got.on else None
+
+
 @pytest.mark.parametrize(
     ("decision", "outcome", "spare", "allocation", "rule", "action", "message"),
     [
@@ -214,7 +237,7 @@ def test_only_a_failure_of_a_job_with_spares_restarts_in_place(
     action: str,
     message: str,
 ) -> None:
-    got, placement = inplace.plan(decision, outcome, spare, allocation, ("node2", "node3"), "node1", rule)
+    got, placement = plan(decision, outcome, spare, allocation, ("node2", "node3"), "node1", rule)
     assert got.action == action
     assert got.message.startswith(message), got.message
     assert (placement is not None) == (action == outcomes.RESTART)
@@ -224,7 +247,7 @@ def test_only_a_failure_of_a_job_with_spares_restarts_in_place(
 
 def test_a_rank_sigkilled_restarts_on_the_same_nodes_blamed_but_kept() -> None:
     decision = rules.Decision(outcomes.REQUEUE, REQUEUE.message, ("node3",))
-    got, placement = inplace.plan(
+    got, placement = plan(
         decision,
         outcomes.FAILED,
         1,
@@ -432,19 +455,29 @@ def test_an_emulated_node_takes_over_in_place_of_a_blamed_one_locally(tmp_path) 
     assert "(127.0.0.2 left, spare 127.0.0.3 in, 0 spare(s) left)" in proc.stdout, proc.stdout
 
 
+def fit(base: rules.Decision, states: dict[str, str], needed: int, spares: int) -> rules.Decision:
+    """The decision on a requeue once the usable nodes left are known (sinfo's `states`, through the scheduler)."""
+    from fake_slurm import FakeSlurm
+
+    from hpc_ddp.scheduler.slurm.client import SlurmClient
+
+    client = SlurmClient(FakeSlurm(states))
+    this = attempts.Attempt("7", 0, number=1, outcome=outcomes.NODE_FAIL)
+    facts = min_nodes.facts(client, this.outcome, base.exclude, (), "debug", needed, spares=spares)
+    return decision.on_allocation(base, this, facts)
+
+
 def test_a_requeued_job_with_spares_goes_on_with_fewer_spares_first() -> None:
     """The batch shell's node (the spare) lost: the job is requeued away from it. Of its 3 nodes (2 + 1 spare)
     2 usable are left: it goes on without the spare, on the same 2 training nodes, instead of stopping."""
     decision = rules.Decision(outcomes.REQUEUE, "restarting from ...", ("node1",))
     states = {"node1": "down*", "node2": "idle", "node3": "idle"}
-    got = min_nodes.fit(decision, states, (), "debug", 3, min_nodes.EVERY_NODE, spares=1)
+    got = fit(decision, states, 3, spares=1)
     assert (got.action, got.nodes) == (outcomes.REQUEUE, 2)
     assert got.message.endswith(
         "it goes on with 0 of its --spare-nodes 1 (the usable nodes left once node1 are excluded)"
     )
-    stop = min_nodes.fit(
-        decision, {**states, "node3": "down"}, (), "debug", 3, min_nodes.EVERY_NODE, spares=1
-    )
+    stop = fit(decision, {**states, "node3": "down"}, 3, spares=1)
     assert stop.action == outcomes.STOP  # fewer than its training nodes: as without spares
 
 
@@ -459,15 +492,25 @@ def test_the_batch_hosts_node_is_lost_even_when_no_step_ran_there() -> None:
 
 
 def test_a_requeued_job_with_spares_keeps_the_size_it_trained_at(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from hpc_ddp.launch.slurm import batch
+    from hpc_ddp.launch.slurm import batch_begin
+    from hpc_ddp.launch.slurm.job import Job
     from hpc_ddp.run.config import TrainConfig
 
-    environ = {"SLURM_JOB_NODELIST": "node[2-3]", "SLURM_NTASKS_PER_NODE": "2", "SLURMD_NODENAME": "node2"}
+    environ = {
+        "SLURM_JOB_ID": "5",
+        "SLURM_JOB_NODELIST": "node[2-3]",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURMD_NODENAME": "node2",
+    }
+    job = Job.read(["--spare-nodes", "1"], environ)  # the batch shell reads its environment once
     cfg = TrainConfig(spare_nodes=1)
-    assert batch._first_step(cfg, environ).nodes == ("node3",)  # a new job: all but the spare
-    assert batch._first_step(cfg, environ, 2).nodes == ("node2", "node3")  # it trained on 2: no spare now
+    first = functools.partial(
+        batch_begin.first_step, cfg.spare_nodes, job.tasks_per_node, job.allocation, job.batch_host
+    )
+    assert first().nodes == ("node3",)  # a new job: all but the spare
+    assert first(2).nodes == ("node2", "node3")  # it trained on 2: no spare now
     attempts.record_start(tmp_path, "5", 0, ["node2", "node3"], ["node2", "node3"], None)
-    assert batch._trained_on(tmp_path, "5") == 2 and batch._trained_on(tmp_path, "6") is None
+    assert batch_begin.trained_on(tmp_path, "5") == 2 and batch_begin.trained_on(tmp_path, "6") is None
 
 
 def test_the_start_line_of_a_step_in_place_keeps_slurms_count_apart() -> None:

@@ -23,7 +23,7 @@ PLUGIN_NAMES = {
     registry.checkpoint_formats: ["test-full"],
     registry.storages: ["test-local"],
     registry.sinks: ["test-sink"],
-    registry.schedulers: ["test-local"],
+    registry.schedulers: ["test-local", "test-slurm"],
 }
 
 

@@ -105,6 +105,8 @@ def test_slurm_usable_reads_sinfo_through_the_one_state_table() -> None:
 def test_each_scheduler_answers_the_whole_interface(cls: type) -> None:
     wanted = {n for n, v in vars(Scheduler).items() if inspect.isfunction(v) and not n.startswith("_")}
     assert wanted >= {"identity", "requeue", "runs", "usable", "submit", "cancel", "requeue_excluding"}
+    assert wanted >= {"step_end", "lost"}  # what srun said of a step, the nodes a run lost (issue 43 item 6)
+    assert inspect.ismethod(cls.detect)  # a class method: the registry asks it before building one
     for name in wanted:
         theirs, ours = inspect.signature(getattr(cls, name)), inspect.signature(getattr(Scheduler, name))
         assert list(theirs.parameters) == list(ours.parameters), name
@@ -115,6 +117,40 @@ def test_schedulers_by_name() -> None:
     assert scheduler.for_task("launcher").name == "local" and scheduler.for_task("auto").name == "slurm"
     with pytest.raises(ValueError, match="no scheduler named 'pbs'"):
         scheduler.of("pbs")
+
+
+@pytest.mark.parametrize(
+    "launcher, requeue_by, name",
+    [
+        ("slurm", "launcher", "local"),  # the local launcher's ranks: an emulated srun step, a fake job id
+        ("slurm", "auto", "slurm"),
+        ("slurm", "scontrol", "slurm"),
+        ("torchrun", "auto", "slurm"),  # asks Slurm nothing, or gets no answer: as before
+        ("single", "exit", "slurm"),
+    ],
+)
+def test_the_registry_chooses_a_processs_scheduler_from_what_detect_found(
+    launcher: str, requeue_by: str, name: str
+) -> None:
+    assert scheduler.detect(launcher, requeue_by).name == name
+    assert scheduler.for_task(requeue_by, launcher).name == name
+    assert (
+        scheduler.default().name == "slurm"
+    )  # the registry's first: the cluster's, for run.json and reports
+
+
+def test_the_step_launchers_word_and_the_lost_nodes_behind_the_interface() -> None:
+    lines = [
+        "srun: error: Node failure on node2",
+        "srun: error: node1: task 0: Killed",
+        "srun: error: node1: task 1: Exited with exit code 2",
+    ]
+    said = SlurmClient(lambda argv, t: proc.Output("node1 idle\nnode2 down*\nnode3 idle\n")).step_end(lines)
+    assert said.failed_nodes == ("node2",) and said.killed == ((0, "SIGKILL"),)
+    client = SlurmClient(lambda argv, t: proc.Output("node1 idle\nnode2 idle\nnode3 down*\n"))
+    assert client.lost("5", ("node1", "node2", "node3"), said.failed_nodes, 0) == ("node2", "node3")
+    assert LocalScheduler(2).step_end(lines) == base.StepEnd()  # its launcher saw every rank end itself
+    assert LocalScheduler(2).lost("5", ("127.0.0.1",), ("127.0.0.2",), 0) == ("127.0.0.2",)
 
 
 def test_a_window_is_the_reports_and_the_schedulers() -> None:

@@ -1,7 +1,7 @@
 """Which nodes a job step runs on, inside an allocation that holds spare nodes (`--spare-nodes K`), pure.
 
 A job with spares allocates N + K nodes and trains on N of them. When a step fails and the kit judges it a
-failure worth another attempt (hpc_ddp.ledger.rules), the batch shell starts the next step inside the same
+failure worth another attempt (hpc_ddp.ledger.decision), the batch shell starts the next step inside the same
 allocation instead of requeueing the job (hpc_ddp.launch.slurm.inplace): `after` says on which nodes.
 
 - The nodes of the failed step that are neither blamed nor gone from the allocation stay (a code error blames
@@ -23,22 +23,8 @@ node hosts rank 0 and its rendezvous, which hpc_ddp.cluster.env derives from the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Placement:
-    """A step's nodes, and how they differ from the step before."""
-
-    nodes: tuple[str, ...]  # the step's nodes, in the allocation's order
-    left: tuple[str, ...] = ()  # nodes of the step before that this one leaves out (blamed or lost)
-    spares_in: tuple[str, ...] = ()  # nodes this step takes that the step before did not use (spares)
-    spares: tuple[str, ...] = ()  # the allocation's nodes still unused: spares for a later step
-
-    @property
-    def shrunk(self) -> bool:
-        """Fewer nodes than the step before: what left was not replaced."""
-        return len(self.left) > len(self.spares_in)
+from hpc_ddp.ledger.decision import Placement as Placement  # a step's nodes: a fact the decision takes
 
 
 def _ordered(nodes: Sequence[str], allocation: Sequence[str]) -> tuple[str, ...]:

@@ -8,7 +8,8 @@ launcher (hpc_ddp.launch.local, after its ranks are gone) and the batch shell's 
 1. finds this attempt in attempts.jsonl (rank 0 wrote its start) or makes it up (it never started training),
 2. judges the evidence (exit code, the ranks' exit notes, a hang verdict, the preemption record: judge.judge),
 3. closes it (when, how far it got: the last step recorded, the latest checkpoint: judge.close),
-4. decides, applying both budgets (rules.decide): --max-restarts to failures, --max-requeue to preemptions,
+4. decides once (hpc_ddp.ledger.decision.decide): both budgets, --max-restarts to failures, --max-requeue to
+   preemptions, and the allocation's facts, which the supervisor gathers (`survey`) and never edits after,
 5. records its end (Journal: a record that cannot be written now is kept and written later, and the decision
    never waits for it),
 
@@ -38,8 +39,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.ledger import attempts, judge, rules
+from hpc_ddp.ledger import attempts, decision, judge, rules
 from hpc_ddp.ledger.attempts import Attempt
+from hpc_ddp.ledger.decision import Budgets as Budgets
 
 Writer = Callable[[Path, dict[str, Any]], None]
 
@@ -90,13 +92,6 @@ class Journal:
 
 
 @dataclass(frozen=True)
-class Budgets:
-    max_restarts: int  # failures after which the job is not started again (--max-restarts)
-    max_requeue: int  # preemptions after which it is not started again (--max-requeue)
-    again: str  # how it starts again here: outcomes.RESTART (the local launcher), REQUEUE (Slurm)
-
-
-@dataclass(frozen=True)
 class Closed:
     """An attempt's end, as `end_attempt` recorded it."""
 
@@ -107,10 +102,12 @@ class Closed:
 
     @property
     def line(self) -> str:
-        return attempts.line(self.attempt, self.decision.message)
+        return attempts.line(self.attempt, self.decision.said)
 
 
-Adjust = Callable[[Attempt, rules.Decision], rules.Decision]
+# The allocation's facts about an attempt as it ended, gathered by its supervisor: called once, with the attempt
+# as judged and the nodes blamed in the job so far (what a next start would leave out).
+Survey = Callable[[Attempt, tuple[str, ...]], decision.Facts]
 
 
 def end_attempt(
@@ -122,15 +119,15 @@ def end_attempt(
     began: float,
     checkpoint: int | None,
     now: float | None = None,
-    adjust: Adjust | None = None,
+    survey: Survey | None = None,
     exclude: Callable[[rules.Decision], Sequence[str]] | None = None,
     nodes: Sequence[str] = (),
 ) -> Closed:
     """Find, judge, close, decide, record (see the module docstring). `found` is the evidence, or an ending
     the supervisor knows without judging (its stop ran out of time); `began` is when the attempt began (the
     steps recorded since then are its own); `checkpoint` the step of the latest checkpoint (the caller's:
-    the checkpoint layout is the run layer's). `adjust` lets the supervisor overrule the decision with what
-    only it knows (a stop it was asked for, a job that no longer fits its nodes); `exclude` what it records
+    the checkpoint layout is the run layer's). `survey` gathers what only the supervisor knows (a stop it was
+    asked for, its allocation's nodes and spares, the usable nodes left): the decision's facts; `exclude` what it records
     as excluded (default: the decision's); `nodes` the step's nodes as the supervisor placed it, recorded for an
     attempt whose ranks never wrote their start (killed while they started: else it reads "on ?")."""
     history = journal.history(job)
@@ -139,27 +136,21 @@ def end_attempt(
     ending = judge.judge(found) if isinstance(found, judge.Evidence) else found
     ending = judge.follow(before, ending)  # an error that follows the job from node to node is the code's
     closed = judge.close(this, ending, step_reached(journal.folder, began), checkpoint, now or time.time())
-    decision = rules.decide(
-        before,
-        closed,
-        budgets.max_restarts,
-        budgets.again,
-        ending.retryable,
-        max_requeue=None if ending.decided else budgets.max_requeue,
+    facts = survey(closed, rules.blamed_nodes([*before, closed])) if survey is not None else decision.Facts()
+    decided = decision.decide(
+        before, closed, budgets, facts, retryable=ending.retryable, decided=ending.decided
     )
-    if adjust is not None:
-        decision = adjust(closed, decision)
-    listed = tuple(exclude(decision)) if exclude is not None else decision.exclude
+    listed = tuple(exclude(decided)) if exclude is not None else decided.exclude
     final = replace(
         closed,
         nodes=closed.nodes or tuple(nodes),
-        decision=decision.action,
+        decision=decided.action,
         exclude=listed,
-        left=decision.left,
-        spares_in=decision.spares_in,
+        left=decided.left,
+        spares_in=decided.spares_in,
     )
     recorded = journal.append(attempts.end_record(final)) if attempts.worth_recording(final) else False
-    return Closed(final, decision, ending, recorded)
+    return Closed(final, decided, ending, recorded)
 
 
 def step_reached(folder: Path, since: float) -> int | None:

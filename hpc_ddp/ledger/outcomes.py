@@ -14,6 +14,9 @@ FAILED, HANG, NODE_FAIL, LOST = "failed", "hang", "node_fail", "lost"
 NONFINITE, USAGE, RUNNING = "nonfinite", "usage", "running"
 OUTCOMES = (COMPLETED, PREEMPTED, STOPPED, FAILED, HANG, NODE_FAIL, LOST, NONFINITE, USAGE)
 FAILURES = (FAILED, HANG, NODE_FAIL, LOST)  # what --max-restarts counts; a preemption is not a failure
+# A job that stopped after one of these resumes with the same command, once the cause is fixed (a usage error,
+# a non-finite loss or a stop the kit made fail the same way again): what every supervisor advises after.
+RESUMABLE = (*FAILURES, PREEMPTED)
 
 DONE, RESTART, REQUEUE, STOP = "done", "restart", "requeue", "stop"  # the decisions
 

@@ -1,4 +1,5 @@
-"""What a job does after an attempt ended, pure: done, start again, or stop; and its two budgets, each one rule.
+"""The budgets' word on an attempt that ended, pure: done, start again, or stop; and its two budgets, each one rule.
+The whole decision, with the allocation's facts, is hpc_ddp.ledger.decision.decide: every actor calls that one.
 
 `decide(history, this, ...)` reads the attempt as it ended (hpc_ddp.ledger.judge) and the job's attempts
 before it:
@@ -16,7 +17,7 @@ before it:
   the blame is only recorded).
 
 How the job starts again is the supervisor's word (`again`): outcomes.REQUEUE on Slurm, RESTART where the
-supervisor starts the ranks itself (the local launcher; a restart inside an allocation would be one too). What
+supervisor starts the ranks itself (the local launcher; a restart inside an allocation is one too). What
 counts against each budget is `preemptions` and `failures`, and nothing else.
 """
 
@@ -33,13 +34,20 @@ RESUME_ADVICE = "Resume with the same command and --folder"
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # outcomes.DONE, RESTART (local) / REQUEUE (Slurm), or STOP
-    message: str
+    action: str  # outcomes.DONE, RESTART (local, or in place on Slurm) / REQUEUE (Slurm), or STOP
+    message: str  # why, in words: for people only (nobody reads it to learn what was decided)
     exclude: tuple[str, ...] = field(default_factory=tuple)  # every node blamed in this job so far
     crash_loop: bool = False
     nodes: int | None = None  # the nodes a requeued job goes on with, fewer than it ran on (--min-nodes)
     left: tuple[str, ...] = ()  # a restart in place (--spare-nodes): the nodes the next step leaves out
     spares_in: tuple[str, ...] = ()  # ... and the spares it takes in their place
+    on: tuple[str, ...] = ()  # a restart in place: the nodes the next step runs on
+    advice: str = ""  # what the user may do about a stop (RESUME_ADVICE), apart from why
+
+    @property
+    def said(self) -> str:
+        """The message and its advice, as a supervisor's line says them."""
+        return f"{self.message}. {self.advice}" if self.advice else self.message
 
 
 def preemptions(history: Sequence[Attempt]) -> int:
@@ -58,6 +66,11 @@ class Budget:
 
     ok: bool
     message: str
+    advice: str = ""  # what the user may do once it is spent
+
+    @property
+    def said(self) -> str:
+        return f"{self.message}. {self.advice}" if self.advice else self.message
 
 
 def requeue_budget(done: int, max_requeue: int) -> Budget:
@@ -66,7 +79,8 @@ def requeue_budget(done: int, max_requeue: int) -> Budget:
     if done >= max_requeue:
         return Budget(
             False,
-            f"requeue budget spent ({done} of --max-requeue {max_requeue}), not requeued. {RESUME_ADVICE}",
+            f"requeue budget spent ({done} of --max-requeue {max_requeue}), not requeued",
+            RESUME_ADVICE,
         )
     return Budget(True, f"requeue {done + 1} of --max-requeue {max_requeue}")
 
@@ -102,7 +116,7 @@ def decide(
             return Decision(again, "resuming from the checkpoint it saved", exclude)
         budget = requeue_budget(preemptions(history), max_requeue)
         if not budget.ok:
-            return Decision(record.STOP, budget.message, exclude)
+            return Decision(record.STOP, budget.message, exclude, advice=budget.advice)
         return Decision(again, f"{budget.message}, resuming from the latest checkpoint", exclude)
     if this.outcome == record.STOPPED:
         return Decision(record.STOP, "stopped after saving a checkpoint (not requeued)", exclude)

@@ -67,7 +67,7 @@ def sacct_windows(job: str, asked: Scheduler | None = None) -> dict[tuple[str, i
     of a scheduler, or the scheduler cannot tell), as restart 0, 1, 2..."""
     if not is_job_id(job):
         return {}
-    runs = (asked or scheduler.of("slurm", timeout_s=SACCT_TIMEOUT_S)).runs(job)
+    runs = (asked or scheduler.default(timeout_s=SACCT_TIMEOUT_S)).runs(job)
     return {(job, k): w for k, w in enumerate(runs or [])}
 
 

@@ -31,7 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpc_ddp import scheduler
-from hpc_ddp.ledger import rules
+from hpc_ddp.ledger import decision, outcomes
+from hpc_ddp.ledger.attempts import Attempt
 from hpc_ddp.variables import BATCH
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -94,21 +95,27 @@ def signal_name() -> str:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Choice:
+    """The ledger's decision as rank 0 acts on it and says it (`decide`)."""
+
     requeue: bool
     message: str
 
 
-def decide(requeue_votes: float, stop_votes: float, preempted: int, max_requeue: int) -> Decision:
-    """Pure rule for what rank 0 does after the agreed save when it decides alone (mode "scontrol": no
-    supervisor of the kit). Stop (SIGTERM) wins over requeue. `preempted` is how many earlier attempts of this
-    job were preempted (hpc_ddp.ledger.rules.preemptions): the budget counts preemptions only, not the requeues
-    after failures (SLURM_RESTART_COUNT counts both). The budget is the supervisors' one rule
-    (hpc_ddp.ledger.rules.requeue_budget)."""
-    if stop_votes > 0:
-        return Decision(False, "stopped by SIGTERM: checkpoint saved, not requeued")
-    budget = rules.requeue_budget(preempted, max_requeue)
-    return Decision(budget.ok, f"preempted: checkpoint saved{',' if budget.ok else ';'} {budget.message}")
+def decide(requeue_votes: float, stop_votes: float, preempted: int, max_requeue: int) -> Choice:
+    """What rank 0 does after the agreed save when it decides alone (mode "scontrol": no supervisor of the
+    kit): the supervisors' one decision (hpc_ddp.ledger.decision.decide), in rank 0's words. Stop (SIGTERM)
+    wins over requeue. `preempted` is how many earlier attempts of this job were preempted
+    (hpc_ddp.ledger.rules.preemptions): the budget counts preemptions only, not the requeues after failures
+    (SLURM_RESTART_COUNT counts both). Pure."""
+    outcome = outcomes.STOPPED if stop_votes > 0 else outcomes.PREEMPTED
+    history = [Attempt("", r, number=r + 1, outcome=outcomes.PREEMPTED) for r in range(preempted)]
+    this = Attempt("", preempted, number=preempted + 1, outcome=outcome)
+    decided = decision.decide(history, this, decision.Budgets(0, max_requeue, outcomes.REQUEUE))
+    if outcome == outcomes.STOPPED:
+        return Choice(False, "stopped by SIGTERM: checkpoint saved, not requeued")
+    requeue = decided.action == outcomes.REQUEUE
+    return Choice(requeue, f"preempted: checkpoint saved{',' if requeue else ';'} {decided.said}")
 
 
 def requeue_mode(requeue_by: str, launcher: str, supervised: bool = False) -> str:
@@ -125,7 +132,7 @@ def requeue_mode(requeue_by: str, launcher: str, supervised: bool = False) -> st
         requeue_by == "auto"
         and launcher == "slurm"
         and not supervised
-        and scheduler.of("slurm").can_requeue()
+        and scheduler.detect(launcher, requeue_by).can_requeue()
     ):
         return "scontrol"
     return "exit"

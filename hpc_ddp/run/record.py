@@ -25,9 +25,10 @@ def _command_output(argv: list[str], cwd: str | None = None) -> str | None:
     return (out.stdout.strip() or None) if out.ok else None
 
 
-def slurm_version() -> str | None:
-    """Slurm's version on this machine ("22.05.8"), or None: recorded whoever started the run."""
-    return scheduler.of("slurm").version()
+def scheduler_version() -> str | None:
+    """The cluster scheduler's version on this machine (the registry's default, Slurm: "22.05.8", run.json's
+    "slurm"), or None: recorded whoever started the run."""
+    return scheduler.default().version()
 
 
 def git_commit(cwd: str) -> str | None:
@@ -81,7 +82,7 @@ def write(
             "torch": torch.__version__,
             "python": platform.python_version(),
             "cuda": torch.version.cuda,
-            "slurm": slurm_version(),
+            "slurm": scheduler_version(),
         },
         "git_commit": git_commit(cwd),
         "exact": not not_exact,

@@ -10,6 +10,9 @@
     local    the local launcher's emulation: the srun step it gives each rank, and the interface as it
              answers on one machine (`LocalScheduler`)
 
+`detect` chooses a process's scheduler by the registry (each class's `detect`), `of(name)` gives one by name,
+`default()` the registry's first: run/ and report/ name no scheduler (tests/test_architecture.py).
+
 Below the run, ledger and launch layers, above the cluster layer (whose `env` holds the one table of launcher
 variables this package reads). No code outside this package runs a Slurm command or builds srun's options
 (tests/test_architecture.py checks it). A new scheduler is a folder beside `slurm/`, or a plugin's class (hpc_ddp.registry, docs/plugins.md).
@@ -42,7 +45,34 @@ def of(name: str, **options: Any) -> Scheduler:
     return found
 
 
-def for_task(requeue_by: str) -> Scheduler:
-    """The scheduler of a training task: the local launcher's (its ranks are told `--requeue-by launcher`: their
-    job id is fake), else Slurm's (a task outside Slurm asks it nothing, or gets no answer)."""
-    return of("local") if requeue_by == "launcher" else of("slurm")
+def detect(launcher: str = "", requeue_by: str = "", **options: Any) -> Scheduler:
+    """The scheduler of this process, chosen by the registry: the first registered class (the built-ins first,
+    in the registry's order) whose `detect(launcher, requeue_by)` says it runs a process that
+    hpc_ddp.cluster.env.detect found under `launcher` and that was told --requeue-by `requeue_by`; the
+    registry's first (its default) when none does. `options` are the chosen one's own. Lightning picks its
+    cluster environment the same way (each class's `detect`, in a priority order written down)."""
+    from hpc_ddp import registry
+
+    for name in registry.schedulers.names():
+        entry = registry.schedulers.entry(name)
+        if not entry.builtin:
+            break  # the built-ins answer for every process: a plugin is asked by name (`of`)
+        kind = registry.schedulers.load(name)
+        if kind.detect(launcher, requeue_by):
+            found: Scheduler = kind(**options)
+            return found
+    return default(**options)
+
+
+def default(**options: Any) -> Scheduler:
+    """The registry's first scheduler (its default, the cluster's: Slurm), for what asks the cluster whoever
+    started the run (its version for run.json, its accounting for a report)."""
+    from hpc_ddp import registry
+
+    return of(registry.schedulers.names()[0], **options)
+
+
+def for_task(requeue_by: str, launcher: str = "") -> Scheduler:
+    """The scheduler of a training task (`detect`): the local launcher's (its ranks are told `--requeue-by
+    launcher`: their job id is fake), else Slurm's (a task outside Slurm asks it nothing, or gets no answer)."""
+    return detect(launcher, requeue_by)

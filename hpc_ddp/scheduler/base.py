@@ -10,18 +10,24 @@
 | cancel                         | `cancel(job, signal)`             | `scancel`                            | none                                    |
 | exclude                        | `requeue_excluding(job, nodes)`   | `scontrol requeuehold/update/release` | recorded only (attempts.jsonl)          |
 | its version                    | `version()`                       | `scontrol --version`                 | none                                    |
+| is it mine                     | `detect(launcher, requeue_by)`    | every task but the local launcher's  | the local launcher's ranks              |
+| what its step launcher said    | `step_end(lines)`                 | srun's own lines ("task 1: Killed")  | nothing: the launcher saw its ranks     |
+| which nodes a run lost         | `lost(job, nodes, said, restart)` | srun's word, NodeList, sinfo's state | what was said only                      |
 
 An action never raises for what the scheduler did not do: it answers `Done(ok, message)`; a question it cannot
 answer is None (or empty), and the caller asks again or goes without.
 
-The Slurm supervisors (hpc_ddp.launch.slurm: the batch shell's steps, `submit --wait`) ask the Slurm client
-more than this (the controller's and accounting's whole view of a job: hpc_ddp.scheduler.slurm.parse); what
-`run/`, `report/`, `doctor/` and `launch/rerun` ask is this interface only.
+The scheduler of a process is chosen by the registry (hpc_ddp.scheduler.detect: each registered class's
+`detect`, in the registry's order, from what hpc_ddp.cluster.env.detect found); `run/`, `report/`, `doctor/`
+and `launch/rerun` ask this interface only and never name a scheduler (tests/test_architecture.py). The Slurm
+supervisors (hpc_ddp.launch.slurm: the batch shell's steps, `submit --wait`) read srun's lines, the lost nodes
+and the usable nodes left (sinfo's fit) through it too, and the controller's and accounting's whole view of a
+job from the Slurm client itself (hpc_ddp.scheduler.slurm.parse).
 
 A restart inside the allocation (`--spare-nodes`: a new step on the allocation's nodes after a failure) is the
 batch shell's, on Slurm's own terms: the step started on given nodes is hpc_ddp.scheduler.slurm.steps (srun's
 variables and host file), the nodes hpc_ddp.launch.spares chooses among the job's (`identity(environ).nodes`),
-and the decision to start again stays the ledger's (hpc_ddp.ledger.rules).
+and the decision to start again stays the ledger's (hpc_ddp.ledger.decision).
 
 Job ids are text: "123", an array task "123_4", a heterogeneous job's component "123+0" (`is_job_id`).
 """
@@ -107,6 +113,21 @@ class Done:
 
 
 @dataclass(frozen=True)
+class StepEnd:
+    """What the step launcher said of a step as it ended (`Scheduler.step_end`), in neutral words."""
+
+    killed: tuple[
+        tuple[int, str], ...
+    ] = ()  # (rank, signal name) of tasks killed by a signal, when that came first
+    ends: tuple[
+        tuple[int, str], ...
+    ] = ()  # every task end it reported, in its order: (rank, signal or "exit C")
+    failed_nodes: tuple[str, ...] = ()  # nodes it said failed under the step, first first
+    refused: str = ""  # the one line saying which of its options it refused before any task ran ('' none)
+    first_exit: int | None = None  # the exit code of the first task that exited on its own (None: not said)
+
+
+@dataclass(frozen=True)
 class Size:
     """A job's size: `nodes` nodes, `tasks` tasks in all (a requeued job that goes on with fewer nodes)."""
 
@@ -119,6 +140,12 @@ class Scheduler(Protocol):
     and hpc_ddp.scheduler.local.LocalScheduler; `hpc_ddp.scheduler.of(name)` gives one."""
 
     name: str
+
+    @classmethod
+    def detect(cls, launcher: str, requeue_by: str) -> bool:
+        """Whether this scheduler runs a process that hpc_ddp.cluster.env.detect found under `launcher`
+        ("slurm", "torchrun", "single") and was told --requeue-by `requeue_by` (the registry asks each in turn)."""
+        ...
 
     def identity(self, environ: Mapping[str, str]) -> Identity:
         """Who am I: the job, its restart count, its nodes and this process's node, from `environ`."""
@@ -166,4 +193,16 @@ class Scheduler(Protocol):
         size: Size | None = None,
     ) -> Done:
         """Requeue `job` (unless the scheduler did: `already`) so that it avoids `exclude`, on `size` if given."""
+        ...
+
+    def step_end(self, lines: Sequence[str]) -> StepEnd:
+        """What the step launcher's own `lines` (a batch log's, from the step's start) say of the step."""
+        ...
+
+    def lost(
+        self, job: str, nodes: Sequence[str], said: Sequence[str], restart: int, view: Any = None
+    ) -> tuple[str, ...]:
+        """The nodes of `job`'s run `restart` on `nodes` that were lost: those `said` failed (`step_end`), those
+        the scheduler removed from the job, those whose state says failed. `view`: the scheduler's own view of
+        the job, as the caller asked for it (None: no answer)."""
         ...

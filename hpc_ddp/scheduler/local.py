@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from hpc_ddp.cluster.env import SLURM_RESTART_VAR, port_for_job
-from hpc_ddp.scheduler.base import Done, Identity, Size, Window
+from hpc_ddp.scheduler.base import Done, Identity, Size, StepEnd, Window
 from hpc_ddp.scheduler.slurm import env as slurm_env_vars
 
 NO_COMMAND = "a local run has no scheduler to ask: its launcher starts the ranks again itself"
@@ -102,6 +102,10 @@ class LocalScheduler:
     def __init__(self, nodes: int = 1) -> None:
         self.nodes = nodes
 
+    @classmethod
+    def detect(cls, launcher: str, requeue_by: str) -> bool:
+        return requeue_by == "launcher"  # the local launcher tells its ranks so: their job id is fake
+
     def identity(self, environ: Mapping[str, str]) -> Identity:
         return slurm_env_vars.identity(environ)  # the emulated step's variables are srun's
 
@@ -138,3 +142,11 @@ class LocalScheduler:
         size: Size | None = None,
     ) -> Done:
         return Done(False, f"{NO_COMMAND}; the nodes blamed are recorded in attempts.jsonl only")
+
+    def step_end(self, lines: Sequence[str]) -> StepEnd:
+        return StepEnd()  # no step launcher: the local launcher saw each rank end itself
+
+    def lost(
+        self, job: str, nodes: Sequence[str], said: Sequence[str], restart: int, view: Any = None
+    ) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(said))  # no node fails under a run on one machine but as said

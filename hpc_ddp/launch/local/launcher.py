@@ -32,7 +32,7 @@ from hpc_ddp.launch import spares, supervisor
 from hpc_ddp.launch.local import cause, forkserver, processes
 from hpc_ddp.launch.local.console import TAIL_LINES, Console, RankOutput
 from hpc_ddp.launch.local.srun_env import LocalJob, child_environ
-from hpc_ddp.ledger import attempts, exits, judge, outcomes, preemption, rules
+from hpc_ddp.ledger import attempts, decision, exits, judge, outcomes, preemption, rules
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.watchdog import WINDOW_S
@@ -40,9 +40,6 @@ from hpc_ddp.scheduler.local import node_name
 
 # After the ranks are gone, all their readers together get this long to copy the last lines.
 READER_JOIN_S = 5.0
-# Outcomes after which the same command resumes (from the latest checkpoint): a failure the cause of which may be
-# gone next time; not a usage error nor a non-finite loss, which fail the same way again.
-RESUMABLE = (outcomes.FAILED, outcomes.HANG, outcomes.NODE_FAIL)
 # What _supervise returns when a stop ran out of time (a second Ctrl-C, or stop_grace_s after the first signal).
 _OUT_OF_TIME = -1
 
@@ -71,6 +68,8 @@ class Launcher:
         self.shown: set[str] = set()  # signatures of the errors whose traceback was shown already
         # attempts.jsonl, for training runs only; anything else keeps nothing (the budgets then count nothing).
         self.journal = supervisor.Journal(job.folder, attempts.append if job.records else _keep)
+        # The budgets, built once: the launcher starts its ranks again itself (a restart, not a requeue).
+        self.budgets = decision.Budgets(job.max_restarts, job.max_requeue, outcomes.RESTART)
         # Training ranks are forked from one process that imported torch once (forkserver), kept across
         # restarts; where it cannot serve, each rank starts the plain way (processes.start).
         self.forks = forkserver.Server(job.module, self.say)
@@ -265,22 +264,22 @@ class Launcher:
         a failure's end is said in one line. `seen`: the failing rank the launcher saw end first; the line
         naming who ended comes first (judge.named_first: the first cause, when its process ended failing)."""
 
-        def adjust(this: attempts.Attempt, decision: rules.Decision) -> rules.Decision:
-            if self.stop_requested and decision.action == outcomes.RESTART:
-                return rules.Decision(outcomes.STOP, f"not restarted: {self._stopped_by()}", decision.exclude)
-            if self.job.spare_nodes and decision.action == outcomes.RESTART and this.failed:
-                return self._spare_in(decision, spares.to_leave(decision.exclude, this.signature, this.node))
-            return decision
+        def survey(this: attempts.Attempt, blamed: tuple[str, ...]) -> decision.Facts:
+            # A stop the launcher was asked for wins over a restart; a spare emulated node in place of each
+            # blamed one (none left: the same nodes, as without spares).
+            stop = self._stopped_by() if self.stop_requested else None
+            here = spare_in(self.allocation, self.step_nodes, this, blamed) if self.job.spare_nodes else None
+            return decision.Facts(stop=stop, in_place=here)
 
         closed = supervisor.end_attempt(
             self.journal,
             self.job.job_id,
             self.restarts,
             found,
-            supervisor.Budgets(self.job.max_restarts, self.job.max_requeue, outcomes.RESTART),
+            self.budgets,
             began=self.started_at,
             checkpoint=supervisor.latest_step(self.job.folder),
-            adjust=adjust,
+            survey=survey,
             exclude=lambda _decision: (),  # locally blame is recorded, nothing excluded: every node is this one
             nodes=self.step_nodes,
         )
@@ -291,18 +290,12 @@ class Launcher:
             self._show_failure(named, code if code is not None else exitcodes.FAILED)
         if closed.attempt.outcome == outcomes.HANG:  # the verdict's line, once, then what comes next
             self.say(f"{closed.attempt.reason}; every rank's report: {hang_verdict.path(self.job.folder)}")
+        if closed.decision.on:  # the ranks' next start (this attempt's lines still name its own)
+            self.next_nodes = closed.decision.on
         if closed.attempt.failed:
             named = dataclasses.replace(closed.attempt, node=node_label(self.step_nodes, closed.attempt.node))
-            self.say(attempts.line(named, closed.decision.message))
+            self.say(attempts.line(named, closed.decision.said))
         return closed
-
-    def _spare_in(self, decision: rules.Decision, leave: tuple[str, ...]) -> rules.Decision:
-        """A spare emulated node in place of each node to `leave` (none left: the same nodes, as without)."""
-        placed = spares.after(self.allocation, self.step_nodes, leave, len(self.step_nodes))
-        if placed is None or not placed.left:
-            return decision
-        self.next_nodes = placed.nodes  # the ranks' next start (this attempt's lines still name its own)
-        return spared(decision, placed)
 
     def _show_failure(self, index: int, code: int) -> None:
         """The rank that ended first, and how (a hang's verdict line says it instead)."""
@@ -427,8 +420,8 @@ class Launcher:
                 closed = self._end_attempt(self._preemption())
                 if closed.decision.action != outcomes.RESTART:
                     if closed.attempt.outcome == outcomes.PREEMPTED:  # the budget is spent: say so
-                        # (the rule's advice, "the same command and --folder", is the next line's, exactly)
-                        self.say(closed.decision.message.split(". Resume with")[0])
+                        # (without the rule's advice, "the same command and --folder": the next line's, exactly)
+                        self.say(closed.decision.message)
                     why = self._stopped_by() or "stopped"
                     self.say(
                         f"{why}: every rank saved a checkpoint in {self.job.folder} and stopped; "
@@ -443,7 +436,7 @@ class Launcher:
 
     def _advise(self, closed: supervisor.Closed) -> None:
         """After a failure that ends the run: the command that resumes it, and from where."""
-        if self.job.resume_command and closed.attempt.outcome in RESUMABLE:  # else it fails the same way
+        if self.job.resume_command and closed.attempt.outcome in outcomes.RESUMABLE:  # else: the same failure
             self.say(advice(self.job.resume_command, supervisor.latest_step(self.job.folder)))
 
 
@@ -470,15 +463,18 @@ def advice(resume_command: str, step: int | None) -> str:
     return f"once the cause is fixed, the same command resumes {start}: {resume_command}"
 
 
-def spared(decision: rules.Decision, placed: spares.Placement) -> rules.Decision:
-    """`decision` going on with a spare emulated node in place of each blamed one (pure)."""
-    return dataclasses.replace(
-        decision,
-        message=f"{decision.message}, on {','.join(placed.nodes)} ({','.join(placed.left)} left, spare "
-        f"{','.join(placed.spares_in)} in, {len(placed.spares)} spare(s) left)",
-        left=placed.left,
-        spares_in=placed.spares_in,
-    )
+def spare_in(
+    allocation: tuple[str, ...], step_nodes: tuple[str, ...], this: attempts.Attempt, blamed: tuple[str, ...]
+) -> decision.InPlace | None:
+    """After a failure, a spare emulated node in place of each blamed node the next start leaves out, or None
+    (not a failure, none to leave, or no spare left: the same nodes, as without spares; pure)."""
+    if not this.failed:
+        return None
+    leave = spares.to_leave(blamed, this.signature, this.node)
+    placed = spares.after(allocation, step_nodes, leave, len(step_nodes))
+    if placed is None or not placed.left:
+        return None
+    return decision.InPlace(placed, len(step_nodes), leave)
 
 
 def stop_words(signum: int) -> str:

@@ -165,7 +165,7 @@ class _Local:
         self.job_id, self.folder = job_id, folder
         self.metrics = progress.MetricsView(folder / run_folder.METRICS, out, job=job_id)
         self.out = cast(TextIO, self.metrics.stream)  # what else is written erases the live line first
-        # The batch shell's `end` prints the first error and every attempt when it stops the job (batch._stop).
+        # The batch shell's `end` prints the first error and every attempt when it stops the job (batch_end.stop).
         self.log = _LogFollower(log_path(folder, job_id), self.out, watch=f"[hpc_ddp] job {job_id} stops: ")
         self.stamp: tuple[int, int] | None = None
         self.attempts_shown = 0
@@ -201,7 +201,7 @@ class _Local:
                 self.say(line)
             again = closed.decision.action == outcomes.REQUEUE
             if closed.decision.action == outcomes.STOP and policy is not None:
-                self.say(f"job {self.job_id} stops: {closed.decision.message}. Attempts:")
+                self.say(f"job {self.job_id} stops: {closed.decision.said}. Attempts:")
                 for a in journal.history(self.job_id):
                     self.out.write(f"    {attempts.summary(a)}\n")
                 self.stopped_here = True

@@ -12,24 +12,24 @@ How, in the batch shell (both kit jobs: slurm/ddp.sbatch and the job `submit` bu
    (submitit's too) then starts the step on those nodes, and keeps its arguments for the steps after it
    (hpc_ddp.scheduler.slurm.steps).
 2. `end` judges the step as always (hpc_ddp.launch.supervisor). A failure that would be requeued becomes a
-   restart in place when `plan` finds a placement: `end` then starts the next step itself
+   restart in place when `placement` finds one: `end` then starts the next step itself
    (hpc_ddp.scheduler.slurm.steps.run: the same srun arguments, the new nodes, HPC_DDP_IN_PLACE = its number,
    which names the attempt: hpc_ddp.cluster.env.restart_count), waits for it, and judges it in turn, until
    the job finishes, stops, or takes today's path (a requeue, when no placement is left; a preemption or a
    time limit always).
 
-Nothing here decides whether to start again: that is the judge's (hpc_ddp.ledger.judge, hpc_ddp.ledger.rules) and its budgets'
-(--max-restarts, the crash loop). `plan` only turns "requeue" into "restart here" when the allocation allows.
+Nothing here decides whether to start again: that is the ledger's one decision (hpc_ddp.ledger.decision) and
+its budgets (--max-restarts, the crash loop). `placement` only finds whether the allocation allows a restart in
+place, and on which nodes: a fact the decision takes, which turns "requeue" into "restart here".
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from hpc_ddp.launch import spares
-from hpc_ddp.launch.slurm import min_nodes
-from hpc_ddp.ledger import outcomes, rules
+from hpc_ddp.ledger import decision, outcomes
 
 
 @dataclass(frozen=True)
@@ -40,54 +40,28 @@ class Next:
     number: int  # its HPC_DDP_IN_PLACE: restarts in place in this allocation so far, this one included
 
 
-def plan(
-    decision: rules.Decision,
+def placement(
     outcome: str,
     spare_nodes: int,
     allocation: Sequence[str],
     ran_on: Sequence[str],
     batch_host: str,
-    rule: min_nodes.Smaller,
+    rule: decision.Smaller,
+    blamed: Sequence[str],
     signature: str = "",
     node: str | None = None,
-) -> tuple[rules.Decision, spares.Placement | None]:
-    """A failure's requeue turned into a restart in place when the allocation allows it (pure): the decision
-    to record (action RESTART, the nodes that left and the spares that came in) and the next step's nodes;
-    otherwise the decision as it was and None. Only failures (never a preemption or a time limit: those give
-    the allocation back) of a job with spares; `allocation` is the job's nodes as the controller has them now
-    (Slurm removed the lost ones), `ran_on` the failed step's, `signature` and `node` the failure's.
-
-    A rank SIGKILLed spends no spare (spares.to_leave): the next step runs on the same nodes."""
-    if spare_nodes <= 0 or decision.action != outcomes.REQUEUE or outcome not in outcomes.FAILURES:
-        return decision, None
-    if not allocation or not ran_on:
-        return decision, None
-    least = min_nodes.least(len(ran_on), rule)
-    blamed = spares.to_leave(decision.exclude, signature, node)
-    kept = next((n for n in decision.exclude if n not in blamed), None)
-    placement = spares.after(allocation, ran_on, blamed, least, batch_host)
-    if placement is None:
-        return decision, None
-    nodes = ",".join(placement.nodes)
-    moves = ", ".join(
-        [
-            *([f"{','.join(placement.left)} left"] if placement.left else []),
-            *([f"spare {','.join(placement.spares_in)} in"] if placement.spares_in else []),
-            f"{len(placement.spares)} spare(s) left",
-        ]
-    )
-    message = f"{decision.message}, in place on {nodes} ({moves})"
-    if placement.shrunk:
-        message += "; " + min_nodes.went_on(len(ran_on), len(placement.nodes), blamed, rule)
-    if kept:
-        message += f" ({kept} kept: a SIGKILL is no sign of bad hardware)"
-    return (
-        replace(
-            decision,
-            action=outcomes.RESTART,
-            message=message,
-            left=placement.left,
-            spares_in=placement.spares_in,
-        ),
-        placement,
-    )
+) -> decision.InPlace | None:
+    """The restart in place the allocation allows after a step on `ran_on` ended with `outcome`, or None
+    (pure): only after a failure (never a preemption or a time limit: those give the allocation back) of a job
+    with spares. `allocation` is the job's nodes as the controller has them now (Slurm removed the lost ones),
+    `blamed` the nodes blamed in the job so far, `signature` and `node` the failure's. A rank SIGKILLed spends
+    no spare (spares.to_leave): the next step runs on the same nodes, that node kept."""
+    if spare_nodes <= 0 or outcome not in outcomes.FAILURES or not allocation or not ran_on:
+        return None
+    least = decision.least(len(ran_on), rule)
+    leave = spares.to_leave(blamed, signature, node)
+    kept = next((n for n in blamed if n not in leave), None)
+    placed = spares.after(allocation, ran_on, leave, least, batch_host)
+    if placed is None:
+        return None
+    return decision.InPlace(placed, len(ran_on), leave, kept, rule)

@@ -28,47 +28,21 @@ An attempt a time limit or a cancel ended before its batch shell could record it
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpc_ddp.cluster.env import requeues
 from hpc_ddp.launch import supervisor
 from hpc_ddp.launch.slurm import min_nodes
 from hpc_ddp.ledger import attempts as record
-from hpc_ddp.ledger import judge, outcomes, rules
+from hpc_ddp.ledger import decision, judge, outcomes
 from hpc_ddp.scheduler.base import Kind
-from hpc_ddp.scheduler.slurm import states as slurm_states
 from hpc_ddp.scheduler.slurm.client import SlurmClient
+from hpc_ddp.scheduler.slurm.lost import lost_nodes as lost_nodes
+from hpc_ddp.scheduler.slurm.lost import removed as removed
 from hpc_ddp.scheduler.slurm.parse import JobHistory, JobInfo
 from hpc_ddp.scheduler.slurm.states import JobState
 
 # ----- pure parts ----------------------------------------------------------------------------------------
-
-
-def removed(nodes: Sequence[str], info: JobInfo | None, restart: int) -> tuple[str, ...]:
-    """The nodes of run `restart` (`nodes`) that Slurm removed from the job for a failure (pure). Under
-    --no-kill a failed node leaves the NodeList of the job, which runs on; a job whose batch host failed
-    ends FAILED with Reason JobLaunchFailure and a NodeList without that host (measured). Nothing else
-    counts: a job that is ending for any other reason (cancelled, requeued, a time limit) releases its nodes
-    one by one, and its NodeList then lacks nodes that did not fail; nor a later run's nodes."""
-    if info is None or info.gone or not info.nodes or info.restarts != restart:
-        return ()
-    if info.state.kind is Kind.RUNNING:
-        return tuple(n for n in nodes if n not in info.nodes)
-    host = info.batch_host
-    # The batch host lost ends the job whether or not its step ran there (--spare-nodes keeps it as a spare).
-    if info.state.done and info.reason == "JobLaunchFailure" and host and host not in info.nodes:
-        return (host,)
-    return ()
-
-
-def lost_nodes(
-    nodes: Sequence[str], said: Sequence[str], info: JobInfo | None, states: Mapping[str, str], restart: int
-) -> tuple[str, ...]:
-    """The nodes run `restart` on `nodes` lost (pure): those srun said failed (`said`), those Slurm removed
-    from the job, and those whose state says failed (down, fail, not responding; never drained), first
-    first."""
-    failed = [n for n in nodes if slurm_states.node_failed(states.get(n, "idle"))]
-    return tuple(dict.fromkeys([*said, *removed(nodes, info, restart), *failed]))
 
 
 def run_of(history: JobHistory | None, restart: int) -> JobState | None:
@@ -115,21 +89,19 @@ def over(attempt: record.Attempt, found: Found) -> bool:
     return info is not None and run is not None and run.done
 
 
-Adjust = Callable[[record.Attempt, rules.Decision], rules.Decision]
-
-
 def close(
     journal: supervisor.Journal,
     attempt: record.Attempt,
     found: Found,
-    budgets: supervisor.Budgets,
-    adjust: Adjust | None = None,
+    budgets: decision.Budgets,
+    survey: supervisor.Survey | None = None,
 ) -> supervisor.Closed:
     """Judge and record an attempt whose batch shell died (`over` said so): the one judge of such an attempt,
     whoever calls it. `budgets` are the job's own (--max-restarts, --max-requeue) when the caller may act on
-    the decision, else none (the job is over: every ending is a stop); `adjust` lets it overrule the decision
-    with what only it knows (the job no longer fits its nodes)."""
+    the decision, else none (the job is over: every ending is a stop); `survey` gives the decision what only
+    the caller knows (the job is over; the usable nodes left)."""
     # Slurm numbers runs by requeue; a restart in place (hpc_ddp.launch.slurm.inplace) is a step of one.
+    # The rule behind SlurmClient.lost, on what was asked once for all the job's open attempts (`ask`).
     lost = lost_nodes(attempt.nodes, (), found.info, found.states, requeues(attempt.restart))
     run = run_of(found.history, requeues(attempt.restart))
     when = attempt.started or 0
@@ -142,7 +114,7 @@ def close(
         began=when,
         checkpoint=supervisor.latest_step(journal.folder),
         now=_ended_at(journal, when),
-        adjust=adjust,
+        survey=survey,
     )
 
 
@@ -158,7 +130,7 @@ def _ended_at(journal: supervisor.Journal, began: float) -> float | None:
 class Policy:
     """A job's own rules for going on, for a closer that may act on its decision (`submit --wait`)."""
 
-    budgets: supervisor.Budgets  # --max-restarts, --max-requeue
+    budgets: decision.Budgets  # --max-restarts, --max-requeue
     size: int  # the nodes the job asked for
     rule: min_nodes.Smaller = min_nodes.EVERY_NODE  # --min-nodes
     wait: bool = False  # --wait-for-nodes
@@ -184,16 +156,13 @@ def settle(
     partition = info.partition if info is not None else ""
     pending = info is not None and not info.gone and info.state.kind.waiting
 
-    def fits(this: record.Attempt, decision: rules.Decision) -> rules.Decision:
-        if decision.action == outcomes.REQUEUE and not pending and this.outcome != outcomes.NODE_FAIL:
-            # Over, and no node failed under it: its batch shell ended some other way (killed, or its own
-            # record could not be written). Only a lost node is a reason to bring a job that ended back.
-            return rules.Decision(
-                outcomes.STOP, "the job is over and no node of it failed: not requeued", decision.exclude
-            )
-        return min_nodes.fit(
-            decision,
-            client.nodes(partition),
+    def survey(this: record.Attempt, blamed: tuple[str, ...]) -> decision.Facts:
+        # Over and not pending: only a lost node brings it back (`ended`); then, the usable nodes left.
+        ask = pending or this.outcome == outcomes.NODE_FAIL  # else sinfo has nothing to say about it
+        facts = min_nodes.facts(
+            client,
+            this.outcome,
+            blamed if ask else (),
             already,
             partition,
             policy.size,
@@ -201,10 +170,11 @@ def settle(
             policy.wait,
             policy.spares,
         )
+        return replace(facts, ended=not pending)
 
-    closed = close(journal, attempt, found, policy.budgets, fits)
-    job, decision = attempt.job, closed.decision
-    if decision.action == outcomes.REQUEUE and not pending and not closed.recorded:
+    closed = close(journal, attempt, found, policy.budgets, survey)
+    job, decided = attempt.job, closed.decision
+    if decided.action == outcomes.REQUEUE and not pending and not closed.recorded:
         # A decision that is not in attempts.jsonl would be taken again at the next look, and again: the
         # budgets count records. Acting on it needs the record.
         return Settled(
@@ -214,12 +184,12 @@ def settle(
                 "once the folder can be written, run the same command to resume",
             ),
         )
-    if decision.action == outcomes.REQUEUE:
-        size = min_nodes.size_for(decision, policy.tasks_per_node or None)
-        exclude = min_nodes.excluded(decision, already)
+    if decided.action == outcomes.REQUEUE:
+        size = min_nodes.size_for(decided, policy.tasks_per_node or None)
+        exclude = decision.avoided(decided, already)
         done = client.requeue_excluding(job, exclude, already, pending, size)
         return Settled(closed, (done.message,))
-    if decision.action == outcomes.STOP and pending:
+    if decided.action == outcomes.STOP and pending:
         done = client.cancel(job)
         said = (
             f"cancelled job {job}: Slurm had requeued it, and it stops here"
@@ -230,12 +200,13 @@ def settle(
     return Settled(closed, ())
 
 
-def no_budgets() -> supervisor.Budgets:
-    return supervisor.Budgets(0, 0, outcomes.REQUEUE)
+def no_budgets() -> decision.Budgets:
+    return decision.NO_BUDGETS
 
 
-def the_job_is_over(_this: record.Attempt, decision: rules.Decision) -> rules.Decision:
-    return rules.Decision(outcomes.STOP, "the job is over", decision.exclude)
+def the_job_is_over(_this: record.Attempt, _blamed: tuple[str, ...]) -> decision.Facts:
+    """The facts of a job that is over: whatever ended its attempt, nothing starts again."""
+    return decision.Facts(over=True)
 
 
 def close_over(

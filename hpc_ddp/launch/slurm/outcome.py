@@ -142,7 +142,6 @@ def _say_end(
 
 # Outcomes whose stop Slurm caused (a cancel, a time limit: the record says "stopped"): its own words say it.
 _SLURMS = (outcomes.STOPPED,)
-_RESUMABLE = (outcomes.FAILED, outcomes.HANG, outcomes.NODE_FAIL, outcomes.LOST, outcomes.PREEMPTED)
 
 
 def _stopped(
@@ -166,7 +165,7 @@ def _stopped(
     if not shown:
         for a in attempts.of_job(attempts.read(folder), job_id):
             say(f"    {attempts.summary(a)}")
-    if last.outcome in _RESUMABLE:
+    if last.outcome in outcomes.RESUMABLE:
         step = latest_step(folder)
         start = (
             f"its latest checkpoint (step {step})" if step is not None else "the start (no checkpoint yet)"

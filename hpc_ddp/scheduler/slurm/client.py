@@ -19,21 +19,27 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp import proc
-from hpc_ddp.scheduler.base import Done, Identity, Size, Window
+from hpc_ddp.scheduler.base import Done, Identity, Size, StepEnd, Window
 from hpc_ddp.scheduler.slurm import env, states
+from hpc_ddp.scheduler.slurm.lost import lost_nodes
 from hpc_ddp.scheduler.slurm.parse import (
     RUN_FIELDS,
     SACCT_FIELDS,
     SQUEUE_FORMAT,
     JobHistory,
     JobInfo,
+    first_exit,
     parse_job,
     parse_sacct,
     parse_sinfo,
     parse_squeue,
+    srun_deaths,
+    srun_node_failures,
+    srun_refusal,
+    srun_task_ends,
 )
 from hpc_ddp.scheduler.slurm.states import JobState
 
@@ -95,8 +101,31 @@ class SlurmClient:
 
     # ----- the scheduler interface (hpc_ddp.scheduler.base) ----------------------------------------------
 
+    @classmethod
+    def detect(cls, launcher: str, requeue_by: str) -> bool:
+        # Every task but the local launcher's: a task outside Slurm asks it nothing, or gets no answer.
+        return requeue_by != "launcher"
+
     def identity(self, environ: Mapping[str, str]) -> Identity:
         return env.identity(environ)
+
+    def step_end(self, lines: Sequence[str]) -> StepEnd:
+        """srun's own lines of a step: who was killed, every task end, the nodes it said failed, an option it
+        refused, the first exit (hpc_ddp.scheduler.slurm.parse)."""
+        return StepEnd(
+            killed=srun_deaths(lines),
+            ends=srun_task_ends(lines),
+            failed_nodes=srun_node_failures(lines),
+            refused=srun_refusal(lines),
+            first_exit=first_exit(lines),
+        )
+
+    def lost(
+        self, job: str, nodes: Sequence[str], said: Sequence[str], restart: int, view: Any = None
+    ) -> tuple[str, ...]:
+        """srun's word, the nodes Slurm removed from the job (its NodeList, in `view`: `job(job)`'s answer as
+        the caller asked it), and the nodes sinfo says failed (hpc_ddp.scheduler.slurm.lost)."""
+        return lost_nodes(nodes, said, view, self.nodes(), restart)
 
     def version(self) -> str | None:
         """Slurm's version ("22.05.8"), or None when scontrol does not say."""
