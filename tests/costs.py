@@ -65,6 +65,8 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_checkpoint_seams.py": "unit",
     "test_run_save_failures.py": "unit",
     "test_run_torchrun.py": ("process", "ranks"),
+    "test_sweep.py": "unit",
+    "test_sweep_local.py": "ranks",
     "test_supervisor.py": "process",
     "test_variables.py": "unit",
     "test_docs.py": "process",

@@ -1,0 +1,83 @@
+"""Sweeps (issue 44), locally and for real: one 2-trial sweep of tiny 2-rank runs, two at a time (distinct ports),
+read by every test here; the same command again runs nothing; a trial ends bitwise equal to the same options run
+alone (conftest's uninterrupted_2x1: DETERMINISTIC_2X1 with --lr 0.005)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import DETERMINISTIC_2X1, clean_environ, die_with_test
+
+from hpc_ddp.ledger import attempts
+
+pytestmark = [pytest.mark.slow, pytest.mark.deadline(120)]
+
+# DETERMINISTIC_2X1 without its --lr (the sweep's): lr=0.005 is that run alone.
+ARGS = list(DETERMINISTIC_2X1[: DETERMINISTIC_2X1.index("--lr")])
+SWEEP = ["--sweep", "lr=0.005,0.01", "--sweep-parallel", "2"]
+
+
+def sweep(folder: Path) -> tuple[int, str]:
+    command = [sys.executable, "-m", "hpc_ddp.submit", "--local", "--folder", str(folder), *ARGS, *SWEEP]
+    done = subprocess.run(
+        command,
+        env=clean_environ(SLOW_TASK_SLEEP_S="0"),
+        capture_output=True,
+        text=True,
+        timeout=100,
+        preexec_fn=die_with_test,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
+    folder = tmp_path_factory.mktemp("sweep") / "lrs"
+    code, out = sweep(folder)
+    return folder, code, out
+
+
+def test_every_trial_runs_as_a_whole_run_in_its_own_folder(swept: tuple[Path, int, str]) -> None:
+    folder, code, out = swept
+    assert code == 0, out
+    names = ["lr=0.005", "lr=0.01"]
+    assert [t["name"] for t in json.loads((folder / "sweep.json").read_text())["trials"]] == names
+    for name in names:
+        trial = folder / name
+        assert f"[sweep] trial {name}: new" in out and f"[sweep] trial {name}: exit 0 (finished)" in out
+        assert (trial / "model.pth").is_file() and (trial / "launcher.log").is_file()
+        (only,) = attempts.read(trial)
+        assert (only.outcome, only.decision) == ("completed", "done")
+        assert json.loads((trial / "run.json").read_text())["config"]["lr"] == float(name.split("=")[1])
+    # Two at a time: two launchers, two fake job ids, two rendezvous ports.
+    jobs = {attempts.read(folder / n)[0].job for n in names}
+    assert len(jobs) == 2
+
+
+def test_the_same_command_again_runs_nothing(swept: tuple[Path, int, str]) -> None:
+    folder, code, _ = swept
+    assert code == 0
+    before = {p: p.stat().st_mtime_ns for p in folder.glob("*/model.pth")}
+    again, out = sweep(folder)
+    assert again == 0, out
+    assert "[sweep] trial lr=0.005: finished" in out and "[sweep] trial lr=0.01: finished" in out
+    assert "2 trial(s) in" in out and "0 to run" in out and "started" not in out
+    assert {p: p.stat().st_mtime_ns for p in folder.glob("*/model.pth")} == before
+    assert all(len(attempts.read(p.parent)) == 1 for p in before)
+
+
+def test_a_trial_equals_the_same_options_run_alone(
+    swept: tuple[Path, int, str], uninterrupted_2x1: Path
+) -> None:
+    folder, code, out = swept
+    assert code == 0, out
+    expected = torch.load(uninterrupted_2x1 / "model.pth", weights_only=True)
+    got = torch.load(folder / "lr=0.005" / "model.pth", weights_only=True)
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
+    other = torch.load(folder / "lr=0.01" / "model.pth", weights_only=True)
+    assert not all(torch.equal(expected[k], other[k]) for k in expected)  # the lr did vary
