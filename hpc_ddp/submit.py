@@ -170,6 +170,8 @@ def build_argparser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sweep, argv = sweep_options.split(argv)  # a sweep's own flags; the rest is one run's command line
+    if sweep.offset:
+        raise UsageError("--sweep-offset is slurm/ddp.sbatch's (a split array); submit splits a sweep itself")
     if sweep.given:
         from hpc_ddp.launch.sweep import command
 

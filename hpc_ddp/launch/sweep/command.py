@@ -19,26 +19,10 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.launch import options
 from hpc_ddp.launch.sweep import spec, state, trials
 from hpc_ddp.launch.sweep.options import SweepArgs, without_folder
+from hpc_ddp.launch.sweep.summary import most_serious
 from hpc_ddp.run import configfile, taskspec
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import BUILTIN_TASKS
-
-# Worst first: the exit code of a sweep is that of its most serious trial.
-SERIOUS = (
-    exitcodes.USAGE,
-    exitcodes.FAILED,
-    exitcodes.HANG,
-    exitcodes.NONFINITE,
-    exitcodes.INTERRUPTED,
-    exitcodes.PREEMPTED,
-    exitcodes.OK,
-)
-
-
-def most_serious(codes: Sequence[int]) -> int:
-    """The exit code of the most serious of `codes` (pure; an unknown code counts as FAILED; none: OK)."""
-    known = [c if c in SERIOUS else exitcodes.FAILED for c in codes]
-    return min(known, key=SERIOUS.index, default=exitcodes.OK)
 
 
 def sweep_folder(launch: options.LaunchOptions, cfg: trials.TrainConfig) -> Path:
@@ -96,7 +80,13 @@ def run(args: SweepArgs, argv: Sequence[str], new_parser: Callable[[], argparse.
     if launch.local is None:
         from hpc_ddp.launch.sweep import array
 
-        return array.submit(launch, folder, decisions, args, reported)
+        submitted, code = array.submit(launch, folder, decisions, args, without_folder(argv))
+        if launch.slurm is None or not launch.slurm.wait or launch.slurm.print_sbatch:
+            return most_serious([code, *reported])
+        from hpc_ddp.launch.sweep import follow
+
+        # Every trial's table, the ones submitted now followed to their ends first.
+        return follow.follow(folder, decisions, submitted) if submitted else follow.report(decisions, print)
     run_folder.prepare(folder)
     state.write_record(folder, [d.trial for d in decisions], without_folder(argv))
     print(

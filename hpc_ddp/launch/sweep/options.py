@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from hpc_ddp.errors import UsageError
 
 SWEEP, FILE, PARALLEL, RETRY = "--sweep", "--sweep-file", "--sweep-parallel", "--sweep-retry-failed"
-TAKES_VALUE = (SWEEP, FILE, PARALLEL)
+OFFSET = "--sweep-offset"  # slurm/ddp.sbatch's: the sweep's trial its array's index 0 is (a split sweep)
+TAKES_VALUE = (SWEEP, FILE, PARALLEL, OFFSET)
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class SweepArgs:
     file: str | None = None
     parallel: int | None = None  # trials at a time (None: locally 1, on Slurm all)
     retry_failed: bool = False
+    offset: int = 0  # slurm/ddp.sbatch's --sweep-offset
 
     @property
     def given(self) -> bool:
@@ -87,7 +89,12 @@ def split(argv: Sequence[str]) -> tuple[SweepArgs, list[str]]:
         else:
             rest.append(word)
         i += 1
-    return SweepArgs(tuple(axes), found.get(FILE), _parallel(found.get(PARALLEL)), retry), rest
+    offset = found.get(OFFSET, "0")
+    if not offset.isdigit():
+        raise UsageError(
+            f"{OFFSET} {offset}: expected the index of the array's first trial in the sweep, 0 or more"
+        )
+    return SweepArgs(tuple(axes), found.get(FILE), _parallel(found.get(PARALLEL)), retry, int(offset)), rest
 
 
 def _parallel(text: str | None) -> int | None:
