@@ -14,10 +14,9 @@ import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hpc_ddp import exitcodes
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch import options
-from hpc_ddp.launch.sweep import spec, state, trials
+from hpc_ddp.launch.sweep import spec, state, summary, trials
 from hpc_ddp.launch.sweep.options import SweepArgs, without_folder
 from hpc_ddp.launch.sweep.summary import most_serious
 from hpc_ddp.run import configfile, taskspec
@@ -76,7 +75,7 @@ def run(args: SweepArgs, argv: Sequence[str], new_parser: Callable[[], argparse.
     for d in decisions:
         print(f"[sweep] trial {d.trial.name}: {d.why}", flush=True)
     to_run = [d.trial for d in decisions if d.action == state.RUN]
-    reported = [exitcodes.FAILED for d in decisions if d.action == state.REPORT]
+    reported = [summary.exit_code(d.state) for d in decisions if d.action == state.REPORT]
     if launch.local is None:
         from hpc_ddp.launch.sweep import array
 
