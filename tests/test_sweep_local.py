@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DETERMINISTIC_2X1, clean_environ, die_with_test
+from conftest import DETERMINISTIC_2X1, clean_environ, die_with_test, run_module
 
 from hpc_ddp.ledger import attempts
 
@@ -81,3 +81,23 @@ def test_a_trial_equals_the_same_options_run_alone(
     assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
     other = torch.load(folder / "lr=0.01" / "model.pth", weights_only=True)
     assert not all(torch.equal(expected[k], other[k]) for k in expected)  # the lr did vary
+
+
+def test_the_sweeps_report_is_one_page_with_every_trial_and_a_link_to_its_own(
+    swept: tuple[Path, int, str],
+) -> None:
+    folder, code, out = swept
+    assert code == 0, out
+    done = run_module("hpc_ddp.report", str(folder), "--no-sacct")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == (
+        f"report: {folder / 'report.html'} (sweep of 2 trial(s), 2 finished; each trial's report beside it)"
+    )
+    page = (folder / "report.html").read_text()
+    assert (
+        "<th>lr</th><th>state</th><th>steps</th><th>final loss</th><th>best loss</th><th>goodput</th>" in page
+    )
+    for name in ("lr=0.005", "lr=0.01"):
+        assert f'<a href="{name}/report.html">{name}</a>' in page
+        assert (folder / name / "report.html").is_file()
+    assert "<td>0.005</td><td>finished</td><td>48</td>" in page and 'alt="loss"' in page
