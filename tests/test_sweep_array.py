@@ -271,3 +271,9 @@ def test_the_table_and_exit_code_come_from_each_trials_records(tmp_path: Path) -
     assert table[1] == ["seed=2", "failed (nonfinite)", "3", "1.5", "1", "1", "loss is nan at step 3"]
     assert table[2][:2] == ["seed=3", "unfinished (preempted)"]
     assert summary.exit_code(state.TrialState(state.NEW)) == exitcodes.FAILED
+
+
+def test_the_benchs_following_figure_is_two_slurm_calls_per_poll() -> None:
+    from hpc_ddp.bench import sweeping
+
+    assert sweeping.polls(512) == {"polls": 2 + follow.GONE_POLLS, "calls_per_poll": 2.0}
