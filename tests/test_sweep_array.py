@@ -277,3 +277,61 @@ def test_the_benchs_following_figure_is_two_slurm_calls_per_poll() -> None:
     from hpc_ddp.bench import sweeping
 
     assert sweeping.polls(512) == {"polls": 2 + follow.GONE_POLLS, "calls_per_poll": 2.0}
+
+
+def test_a_trial_whose_job_is_still_queued_is_not_submitted_again_but_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    launch, folder, decisions = prepare(tmp_path / "sweep", "lr=0.1,0.2")
+    waiting = decisions[0].trial.folder
+    waiting.mkdir(parents=True)
+    attempts.append(
+        waiting,
+        {
+            "event": "end",
+            "job": "40_0",
+            "restart": 0,
+            "time": 1.0,
+            "outcome": "preempted",
+            "decision": "requeue",
+        },
+    )
+    asked: list[list[str]] = []
+
+    class Cluster:
+        def max_array_size(self) -> None:
+            return None
+
+        def queued(self, jobs: Sequence[str]) -> dict:
+            asked.append(list(jobs))
+            return {"40_0": ("PENDING", "BeginTime")}
+
+        def submit_array(self, job: slurm_submit.Submission, calls: list, parallel: int) -> list[str]:
+            return [f"41_{i}" for i in range(len(calls))]
+
+    monkeypatch.setattr(slurm_submit, "check_submit_host", lambda: None)
+    monkeypatch.setattr(submitter, "_client", Cluster)
+    done, _ = array.submit(launch, folder, decisions, SweepArgs(("lr=0.1,0.2",)), BASE)
+    assert asked == [["40_0"]]  # one squeue for every trial that may still run
+    assert [(t.name, job) for t, job in done] == [("lr=0.2", "41_0"), ("lr=0.1", "40_0")]
+    out = capsys.readouterr().out
+    assert "[sweep] trial lr=0.1: still queued as job 40_0; it resumes by itself (not submitted again)" in out
+    assert "[sweep] trial lr=0.2: submitted as job 41_0" in out and "lr=0.1: submitted" not in out
+
+
+def test_trials_running_at_once_get_job_ids_of_different_ports() -> None:
+    from hpc_ddp.cluster.env import PORT_SPAN
+    from hpc_ddp.launch.sweep import local
+
+    drawn = iter(["1", str(1 + PORT_SPAN), "1", "2"])  # the second and third land on the first's port
+    ids = local.job_ids(2, lambda: next(drawn))
+    assert ids == ["1", "2"] and len({port_for_job(i) for i in ids}) == 2
+
+
+def test_sweep_flags_without_a_sweep_are_refused() -> None:
+    from hpc_ddp import submit
+
+    with pytest.raises(UsageError, match="--sweep-parallel and --sweep-retry-failed go with --sweep"):
+        submit.main(["--local", "--sweep-parallel", "2"])
+    with pytest.raises(UsageError, match="--sweep-offset is slurm/ddp.sbatch's"):
+        submit.main(["--local", "--sweep", "lr=1", "--sweep-offset", "3"])

@@ -5,8 +5,11 @@ alone (conftest's uninterrupted_2x1: DETERMINISTIC_2X1 with --lr 0.005)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -101,3 +104,39 @@ def test_the_sweeps_report_is_one_page_with_every_trial_and_a_link_to_its_own(
         assert f'<a href="{name}/report.html">{name}</a>' in page
         assert (folder / name / "report.html").is_file()
     assert "<td>0.005</td><td>finished</td><td>48</td>" in page and 'alt="loss"' in page
+
+
+def test_sigterm_stops_every_running_trial_starts_no_other_and_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each running trial gets SIGINT (a launcher saves and exits 130 on it) and is waited for; no process
+    outlives the sweep. Trials here are stand-ins that exit 130 on SIGINT, as a launcher does."""
+    from hpc_ddp.launch.sweep import local
+    from hpc_ddp.launch.sweep.trials import Trial
+    from hpc_ddp.run.config import TrainConfig
+
+    started: list[subprocess.Popen[bytes]] = []
+    code = "import signal,sys,time; signal.signal(signal.SIGINT, lambda *a: sys.exit(130)); print(1, flush=True); time.sleep(60)"
+
+    def start(trial: Trial, job_id: str, quiet: bool) -> local._Running:
+        process = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, preexec_fn=die_with_test
+        )
+        assert process.stdout is not None and process.stdout.readline()  # its handler is in place
+        started.append(process)
+        return local._Running(trial, process, None)
+
+    monkeypatch.setattr(local, "_start", start)
+    trials = [Trial(f"t{i}", (), (), tmp_path / f"t{i}", TrainConfig()) for i in range(3)]
+    lines: list[str] = []
+    before = signal.getsignal(signal.SIGTERM)
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            local.run(trials, 2, lines.append)
+    finally:
+        timer.cancel()
+    assert len(started) == 2 and [p.returncode for p in started] == [130, 130]
+    assert "[sweep] stopping: 2 running trial(s) save and exit; 1 not started" in lines
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -100,8 +100,9 @@ def submit(
     args: SweepArgs,
     argv: Sequence[str],
 ) -> tuple[list[tuple[Trial, str]], int]:
-    """Submit the trials `decisions` runs: (trial, element id) of each, and the exit code so far (see the
-    module docstring). --print-sbatch shows the first array's script and submits nothing."""
+    """Submit the trials `decisions` runs: (trial, element id) of each (and of each trial whose job is still
+    queued, not submitted again), and the exit code so far (see the module docstring). --print-sbatch shows the
+    first array's script and submits nothing."""
     assert launch.slurm is not None
     to_run = [d.trial for d in decisions if d.action == state.RUN]
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -119,6 +120,7 @@ def submit(
     queued = still_queued(to_run, client)
     for name, job in queued.items():
         print(f"[sweep] trial {name}: still queued as job {job}; it resumes by itself (not submitted again)")
+    waiting = [(t, queued[t.name]) for t in to_run if t.name in queued]  # --wait follows them too
     to_run = [t for t in to_run if t.name not in queued]
     submitter.prepare_folder(folder)
     state.write_record(folder, [d.trial for d in decisions], argv)
@@ -136,4 +138,4 @@ def submit(
         submitted += list(zip(part, ids, strict=True))
     for trial, job_id in submitted:
         print(f"[sweep] trial {trial.name}: submitted as job {job_id}", flush=True)
-    return submitted, exitcodes.OK
+    return [*submitted, *waiting], exitcodes.OK
