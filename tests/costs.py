@@ -68,6 +68,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_sweep.py": "unit",
     "test_sweep_local.py": "ranks",
     "test_sweep_array.py": "unit",
+    "test_sweep_trackers.py": "process",
     "test_supervisor.py": "process",
     "test_variables.py": "unit",
     "test_docs.py": "process",

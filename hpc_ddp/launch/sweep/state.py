@@ -29,10 +29,11 @@ from hpc_ddp.launch.sweep.trials import Trial
 from hpc_ddp.ledger import attempts as attempt_records
 from hpc_ddp.ledger import outcomes
 from hpc_ddp.ledger.files import atomic_write_bytes
+from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import record
 from hpc_ddp.run.config import TrainConfig, differences
 
-RECORD = "sweep.json"
+RECORD = run_folder.SWEEP_RECORD
 NEW, FINISHED, UNFINISHED, FAILED = "new", "finished", "unfinished", "failed"
 RUN, SKIP, REPORT = "run", "skip", "report"
 CURABLE = outcomes.FAILURES  # a failure another start may cure; nonfinite values or a usage error come back
