@@ -140,3 +140,19 @@ def test_sigterm_stops_every_running_trial_starts_no_other_and_waits(
     assert len(started) == 2 and [p.returncode for p in started] == [130, 130]
     assert "[sweep] stopping: 2 running trial(s) save and exit; 1 not started" in lines
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_value_added_runs_the_new_trials_only(swept: tuple[Path, int, str]) -> None:
+    """The same sweep with lr=0.02 added, shown as a Slurm array (--print-sbatch: nothing runs or is written):
+    the finished trials are left alone, the array holds the new trial alone."""
+    folder, code, out = swept
+    assert code == 0, out
+    argv = ["--folder", str(folder), *ARGS, "--sweep", "lr=0.005,0.01,0.02", "--print-sbatch"]
+    done = run_module("hpc_ddp.submit", *argv, env=clean_environ(SLOW_TASK_SLEEP_S="0"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "[sweep] trial lr=0.005: finished" in done.stdout and "[sweep] trial lr=0.01: finished" in done.stdout
+    )
+    assert "[sweep] trial lr=0.02: new" in done.stdout and "#SBATCH --array=0-0%1" in done.stdout
+    assert "# element 0: python -m hpc_ddp.train" in done.stderr and "--lr=0.02" in done.stderr
+    assert not (folder / "lr=0.02").exists()
