@@ -16,9 +16,10 @@ import sys
 from typing import NoReturn
 
 from hpc_ddp.cli import build_parser
-from hpc_ddp.errors import run_main
+from hpc_ddp.errors import UsageError, run_main
 from hpc_ddp.launch import options
 from hpc_ddp.launch.rerun import resume_command as resume_command
+from hpc_ddp.launch.sweep import options as sweep_options
 from hpc_ddp.run import configfile, taskspec
 from hpc_ddp.run.config import BUILTIN_TASKS, add_train_arguments
 
@@ -162,11 +163,21 @@ def build_argparser() -> argparse.ArgumentParser:
     add_job_arguments(parser)
     add_slurm_arguments(parser)
     add_train_arguments(parser, FOLDER_DEFAULT)
+    sweep_options.add_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    sweep, argv = sweep_options.split(argv)  # a sweep's own flags; the rest is one run's command line
+    if sweep.offset:
+        raise UsageError("--sweep-offset is slurm/ddp.sbatch's (a split array); submit splits a sweep itself")
+    if sweep.given:
+        from hpc_ddp.launch.sweep import command
+
+        return command.run(sweep, argv, build_argparser)
+    if sweep.parallel is not None or sweep.retry_failed:
+        raise UsageError("--sweep-parallel and --sweep-retry-failed go with --sweep or --sweep-file")
     launch, cfg = options.read(configfile.parse(build_argparser(), argv))  # every flag checked, once
     if launch.trains:  # --task mod:buidl is refused here, before any rank starts (its source read, never run)
         runtime = launch.slurm.request.runtime if launch.slurm is not None else None

@@ -35,6 +35,7 @@ SAVE_DELAY_S = "HPC_DDP_SAVE_DELAY_S"
 RESUME_PROBE = "HPC_DDP_RESUME_PROBE"
 IN_PLACE = "HPC_DDP_IN_PLACE"
 STEP_ARGS = "HPC_DDP_STEP_ARGS"
+LOCAL_JOB_ID = "HPC_DDP_LOCAL_JOB_ID"
 
 VARIABLES: tuple[Variable, ...] = (
     # ----- channels between the kit's processes -----
@@ -74,6 +75,12 @@ VARIABLES: tuple[Variable, ...] = (
         "channel",
         "a file in which the batch shell's first srun of a job with --spare-nodes writes its arguments, so "
         "that the steps started inside the allocation run the same command (hpc_ddp.launch.slurm.inplace)",
+    ),
+    Variable(
+        LOCAL_JOB_ID,
+        "channel",
+        "the fake job id a local sweep gives each trial's launcher, so that trials running at once never derive "
+        "the same rendezvous port (hpc_ddp.launch.sweep.local)",
     ),
     # ----- user settings -----
     Variable(

@@ -60,6 +60,7 @@ def test_each_variable_is_listed_once_with_its_meaning() -> None:
         "HPC_DDP_LIVE_PROGRESS",
         "HPC_DDP_IN_PLACE",
         "HPC_DDP_STEP_ARGS",
+        "HPC_DDP_LOCAL_JOB_ID",
     }
 
 

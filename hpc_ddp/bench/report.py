@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc_ddp.bench import sweeping
 from hpc_ddp.bench.runs import MIN_TRIALS, TASK, Settings, ratios
 
 NOISY = "noisy: rerun on a quiet machine"
@@ -322,6 +323,7 @@ ROWS: dict[str, Callable[[dict[str, Any], Settings], list[tuple[str, str, str]]]
     "fsdp": _fsdp_rows,
     "recovery": _recovery_rows,
     "resume": _resume_rows,
+    "sweep": sweeping.rows,
     "watchdog": _watchdog_rows,
 }
 

@@ -13,15 +13,16 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.bench import recovery, resuming, saving, sharding, startup, throughput, watching
+from hpc_ddp.bench import recovery, resuming, saving, sharding, startup, sweeping, throughput, watching
 from hpc_ddp.bench.report import header, table, targets
 from hpc_ddp.bench.runs import TASK, RunFailed, Settings, load_average, progress
 
 PROG = "python -m hpc_ddp.bench"
 SECTIONS = ("overhead", "scaling", "checkpoint", "launch", "watchdog")  # the default run
 # Asked for by name only: fsdp takes minutes and gigabytes; recovery a Slurm cluster whose nodes it takes away;
-# resume a check of a 200-step run (minutes on a loaded machine).
-OPTIONAL = ("fsdp", "recovery", "resume")
+# resume a check of a 200-step run (minutes on a loaded machine); sweep submits sweeps of up to 512 trials to a
+# simulated Slurm (issue 44).
+OPTIONAL = ("fsdp", "recovery", "resume", "sweep")
 
 
 def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -40,6 +41,8 @@ def run_sections(s: Settings, sections: Sequence[str]) -> dict[str, dict[str, An
         results["recovery"] = recovery.recovery_section(s)
     if "resume" in sections:
         results["resume"] = resuming.resume_section(s)
+    if "sweep" in sections:
+        results["sweep"] = sweeping.sweep_section(s)
     return {name: results[name] for name in SECTIONS + OPTIONAL if name in results}
 
 

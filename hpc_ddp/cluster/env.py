@@ -53,6 +53,9 @@ SLURM_VARS: dict[str, tuple[str, ...]] = {
     "nodelist": ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"),
     "tasks_per_node": ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
     "job_id": ("SLURM_JOB_ID", "SLURM_JOBID"),
+    # An element of a job array: the array's id and its index (its own SLURM_JOB_ID is another number).
+    "array_job_id": ("SLURM_ARRAY_JOB_ID",),
+    "array_task_id": ("SLURM_ARRAY_TASK_ID",),
     # srun exports these to its tasks; the batch shell and salloc have neither (they have SLURM_PROCID=0 too).
     "step_id": ("SLURM_STEP_ID", "SLURM_STEPID"),
     # This task's node as Slurm names it (what ExcNodeList takes): the host name may differ.
@@ -185,6 +188,17 @@ def port_for_job(job_id: str) -> int:
     else:
         number = zlib.crc32(job_id.encode())
     return PORT_BASE + number % PORT_SPAN
+
+
+def slurm_job_id(environ: Mapping[str, str]) -> str | None:
+    """The job's id as Slurm's commands take it and the run's records name it (pure): `ARRAY_TASK` ("123_4") for
+    an element of a job array (`scontrol requeue 123_4` requeues that element alone, `sacct -j 123` lists every
+    element), else SLURM_JOB_ID; None outside a job."""
+    array, task = _first(environ, SLURM_VARS["array_job_id"]), _first(environ, SLURM_VARS["array_task_id"])
+    if array and task and _decimal(array[1].strip()) and _decimal(task[1].strip()):
+        return f"{array[1].strip()}_{task[1].strip()}"
+    job = _first(environ, SLURM_VARS["job_id"])
+    return job[1] if job else None
 
 
 def _decimal(text: str) -> bool:
@@ -370,7 +384,7 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
     nodelist = _first(environ, SLURM_VARS["nodelist"])
     tasks = _first(environ, SLURM_VARS["tasks_per_node"])
     job = _first(environ, SLURM_VARS["job_id"])
-    job_id = job[1] if job else None
+    job_id = slurm_job_id(environ)
     nodes = _parse(hostlist.expand, nodelist) if nodelist else []
     per_node = _parse(hostlist.parse_tasks_per_node, tasks) if tasks else [world_size // max(num_nodes, 1)]
     if world_size == 0 or num_nodes == 0:
@@ -408,7 +422,9 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
         "local_world_size": local_world_size,
     }
     _check_leftovers(environ, derived)
-    addr, port, overrides = _rendezvous(environ, nodes, job_id, world_size)
+    # The port from the job's own SLURM_JOB_ID, unique among the jobs that exist, also for an array element:
+    # its ARRAY_TASK (123_4 -> port of 127) could be another running job's id (127) on the same node.
+    addr, port, overrides = _rendezvous(environ, nodes, job[1] if job else job_id, world_size)
     _check_rank0_host(environ, rank, addr, nodes)
     return DistEnv(
         rank=rank,

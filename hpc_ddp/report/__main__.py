@@ -8,13 +8,13 @@ from pathlib import Path
 import hpc_ddp.report
 from hpc_ddp.cli import build_parser
 from hpc_ddp.errors import UsageError, run_main
-from hpc_ddp.report import PROG, page, plots, sources, timeline
+from hpc_ddp.report import PROG, page, plots, sources, sweep, timeline
 from hpc_ddp.run.folder import atomic_write_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(PROG, hpc_ddp.report.__doc__ or "")
-    parser.add_argument("folder", help="the run folder (the run's --folder)")
+    parser.add_argument("folder", help="the run folder (the run's --folder), or a sweep's (its trials' page)")
     parser.add_argument(
         "--out",
         metavar="PATH",
@@ -28,7 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     folder = Path(ns.folder)
     out = Path(ns.out) if ns.out else folder / "report.html"
-    run = sources.read_run(folder, use_sacct=not ns.no_sacct)  # not a run folder: one line, before anything
+    if sweep.is_sweep(folder):  # a sweep's folder: its page, and each trial's own report
+        print(
+            sweep.write(folder, out, lambda trial: write_run(trial, trial / "report.html", not ns.no_sacct))
+        )
+        return 0
+    print(write_run(folder, out, not ns.no_sacct), flush=True)
+    return 0
+
+
+def write_run(folder: Path, out: Path, use_sacct: bool) -> str:
+    """Write the run's report to `out` (its PNGs beside it): the line that says where and its headline."""
+    run = sources.read_run(folder, use_sacct=use_sacct)  # not a run folder: one line, before anything
     if out.is_dir() or not out.parent.is_dir():
         raise UsageError(
             f"--out {out}: expected a file path in an existing folder. Fix: --out "
@@ -59,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except OSError as e:
         raise UsageError(f"cannot write {out} ({e.strerror or e}). Fix: --out a path you can write") from None
-    print(line(out, summary, page.key_metric(run.records)), flush=True)
-    return 0
+    return line(out, summary, page.key_metric(run.records))
 
 
 def line(out: Path, s: timeline.Summary, key: tuple[str, str] | None = None) -> str:

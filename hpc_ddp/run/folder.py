@@ -55,6 +55,7 @@ TENSORBOARD = "tb"  # --tensorboard: rank 0's event files (hpc_ddp.run.tblog)
 RUN_RECORD = "run.json"
 CONFIG_FILE = "config.toml"  # the resolved training options, for --config (hpc_ddp.run.configfile)
 LOGS = "logs"
+SWEEP_RECORD = "sweep.json"  # in a sweep's folder, above its trials' run folders (hpc_ddp.launch.sweep.state)
 SUBMITIT = "submitit"
 LOCK_NAME = "run.lock"
 LOCK_VAR = FOLDER_LOCK  # the local launcher holds the folder for its ranks; their rank 0 inherits it

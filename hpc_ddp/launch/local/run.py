@@ -25,6 +25,7 @@ from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import progress
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.scheduler.local import fresh_job_id
+from hpc_ddp.variables import LOCAL_JOB_ID
 
 
 def gpu_count() -> int:
@@ -49,7 +50,7 @@ def run_local(launch: LaunchOptions, cfg: TrainConfig, resume_command: str = "")
     console = Console(sys.stdout if sys.stdout is not None else sys.stderr)
     # Rank 0's stdout is a pipe to this launcher: tell it whether its progress line ends on a terminal.
     extra = {progress.LIVE_VAR: "1" if console.tty else "0"}
-    job_id = fresh_job_id()
+    job_id = os.environ.get(LOCAL_JOB_ID) or fresh_job_id()  # a local sweep's trials: distinct ports
     trains = module in processes.HOLDS_SIGNALS
     default = not cfg.folder and trains  # the task's own folder, which the same command comes back to
     if cfg.folder:

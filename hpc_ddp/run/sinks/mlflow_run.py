@@ -3,7 +3,8 @@
 MLflow's own settings apply: MLFLOW_TRACKING_URI (a server, or offline a `sqlite:///...` database, which needs
 the full mlflow package, or a `file:` store, which MLflow 3 keeps in maintenance mode behind
 MLFLOW_ALLOW_FILE_STORE=true) and MLFLOW_EXPERIMENT_NAME (default here: "hpc_ddp"). The run is named after the
-folder and tagged with its path. Through MlflowClient, never the fluent API: no global active run in the rank.
+folder and tagged with its path; a sweep's trial is a child run of the sweep's (named as the sweep's folder,
+made by the first trial to start). Through MlflowClient, never the fluent API: no global active run in the rank.
 A start that resumes asks the store for the highest step of train/loss, so that no step is logged twice even
 after a start that was killed outright.
 """
@@ -15,9 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.run.sinks.trackers import Tracked
+from hpc_ddp.run.sinks.trackers import Tracked, shared_entry, sweep_of
 
 PARAM_CHARS = 6000  # MLflow's limit on a parameter's value
+PARENT = "mlflow.json"  # in a sweep's folder: the id of the sweep's parent run
 
 
 class MlflowRun(Tracked):
@@ -40,9 +42,11 @@ class MlflowRun(Tracked):
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "hpc_ddp"
             found = self.client.get_experiment_by_name(name)
             experiment = found.experiment_id if found else self.client.create_experiment(name)
-            run = self.client.create_run(
-                experiment, run_name=folder.resolve().name, tags={"hpc_ddp.folder": str(folder.resolve())}
-            )
+            tags = {"hpc_ddp.folder": str(folder.resolve())}
+            sweep = sweep_of(folder)
+            if sweep is not None:  # a sweep's trials: child runs of one parent run, the sweep's
+                tags["mlflow.parentRunId"] = self._parent(experiment, sweep)
+            run = self.client.create_run(experiment, run_name=folder.resolve().name, tags=tags)
             self.run_id = run.info.run_id
             params = [Param(k, str(v)[:PARAM_CHARS]) for k, v in config.items()]  # the options, once
             self.client.log_batch(self.run_id, params=params)
@@ -52,6 +56,15 @@ class MlflowRun(Tracked):
             f"mlflow: run {self.run_id} ({'resumed' if self.resumed else 'new'}) in {mlflow.get_tracking_uri()}",
             flush=True,
         )
+
+    def _parent(self, experiment: str, sweep: Path) -> str:
+        """The sweep's parent run, made by its first trial to open a run (its id in <sweep>/mlflow.json)."""
+
+        def make() -> dict[str, Any]:
+            run = self.client.create_run(experiment, run_name=sweep.name, tags={"hpc_ddp.sweep": str(sweep)})
+            return {"id": run.info.run_id}
+
+        return str(shared_entry(sweep / PARENT, make)["id"])
 
     def started(self, record: Mapping[str, Any], attempts: list[str]) -> None:
         self.client.log_text(self.run_id, "\n".join(attempts) + "\n", "attempts.txt")

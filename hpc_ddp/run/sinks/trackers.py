@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,36 @@ def attempt_lines(folder: Path) -> list[str]:
     from hpc_ddp.ledger import attempts
 
     return [attempts.summary(a) for a in attempts.read(folder)]
+
+
+def sweep_of(folder: Path) -> Path | None:
+    """The sweep's folder when `folder` is one of its trials (hpc_ddp.launch.sweep: <sweep>/<trial>, the sweep's
+    record beside the trial), else None: its trials' tracker runs are grouped under the sweep's name."""
+    from hpc_ddp.run.folder import SWEEP_RECORD
+
+    parent = folder.resolve().parent
+    return parent if (parent / SWEEP_RECORD).is_file() else None
+
+
+def shared_entry(path: Path, make: Any) -> dict[str, Any]:
+    """The JSON object in `path`, made by `make()` and written by the first of the trials that ask at once
+    (a hard link of a whole file: atomic on every shared file system, and the others read the first's)."""
+    try:
+        found = json.loads(path.read_text())
+        if isinstance(found, dict):
+            return found
+    except (OSError, ValueError):
+        pass
+    made = make()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(made) + "\n")
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        made = json.loads(path.read_text())
+    finally:
+        tmp.unlink(missing_ok=True)
+    return made
 
 
 class Ids:

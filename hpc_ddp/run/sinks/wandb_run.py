@@ -1,7 +1,7 @@
 """`--tracker wandb`: rank 0's records in a Weights & Biases run, one per run folder (see trackers.py).
 
 wandb's own settings apply (WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE=offline...); the project defaults to
-"hpc_ddp", the run's name to the folder's. Its files go under `<folder>/wandb/`. A requeued or rerun start
+"hpc_ddp", the run's name to the folder's; a sweep's trials are one group, named as the sweep's folder. Its files go under `<folder>/wandb/`. A requeued or rerun start
 calls wandb.init with the same id and resume="allow": online it continues the same run; offline each start
 leaves its own `offline-run-*` folder with that id, which `wandb sync` uploads into the one run. wandb does
 not capture the console here (console="off"): the kit's progress line and logs are its own.
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.run.sinks.trackers import Tracked
+from hpc_ddp.run.sinks.trackers import Tracked, sweep_of
 
 
 class WandbRun(Tracked):
@@ -26,11 +26,13 @@ class WandbRun(Tracked):
         import wandb
 
         run_id = str(self.entry.get("id") or uuid.uuid4().hex[:12])
+        sweep = sweep_of(folder)
         self.run: Any = wandb.init(
             project=os.environ.get("WANDB_PROJECT") or "hpc_ddp",
             id=run_id,
             resume="allow",
             name=folder.resolve().name,
+            group=sweep.name if sweep is not None else None,  # a sweep's trials: one group, the sweep's name
             dir=str(folder),
             config=None if self.resumed else dict(config),  # the options, once: when the run is made
             settings=wandb.Settings(silent=True, console="off"),

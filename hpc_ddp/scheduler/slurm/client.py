@@ -17,6 +17,7 @@ which every user's `--wait` shares. One `sacct -D` answers for every run of any 
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -155,6 +156,10 @@ class SlurmClient:
     def usable(self, exclude: Sequence[str] = (), partition: str = "") -> list[str]:
         return states.usable(self.nodes(partition), exclude)
 
+    def submit_array(self, submission: Submission, calls: list[object], parallel: int) -> list[str]:
+        """sbatch one job array, element i running `calls[i]`: each element's id (Submission.submit_array)."""
+        return submission.submit_array(calls, parallel)
+
     def submit(self, submission: Submission, call: object) -> str:
         """sbatch the job whose every task runs `call` (through submitit, which runs sbatch itself); its id.
         Raises UsageError when sbatch refuses it (its reason in one line)."""
@@ -183,6 +188,19 @@ class SlurmClient:
     def queue(self, job_ids: Sequence[str]) -> dict[str, tuple[JobState, str]] | None:
         """The jobs still in the controller's queue (pending, running, completing): {id: (state, reason)}."""
         text = self._text("squeue", "-h", "-o", SQUEUE_FORMAT, "-j", ",".join(job_ids))
+        return parse_squeue(text) if text is not None else None
+
+    def max_array_size(self) -> int | None:
+        """The site's MaxArraySize (`scontrol show config`): a job array's indexes stay below it; None when
+        scontrol did not answer or does not say."""
+        text = self._text("scontrol", "show", "config") or ""
+        found = re.search(r"^MaxArraySize\s*=\s*(\d+)", text, re.MULTILINE)
+        return int(found.group(1)) if found else None
+
+    def queue_elements(self, job_ids: Sequence[str]) -> dict[str, tuple[JobState, str]] | None:
+        """As `queue`, every element of a job array on its own line (`squeue -r`: ARRAY_INDEX; a pending
+        array's elements too)."""
+        text = self._text("squeue", "-h", "-r", "-o", SQUEUE_FORMAT, "-j", ",".join(job_ids))
         return parse_squeue(text) if text is not None else None
 
     def nodes(self, partition: str = "") -> dict[str, str]:

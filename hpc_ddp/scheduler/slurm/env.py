@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hpc_ddp.cluster import hostlist
-from hpc_ddp.cluster.env import SLURM_VARS, restart_count
+from hpc_ddp.cluster.env import SLURM_VARS, restart_count, slurm_job_id
 from hpc_ddp.scheduler.base import Identity
 
 
@@ -25,7 +25,8 @@ def value(environ: Mapping[str, str], field: str) -> str:
 
 
 def job_id(environ: Mapping[str, str]) -> str:
-    return value(environ, "job_id")
+    """The job's id, an array element's as ARRAY_TASK (hpc_ddp.cluster.env.slurm_job_id); "" outside a job."""
+    return (slurm_job_id(environ) or "").strip()
 
 
 def job_nodelist(environ: Mapping[str, str]) -> str:
@@ -83,3 +84,13 @@ def tasks_per_node(environ: Mapping[str, str]) -> int | None:
 def working_dir(environ: Mapping[str, str]) -> str:
     """Where srun starts the tasks when it was set (`sbatch --chdir`); "" when not."""
     return value(environ, "working_dir")
+
+
+def array_index(environ: Mapping[str, str]) -> str:
+    """This job's index in its job array (SLURM_ARRAY_TASK_ID), as Slurm wrote it; "" outside an array."""
+    return value(environ, "array_task_id")
+
+
+# A job array's batch shell: `$element` is the element's id as the kit names it (ARRAY_INDEX, as
+# hpc_ddp.cluster.env.slurm_job_id; the job id of a submission of one trial, which submitit makes a plain job).
+ELEMENT_LINE = "element=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}; element=${element:-$SLURM_JOB_ID}"

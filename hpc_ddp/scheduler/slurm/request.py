@@ -208,20 +208,26 @@ TASK_COUNT = (
 
 
 def with_batch_steps(
-    params: dict[str, Any], python: str, argv: Sequence[str], submitit_dir: str
+    params: dict[str, Any], python: str, argv: Sequence[str], submitit_dir: str, select: str = ""
 ) -> dict[str, Any]:
     """The executor parameters plus the batch shell's steps around srun (hpc_ddp.launch.slurm.batch), as
     slurm/ddp.sbatch has them: `begin` in the setup lines, `end` (given srun's status) in the teardown lines.
     The trap keeps the shell alive on SIGTERM (scancel, a requeue): `end` still decides. srun's own lines land
-    in the batch log, `<job id>_0_log.out`."""
+    in the batch log, `<job id>_0_log.out`.
+
+    `select`: a job array's (hpc_ddp.launch.sweep.array): a shell line that sets the positional parameters to
+    this element's training options, which the steps then get instead of `argv`, and `element` to the id
+    submitit names the element's log by (`<array id>_<index>`, the job id of an array of one)."""
     import shlex
 
     module = f"{python} -m hpc_ddp.launch.slurm.batch"
-    options = shlex.join(["--", *argv])
-    log = shlex.quote(submitit_dir) + '/"${SLURM_JOB_ID}_0_log.out"'
+    options = shlex.join(["--", *argv]) if not select else '-- "$@"'
+    job = "${element}" if select else "${SLURM_JOB_ID}"  # `select` sets $element: ARRAY_INDEX, or the job id
+    log = shlex.quote(submitit_dir) + f'/"{job}_0_log.out"'
     setup = [
         USR_TRAP,
         *params.get("setup", []),
+        *([select] if select else []),
         "export HPC_DDP_BATCH=1  # the tasks leave requeueing to this shell's `end` step",
         f"step=$({module} begin --log {log} {options}) || exit $?",
         'eval "$step"  # fsdp: malloc settings; --spare-nodes: an srun function for all nodes but the spares',

@@ -43,6 +43,35 @@ class Submission:
         command = f"{self.python} -u -m submitit.core._submit {shlex.quote(str(self.files))}"
         return _ended(_make_sbatch_string(command=command, folder=self.files, **self.parameters))
 
+    def array_script(self, count: int, parallel: int) -> str:
+        """The sbatch script of a job array of `count` elements, `parallel` at a time (`--array=0-N%P`)."""
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        command = f"{self.python} -u -m submitit.core._submit {shlex.quote(str(self.files))}"
+        params = {**self.parameters, "map_count": count, "array_parallelism": parallel}
+        return _ended(_make_sbatch_string(command=command, folder=self.files, **params))
+
+    def submit_array(self, calls: list[Any], parallel: int) -> list[str]:
+        """sbatch one job array whose element i runs `calls[i]` on every task, `parallel` at a time: each
+        element's id, ARRAY_INDEX (submitit submits a single call as a plain job: its id alone). sbatch's
+        refusal is a UsageError, as for `submit`."""
+        import submitit
+        from submitit.core.utils import FailedJobError
+
+        class Executor(submitit.SlurmExecutor):  # type: ignore[misc]
+            def _make_submission_file_text(self, command: str, uid: str) -> str:
+                return _ended(super()._make_submission_file_text(command, uid))
+
+        executor = Executor(folder=self.files, max_num_timeout=self.max_requeue, python=self.python)
+        executor.update_parameters(**self.parameters, array_parallelism=parallel)
+        with submission_environ(), redirect_stderr(io.StringIO()):
+            try:
+                with executor.batch():
+                    jobs = [executor.submit(call) for call in calls]
+            except FailedJobError as e:
+                raise UsageError(sbatch_error(str(e))) from None
+        return [str(job.job_id) for job in jobs]
+
     def submit(self, call: Any) -> str:
         """sbatch the job that runs `call` (pickled by submitit into its folder) on every task: its id. sbatch's
         refusal is a UsageError, in one line with the flag to fix."""
@@ -79,16 +108,18 @@ def build(
     files: Path,
     steps: tuple[str, ...] | None = None,
     max_requeue: int = 0,
+    select: str = "",
 ) -> Submission:
     """The job for `request`, its run folder `folder` (mounted or bound in a container) and submitit's `files`.
-    `steps`: the training options the batch shell's steps get (a training job); None: no steps (a check)."""
+    `steps`: the training options the batch shell's steps get (a training job); None: no steps (a check).
+    `select`: a job array's line that sets each element's options instead (request.with_batch_steps)."""
     rt = request.runtime
     params = request.executor_parameters()
     params["srun_args"] = [*params["srun_args"], *runtime.srun_options(rt, str(folder))]
     params["setup"] = [runtime.explain(rt, sys.executable), *params.get("setup", [])]
     if steps is not None:
         python = shlex.quote(runtime.batch_interpreter(rt, sys.executable))
-        params = with_batch_steps(params, python, steps, str(files))
+        params = with_batch_steps(params, python, steps, str(files), select)
     return Submission(files, params, task_python(request, folder), max_requeue)
 
 
