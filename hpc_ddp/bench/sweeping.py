@@ -96,7 +96,7 @@ def polls(trials: int) -> dict[str, float]:
     trial = [
         Trial(f"seed={i}", (("seed", str(i)),), (), nowhere / str(i), TrainConfig()) for i in range(trials)
     ]
-    decisions = [state.Decision(t, state.TrialState(state.NEW), state.RUN, "new") for t in trial]
+    decisions = [state.TrialPlan(t, state.TrialState(state.NEW), state.RUN, "new") for t in trial]
     sleeps: list[float] = []
     follow.follow(
         nowhere,

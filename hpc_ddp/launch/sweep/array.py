@@ -96,7 +96,7 @@ def still_queued(trials: Sequence[Trial], client: SlurmClient) -> dict[str, str]
 def submit(
     launch: LaunchOptions,
     folder: Path,
-    decisions: Sequence[state.Decision],
+    decisions: Sequence[state.TrialPlan],
     args: SweepArgs,
     argv: Sequence[str],
 ) -> tuple[list[tuple[Trial, str]], int]:

@@ -36,7 +36,7 @@ def sweep_folder(launch: options.LaunchOptions, cfg: trials.TrainConfig) -> Path
 
 def prepare(
     args: SweepArgs, argv: Sequence[str], new_parser: Callable[[], argparse.ArgumentParser]
-) -> tuple[options.LaunchOptions, Path, list[state.Decision]]:
+) -> tuple[options.LaunchOptions, Path, list[state.TrialPlan]]:
     """Every check, then the decision for each trial (UsageError at the first that is wrong)."""
 
     def read(words: list[str]) -> tuple[options.LaunchOptions, trials.TrainConfig]:

@@ -33,7 +33,7 @@ def arrays(ids: Sequence[str]) -> list[str]:
 
 def follow(
     folder: Path,
-    decisions: Sequence[state.Decision],
+    decisions: Sequence[state.TrialPlan],
     submitted: Sequence[tuple[Trial, str]],
     client: SlurmClient | None = None,
     say: Callable[[str], None] = lambda line: print(line, flush=True),
@@ -76,7 +76,7 @@ def follow(
     return report(decisions, say)
 
 
-def report(decisions: Sequence[state.Decision], say: Callable[[str], None]) -> int:
+def report(decisions: Sequence[state.TrialPlan], say: Callable[[str], None]) -> int:
     """The table of every trial, from its folder as it is now; the exit code of the most serious."""
     rows, codes = [], []
     for d in decisions:

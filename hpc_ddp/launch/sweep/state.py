@@ -50,7 +50,11 @@ class TrialState:
 
 
 @dataclass(frozen=True)
-class Decision:
+class TrialPlan:
+    """What the sweep does with one trial now: run it (new, or resumed from its checkpoint), skip it (finished),
+    or report it (failed past its budget). Not an attempt's decision: inside a trial, what follows each attempt
+    is the ledger's one decision (hpc_ddp.ledger.decision), as for any run."""
+
     trial: Trial
     state: TrialState
     action: str  # RUN, SKIP or REPORT
@@ -81,21 +85,21 @@ def read_state(folder: Path) -> TrialState:
     return state_of(attempt_records.read(folder), record.read_config(folder) is not None)
 
 
-def decide(trial: Trial, state: TrialState, max_restarts: int, retry_failed: bool) -> Decision:
+def decide(trial: Trial, state: TrialState, max_restarts: int, retry_failed: bool) -> TrialPlan:
     """What the sweep does with `trial` now (pure)."""
     if state.state == FINISHED:
-        return Decision(trial, state, SKIP, "finished")
+        return TrialPlan(trial, state, SKIP, "finished")
     if state.state == NEW:
-        return Decision(trial, state, RUN, "new")
+        return TrialPlan(trial, state, RUN, "new")
     if state.state == UNFINISHED:
-        return Decision(trial, state, RUN, "resumes from its latest checkpoint")
+        return TrialPlan(trial, state, RUN, "resumes from its latest checkpoint")
     if retry_failed:
-        return Decision(trial, state, RUN, "failed; rerun (--sweep-retry-failed)")
+        return TrialPlan(trial, state, RUN, "failed; rerun (--sweep-retry-failed)")
     if state.outcome in CURABLE and state.failures <= max_restarts:
-        return Decision(
+        return TrialPlan(
             trial, state, RUN, f"failed ({state.outcome}); rerun within --max-restarts {max_restarts}"
         )
-    return Decision(
+    return TrialPlan(
         trial,
         state,
         REPORT,
@@ -116,7 +120,7 @@ def refuse_other_run(trial: Trial, cfg: TrainConfig) -> None:
         )
 
 
-def plan(trials: Sequence[Trial], states: Sequence[TrialState], retry_failed: bool) -> list[Decision]:
+def plan(trials: Sequence[Trial], states: Sequence[TrialState], retry_failed: bool) -> list[TrialPlan]:
     """Each trial's decision, within its own --max-restarts (pure)."""
     return [decide(t, s, t.cfg.max_restarts, retry_failed) for t, s in zip(trials, states, strict=True)]
 
