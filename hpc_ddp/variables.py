@@ -35,6 +35,7 @@ SAVE_DELAY_S = "HPC_DDP_SAVE_DELAY_S"
 RESUME_PROBE = "HPC_DDP_RESUME_PROBE"
 IN_PLACE = "HPC_DDP_IN_PLACE"
 STEP_ARGS = "HPC_DDP_STEP_ARGS"
+SNAPSHOT_DIR = "HPC_DDP_SNAPSHOT_DIR"
 
 VARIABLES: tuple[Variable, ...] = (
     # ----- channels between the kit's processes -----
@@ -76,6 +77,12 @@ VARIABLES: tuple[Variable, ...] = (
         "that the steps started inside the allocation run the same command (hpc_ddp.launch.slurm.inplace)",
     ),
     # ----- user settings -----
+    Variable(
+        SNAPSHOT_DIR,
+        "user",
+        "where --snapshot-every-steps keeps each node's snapshots, <dir>/<job id>/<node name>/ (default "
+        "/dev/shm/hpc_ddp: memory; docs/memory.md)",
+    ),
     Variable(
         SAVE_BACKOFF_S,
         "user",
