@@ -66,13 +66,17 @@ def test_another_jobs_or_runs_snapshot_is_never_offered(tmp_path: Path) -> None:
     assert store.inventory(node, store.run_key("/another/run"), "8") == []
 
 
-def test_cleanup_removes_only_what_this_rank_wrote_then_the_empty_folders(tmp_path: Path) -> None:
+def test_cleanup_removes_the_runs_snapshots_then_the_empty_folders(tmp_path: Path) -> None:
     node = store.node_dir(tmp_path, "7", "node1")
     _put(node, store.OWN, 0, 1)
     _put(node, store.COPY, 1, 1)
-    store.remove_mine(node, KEY, {(store.OWN, 0)})
-    assert [h.kind for h in store.inventory(node, KEY, "7")] == [store.COPY]
-    store.remove_mine(node, KEY, {(store.COPY, 1)})
+    other = store.write(
+        node, store.run_key("/another/run"), {"job": "7", "rank": 0, "step": 1, "kind": "own"}, b""
+    )
+    store.remove_run(node, KEY)
+    assert store.inventory(node, KEY, "7") == [] and other.is_file()  # another run's stays, and its folder
+    other.unlink()
+    store.remove_run(node, KEY)
     assert not store.job_dir(tmp_path, "7").exists()
     _put(node, store.OWN, 0, 1)
     assert store.remove_job(tmp_path, "7") and not store.job_dir(tmp_path, "7").exists()

@@ -66,9 +66,9 @@ class _Opened:
         return self.parts.get(part.key)
 
 
-def find(taker: Taker, disk_step: int, folder: Path) -> tuple[Resumed | None, Any]:
-    """A collective: the snapshot this restart resumes from and this rank's state of it (None: the disk's
-    checkpoint, as without snapshots). Every rank reaches the same verdict."""
+def find(taker: Taker, disk_step: int, folder: Path) -> tuple[Resumed, Any]:
+    """A collective: the snapshot this restart resumes from and this rank's state of it, or Resumed("disk")
+    and None (the disk's checkpoint, as without snapshots). Every rank reaches the same verdict."""
     env, log = taker.env, taker.log
     held = store.inventory(taker.dir, taker.key, taker.job, log.warn)
     mine = plan.Report(env.node, taker.dir.is_dir(), tuple(held))
@@ -80,7 +80,7 @@ def find(taker: Taker, disk_step: int, folder: Path) -> tuple[Resumed | None, An
         log.main(f"snapshots: the memory of {', '.join(lost)} is gone (not trusted): their replicas are used")
     choice = plan.choose(reports, disk_step)
     if choice is None:
-        return None, None
+        return Resumed("disk", max(disk_step, 0), lost_nodes=lost), None
     payload = _follow(taker, choice, held)
     data = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     previous = reached.read(folder) if env.is_main else None
@@ -139,10 +139,10 @@ def resume(trainer: Any, start: Path | None) -> Resumed | None:
         return None
     disk_step = disk.ckpt_step(start) if start is not None else -1
     found, opened = find(taker, disk_step, trainer.folder)
-    if found is None:
+    if opened is None:
         previous = reached.read(trainer.folder) if trainer.env.is_main else None
-        lost = None if previous is None else max(0, previous[0] - max(disk_step, 0))
-        return Resumed("disk", max(disk_step, 0), lost)
+        found.lost_steps = None if previous is None else max(0, previous[0] - found.step)
+        return found
     label = Path(f"{taker.dir}/snapshot of step {found.step}")
     trainer.notes = trainer.checkpointer.restore(opened, label, type(trainer.checkpointer.format))
     return found

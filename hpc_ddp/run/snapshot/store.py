@@ -162,11 +162,12 @@ def _listed(directory: Path) -> list[tuple[str, str, int, int, str]]:
     return found
 
 
-def remove_mine(directory: Path, key: str, files: Any) -> None:
-    """Remove the snapshots this process wrote (`files`: (kind, rank) pairs) and its temporaries, then the
-    node's and the job's folders if nothing else is left in them."""
-    for k, kind, rank, _, name in _listed(directory):
-        if k == key and (kind, rank) in files:
+def remove_run(directory: Path, key: str) -> None:
+    """Remove every snapshot of run `key` in this node's folder (a rank of the step's last start, once every
+    rank is past its final save: also what an earlier start left here) and this process's temporaries, then
+    the node's and the job's folders if nothing else is left in them."""
+    for k, _, _, _, name in _listed(directory):
+        if k == key:
             with contextlib.suppress(FileNotFoundError):
                 (directory / name).unlink()
     with contextlib.suppress(OSError):

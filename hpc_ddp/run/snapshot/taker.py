@@ -65,7 +65,6 @@ class Taker:
         self.buddy = plan.buddies(self.nodes)
         self.senders = plan.senders(self.buddy, env.rank)
         self.thread: threading.Thread | None = None
-        self.written: set[tuple[str, int]] = set()  # (kind, rank) of the files this rank wrote
         self.stalls: list[float] = []  # the training thread's time in each `take`
         self.writes: list[float] = []  # each snapshot's write and exchange, on its thread
         self.taken = 0
@@ -123,7 +122,6 @@ class Taker:
             payload = buffer.getbuffer()
             store.rotate(self.dir, self.key, store.OWN, self.env.rank, store.GENERATIONS - 1)
             store.write(self.dir, self.key, self._header(store.OWN, self.env.rank, step), payload)
-            self.written.add((store.OWN, self.env.rank))
         except Exception as e:  # the disk's checkpoints are the record: said, and training goes on
             self.log.warn(f"snapshot of step {step} not written ({type(e).__name__}: {e}); training goes on")
             payload = b""
@@ -153,7 +151,6 @@ class Taker:
             store.rotate(self.dir, self.key, store.COPY, sender, store.GENERATIONS - 1)
             header = {**self._header(store.COPY, sender, step), "node": self.nodes[sender]}
             store.write(self.dir, self.key, header, memoryview(tensor.numpy()))
-            self.written.add((store.COPY, sender))
 
     def _header(self, kind: str, rank: int, step: int) -> dict[str, Any]:
         return {
@@ -176,15 +173,14 @@ class Taker:
     def finish(self) -> dict[str, Any]:
         """The run's final save was made: once every rank is past it (a barrier over the snapshot's group: the
         full format's rank 0 writes while the others go on), this rank's snapshots are not needed any more;
-        gone, with the node's and the job's folders once empty. Returns the summary for the record."""
+        gone (what an earlier start left on this node too), with the node's and the job's folders once empty. Returns the summary for the record."""
         self.wait(JOIN_S)
         try:
             dist.barrier(group=self.group)
         except Exception as e:  # a peer is gone: keep them (the supervisor removes the job's at its end)
             self.log.warn(f"snapshots kept in {self.dir}: not every rank finished its final save ({e})")
             return self.summary()
-        store.remove_mine(self.dir, self.key, self.written)
-        self.written.clear()
+        store.remove_run(self.dir, self.key)  # every rank of the node is past its final save
         return self.summary()
 
     def close(self) -> None:
