@@ -166,3 +166,56 @@ def test_a_rank_killed_with_its_nodes_memory_resumes_from_memory_bitwise(
     got = torch.load(folder / "model.pth", weights_only=True)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
     assert not shm.exists() or list(shm.iterdir()) == []  # nothing left in memory
+
+
+# ----- in process, on a real one-rank gloo group --------------------------------------------------------------
+def _trainer(cfg, env, folder: Path):  # type: ignore[no-untyped-def]
+    from hpc_ddp.log import RankLog
+    from hpc_ddp.run import tasks
+    from hpc_ddp.run.trainer import Trainer
+
+    torch.manual_seed(cfg.seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = cfg.with_folder(str(folder))
+    return Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0))
+
+
+@pytest.mark.deadline(120)
+def test_a_restart_resumes_the_newest_whole_snapshot_a_torn_one_never(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Snapshots every step of a 6-step run (none at its last: the final save is the disk's); the newest, of
+    step 5, torn (its bytes changed after the rename); a restart resumes the one of step 4, exactly the state
+    of a run stopped there; the memory limit is checked at start, refused in one line."""
+    import dataclasses
+
+    from hpc_ddp.cluster import env as dist_env
+    from hpc_ddp.cluster.group import process_group
+    from hpc_ddp.run.config import TrainConfig
+    from hpc_ddp.run.snapshot import recover
+
+    monkeypatch.setenv("HPC_DDP_SNAPSHOT_DIR", str(tmp_path / "shm"))
+    single = dist_env.detect({})
+    cfg = TrainConfig(epochs=1, max_steps=6, save_every_epochs=0, snapshot_every_steps=1)
+    with process_group(single, torch.device("cpu")):
+        with _trainer(cfg, single, tmp_path / "run") as trainer:
+            trainer.run()
+            node = trainer.snapshots.dir
+        held = store.inventory(node, store.run_key(tmp_path / "run"), trainer.snapshots.job)
+        assert [(h.kind, h.step) for h in held] == [(store.OWN, 4), (store.OWN, 5)]  # two generations
+        data = bytearray(Path(held[-1].path).read_bytes())
+        data[-8] ^= 1
+        Path(held[-1].path).write_bytes(bytes(data))
+        with _trainer(cfg, dataclasses.replace(single, restart=1), tmp_path / "run") as again:
+            found = recover.resume(again, None)
+            assert found is not None and (found.source, found.step, found.from_buddies) == ("memory", 4, [])
+            resumed = {k: v.clone() for k, v in again.model.state_dict().items()}
+            assert again.pos.step == 4
+        with _trainer(dataclasses.replace(cfg, max_steps=4), single, tmp_path / "stopped") as stopped:
+            stopped.run()
+            assert all(torch.equal(v, stopped.model.state_dict()[k]) for k, v in resumed.items())
+        small = dataclasses.replace(cfg, snapshot_memory_limit="1K")
+        with pytest.raises(
+            UsageError, match=r"snapshots would take .* over --snapshot-memory-limit 1K \(1 KiB\)"
+        ):
+            _trainer(small, single, tmp_path / "small")

@@ -237,7 +237,10 @@ def _available(base: Path) -> int:
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.3g} GiB" if n >= 2**28 else f"{n / 2**20:.3g} MiB"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size / 4:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} bytes"
 
 
 def for_run(cfg: Any, env: DistEnv, checkpointer: Any, model: torch.nn.Module, log: RankLog) -> Taker | None:
@@ -256,7 +259,12 @@ def for_run(cfg: Any, env: DistEnv, checkpointer: Any, model: torch.nn.Module, l
         cfg.timeout_s,
     )
     trainable = sum(_nbytes(p) for p in model.parameters() if p.requires_grad)
-    taker.check_memory(cfg.snapshot_memory_limit, trainable)
+    need = taker.check_memory(cfg.snapshot_memory_limit, trainable)
+    alone = "; one node: no buddy to keep a replica (a lost node falls back to the disk)"
+    log.main(
+        f"snapshots every {taker.every} step(s) in {taker.base}, {_gib(need)} a node at most"
+        + (alone if taker.buddy[env.rank] is None else ", a replica on the next node")
+    )
     return taker
 
 
