@@ -219,3 +219,47 @@ def test_a_restart_resumes_the_newest_whole_snapshot_a_torn_one_never(
             UsageError, match=r"snapshots would take .* over --snapshot-memory-limit 1K \(1 KiB\)"
         ):
             _trainer(small, single, tmp_path / "small")
+
+
+@pytest.mark.deadline(120)
+def test_under_fsdp_each_rank_keeps_its_shards_and_gets_them_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--strategy fsdp: a snapshot holds this rank's shards (its local tensors, the optimizer's too), laid
+    out again as the strategy's DTensors on resume: exactly the state of a run stopped there."""
+    import dataclasses
+
+    from hpc_ddp.cluster import env as dist_env
+    from hpc_ddp.cluster.group import process_group
+    from hpc_ddp.run.config import TrainConfig
+    from hpc_ddp.run.snapshot import recover
+
+    monkeypatch.setenv("HPC_DDP_SNAPSHOT_DIR", str(tmp_path / "shm"))
+    single = dist_env.detect({})
+    monkeypatch.setenv("SLOW_TASK_SLEEP_S", "0")
+    task = "slow_tasks:slow"  # dropout (the RNG) and momentum (the optimizer's state, sharded)
+    cfg = TrainConfig(
+        task=task, epochs=1, max_steps=4, save_every_epochs=0, snapshot_every_steps=1, strategy="fsdp"
+    )
+
+    def local(trainer):  # type: ignore[no-untyped-def]
+        momentum = trainer.strategy.optimizer_state()["state"]
+        state = {
+            **trainer.model.state_dict(),
+            **{k + ".m": v["momentum_buffer"] for k, v in momentum.items()},
+        }
+        assert all(hasattr(v, "to_local") for v in state.values())  # sharded: DTensors
+        return {k: v.to_local().clone() for k, v in state.items()}
+
+    with process_group(single, torch.device("cpu")):
+        with _trainer(cfg, single, tmp_path / "run") as trainer:
+            trainer.run()
+        with _trainer(cfg, dataclasses.replace(single, restart=1), tmp_path / "run") as again:
+            found = recover.resume(again, None)
+            assert found is not None and (found.source, found.step) == ("memory", 3)
+            resumed = local(again)
+        with _trainer(dataclasses.replace(cfg, max_steps=3), single, tmp_path / "stopped") as stopped:
+            stopped.run()
+            expected = local(stopped)
+    assert resumed.keys() == expected.keys() and len(expected) == 8  # 4 weights and biases, 4 momenta
+    assert all(torch.equal(v, expected[k]) for k, v in resumed.items())

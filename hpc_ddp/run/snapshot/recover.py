@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_ddp.run import reached
-from hpc_ddp.run.checkpoint.part import Part
+from hpc_ddp.run.checkpoint.part import SHARDED, Part
 from hpc_ddp.run.snapshot import plan, store
 from hpc_ddp.run.snapshot.taker import Taker
 
@@ -57,13 +57,38 @@ class Resumed:
 
 
 class _Opened:
-    """A snapshot read back, as a checkpoint's `Opened`: every part's state is this rank's own."""
+    """A snapshot read back, as a checkpoint's `Opened`: every part's state is this rank's own. A sharded
+    part's shards (saved as this rank's local tensors: taker._local) become the DTensors the strategy lays
+    out again, from its own state now (the template: asked on every rank, in the parts' order)."""
 
     def __init__(self, data: Any) -> None:
         self.meta, self.parts = data["meta"], data["parts"]
 
     def state_of(self, part: Part, rank: int) -> Any:
-        return self.parts.get(part.key)
+        saved = self.parts.get(part.key)
+        return _relocal(saved, part.state_dict()) if part.kind == SHARDED and saved is not None else saved
+
+
+def _relocal(saved: Any, template: Any) -> Any:
+    """`saved` with each tensor the template holds as a DTensor made that DTensor again (same mesh,
+    placements, global shape and stride; this rank's shard on the template's device)."""
+    if (
+        isinstance(saved, torch.Tensor)
+        and isinstance(template, torch.Tensor)
+        and hasattr(template, "to_local")
+    ):
+        from torch.distributed.tensor import DTensor
+
+        local = saved.to(template.to_local().device)
+        mesh, placements = template.device_mesh, template.placements
+        return DTensor.from_local(
+            local, mesh, placements, run_check=False, shape=template.shape, stride=template.stride()
+        )
+    if isinstance(saved, dict) and isinstance(template, dict):
+        return {k: _relocal(v, template.get(k)) for k, v in saved.items()}
+    if type(saved) in (list, tuple) and isinstance(template, (list, tuple)) and len(saved) == len(template):
+        return type(saved)(_relocal(a, b) for a, b in zip(saved, template, strict=True))
+    return saved
 
 
 def find(taker: Taker, disk_step: int, folder: Path) -> tuple[Resumed, Any]:
