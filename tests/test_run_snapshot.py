@@ -263,3 +263,37 @@ def test_under_fsdp_each_rank_keeps_its_shards_and_gets_them_back(
             expected = local(stopped)
     assert resumed.keys() == expected.keys() and len(expected) == 8  # 4 weights and biases, 4 momenta
     assert all(torch.equal(v, expected[k]) for k, v in resumed.items())
+
+
+def test_the_recovery_bench_reports_the_memory_path_and_its_three_targets(tmp_path: Path) -> None:
+    """`python -m hpc_ddp.bench recovery` (hpc_ddp/bench/memory.py: local runs, not run here): the memory
+    path's figures become rows and targets, with or without a Slurm cluster for the other two paths."""
+    from hpc_ddp.bench import report
+    from hpc_ddp.bench.runs import Settings
+
+    s = Settings(trials=1, steps=100, world_size=2, batch_size=8, work=tmp_path)
+    trial = {"lost_steps": 1.0, "to_next_step_s": 3.0, "stall_fraction": 0.004}
+    memory = {
+        "task": "gpt",
+        "disk_lost_steps": 25.0,
+        "memory_lost_steps": 1.0,
+        "disk_to_next_step_s": 4.0,
+        "memory_to_next_step_s": 3.0,
+        "memory_vs_disk": 0.75,
+        "stall_fraction": 0.004,
+        "trials": {"disk": [{"lost_steps": 25.0, "to_next_step_s": 4.0}], "memory": [trial]},
+    }
+    results = {"recovery": {"skipped": "no Slurm cluster answers (sinfo)", "memory": memory}}
+    found = {t.name: (t.value, t.op, t.threshold, t.met) for t in report.targets(results)}
+    assert found == {
+        "recovery from memory: steps lost (worst)": (1.0, "<=", 1.0, True),
+        "snapshot stall / step time": (0.004, "<=", 0.01, True),
+        "recovery from memory / from disk, s": (0.75, "<=", 1.0, True),
+    }
+    assert [r[1:] for r in report.rows(results, s)] == [
+        ("rank + its memory lost (gpt), steps lost: disk every 50", "25"),
+        ("steps lost: snapshots every step (worst)", "1"),
+        ("kill -> next step, from disk / from memory", "4.0 / 3.0 s"),
+        ("snapshot stall / step time", "0.40 %"),
+        ("skipped", "no Slurm cluster answers (sinfo)"),
+    ]
