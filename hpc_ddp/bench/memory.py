@@ -35,13 +35,17 @@ PATHS = {
 
 
 def _rank(launcher: int, rank: int) -> Any:
-    """The launcher's rank process (forked ranks are named for their rank; others carry SLURM_PROCID)."""
+    """The launcher's rank process: a rank forked by the launcher's server names itself for its rank."""
     import psutil
 
+    from hpc_ddp.launch.local import forkserver
+
     for child in psutil.Process(launcher).children():
-        if child.name() == f"hpc_ddp rank {rank}" or child.environ().get("SLURM_PROCID") == str(rank):
+        if child.name() == forkserver.name(str(rank)):
             return child
-    raise RunFailed(f"rank {rank} of the local run (launcher pid {launcher}) not found")
+    raise RunFailed(
+        f"rank {rank} of the local run (launcher pid {launcher}) not found among its forked ranks"
+    )
 
 
 def _wait_step(run: Path, step: int, proc: subprocess.Popen[str]) -> None:
