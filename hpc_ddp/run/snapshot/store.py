@@ -10,9 +10,9 @@ is checked before it is trusted all the same (memory is no more reliable than a 
 torn snapshot, never read. Two generations of each (rank, kind) are kept: while the newest is being written
 the previous one stands.
 
-/dev/shm outlives the processes inside an allocation (memory-recovery notes); the ranks remove what they wrote
-once the run's final save is durable, and the supervisors remove the job's folder when the job ends
-(`remove_job`). A rank only ever reads its own node's folder: on a real cluster it cannot read another's.
+/dev/shm outlives the processes inside an allocation (memory-recovery notes); the ranks of the last start
+remove the run's snapshots on their nodes once every rank is past the final save (`remove_run`), and the local
+launcher removes the job's folder when the job ends (`remove_job`). A rank only ever reads its own node's folder: on a real cluster it cannot read another's.
 No torch: the supervisors import this.
 """
 
