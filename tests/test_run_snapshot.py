@@ -108,8 +108,27 @@ def test_the_newest_step_every_rank_reaches_wins_own_memory_first() -> None:
     assert plan.lost_nodes([both, replaced]) == ["n2"]
     emptied = plan.Report("n2", False, ())  # its folder deleted: its memory lost, not trusted
     assert plan.lost_nodes([both, emptied]) == ["n2"] and plan.lost_nodes([both, other]) == []
+    both_lost = [plan.Report("n3", True, ()), plan.Report("n4", False, ())]  # both buddies lost: the disk
+    assert plan.choose(both_lost, disk_step=-1) is None
     resized = plan.Report("n1", True, (_held("own", 0, 9, world=3),))
     assert plan.choose([resized, replaced], disk_step=-1) is None  # of another world size: never
+
+
+def test_a_nodes_first_rank_reports_for_every_rank_of_the_node() -> None:
+    """Only one rank a node reads (and checksums) the node's snapshots; its other ranks read their own."""
+    first = plan.Report(
+        "n1",
+        True,
+        (
+            _held("own", 0, 3, world=4),
+            _held("own", 1, 3, world=4),
+            _held("copy", 2, 3, world=4),
+            _held("copy", 3, 3, world=4),
+        ),
+    )
+    second = plan.Report("n1", True, ())
+    lost = plan.Report("n2", False, ())  # n2's memory gone: ranks 2 and 3 from n1's replicas
+    assert plan.choose([first, second, lost, lost], disk_step=0) == plan.Choice(3, (0, 1, 0, 0))
 
 
 def test_buddies_are_on_the_next_node_never_the_same() -> None:

@@ -17,7 +17,8 @@ from hpc_ddp.run.snapshot.store import OWN, Held
 
 
 class Report(NamedTuple):
-    """One rank's report: its node, whether the node's folder exists, the whole snapshots there."""
+    """One rank's report: its node, whether the node's folder exists, the whole snapshots there (the node's
+    first rank reads and checks them for all of its ranks: the others report none)."""
 
     node: str
     exists: bool
@@ -36,11 +37,15 @@ class Choice(NamedTuple):
 def choose(reports: Sequence[Report], disk_step: int) -> Choice | None:
     """The newest snapshot step every rank can reach, newer than `disk_step` (-1: no checkpoint), or None."""
     world = len(reports)
+    node_holds: dict[str, set[tuple[int, int]]] = {}  # one rank of a node reports what the node holds
+    for report in reports:
+        node_holds.setdefault(report.node, set()).update(
+            (h.rank, h.step) for h in report.held if h.world_size == world and 0 <= h.rank < world
+        )
     holders: dict[tuple[int, int], list[int]] = {}  # (rank of the snapshot, step) -> ranks whose node has it
     for now, report in enumerate(reports):
-        for held in report.held:
-            if held.world_size == world and 0 <= held.rank < world:
-                holders.setdefault((held.rank, held.step), []).append(now)
+        for held in node_holds[report.node]:
+            holders.setdefault(held, []).append(now)
     steps = sorted({step for _, step in holders if step > disk_step}, reverse=True)
     for step in steps:
         reach = [holders.get((r, step), []) for r in range(world)]

@@ -95,7 +95,8 @@ def find(taker: Taker, disk_step: int, folder: Path) -> tuple[Resumed, Any]:
     """A collective: the snapshot this restart resumes from and this rank's state of it, or Resumed("disk")
     and None (the disk's checkpoint, as without snapshots). Every rank reaches the same verdict."""
     env, log = taker.env, taker.log
-    held = store.inventory(taker.dir, taker.key, taker.job, log.warn)
+    # One rank a node reads and checks the node's snapshots (every byte: a torn one is never offered).
+    held = store.inventory(taker.dir, taker.key, taker.job, log.warn) if env.local_rank == 0 else []
     mine = plan.Report(env.node, taker.dir.is_dir(), tuple(held))
     reports: list[Any] = [None] * env.world_size
     dist.all_gather_object(reports, mine)
@@ -106,7 +107,8 @@ def find(taker: Taker, disk_step: int, folder: Path) -> tuple[Resumed, Any]:
     choice = plan.choose(reports, disk_step)
     if choice is None:
         return Resumed("disk", max(disk_step, 0), lost_nodes=lost), None
-    payload = _follow(taker, choice, held)
+    node = next((r.held for r in reports if r.node == env.node and r.held), ())  # its first rank's report
+    payload = _follow(taker, choice, list(node))
     data = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     previous = reached.read(folder) if env.is_main else None
     lost_steps = None if previous is None else max(0, previous[0] - choice.step)

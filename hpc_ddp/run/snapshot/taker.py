@@ -35,7 +35,8 @@ from hpc_ddp.run.checkpoint.part import Part
 from hpc_ddp.run.snapshot import plan, store
 from hpc_ddp.run.snapshot.options import memory_limit
 
-JOIN_S = 60.0  # at the end, the longest wait for the snapshot in flight (its peers may be gone)
+JOIN_S = 60.0  # after the final save, the longest wait for the snapshot in flight (every peer is there)
+CLOSE_S = 5.0  # on any other way out: a peer may be gone, and its replica is not worth a slower restart
 
 
 class Taker:
@@ -196,7 +197,7 @@ class Taker:
     def close(self) -> None:
         """Every path: the snapshot in flight ends (its peers may be gone: not waited for long). What was
         written stays for a restart; the supervisor removes the job's folder when the job ends."""
-        self.wait(JOIN_S)
+        self.wait(CLOSE_S)
 
     def summary(self) -> dict[str, Any]:
         """For the record: how many snapshots, the loop's mean stall and the background work's mean time."""
