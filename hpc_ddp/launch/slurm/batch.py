@@ -414,7 +414,7 @@ def _end_step(
         step.evidence,
         _budgets(cfg),
         began=began,
-        checkpoint=supervisor.latest_step(folder),
+        checkpoint=supervisor.resume_step(folder, job, environ),  # memory's newest too (issue 45)
         adjust=adjust,
         exclude=lambda decision: _excluded(decision, info),
         nodes=step.nodes,
