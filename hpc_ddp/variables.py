@@ -36,6 +36,7 @@ RESUME_PROBE = "HPC_DDP_RESUME_PROBE"
 IN_PLACE = "HPC_DDP_IN_PLACE"
 STEP_ARGS = "HPC_DDP_STEP_ARGS"
 LOCAL_JOB_ID = "HPC_DDP_LOCAL_JOB_ID"
+SNAPSHOT_DIR = "HPC_DDP_SNAPSHOT_DIR"
 
 VARIABLES: tuple[Variable, ...] = (
     # ----- channels between the kit's processes -----
@@ -83,6 +84,12 @@ VARIABLES: tuple[Variable, ...] = (
         "the same rendezvous port (hpc_ddp.launch.sweep.local)",
     ),
     # ----- user settings -----
+    Variable(
+        SNAPSHOT_DIR,
+        "user",
+        "where --snapshot-every-steps keeps each node's snapshots, <dir>/<job id>/<node name>/ (default "
+        "/dev/shm/hpc_ddp: memory; docs/memory.md)",
+    ),
     Variable(
         SAVE_BACKOFF_S,
         "user",

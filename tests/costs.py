@@ -80,6 +80,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_gloo_comm.py": ("unit", "ranks"),
     "test_run_materialize.py": "unit",
     "test_run_memory.py": "unit",
+    "test_run_snapshot.py": ("unit", "ranks"),
     "test_run_checkpoint_streamed.py": "unit",
     "test_run_checkpoint_dcpwrite.py": "unit",
     "test_run_checkpoint_sharded.py": "unit",

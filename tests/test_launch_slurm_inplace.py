@@ -2,8 +2,9 @@
 
 Three jobs, each one job id from start to end, several steps, never requeued (sacct: no REQUEUED record):
 
-- `submit --wait`, ddp, 2 nodes x 1 task + 1 spare. The first step runs on node2,node3 (the batch shell's
-  node1 is the spare); the node that hosts rank 0 and the rendezvous, node2, is set DOWN mid-step. The batch
+- `submit --wait`, ddp, 2 nodes x 1 task + 1 spare, snapshots in memory every step (issue 45). The first
+  step runs on node2,node3 (the batch shell's node1 is the spare); the node that hosts rank 0 and the
+  rendezvous, node2, is set DOWN mid-step, its snapshot folder deleted (its memory lost). The batch
   shell starts a second step on node1,node3, whose rank 0 (and rendezvous host) is node1. Its rank on node3 is
   then SIGKILLed (the OOM killer, say): a third step on the same nodes, no spare needed; the run ends bitwise
   equal to an uninterrupted one.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from test_launch_slurm_survive import job_nodes, take_away, taken_away, wait_all
 
 from hpc_ddp import exitcodes
 from hpc_ddp.ledger import attempts
+from hpc_ddp.run import reached
 
 __all__ = ["taken_away"]  # a fixture, imported for the tests below
 
@@ -109,23 +112,41 @@ def kill_tasks(job_id: str, node: str, step: str) -> list[int]:
 def test_losing_rank_0s_node_brings_the_spare_in_without_a_requeue_bitwise_equal(
     slurm_cluster: str, tmp_path: Path, taken_away: list[str]
 ) -> None:
+    """With --snapshot-every-steps 1 (issue 45): node2 loses its memory with it (its snapshot folder deleted),
+    so rank 0's state comes from its buddy's replica on node3; each restart resumes at most 2 steps behind,
+    and nothing is left in memory at the end."""
     wait_all_idle()  # the job gets node[1-3], its batch shell on node1
-    folder = tmp_path / "run"
-    proc, job_id = start_submit(folder, *TRAINING, "--spare-nodes", "1", SLOW_TASK_SLEEP_S="0.15")
+    folder, shm = tmp_path / "run", tmp_path / "shm"
+    # Snapshots every step, checkpoints every 12 (48 steps): a node lost at step 14 finds memory newer.
+    snapshots = ("--snapshot-every-steps", "1", "--save-every-steps", "12")
+    proc, job_id = start_submit(
+        folder,
+        *TRAINING,
+        *snapshots,
+        "--spare-nodes",
+        "1",
+        SLOW_TASK_SLEEP_S="0.15",
+        HPC_DDP_SNAPSHOT_DIR=str(shm),
+    )
     reference = start_reference(tmp_path / "reference")
     deadline = time.monotonic() + HANG_GUARD_S
-    while not (folder / "checkpoints" / "latest").is_file():  # the first checkpoint, at step 4
+    while not (folder / "checkpoints" / "latest").is_file():  # the first checkpoint, at step 12
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
         time.sleep(0.1)
     assert job_nodes(job_id) == ["node1", "node2", "node3"]
     (first,) = attempts.read(folder)
     assert first.nodes == ("node2", "node3"), first  # rank 0 on node2; node1, the batch shell's, is the spare
+    while (reached.read(folder) or (0, 0.0))[0] < 14:  # step 13's snapshot is whole, newer than the disk's
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.02)
     take_away("node2", taken_away)
     # The second step training (its first step committed): its rank on node3 SIGKILLed (the OOM killer, say)
     deadline = time.monotonic() + HANG_GUARD_S
     while not trained_after_restart(folder / "metrics.jsonl"):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
         time.sleep(0.1)
+    # A lost machine loses its memory (node2's tasks are gone by now: nothing writes there any more)
+    shutil.rmtree(shm / job_id / "node2", ignore_errors=True)
     assert kill_tasks(job_id, "node3", "1"), "no task of the second step found on node3"
     out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, out
@@ -143,7 +164,7 @@ def test_losing_rank_0s_node_brings_the_spare_in_without_a_requeue_bitwise_equal
     assert (finished.nodes, finished.outcome, finished.restart) == (("node1", "node3"), "completed", 2000), (
         out
     )
-    assert finished.job == job_id and finished.resumed_from is not None and finished.resumed_from >= 4
+    assert finished.job == job_id and finished.resumed_from is not None and finished.resumed_from >= 13
     assert (
         "in place on node1,node3 (node2 left, spare node1 in, 0 spare(s) left)" in out
         and "Process 0 initialized on node1" in out  # the new step's rank 0, and its rendezvous host
@@ -158,6 +179,18 @@ def test_losing_rank_0s_node_brings_the_spare_in_without_a_requeue_bitwise_equal
     assert said and 0 < float(said.group(1)) < HANG_GUARD_S, out  # a figure, not a target: the bench times it
     assert "REQUEUED" not in sacct_records(job_id), out
     assert sacct_records(job_id)[-1] == "COMPLETED", out
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    resumes = [r for r in records if r.get("event") == "resume"]
+    assert len(resumes) == 2 and all(r["lost_steps"] is not None and r["lost_steps"] <= 2 for r in resumes), (
+        resumes
+    )
+    # node2's memory is gone: rank 0's state from its buddy's replica on node3, at both restarts
+    assert [(r["from"], r["from_buddies"], r["lost_nodes"]) for r in resumes[:1]] == [
+        ("memory", [0], ["node2"])
+    ]
+    assert resumes[1]["from"] == "memory" and resumes[0]["step"] <= resumes[1]["step"], resumes
+    assert finished.resumed_from == resumes[1]["step"]
+    assert list(shm.rglob("*")) == [], list(shm.rglob("*"))  # nothing left in memory
     ref_out, _ = reference.communicate(timeout=HANG_GUARD_S)
     assert reference.returncode == 0, ref_out
     want = torch.load(tmp_path / "reference" / "model.pth", weights_only=True)

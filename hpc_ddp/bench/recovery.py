@@ -1,6 +1,7 @@
 """The recovery section (`python -m hpc_ddp.bench recovery`, not in the default run: it needs a Slurm
 cluster whose nodes it may take away, such as the local one of env/slurm/cluster.sh, and about a minute a
-trial): the same node failure recovered two ways, interleaved, `--trials` times each.
+trial): the same node failure recovered two ways, interleaved, `--trials` times each. First, without a
+cluster, a rank lost with its node's memory recovered from disk and from snapshots (hpc_ddp.bench.memory).
 
 - requeue: a 2-node x 1-task job (`submit --wait`); once it has saved its first checkpoint, the last node of its
   step is set DOWN (then DRAIN: a bare DOWN returns at once on the local cluster). The batch shell requeues the
@@ -140,12 +141,16 @@ def trial(s: Settings, label: str, spares: int, number: int) -> float:
 
 
 def recovery_section(s: Settings) -> dict[str, Any]:
-    """Both paths, interleaved; skipped (with the reason) where no Slurm cluster answers."""
+    """The memory path first, locally (hpc_ddp.bench.memory); then both Slurm paths, interleaved, skipped
+    (with the reason) where no Slurm cluster answers."""
+    from hpc_ddp.bench.memory import memory_section
+
+    memory = memory_section(s)
     nodes = _client().nodes()
     if len(nodes) < 3:
         why = "no Slurm cluster answers (sinfo)" if not nodes else f"{len(nodes)} node(s): it needs 3"
         progress(f"recovery: skipped: {why}")
-        return {"skipped": why}
+        return {"skipped": why, "memory": memory}
     requeue: list[float] = []
     in_place: list[float] = []
     for number in range(s.trials):
@@ -156,4 +161,5 @@ def recovery_section(s: Settings) -> dict[str, Any]:
         "in_place_s": median(in_place),
         "in_place_vs_requeue": median(ratios(in_place, requeue)),
         "trials": {"requeue": requeue, "in_place": in_place},
+        "memory": memory,
     }

@@ -130,6 +130,8 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
         )
         target("fsdp / ddp samples/s", f["samples_per_s_ratio"], ">=", 0.85, t.get("samples_per_s", []))
         target("fsdp async / ddp rank-0 save stall", f["stall_s_ratio"], "<=", 0.1, t.get("stall_s", []))
+    if "memory" in results.get("recovery", {}):
+        _memory_targets(results["recovery"]["memory"], target)
     if "recovery" in results and "skipped" not in results["recovery"]:
         r, t = results["recovery"], results["recovery"].get("trials", {})
         target("recovery in place, s", r["in_place_s"], "<=", 15.0, t.get("in_place", []))
@@ -273,12 +275,47 @@ def _fsdp_rows(f: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
 
 
 def _recovery_rows(r: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
+    rows = _memory_rows(r["memory"]) if "memory" in r else []
     if "skipped" in r:
-        return [("recovery", "skipped", r["skipped"])]
-    return [
-        ("recovery", "node lost -> next step, requeue (2 nodes)", f"{r['requeue_s']:.1f} s"),
+        return rows + [("recovery" if not rows else "", "skipped", r["skipped"])]
+    return rows + [
+        ("" if rows else "recovery", "node lost -> next step, requeue (2 nodes)", f"{r['requeue_s']:.1f} s"),
         ("", "node lost -> next step, in place (2 + 1 spare)", f"{r['in_place_s']:.1f} s"),
         ("", "in place / requeue", f"{r['in_place_vs_requeue']:.2f}x"),
+    ]
+
+
+def _memory_targets(m: dict[str, Any], target: Callable[..., None]) -> None:
+    """The memory path's targets (hpc_ddp.bench.memory): at most 1 step lost, a stall of at most 1 % of a
+    step, recovery no slower than from disk."""
+    t = m.get("trials", {})
+    per = {k: [trial.get(k) for trial in t.get("memory", [])] for k in ("lost_steps", "stall_fraction")}
+    target("recovery from memory: steps lost (worst)", m["memory_lost_steps"], "<=", 1.0, per["lost_steps"])
+    target("snapshot stall / step time", m["stall_fraction"], "<=", 0.01, per["stall_fraction"])
+    to = {k: [trial["to_next_step_s"] for trial in t.get(k, [])] for k in ("memory", "disk")}
+    target(
+        "recovery from memory / from disk, s",
+        m["memory_vs_disk"],
+        "<=",
+        1.0,
+        ratios(to["memory"], to["disk"]),
+    )
+
+
+def _memory_rows(m: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [
+        (
+            "recovery",
+            f"rank + its memory lost ({m['task']}), steps lost: disk every 50",
+            f"{m['disk_lost_steps']:.0f}",
+        ),
+        ("", "steps lost: snapshots every step (worst)", f"{m['memory_lost_steps']:.0f}"),
+        (
+            "",
+            "kill -> next step, from disk / from memory",
+            f"{m['disk_to_next_step_s']:.1f} / {m['memory_to_next_step_s']:.1f} s",
+        ),
+        ("", "snapshot stall / step time", f"{100 * m['stall_fraction']:.2f} %"),
     ]
 
 

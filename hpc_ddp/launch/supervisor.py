@@ -34,7 +34,7 @@ Who requeues, and who applies --max-requeue: exactly one place per situation.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -167,3 +167,16 @@ def latest_step(folder: Path) -> int | None:
     from hpc_ddp.run.checkpoint import store
 
     return store.latest_step(folder)
+
+
+def resume_step(folder: Path, job: str, environ: Mapping[str, str]) -> int | None:
+    """Where a restart of `job` resumes from, as far as this machine can tell: the newer of the folder's latest
+    checkpoint and the newest snapshot in memory every rank has (--snapshot-every-steps; issue 45). The input
+    the restart decision takes as the attempt's `checkpoint` (a crash loop is one without a newer one)."""
+    from hpc_ddp.run.snapshot import store as memory
+
+    disk = latest_step(folder)
+    snapshot = memory.newest_reachable(memory.root(environ), job, memory.run_key(folder))
+    if snapshot is None or (disk is not None and disk >= snapshot):
+        return disk
+    return snapshot

@@ -285,11 +285,11 @@ class Checkpointer:
         plugin's class derived from a built-in reads its base's checkpoints)."""
         return formats.open_checkpoint(path, verify, self.format.storage, type(self.format))  # type: ignore[no-any-return]
 
-    def restore(self, opened: Opened, path: Path) -> list[str]:
-        """Give each part its state from `opened`, after checking it fits this run (CheckpointError)."""
-        resume.check_compatible(
-            opened.meta, path, self.cfg, self.env.world_size, formats.format_of(path, type(self.format))
-        )
+    def restore(self, opened: Opened, path: Path, fmt: type[Format] | None = None) -> list[str]:
+        """Give each part its state from `opened`, after checking it fits this run (CheckpointError). `fmt`:
+        the format it was written in, when `path` does not say (a snapshot in memory: this run's own)."""
+        fmt = fmt or formats.format_of(path, type(self.format))
+        resume.check_compatible(opened.meta, path, self.cfg, self.env.world_size, fmt)
         ctx = Loading(
             path, opened.meta, self.cfg, world_size=self.env.world_size, total_steps=self.total_steps
         )

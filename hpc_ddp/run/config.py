@@ -10,6 +10,7 @@ every option is a flat field (`cfg.keep`, `--keep`) and a function that needs on
     EvalOptions        hpc_ddp.run.evaluation: when to evaluate, --keep-best
     StrategyOptions    hpc_ddp.run.strategy.options: --strategy, --reshard-after-forward, --amp
     CheckpointOptions  hpc_ddp.run.checkpoint.options: when to save, how many, the format, --resume
+    SnapshotOptions    hpc_ddp.run.snapshot.options: snapshots in memory, how often, how much memory
     LoggingOptions     hpc_ddp.run.sinks.options: progress lines, TensorBoard, trackers
     RestartOptions     here: what the supervisors (hpc_ddp.launch) may do after a preemption or a failure
     GroupOptions       hpc_ddp.run.watchdog: the process group's backend and timeout, the hang watchdog's limit
@@ -38,6 +39,7 @@ from hpc_ddp.run.checkpoint.options import CheckpointOptions
 from hpc_ddp.run.evaluation import EvalOptions
 from hpc_ddp.run.schedules import ScheduleOptions
 from hpc_ddp.run.sinks.options import LoggingOptions
+from hpc_ddp.run.snapshot.options import SnapshotOptions
 from hpc_ddp.run.strategy.options import AMP_CHOICES as AMP_CHOICES
 from hpc_ddp.run.strategy.options import StrategyOptions
 from hpc_ddp.run.taskargs import TaskArgs
@@ -199,6 +201,7 @@ class TrainConfig(
     GroupOptions,
     RestartOptions,
     LoggingOptions,
+    SnapshotOptions,
     CheckpointOptions,
     StrategyOptions,
     EvalOptions,
@@ -212,6 +215,7 @@ class TrainConfig(
         options.finite(self)  # first: nan and inf pass every comparison the wrong way
         self._check_run()
         self._check_checkpoint()
+        self._check_snapshot()
         self._check_restarts()
         self._check_logging()
         self._check_group()

@@ -147,6 +147,9 @@ class Recorder:
         self.ranks_pending: list[list[float]] | None = None  # the slowest of the windows not written yet
         self.ranks_written = 0  # the step of the last "ranks" record
 
+    def event(self, name: str, fields: Mapping[str, Any]) -> None:  # a record of its own: run/snapshot's
+        self._write({"event": name, **fields})
+
     def _write(self, record: dict[str, Any]) -> None:
         if self.path is None:
             return

@@ -188,6 +188,7 @@ def _train(
     import torch
 
     from hpc_ddp.run import resume, rng, tasks
+    from hpc_ddp.run.snapshot import recover
     from hpc_ddp.run.trainer import Trainer
 
     if device.type == "cuda":
@@ -221,11 +222,13 @@ def _train(
         _watchdog(cfg, env, folder, log, trainer, environ),
     ):
         beacon.set(STARTUP)  # the user's setup is done; the kit resumes and prepares the folder (rank 0)
-        if plan.start is not None:
+        # A restart with --snapshot-every-steps: from memory when a snapshot is newer (hpc_ddp.run.snapshot).
+        memory = recover.resume(trainer, plan.start)
+        if plan.start is not None and not (memory is not None and memory.source == "memory"):
             trainer.resume_from(plan.start)  # rank 0 verified it in plan()
             if trainer.finished():
                 return _finished(trainer, env, folder, log)
-        _begin(trainer, env, folder, log, environ, plan, resized)
+        _begin(trainer, env, folder, log, environ, plan, resized, memory)
         preemption.arm()  # from here on a stop signal is saved for at the next agreed step
         trainer.callbacks.start(trainer.pos.step, trainer.pos.epoch)  # the task's (hpc_ddp.run.callbacks)
         outcome = trainer.run()
@@ -251,11 +254,14 @@ def _begin(
     environ: Mapping[str, str],
     plan: Any,
     resized: Any,
+    memory: Any = None,
 ) -> None:
-    """Everything is checked: only now does this start change the folder, record itself, and say how it starts."""
+    """Everything is checked: only now does this start change the folder, record itself, and say how it starts.
+    `memory`: where a restart with snapshots resumed from (hpc_ddp.run.snapshot.recover.Resumed)."""
     from hpc_ddp.run import exact
 
     start = plan.start
+    from_memory = memory is not None and memory.source == "memory"
     if resized is not None and resized.saved != resized.now:
         trainer.not_exact.append(exact.RESIZED)
     if trainer.not_exact:  # what cannot resume bit for bit, said before training (hpc_ddp.run.exact)
@@ -264,12 +270,13 @@ def _begin(
     # Every rank, in the folder rank 0 now holds for this attempt: the space of its exit note, which a disk
     # that fills during training must not lose (hpc_ddp.ledger.exits).
     exits.reserve(folder, env.job_id or "", env.restart, env.rank)
-    _record_start(
-        env, folder, environ, trainer.pos.step if start is not None else None, trainer.cfg.requeue_by
-    )
+    resumed = start is not None or from_memory
+    _record_start(env, folder, environ, trainer.pos.step if resumed else None, trainer.cfg.requeue_by)
     for note in trainer.notes:
         log.main(note)
-    if start is not None:
+    if from_memory:
+        log.main(memory.describe())
+    elif start is not None:
         log.main(f"Resuming from {start} at epoch {trainer.pos.epoch}, step {trainer.pos.step}")
     if resized is not None:
         log.main(resized.describe())
@@ -277,11 +284,13 @@ def _begin(
         trainer.pos,
         env.job_id or "",
         env.restart,
-        start is not None,
+        resumed,
         env.world_size,
         _since_process_start(),
         resized.record() if resized is not None else None,
     )
+    if memory is not None:
+        trainer.metrics.event("resume", memory.record())  # which it resumed from, how many steps were lost
 
 
 def _end(
@@ -299,6 +308,8 @@ def _end(
     signals = preemption.count()
     trainer.strategy.trained()  # what only steps use goes first: the final save and model.pth are the peak
     trainer.save(final=True)  # rank 0 waits until the checkpoint is durable
+    if trainer.snapshots is not None:  # saved to disk: the snapshots in memory go (hpc_ddp.run.snapshot)
+        trainer.metrics.event("snapshots", trainer.snapshots.finish())
     beacon.set(FINISHING)
     if preemption.count() > signals and env.is_main:
         log.info("another signal came during the save: noted, the save went on to the end")

@@ -61,6 +61,7 @@ from hpc_ddp.run.parts import (
 )
 from hpc_ddp.run.position import Outcome, Position, trained
 from hpc_ddp.run.sinks import trackers
+from hpc_ddp.run.snapshot import taker as snapshot
 from hpc_ddp.run.strategy.base import Strategy
 from hpc_ddp.run.tasks import Task
 
@@ -140,6 +141,7 @@ class Trainer:
         self.checkpointer.check_savable()
         guarded = (self.metrics, self.strategy, self.checkpointer)  # --nonfinite-loss (hpc_ddp.run.nonfinite)
         self.guard = nonfinite.Guard(cfg.nonfinite_loss, env, self.log, *guarded)
+        self.snapshots = snapshot.for_run(cfg, env, self.checkpointer, self.model, self.log)  # or None
 
     # ----- end of life ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -149,8 +151,8 @@ class Trainer:
         error, if any, is raised after the release."""
         try:
             # DataLoader workers first: they end at once here (not at the garbage collector's pace, 5 s a worker).
-            for name in ("feed", "evaluations", "checkpointer"):
-                if name in self.__dict__:
+            for name in ("feed", "evaluations", "checkpointer", "snapshots"):
+                if self.__dict__.get(name) is not None:
                     self.__dict__[name].close()
         finally:
             if "strategy" in self.__dict__:
@@ -170,9 +172,8 @@ class Trainer:
         if error is None:
             self.close()
             return
-        # The frames of the error's traceback hold their locals until the error is dropped: DDP's forward
-        # (`self` is the DDP module), a generator over its parameters. Clear them (the printed traceback
-        # keeps its lines) so that DDP really goes with close().
+        # The traceback's frames hold their locals (DDP's forward, `self` the DDP module; a generator over its
+        # parameters) until the error is dropped: cleared (its lines stay) so that DDP goes with close().
         traceback.clear_frames(tb)
         try:
             self.close()
@@ -398,12 +399,12 @@ class Trainer:
             if stopped is not None:
                 return stopped
         self._periodic_save(bool(cfg.save_every_steps and pos.step % cfg.save_every_steps == 0))
+        snapshot.after_step(self.snapshots, pos.step, self.guard.skipped)  # into memory: run/snapshot
         return None
 
     def _periodic_save(self, due: bool) -> None:
-        """A save the schedule asks for now (`due`), or one it asked for during a run of skipped steps: not
-        while the newest step's update was skipped (--nonfinite-loss skip), so that a stop after such a run
-        has saved nothing after the last finite step; it comes at the next finite step."""
+        """A save the schedule asks for now (`due`), or asked for during skipped steps: not while the newest
+        step's update was skipped (--nonfinite-loss skip); it comes at the next finite step."""
         self.save_due = self.save_due or due
         if self.save_due and not self.guard.skipped:
             self.save()

@@ -35,6 +35,7 @@ from hpc_ddp.launch.local.srun_env import LocalJob, child_environ
 from hpc_ddp.ledger import attempts, decision, exits, judge, outcomes, preemption, rules
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.snapshot import store as snapshots
 from hpc_ddp.run.watchdog import WINDOW_S
 from hpc_ddp.scheduler.local import node_name
 
@@ -278,7 +279,7 @@ class Launcher:
             found,
             self.budgets,
             began=self.started_at,
-            checkpoint=supervisor.latest_step(self.job.folder),
+            checkpoint=supervisor.resume_step(self.job.folder, self.job.job_id, os.environ),
             survey=survey,
             exclude=lambda _decision: (),  # locally blame is recorded, nothing excluded: every node is this one
             nodes=self.step_nodes,
@@ -374,6 +375,8 @@ class Launcher:
             # Every path, an exception in the launcher included, ends every rank it started, and the fork server.
             self._report_stuck(self._stop_all())
             self.forks.close()
+            # The job ends: its snapshots in memory go, on every path (every emulated node's is on this machine).
+            snapshots.remove_job(snapshots.root(os.environ), self.job.job_id)
             if self.lock is not None:
                 self.lock.release()
             for s, handler in previous.items():

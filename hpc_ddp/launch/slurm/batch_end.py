@@ -132,7 +132,7 @@ def end_step(
         step.evidence,
         budgets(job),
         began=began,
-        checkpoint=supervisor.latest_step(folder),
+        checkpoint=supervisor.resume_step(folder, job.id, job.environ),  # memory's newest too (issue 45)
         survey=survey,
         exclude=lambda decided: decision.avoided(decided, info.excluded if info else ()),
         nodes=step.nodes,
