@@ -13,6 +13,7 @@ import torch
 
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointRefused
 from hpc_ddp.run.checkpoint import sharded
+from hpc_ddp.run.checkpoint.storage import Local
 
 
 def test_split_puts_tensors_in_dcp_and_the_rest_in_the_rank_file_and_merge_undoes_it() -> None:
@@ -39,10 +40,10 @@ def test_a_dcp_index_that_would_run_code_is_refused_and_a_missing_manifest_is_to
     (tmp_path / ".metadata").write_bytes(pickle.dumps({"x": _Evil()}))
     (tmp_path / sharded.MANIFEST).write_text(json.dumps({"files": {}, "meta": {"world_size": 2}}))
     with pytest.raises(CheckpointRefused, match=r"holds posix.system|holds os.system"):
-        sharded.read_manifest(tmp_path, verify=True)
+        sharded.read_manifest(tmp_path, verify=True, storage=Local())
     (tmp_path / sharded.MANIFEST).unlink()
     with pytest.raises(CheckpointCorrupt, match="it is torn"):
-        sharded.read_manifest(tmp_path, verify=True)
+        sharded.read_manifest(tmp_path, verify=True, storage=Local())
 
 
 def test_a_part_without_tensors_loads_from_the_rank_file_alone(tmp_path: Path) -> None:
@@ -50,7 +51,7 @@ def test_a_part_without_tensors_loads_from_the_rank_file_alone(tmp_path: Path) -
     'Missing key in checkpoint state_dict: optimizer')."""
     rest = {"state": {}, "param_groups": [{"lr": 0.1, "params": ["w"]}]}
     assert sharded.split(rest) == (None, rest)
-    assert sharded._Lazy(tmp_path, "optimizer", rest).fill({"state": {}, "param_groups": []}) == rest
+    assert sharded._Lazy(tmp_path, "optimizer", rest, Local()).fill({"state": {}, "param_groups": []}) == rest
 
 
 @pytest.mark.parametrize(

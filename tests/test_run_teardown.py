@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import trainer_state
-from conftest import clean_environ, die_with_test
+from conftest import clean_environ, die_with_test, local_checkpoints
 from slow_tasks import _data
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -62,7 +62,7 @@ def _exercise(fail: str, folder: Path) -> None:
     """One path through a Trainer's life inside a real one-rank gloo group; raises where `fail` says."""
     cfg = TrainConfig(epochs=1, max_steps=3, save_every_epochs=0)
     cfg = cfg.with_folder(str(folder))
-    with Trainer(cfg, dist_env.detect({}), CPU, _task(fail), RankLog(0)) as trainer:
+    with Trainer(cfg, dist_env.detect({}), CPU, _task(fail), RankLog(0), local_checkpoints(cfg)) as trainer:
         assert any(h is trainer.strategy.wrapped for h in group.live_holders())  # the teardown check sees it
         if fail == "restore":
             trainer_state.restore(trainer, {"world_size": 7, "config": {}}, folder / "ckpt.pt")

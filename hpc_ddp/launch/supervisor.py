@@ -36,10 +36,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.ledger import attempts, judge, rules
 from hpc_ddp.ledger.attempts import Attempt
+
+if TYPE_CHECKING:
+    from hpc_ddp.run.checkpoint.store import CheckpointStore
 
 Writer = Callable[[Path, dict[str, Any]], None]
 
@@ -50,8 +53,10 @@ class Journal:
     one; `lost` says what is still unwritten, for the supervisor to say once at its end. Never raises.
     `write` is the seam a test replaces with a failing writer."""
 
-    def __init__(self, folder: Path, write: Writer = attempts.append) -> None:
-        self.folder = Path(folder)
+    def __init__(self, checkpoints: CheckpointStore, write: Writer = attempts.append) -> None:
+        self.folder = Path(checkpoints.folder)
+        # The run's checkpoints and their storage (built once by the supervisor's process): `latest_step`.
+        self.checkpoints = checkpoints
         self._write = write
         self.pending: list[dict[str, Any]] = []
         self.error = ""  # why the last write failed
@@ -170,9 +175,7 @@ def step_reached(folder: Path, since: float) -> int | None:
     return reached(folder, since)
 
 
-def latest_step(folder: Path) -> int | None:
-    """The step of the folder's latest checkpoint, without torch: the checkpoint store's own rule (a file or a
-    `ckpt-<step>/` directory, its `latest` pointer, else the newest complete one)."""
-    from hpc_ddp.run.checkpoint import store
-
-    return store.latest_step(folder)
+def latest_step(checkpoints: CheckpointStore) -> int | None:
+    """The step of the run's latest checkpoint, without torch, read through the run's storage: the checkpoint
+    store's own rule (a file or a `ckpt-<step>/` directory, its `latest` pointer, else the newest complete one)."""
+    return checkpoints.latest_step()

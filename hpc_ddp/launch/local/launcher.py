@@ -35,6 +35,7 @@ from hpc_ddp.launch.local.srun_env import LocalJob, child_environ
 from hpc_ddp.ledger import attempts, exits, judge, outcomes, preemption, rules
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.watchdog import WINDOW_S
 from hpc_ddp.scheduler.local import node_name
 
@@ -70,7 +71,9 @@ class Launcher:
         self.restarts = 0  # SLURM_RESTART_COUNT of the ranks now running: starts so far, minus one
         self.shown: set[str] = set()  # signatures of the errors whose traceback was shown already
         # attempts.jsonl, for training runs only; anything else keeps nothing (the budgets then count nothing).
-        self.journal = supervisor.Journal(job.folder, attempts.append if job.records else _keep)
+        # The run's checkpoints, through its --checkpoint-storage: built once, read at each attempt's end.
+        checkpoints = store.of_run(job.folder, job.checkpoint_storage)
+        self.journal = supervisor.Journal(checkpoints, attempts.append if job.records else _keep)
         # Training ranks are forked from one process that imported torch once (forkserver), kept across
         # restarts; where it cannot serve, each rank starts the plain way (processes.start).
         self.forks = forkserver.Server(job.module, self.say)
@@ -279,7 +282,7 @@ class Launcher:
             found,
             supervisor.Budgets(self.job.max_restarts, self.job.max_requeue, outcomes.RESTART),
             began=self.started_at,
-            checkpoint=supervisor.latest_step(self.job.folder),
+            checkpoint=supervisor.latest_step(self.journal.checkpoints),
             adjust=adjust,
             exclude=lambda _decision: (),  # locally blame is recorded, nothing excluded: every node is this one
             nodes=self.step_nodes,
@@ -444,7 +447,7 @@ class Launcher:
     def _advise(self, closed: supervisor.Closed) -> None:
         """After a failure that ends the run: the command that resumes it, and from where."""
         if self.job.resume_command and closed.attempt.outcome in RESUMABLE:  # else it fails the same way
-            self.say(advice(self.job.resume_command, supervisor.latest_step(self.job.folder)))
+            self.say(advice(self.job.resume_command, supervisor.latest_step(self.journal.checkpoints)))
 
 
 def node_label(step_nodes: tuple[str, ...], address: str | None) -> str | None:

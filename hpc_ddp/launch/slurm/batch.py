@@ -61,6 +61,7 @@ from hpc_ddp.ledger import exits, judge, outcomes, preemption, rules
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import configfile
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, check_min_nodes, from_namespace
 from hpc_ddp.scheduler.base import End, Size
 from hpc_ddp.scheduler.slurm import env as slurm_env
@@ -147,7 +148,7 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
     if unwritable:
         say(unwritable)
         return exitcodes.FAILED
-    journal = supervisor.Journal(folder)
+    journal = supervisor.Journal(store.of_run(folder, cfg.checkpoint_storage))  # its checkpoints: built once
     _close_other_jobs(journal, job, client)
     own = [a for a in journal.history(job) if order(a.restart) < order(restart) and a.ended is None]
     found = lost.ask(client, job) if own else None
@@ -378,13 +379,13 @@ def _end_step(
         say(taken)
         return exitcodes.USAGE
     state = _read_state(folder, job, restart)
-    journal = supervisor.Journal(folder)
+    journal = supervisor.Journal(store.of_run(folder, cfg.checkpoint_storage))  # its checkpoints: built once
     this = record.find(journal.history(job), job, restart)
     began = float(state.get("began") or (this.started if this else 0) or 0)
     step = _read_step(folder, job, restart, status, state, this, began, log, environ, client, given, ran_on)
     info, requeued = step.info, step.requeued
     size = job_size(environ, info)
-    rule = min_nodes.smaller(cfg, environ, folder)
+    rule = min_nodes.smaller(cfg, environ, journal.checkpoints)
     placed: list[spares.Placement] = []
 
     def adjust(this: record.Attempt, decision: rules.Decision) -> rules.Decision:
@@ -414,7 +415,7 @@ def _end_step(
         step.evidence,
         _budgets(cfg),
         began=began,
-        checkpoint=supervisor.latest_step(folder),
+        checkpoint=supervisor.latest_step(journal.checkpoints),
         adjust=adjust,
         exclude=lambda decision: _excluded(decision, info),
         nodes=step.nodes,
