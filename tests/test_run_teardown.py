@@ -130,7 +130,7 @@ from hpc_ddp.run import session
 import torch
 from hpc_ddp.launch import local
 from pathlib import Path
-job = local.LocalJob(nodes=1, tasks_per_node=2, folder=Path("."), train_argv=[], max_requeue=0, job_id=sys.argv[2])
+job = local.LocalJob(nodes=1, tasks_per_node=2, folder=Path("."), train_argv=[], max_requeue=0, checkpoint_storage="local", job_id=sys.argv[2])
 env = detect(local.slurm_env(job, int(sys.argv[1]), 0))  # what srun gives a task of a 1 x 2 step
 kind = sys.argv[3]
 def fn():

@@ -190,7 +190,7 @@ LAUNCH = """
 import sys
 from pathlib import Path
 from hpc_ddp.launch.local import Launcher, LocalJob
-job = LocalJob(nodes=1, tasks_per_node=2, folder=Path(sys.argv[1]), train_argv=[], max_requeue=int(sys.argv[2]),
+job = LocalJob(nodes=1, tasks_per_node=2, folder=Path(sys.argv[1]), train_argv=[], max_requeue=int(sys.argv[2]), checkpoint_storage="local",
                max_restarts=int(sys.argv[3]), job_id="4242", module="fake_ranks", records=True)
 sys.exit(Launcher(job).run())
 """

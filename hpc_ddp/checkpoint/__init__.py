@@ -8,7 +8,8 @@
 Both stream: a sharded checkpoint's tensors are read a slice at a time, into the model's own tensors (`load_model`)
 or into the file a batch at a time (`export`), so neither ever holds a second copy of the whole model. Both ask
 the checkpoint's own format (each format owns its files, hpc_ddp.run.checkpoint.formats), and read it through
-the storage `checkpoint_storage` names: the run's --checkpoint-storage.
+the storage `checkpoint_storage` names: the run's --checkpoint-storage (and, given `checkpoint_format`, the
+run's --checkpoint-format reads it first: a plugin's class derived from a built-in reads its base's files).
 """
 
 from __future__ import annotations
@@ -30,22 +31,25 @@ def load_model(
     checkpoint: str | os.PathLike[str],
     verify: bool = True,
     checkpoint_storage: str = "local",
+    checkpoint_format: str = "auto",
 ) -> nn.Module:
     """Load the model of `checkpoint` (a sharded `ckpt-<step>/` folder, a full `ckpt-<step>.pt` file, or a run's
     `checkpoints/best` or `checkpoints/latest`, the checkpoint each names) into `model`, in place, and return it.
     `verify`: check its checksums first (reads every byte of it once). `checkpoint_storage`: the name the run
-    gave --checkpoint-storage (where its checkpoints are kept). CheckpointError (and its kinds, hpc_ddp.errors)
+    gave --checkpoint-storage (where its checkpoints are kept); `checkpoint_format`: its --checkpoint-format
+    (auto: the first installed format that owns the checkpoint). CheckpointError (and its kinds, hpc_ddp.errors)
     for a damaged checkpoint or one of another model."""
     from hpc_ddp.run.checkpoint import store
 
     storage = store.storage_named(checkpoint_storage)
-    path, fmt = found(checkpoint, storage)
+    path, fmt = found(checkpoint, storage, checkpoint_format)
     fmt.load_model(path, model, storage, verify)
     return model
 
 
-def found(checkpoint: str | os.PathLike[str], storage: Storage) -> tuple[Path, type[Format]]:
-    """The checkpoint a path names (a pointer: the one it names) and its format; CheckpointError if there is none."""
+def found(checkpoint: str | os.PathLike[str], storage: Storage, fmt: str) -> tuple[Path, type[Format]]:
+    """The checkpoint a path names (a pointer: the one it names) and its format (`fmt`, a --checkpoint-format
+    name, when it owns it; auto: the first installed that does); CheckpointError if there is none."""
     from pathlib import Path
 
     from hpc_ddp.errors import CheckpointError
@@ -57,4 +61,4 @@ def found(checkpoint: str | os.PathLike[str], storage: Storage) -> tuple[Path, t
             f"{given}: no such checkpoint. Give a ckpt-<step>/ folder or ckpt-<step>.pt file"
         )
     path = store.resolve(given, storage)  # checkpoints/best, checkpoints/latest: the checkpoint each names
-    return path, formats.format_of(path, storage)
+    return path, formats.format_of(path, storage, None if fmt == "auto" else formats.named(fmt))

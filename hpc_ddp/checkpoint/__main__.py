@@ -1,4 +1,4 @@
-"""python -m hpc_ddp.checkpoint export [--checkpoint-storage NAME] <checkpoint> <out.pth>
+"""python -m hpc_ddp.checkpoint export [--checkpoint-storage NAME] [--checkpoint-format NAME] <checkpoint> <out>
 
 Writes the model of a checkpoint (sharded: a `ckpt-<step>/` folder, read in this one process whatever the
 number of ranks that wrote it; or full: a `ckpt-<step>.pt` file) as the bare model's plain state dict, the file
@@ -36,9 +36,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help=f"where the run kept its checkpoints: its --checkpoint-storage (installed: {registry.storages.help()})",
     )
+    export.add_argument(
+        "--checkpoint-format",
+        default="auto",
+        metavar="NAME",
+        help="the run's --checkpoint-format, when it is a plugin's (auto: the first format installed that owns the "
+        f"checkpoint; installed: {registry.checkpoint_formats.help()})",
+    )
     ns = parser.parse_args(argv)
     try:
-        size = run_export(ns.checkpoint, ns.out, ns.checkpoint_storage)
+        size = run_export(ns.checkpoint, ns.out, ns.checkpoint_storage, ns.checkpoint_format)
     except UsageError as e:  # CheckpointError and its kinds: one line, exit 2
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -46,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_export(checkpoint: Path, out: Path, storage_name: str) -> int:
+def run_export(checkpoint: Path, out: Path, storage_name: str, format_name: str = "auto") -> int:
     from hpc_ddp.checkpoint import found
     from hpc_ddp.run.checkpoint import store
 
     storage = store.storage_named(storage_name)
-    path, fmt = found(checkpoint, storage)
+    path, fmt = found(checkpoint, storage, format_name)
     return fmt.export(path, out, storage)
 
 

@@ -15,8 +15,8 @@ is refused for any reason has deleted, moved and rewritten nothing. A start from
 folder's newest begins a new line of training: the later checkpoints (and model.pth) are another line's, and
 are moved to `checkpoints/abandoned-<time>/`, never deleted and never resumed by accident.
 
-Every checkpoint name is listed, read, moved and written through the run's storage (`CheckpointStore`, the one
-the session built for this process); the run folder's other files (model.pth, the records) are this machine's.
+Every checkpoint name (and model.pth, written through it too) is listed, read, moved and written through the
+run's storage (`CheckpointStore`, the one the session built for this process); the records are this machine's.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, UsageError
 from hpc_ddp.ledger import files
 from hpc_ddp.ledger.attempts import ATTEMPTS
-from hpc_ddp.run.checkpoint import durable, formats, store
+from hpc_ddp.run.checkpoint import formats, store
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.storage import Storage
 from hpc_ddp.run.checkpoint.store import CheckpointStore
@@ -136,21 +136,16 @@ def apply(chosen: Plan, checkpoints: CheckpointStore, say: Callable[[str], None]
     if chosen.overwrite:
         count = len(checkpoints.listed())
         storage.remove(str(directory))
-        model.unlink(missing_ok=True)
-        durable.checksum_path(model).unlink(missing_ok=True)
+        storage.remove(str(model))  # and its checksum: written through the run's storage (session)
         say(f"--resume never --overwrite: deleted the {count} checkpoint(s) and model.pth of {folder}")
         _records_aside(folder, say)
     if chosen.set_aside:
         aside = _new_folder(directory, "abandoned")
         there = [p for p in chosen.set_aside if storage.isfile(str(p)) or storage.isdir(str(p))]
         moved = sorted(there, key=store.ckpt_step)
-        for path in moved:
+        for path in moved + ([model] if storage.isfile(str(model)) else []):
             store.move(path, aside, storage)
-        if model.is_file():  # the run folder's own file, not a checkpoint: moved on this machine
-            os.replace(model, aside / MODEL)
-            if durable.checksum_path(model).is_file():
-                os.replace(durable.checksum_path(model), durable.checksum_path(aside / MODEL))
-        has_model = (aside / MODEL).is_file()
+        has_model = storage.isfile(str(aside / MODEL))
         fsync_dir(aside)
         fsync_dir(directory)
         start = f"{chosen.start.name} (step {store.ckpt_step(chosen.start)})" if chosen.start else "nothing"

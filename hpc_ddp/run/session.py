@@ -232,7 +232,7 @@ def _finished(trainer: Trainer, env: DistEnv, folder: Path, log: RankLog) -> int
     """A rerun of a finished run: nothing to train; a missing model.pth is written from the final checkpoint."""
     trainer.beacon.set(FINISHING)
     model_path = folder / run_folder.MODEL
-    if _rank0(env, lambda: not model_path.is_file()):
+    if _rank0(env, lambda: not trainer.checkpointer.store.storage.isfile(str(model_path))):
         _write_model(trainer, env, model_path, log)
         log.main(f"model.pth was missing: written from the final checkpoint to {model_path}")
     _rank0(env, lambda: _finished_already(trainer, folder, log))
