@@ -91,12 +91,13 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
 _WRITER = """
 import sys, torch
 from hpc_ddp.run.checkpoint import full
+from hpc_ddp.run.checkpoint.storage import Local
 folder = sys.argv[1]
-full.commit(folder, {"model": {"w": torch.ones(3)}}, step=1, keep=5)
+full.commit(folder, {"model": {"w": torch.ones(3)}}, step=1, keep=5, storage=Local())
 print("first", flush=True)
 big = {"model": {"w": torch.randn(64 * 1024 * 1024)}}  # 256 MB: the kill lands mid-write
 for step in range(2, 100):
-    full.commit(folder, big, step=step, keep=5)
+    full.commit(folder, big, step=step, keep=5, storage=Local())
 """
 
 
@@ -187,7 +188,9 @@ def test_a_restart_always_resumes_its_own_latest(tmp_path: Path) -> None:
 def test_incompatible_checkpoint_names_the_difference(tmp_path: Path) -> None:
     state = sample_state(1)
     with pytest.raises(CheckpointError, match=r"--batch-size 32 \(now 64\).*world size 1 \(now 4\)"):
-        resume.check_compatible(state, tmp_path / "x.pt", TrainConfig(batch_size=64), world_size=4)
+        resume.check_compatible(
+            state, tmp_path / "x.pt", TrainConfig(batch_size=64), world_size=4, fmt=full.Full
+        )
     with pytest.raises(CheckpointError, match="is for a different model"):
         load_model_state(torch.nn.Linear(5, 2), state["model"], tmp_path / "x.pt")
 

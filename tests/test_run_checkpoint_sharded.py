@@ -78,3 +78,27 @@ def test_the_checkpoint_format_follows_the_strategy_unless_named() -> None:
     assert TrainConfig(strategy="fsdp").format_name() == "sharded"
     assert TrainConfig(strategy="fsdp", checkpoint_format="full").format_name() == "full"
     assert TrainConfig(strategy="fsdp").to_argv() == ["--strategy=fsdp"]  # what submitters pass each task
+
+
+def test_a_sharded_checkpoints_contents_are_its_rank_files_and_shards_read_through_its_format(
+    tmp_path: Path,
+) -> None:
+    """What the resume check fingerprints (Format.contents): each rank file under "rank<n>.", every DCP tensor
+    whole under "shards.", found by the format that owns the folder, never by asking whether it is one."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from hpc_ddp.run.checkpoint import formats, torchfile
+
+    w = torch.arange(6.0).reshape(2, 3)
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": {"w": w}}, storage_writer=dcp.FileSystemWriter(str(tmp_path)), no_dist=True)
+    for rank in (0, 1):
+        torchfile.atomic_save({"rng": {"n": rank}}, tmp_path / sharded.rank_file(rank), Local())
+    fmt = formats.format_of(tmp_path, Local())
+    assert fmt is sharded.Sharded
+    contents = fmt.contents(tmp_path, Local())
+    assert sorted(contents) == ["rank0.", "rank1.", "shards."]
+    assert contents["rank1."] == {"rng": {"n": 1}} and torch.equal(contents["shards."]["model.w"], w)
