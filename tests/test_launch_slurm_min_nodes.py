@@ -339,15 +339,12 @@ def test_the_batch_step_takes_the_grad_accum_of_a_resized_checkpoint(tmp_path: P
     assert store.MANIFEST == sharded.MANIFEST
     cfg = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1)
     environ = {"SLURM_NTASKS_PER_NODE": "1"}
-    assert (
-        min_nodes.smaller(cfg, environ, CheckpointStore(tmp_path, Local())).grad_accum == 1
-    )  # no checkpoint yet: the command line
+    checkpoints = CheckpointStore(tmp_path, Local())
+    assert min_nodes.smaller(cfg, environ, checkpoints).grad_accum == 1  # no checkpoint yet: the command line
     ckpt = fake_sharded(tmp_path / "checkpoints" / "ckpt-00000010", 2, 2, asked=1)
     store.point_latest(tmp_path, ckpt, storage=Local())
-    rule = min_nodes.smaller(cfg, environ, CheckpointStore(tmp_path, Local()))
+    rule = min_nodes.smaller(cfg, environ, checkpoints)
     assert rule.grad_accum == 2
     assert "the global batch stays 128 (--grad-accum 4)" in min_nodes.went_on(2, 1, ["node2"], rule)
     changed = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1, grad_accum=3)
-    assert (
-        min_nodes.smaller(changed, environ, CheckpointStore(tmp_path, Local())).grad_accum == 3
-    )  # the user's own value
+    assert min_nodes.smaller(changed, environ, checkpoints).grad_accum == 3  # the user's own value

@@ -119,9 +119,8 @@ def _from_path(mode: str, checkpoints: CheckpointStore) -> Plan:
     if not (storage.isfile(mode) or storage.isdir(mode)):
         raise UsageError(f"--resume {mode}: no such file. Use auto, never, or the path of a checkpoint")
     path = checkpoints.resolve(path)  # checkpoints/best, checkpoints/latest: the checkpoint each names
-    formats.verify(
-        path, storage
-    )  # refuses an unreadable or code-running file now, with its name in the message
+    # An unreadable or code-running file is refused now, with its name in the message.
+    formats.verify(path, storage)
     directory = checkpoints.directory
     if path.parent.resolve() == directory.resolve() and store.ckpt_step(path) >= 0:
         return _continue(directory / path.name, checkpoints)

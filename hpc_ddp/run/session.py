@@ -37,6 +37,7 @@ from hpc_ddp.run.position import epochs_done
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and a usage error must not wait for it
     import torch
 
+    from hpc_ddp.run.checkpoint.store import CheckpointStore
     from hpc_ddp.run.position import Outcome
     from hpc_ddp.run.trainer import Trainer
 
@@ -321,16 +322,20 @@ def _since_process_start() -> float:
 
 
 def _take_folder(
-    cfg: TrainConfig, env: DistEnv, checkpoints: Any, plan: Any, log: RankLog, not_exact: list[str]
+    cfg: TrainConfig,
+    env: DistEnv,
+    checkpoints: CheckpointStore,
+    plan: Any,
+    log: RankLog,
+    not_exact: list[str],
 ) -> None:
     """Rank 0, once the start is fully checked: tidy, apply the resume plan, write run.json."""
     from hpc_ddp.run import configfile, record, resume
     from hpc_ddp.run.checkpoint import store
 
     folder = checkpoints.folder
-    store.remove_stale_temporaries(
-        folder, checkpoints.storage
-    )  # a previous run killed mid-save; never promoted
+    # A previous run killed mid-save left them; they were never promoted.
+    store.remove_stale_temporaries(folder, checkpoints.storage)
     resume.apply(plan, checkpoints, log.info)
     # A full disk at start is waited out (a restart may come while it still is): hpc_ddp.ledger.files.
     record_ = functools.partial(record.write, folder, cfg.as_dict(), env.__dict__, os.getcwd(), not_exact)
