@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import workers
@@ -38,6 +39,14 @@ def die_with_test() -> None:
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != _PYTEST_PID:  # the test process died before prctl took effect
         os._exit(1)
+
+
+def local_checkpoints(cfg: Any) -> Any:
+    """The checkpoint store of `cfg`'s run folder on this machine's filesystem: what --checkpoint-storage local
+    builds (hpc_ddp.run.checkpoint.store.of_run), for a test that makes a Trainer itself."""
+    from hpc_ddp.run.checkpoint.store import of_run
+
+    return of_run(cfg.folder, "local")
 
 
 def clean_environ(**extra: str) -> dict[str, str]:

@@ -19,6 +19,8 @@ from torch import nn
 
 from hpc_ddp import Task
 from hpc_ddp.launch.supervisor import latest_step
+from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 
 
 def _failing(config, should_fail, error):  # type: ignore[no-untyped-def]
@@ -63,7 +65,8 @@ def fails_once_after_resume(config):  # type: ignore[no-untyped-def]
     restarted = int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= 1
     if not marker or os.environ.get("RANK") != "1" or not restarted or os.path.exists(marker):
         return task
-    resumed = latest_step(Path(config.folder)) or 0  # the checkpoint this attempt is about to resume from
+    # The checkpoint this attempt is about to resume from.
+    resumed = latest_step(CheckpointStore(Path(config.folder), Local())) or 0
     at = int(os.environ.get("RETRY_FAIL_AT_STEP", "44")) - resumed
     calls = [0]
     inner = task.loss_fn

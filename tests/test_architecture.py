@@ -208,17 +208,17 @@ def test_the_check_sees_the_imports_that_are_there() -> None:
     assert "hpc_ddp.run.position" in graph["hpc_ddp.run.metrics"]  # under TYPE_CHECKING
     assert "hpc_ddp.launch.slurm.submitter" in graph["hpc_ddp.slurm_job"]
     assert "hpc_ddp.run.strategy.base" in graph["hpc_ddp.run.strategy"]
-    assert "hpc_ddp.run.checkpoint.storage" in graph["hpc_ddp.run.trainer"]
+    assert "hpc_ddp.run.checkpoint.store" in graph["hpc_ddp.run.trainer"]
 
 
 def test_the_loop_names_no_strategy_and_no_checkpoint_format() -> None:
     """The trainer talks to its Strategy and its Checkpointer (docs/architecture.md): a new strategy, format or
     storage is a file of its own, and the loop imports none of today's."""
+    from hpc_ddp import registry
     from hpc_ddp.run import strategy
-    from hpc_ddp.run.checkpoint import formats
 
     named = {where.partition(":")[0] for where in strategy.STRATEGIES.values()}
-    named |= {fmt.__module__ for fmt in formats.FORMATS}
+    named |= {where.partition(":")[0] for where in registry.BUILTINS["hpc_ddp.checkpoint_formats"].values()}
     assert named >= {"hpc_ddp.run.strategy.ddp", "hpc_ddp.run.checkpoint.full"}  # not vacuous
     assert sorted(named & import_graph()["hpc_ddp.run.trainer"]) == []
 
@@ -702,3 +702,100 @@ def test_the_size_rule_names_what_is_over() -> None:
     assert oversized(
         f"class C:\n    def __init__(self, {params}, *, q):\n        pass\n", "hpc_ddp/x.py"
     ) == ["hpc_ddp/x.py:2: __init__ has 10 parameters (at most 9)"]
+
+
+# ----- checkpoints: a format owns its files, the run's storage reaches every reader (issue 43) ---------------
+CHECKPOINT = "hpc_ddp.run.checkpoint"
+# The built-in formats' own modules: only the checkpoint package, and the registries that name them, import them.
+FORMAT_MODULES = {f"{CHECKPOINT}.full", f"{CHECKPOINT}.sharded", f"{CHECKPOINT}.streamed"}
+NAMES_THE_FORMATS = {"hpc_ddp.registry", "hpc_ddp.plugins"}
+STORAGE_TYPES = ("Storage", "CheckpointStore", "Local", "LocalStorage")
+
+
+def storage_defaults(source: str) -> list[tuple[int, str]]:
+    """(line, what) for every parameter (and dataclass field) that defaults to a storage: one annotated as a
+    storage or a checkpoint store, one named `storage` or `checkpoints`, or any default that builds the local
+    one (`Local()`, `LocalStorage()`, `LOCAL`). A reader that falls back on a default reads past the run's."""
+    found = []
+
+    def local(value: ast.expr) -> bool:
+        names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(value) if isinstance(n, ast.Attribute)}
+        return bool(names & {"Local", "LocalStorage", "LOCAL"})
+
+    def storage_like(name: str, annotation: ast.expr | None) -> bool:
+        text = ast.unparse(annotation) if annotation is not None else ""
+        return name in ("storage", "checkpoints") or any(re.search(rf"\b{t}\b", text) for t in STORAGE_TYPES)
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            pairs = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True))
+            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None]
+            for arg, default in pairs:
+                if storage_like(arg.arg, arg.annotation) or local(default):
+                    found.append((node.lineno, f"{node.name}({arg.arg}=...) defaults to a storage"))
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if (
+                    isinstance(item, ast.AnnAssign)
+                    and item.value is not None
+                    and isinstance(item.target, ast.Name)
+                ):
+                    if storage_like(item.target.id, item.annotation) or local(item.value):
+                        found.append((item.lineno, f"{node.name}.{item.target.id} defaults to a storage"))
+        elif isinstance(node, ast.Assign) and local(node.value) and isinstance(node.value, ast.Call):
+            found.append((node.lineno, "a module-level storage of its own (LOCAL = Local())"))
+    return found
+
+
+def test_no_parameter_defaults_to_a_storage() -> None:
+    """Issue 43: 33 parameters defaulted to the local storage, and every reader bypassed the run's. The run's
+    checkpoint store (its folder and storage) is built once per process and handed to every reader."""
+    found = []
+    for path in all_modules().values():
+        where = path.relative_to(ROOT).as_posix()
+        found += [f"{where}:{line}: {what}" for line, what in storage_defaults(path.read_text())]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(path, storage: Storage = LOCAL): ...\n",
+        "def f(path, *, storage=None): ...\n",
+        "def f(path, checkpoints: CheckpointStore | None = None): ...\n",
+        "def f(path, where=Local()): ...\n",
+        "class C:\n    storage: Storage = field(default_factory=Local)\n",
+        "LOCAL = Local()\n",
+    ],
+)
+def test_the_storage_rule_names_a_default(source: str) -> None:
+    assert len(storage_defaults(source)) == 1, storage_defaults(source)
+
+
+def test_the_storage_rule_leaves_a_storage_handed_in_alone() -> None:
+    source = "def f(path, storage: Storage, verify: bool = True): ...\ndef g(name: str = 'local'): ...\n"
+    assert storage_defaults(source) == []
+
+
+def test_nothing_outside_the_checkpoint_package_picks_a_format_by_name() -> None:
+    """A format owns its files (staging, verifying, resharding, model.pth, load_model, the CLI's export): the
+    resume, the session, the doctor and hpc_ddp.checkpoint ask `formats.format_of(path, storage)` and the format
+    it returns, never one of the built-ins' modules (nor, so, a checkpoint's shape: only a format's `owns` asks
+    whether it is a file or a folder)."""
+    found = []
+    for name, targets in import_graph().items():
+        if name.startswith(CHECKPOINT + ".") or name == CHECKPOINT or name in NAMES_THE_FORMATS:
+            continue
+        found += [f"{name} imports {t}" for t in sorted(targets & FORMAT_MODULES)]
+    assert found == [], "\n".join(found)
+    graph = import_graph()  # not vacuous: the readers do ask the formats
+    for reader in (
+        "hpc_ddp.run.session",
+        "hpc_ddp.run.resume",
+        "hpc_ddp.checkpoint",
+        "hpc_ddp.doctor.resume",
+    ):
+        assert f"{CHECKPOINT}.formats" in graph[reader], reader

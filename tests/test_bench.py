@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_module
+from conftest import local_checkpoints, run_module
 
 from hpc_ddp.bench import hand, report, runs, suite, watching
 from hpc_ddp.bench.runs import Settings
@@ -176,7 +176,15 @@ def test_watchdog_baseline_has_no_comm_hook_and_trains_the_same_steps(tmp_path):
     with process_group(single, torch.device("cpu")):
         for kwargs in ({}, {"beacon": NullBeacon()}):
             torch.manual_seed(cfg.seed)
-            with Trainer(cfg, single, torch.device("cpu"), tasks.build(cfg), RankLog(0), **kwargs) as trainer:
+            with Trainer(
+                cfg,
+                single,
+                torch.device("cpu"),
+                tasks.build(cfg),
+                RankLog(0),
+                local_checkpoints(cfg),
+                **kwargs,
+            ) as trainer:
                 hooks = len(trainer.strategy.wrapped._comm_hooks)
                 trainer.run()
                 marked = trainer.clock.grads_ready > 0

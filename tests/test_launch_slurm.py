@@ -30,6 +30,8 @@ from hpc_ddp import exitcodes
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.slurm import follow, outcome, submitter
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.scheduler.slurm import parse, request
 from hpc_ddp.scheduler.slurm.states import JobState
 
@@ -274,7 +276,7 @@ def test_the_log_follower_prints_whole_lines_without_submitits_chatter(tmp_path:
 
 def report(tmp_path: Path, state: JobState, since: float = 0.0) -> tuple[int, str]:
     out = io.StringIO()
-    code = outcome.report("7", tmp_path, 4, state, since, out)
+    code = outcome.report("7", CheckpointStore(tmp_path, Local()), 4, state, since, out)
     return code, out.getvalue()
 
 

@@ -21,6 +21,8 @@ from hpc_ddp.launch import options
 from hpc_ddp.launch.slurm import follow, outcome, submitter
 from hpc_ddp.launch.slurm.follow import Look
 from hpc_ddp.ledger import attempts
+from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.scheduler.slurm import request
 from hpc_ddp.scheduler.slurm.client import SlurmClient
 from hpc_ddp.scheduler.slurm.parse import JobHistory, JobInfo
@@ -144,7 +146,9 @@ class Run:
     def follow(self) -> tuple[int, str]:
         out = io.StringIO()
         clock = follow.Clock(self.clock.now, self.clock.sleep)
-        code = follow.follow("7", self.folder, 4, 0.0, client(self.fake), out=out, clock=clock)
+        code = follow.follow(
+            "7", CheckpointStore(self.folder, Local()), 4, 0.0, client(self.fake), out=out, clock=clock
+        )
         return code, out.getvalue()
 
     def looks(self) -> list[float]:
@@ -360,7 +364,9 @@ def test_a_time_limit_before_the_first_checkpoint_blames_no_rank(tmp_path: Path)
         "TIME LIMIT ***\n"
     )
     out = io.StringIO()
-    assert outcome.report("7", tmp_path, 4, JobState("TIMEOUT", 0, 15), 0.0, out) == 1
+    assert (
+        outcome.report("7", CheckpointStore(tmp_path, Local()), 4, JobState("TIMEOUT", 0, 15), 0.0, out) == 1
+    )
     assert out.getvalue().splitlines() == [
         "[submit] job 7 hit its time limit (exit code 0, signal 15) before the ranks saved a checkpoint: nothing "
         "to resume from. Fix: a longer --time, or a larger --signal-delay-s (the ranks save when the signal "
@@ -370,7 +376,7 @@ def test_a_time_limit_before_the_first_checkpoint_blames_no_rank(tmp_path: Path)
     (tmp_path / "checkpoints" / "ckpt-00000040.pt").write_bytes(b"x")
     (tmp_path / "checkpoints" / "latest").write_text("ckpt-00000040.pt\n")
     out = io.StringIO()
-    outcome.report("7", tmp_path, 4, JobState("TIMEOUT", 0, 15), 0.0, out)
+    outcome.report("7", CheckpointStore(tmp_path, Local()), 4, JobState("TIMEOUT", 0, 15), 0.0, out)
     assert "run the same command to resume from the latest checkpoint (step 40)" in out.getvalue()
 
 
@@ -379,7 +385,7 @@ def test_rank_0s_last_lines_are_not_shown_twice(tmp_path: Path) -> None:
     sub.mkdir()
     (sub / "7_0_log.out").write_text("Epoch 0, Loss: 1.0\npython -m hpc_ddp.train: error: no such task\n")
     out = io.StringIO()
-    assert outcome.report("7", tmp_path, 4, JobState("FAILED", 2), 0.0, out) == 2
+    assert outcome.report("7", CheckpointStore(tmp_path, Local()), 4, JobState("FAILED", 2), 0.0, out) == 2
     assert out.getvalue().splitlines() == [
         "[submit] job 7 ended FAILED (exit code 2)",
         f"[submit] rank 0 failed; its log is shown above ({sub / '7_0_log.out'})",
@@ -494,7 +500,16 @@ def test_the_final_word_is_the_recorded_decision_not_what_the_ranks_did_after_th
     ):
         attempts.append(tmp_path, {"event": event, "job": "7", "restart": 0, "time": 5.0, **fields})
     out = io.StringIO()
-    code = outcome.report("7", tmp_path, 4, JobState("FAILED", 1), 0.0, out, shown=True, resume="python -m x")
+    code = outcome.report(
+        "7",
+        CheckpointStore(tmp_path, Local()),
+        4,
+        JobState("FAILED", 1),
+        0.0,
+        out,
+        shown=True,
+        resume="python -m x",
+    )
     assert code == 1
     assert out.getvalue().splitlines() == [
         "[submit] job 7 stopped after 1 attempt(s): a node failed (on node2): node node2 failed (Slurm took it "
@@ -503,7 +518,7 @@ def test_the_final_word_is_the_recorded_decision_not_what_the_ranks_did_after_th
         f"in {tmp_path}: python -m x",
     ]
     out = io.StringIO()  # nothing showed them (the log could not be followed): listed here, not claimed
-    outcome.report("7", tmp_path, 4, JobState("FAILED", 1), 0.0, out)
+    outcome.report("7", CheckpointStore(tmp_path, Local()), 4, JobState("FAILED", 1), 0.0, out)
     assert (
         "shown above" not in out.getvalue()
         and "attempt 1 on node1,node2: from the start; node_fail" in out.getvalue()
@@ -535,7 +550,9 @@ def test_a_job_slurm_requeued_onto_nodes_that_are_gone_is_stopped_by_wait_with_i
     out = io.StringIO()
     policy = lost.Policy(supervisor.Budgets(3, 3, "requeue"), 2, tasks_per_node=2)
     clock = follow.Clock(run.clock.now, run.clock.sleep)
-    code = follow.follow("7", tmp_path, 4, 0.0, client(run.fake), out, clock, policy)
+    code = follow.follow(
+        "7", CheckpointStore(tmp_path, Local()), 4, 0.0, client(run.fake), out, clock, policy
+    )
     text = out.getvalue()
     assert code == 1, text
     (closed,) = attempts.read(tmp_path)
@@ -561,7 +578,14 @@ def test_a_job_waiting_for_nodes_is_said_every_minute(tmp_path: Path) -> None:
     out = io.StringIO()
     policy = lost.Policy(supervisor.Budgets(3, 3, "requeue"), 2, wait=True)
     code = follow.follow(
-        "7", tmp_path, 4, 0.0, client(run.fake), out, follow.Clock(run.clock.now, run.clock.sleep), policy
+        "7",
+        CheckpointStore(tmp_path, Local()),
+        4,
+        0.0,
+        client(run.fake),
+        out,
+        follow.Clock(run.clock.now, run.clock.sleep),
+        policy,
     )
     assert code == 0
     told = [line for line in out.getvalue().splitlines() if "--wait-for-nodes" in line]

@@ -21,6 +21,8 @@ from hpc_ddp.launch.slurm import batch, min_nodes
 from hpc_ddp.ledger import attempts, decision, outcomes, rules
 from hpc_ddp.run import resume
 from hpc_ddp.run.checkpoint import sharded
+from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.config import TrainConfig, accum_for, check_min_nodes
 from hpc_ddp.scheduler.slurm.client import Size, requeue_steps
 from hpc_ddp.scheduler.slurm.parse import JobInfo
@@ -299,11 +301,11 @@ def test_a_resized_run_requeued_again_keeps_the_grad_accum_the_resize_chose(tmp_
     ranks resumes with 2 too, though the command line still says 1. Before, it took 1 from the command line
     and the resume was refused ("written with --grad-accum 2 (now 1)")."""
     cfg = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1)
-    first, resized = resume.resize(cfg, fake_sharded(tmp_path / "a", 4, 1), 2)
+    first, resized = resume.resize(cfg, fake_sharded(tmp_path / "a", 4, 1), 2, storage=Local())
     assert (
         first.grad_accum == 2 and resized is not None and resized.batch_after == resized.batch_before == 128
     )
-    again, resized = resume.resize(cfg, fake_sharded(tmp_path / "b", 2, 2, asked=1), 2)
+    again, resized = resume.resize(cfg, fake_sharded(tmp_path / "b", 2, 2, asked=1), 2, storage=Local())
     assert again.grad_accum == 2 and resized is not None and (resized.saved, resized.now) == (2, 2)
     assert "goes on with the checkpoint's --grad-accum 2, which an earlier resize chose" in resized.describe()
     resume.check_compatible(
@@ -315,7 +317,7 @@ def test_a_second_shrink_keeps_the_global_batch_the_first_kept(tmp_path: Path) -
     """4 ranks -> 2 (--grad-accum 1 -> 2) -> 1: the command line still says 1, which is what the checkpoint's
     run was asked, so the kit goes on keeping the batch (4)."""
     cfg = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1)
-    third, resized = resume.resize(cfg, fake_sharded(tmp_path / "c", 2, 2, asked=1), 1)
+    third, resized = resume.resize(cfg, fake_sharded(tmp_path / "c", 2, 2, asked=1), 1, storage=Local())
     assert third.grad_accum == 4 and resized is not None
     assert resized.batch_before == resized.batch_after == 32 * 4
 
@@ -324,7 +326,7 @@ def test_a_grad_accum_the_user_changed_at_the_same_size_is_refused_not_replaced(
     """--allow-resize at the checkpoint's own size with a new --grad-accum: the user's change, refused as any
     must-match change (never silently replaced by the checkpoint's)."""
     cfg = TrainConfig(strategy="fsdp", allow_resize=True, grad_accum=3)
-    same, resized = resume.resize(cfg, fake_sharded(tmp_path / "d", 2, 2), 2)
+    same, resized = resume.resize(cfg, fake_sharded(tmp_path / "d", 2, 2), 2, storage=Local())
     assert (same.grad_accum, resized) == (3, None)
     with pytest.raises(CheckpointError, match=r"--grad-accum 2 \(now 3\)"):
         resume.check_compatible(
@@ -341,11 +343,12 @@ def test_the_batch_step_takes_the_grad_accum_of_a_resized_checkpoint(tmp_path: P
     assert store.MANIFEST == sharded.MANIFEST
     cfg = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1)
     per_node = 1  # SLURM_NTASKS_PER_NODE
-    assert min_nodes.rule(cfg, per_node, tmp_path).grad_accum == 1  # no checkpoint yet: the command line
+    checkpoints = CheckpointStore(tmp_path, Local())
+    assert min_nodes.rule(cfg, per_node, checkpoints).grad_accum == 1  # no checkpoint yet: the command line
     ckpt = fake_sharded(tmp_path / "checkpoints" / "ckpt-00000010", 2, 2, asked=1)
-    store.point_latest(tmp_path, ckpt)
-    rule = min_nodes.rule(cfg, per_node, tmp_path)
+    store.point_latest(tmp_path, ckpt, storage=Local())
+    rule = min_nodes.rule(cfg, per_node, checkpoints)
     assert rule.grad_accum == 2
     assert "the global batch stays 128 (--grad-accum 4)" in min_nodes.went_on(2, 1, ["node2"], rule)
     changed = TrainConfig(strategy="fsdp", allow_resize=True, min_nodes=1, grad_accum=3)
-    assert min_nodes.rule(changed, per_node, tmp_path).grad_accum == 3  # the user's own value
+    assert min_nodes.rule(changed, per_node, checkpoints).grad_accum == 3  # the user's own value

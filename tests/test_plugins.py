@@ -210,7 +210,9 @@ def test_the_scheduler_plugin_is_found_by_name_and_answers_as_the_local_one(
 # ----- the proof: a preempted and resumed run with every plugin by name, bitwise equal to the built-ins' -----------
 @pytest.mark.slow
 @pytest.mark.deadline(400)
-def test_a_run_with_every_plugin_preempted_twice_ends_bitwise_equal_to_the_builtins(tmp_path: Path) -> None:
+def test_a_run_with_every_plugin_preempted_twice_ends_bitwise_equal_to_the_builtins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
     from test_run_callbacks import TWO
     from test_run_models import finish, preempted_twice, start
@@ -257,3 +259,52 @@ def test_a_run_with_every_plugin_preempted_twice_ends_bitwise_equal_to_the_built
         ("sink", "close"),
     ]:
         assert call in calls, (call, sorted(calls))
+    # Storage all the way through (issue 43): the resume's reads, the launcher's latest step and model.pth go
+    # through the storage --checkpoint-storage names, never around it. (kind, method, rank, name) per call:
+    storage = [tuple(line.split()) for line in lines if line.startswith("storage ")]
+
+    def ranks(method: str, name: str) -> set[str]:
+        return {c[2] for c in storage if c[1] == method and len(c) > 3 and c[3].startswith(name)}
+
+    assert ranks("open", "ckpt-") == {"0", "1"}, storage  # every rank reads the checkpoint it resumes
+    assert "0" in ranks("sha256", "ckpt-") and "0" in ranks("read_bytes", "ckpt-")  # rank 0 verifies it first
+    assert "0" in ranks("read_bytes", "latest")  # which one: rank 0 reads `latest`
+    launcher = ranks("read_bytes", "latest") | ranks("listdir", "checkpoints")
+    assert "-" in launcher  # the launcher's latest step, at each attempt's end
+    assert ranks("write", "model.pth") == {"0"}  # the export at the end, through the run's storage
+    _the_tools_read_the_plugin_run_through_its_storage(tmp_path, monkeypatch, models[1])
+
+
+def _the_tools_read_the_plugin_run_through_its_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_pth: dict
+) -> None:
+    """`python -m hpc_ddp.checkpoint export --checkpoint-storage` and `load_model(checkpoint_storage=)` on the
+    plugin run: its format (the plugin's, derived from the full one) reads it through its storage, and what
+    they give is model.pth, bit for bit."""
+    import torch
+    from slow_tasks import slow
+
+    from hpc_ddp.checkpoint import load_model
+    from hpc_ddp.checkpoint.__main__ import main
+    from hpc_ddp.run.config import TrainConfig
+
+    log = tmp_path / "tools.log"
+    monkeypatch.syspath_prepend(str(PLUGIN_PKG))
+    monkeypatch.setenv("TESTPLUGIN_CALLS_LOG", str(log))
+    monkeypatch.delenv("RANK", raising=False)
+    latest = tmp_path / "plugins" / "checkpoints" / "latest"
+    out = tmp_path / "exported.pth"
+    options = ["--checkpoint-storage", "test-local", "--checkpoint-format", "test-full"]
+    assert main(["export", *options, str(latest), str(out)]) == 0
+    exported = torch.load(out, weights_only=True)
+    model = load_model(
+        slow(TrainConfig()).model, latest, checkpoint_storage="test-local", checkpoint_format="test-full"
+    )
+    for state in (exported, model.state_dict()):
+        assert state.keys() == model_pth.keys() and all(
+            torch.equal(state[k], model_pth[k]) for k in model_pth
+        )
+    calls = log.read_text().splitlines()
+    for call in ("storage read_bytes - latest", "storage open - ckpt-", "storage write - exported.pth"):
+        assert any(line.startswith(call) for line in calls), (call, calls)
+    assert "format export -" in calls and "format load_model -" in calls, calls

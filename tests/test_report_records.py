@@ -21,6 +21,8 @@ from test_report_run import local_run
 from hpc_ddp.report import plots, timeline
 from hpc_ddp.report.sources import read_run
 from hpc_ddp.run import resume
+from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.folder import hold_folder, is_held
 from hpc_ddp.run.metrics import read_records
 
@@ -111,7 +113,7 @@ def test_overwrite_moves_the_records_of_the_line_it_deletes_aside(tmp_path: Path
     (folder / "checkpoints").mkdir()
     (folder / "checkpoints" / "ckpt-00000080.pt").write_bytes(b"x")
     said: list[str] = []
-    resume.apply(resume.Plan(None, overwrite=True), folder, said.append)
+    resume.apply(resume.Plan(None, overwrite=True), CheckpointStore(folder, Local()), said.append)
     assert not (folder / "metrics.jsonl").exists() and not (folder / "attempts.jsonl").exists()
     [aside] = folder.glob("records-overwritten-*")
     assert sorted(p.name for p in aside.iterdir()) == ["attempts.jsonl", "metrics.jsonl"]

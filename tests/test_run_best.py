@@ -11,6 +11,7 @@ import pytest
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run.best import Best
 from hpc_ddp.run.checkpoint import store
+from hpc_ddp.run.checkpoint.storage import Local
 
 
 @pytest.mark.parametrize(
@@ -74,27 +75,29 @@ def _ckpt(folder: Path, step: int) -> Path:
 def test_rotation_keeps_the_best_beside_the_keep_newest_and_drops_a_dethroned_one(tmp_path: Path) -> None:
     keep = 2
     first = _ckpt(tmp_path, 10)
-    store.promote(tmp_path, first, keep)
-    store.point_best(tmp_path, first, keep)
+    store.promote(tmp_path, first, keep, storage=Local())
+    store.point_best(tmp_path, first, keep, storage=Local())
     for step in (20, 30, 40):
-        store.promote(tmp_path, _ckpt(tmp_path, step), keep)
+        store.promote(tmp_path, _ckpt(tmp_path, step), keep, storage=Local())
     # 40 and 30 are the keep newest; 10 is the best, never rotated away; 20 went.
-    assert [store.ckpt_step(p) for p in store.list_checkpoints(tmp_path)] == [40, 30, 10]
-    assert store.read_best(tmp_path) == first and store.read_latest(tmp_path) == tmp_path / "checkpoints" / (
-        store.ckpt_name(40)
-    )
+    assert [store.ckpt_step(p) for p in store.list_checkpoints(tmp_path, storage=Local())] == [40, 30, 10]
+    assert store.read_best(tmp_path, storage=Local()) == first and store.read_latest(
+        tmp_path, storage=Local()
+    ) == tmp_path / "checkpoints" / (store.ckpt_name(40))
     newer = _ckpt(tmp_path, 50)
-    store.promote(tmp_path, newer, keep)
-    store.point_best(tmp_path, newer, keep)  # a new best: the old one is an ordinary old checkpoint now
-    assert [store.ckpt_step(p) for p in store.list_checkpoints(tmp_path)] == [50, 40]
-    assert store.read_best(tmp_path) == newer
+    store.promote(tmp_path, newer, keep, storage=Local())
+    store.point_best(
+        tmp_path, newer, keep, storage=Local()
+    )  # a new best: the old one is an ordinary old checkpoint now
+    assert [store.ckpt_step(p) for p in store.list_checkpoints(tmp_path, storage=Local())] == [50, 40]
+    assert store.read_best(tmp_path, storage=Local()) == newer
     assert (store.ckpt_dir(tmp_path) / store.BEST).read_text() == "ckpt-00000050.pt\n"
 
 
 def test_keep_one_with_a_best_keeps_exactly_two(tmp_path: Path) -> None:
-    store.promote(tmp_path, _ckpt(tmp_path, 1), 1)
-    store.point_best(tmp_path, store.ckpt_dir(tmp_path) / store.ckpt_name(1), 1)
+    store.promote(tmp_path, _ckpt(tmp_path, 1), 1, storage=Local())
+    store.point_best(tmp_path, store.ckpt_dir(tmp_path) / store.ckpt_name(1), 1, storage=Local())
     for step in range(2, 6):
-        store.promote(tmp_path, _ckpt(tmp_path, step), 1)
-    assert [store.ckpt_step(p) for p in store.list_checkpoints(tmp_path)] == [5, 1]
-    assert store.latest_step(tmp_path) == 5  # `best` never changes what a resume starts from
+        store.promote(tmp_path, _ckpt(tmp_path, step), 1, storage=Local())
+    assert [store.ckpt_step(p) for p in store.list_checkpoints(tmp_path, storage=Local())] == [5, 1]
+    assert store.latest_step(tmp_path, storage=Local()) == 5  # `best` never changes what a resume starts from

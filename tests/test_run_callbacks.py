@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import local_checkpoints
 from test_launch_local import finish, start
 from test_run_models import preempted_twice
 
@@ -26,6 +27,7 @@ from hpc_ddp.run import callbacks as cbs
 from hpc_ddp.run import tasks
 from hpc_ddp.run.checkpoint import content, full, store
 from hpc_ddp.run.checkpoint.part import PER_RANK, Loading
+from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.parts import CallbacksPart
 from hpc_ddp.run.trainer import Trainer
@@ -162,7 +164,7 @@ def test_the_part_keeps_each_ranks_state_and_says_what_it_could_not_give_back(tm
     # Through the full format's file: the entry is every rank's list; each rank loads its own.
     path = tmp_path / "ckpt.pt"
     torch.save({"model": {}, "callbacks": [saved, {"0.Recorder": {"seen": 9, "t": torch.zeros(1)}}]}, path)
-    opened = full.Loaded(full.load(path, verify=False))
+    opened = full.Loaded(full.load(path, verify=False, storage=Local()))
     again = Recorder(calls)
     ctx = Loading(path, {}, TrainConfig())
     CallbacksPart(callbacks_of(again, rank=1)).load_state_dict(opened.state_of(part, 1), ctx)
@@ -206,7 +208,7 @@ def test_the_loop_calls_the_hooks_in_order_saves_their_state_and_stops_where_ask
         torch.manual_seed(cfg.seed)
         task = tasks.build(cfg)
         task = dataclasses.replace(task, eval_dataset=task.dataset, callbacks=[recorder])
-        with Trainer(cfg, env, torch.device("cpu"), task, RankLog(0)) as trainer:
+        with Trainer(cfg, env, torch.device("cpu"), task, RankLog(0), local_checkpoints(cfg)) as trainer:
             assert trainer.callbacks.model is trainer.strategy.model is not trainer.strategy.wrapped
             trainer.callbacks.start(0, 0)
             before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
@@ -227,7 +229,7 @@ def test_the_loop_calls_the_hooks_in_order_saves_their_state_and_stops_where_ask
         ("on_train_end", 3, ()),
     ]
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
-    saved = full.load(store.read_latest(tmp_path))  # type: ignore[arg-type]
+    saved = full.load(store.read_latest(tmp_path, storage=Local()), storage=Local())  # type: ignore[arg-type]
     assert saved["position"]["step"] == 3 and saved["position"]["stopped"]
     assert saved["callbacks"] == [{"0.Recorder": {"seen": 3, "t": torch.tensor([3.0])}}]
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -264,7 +266,7 @@ def test_an_ema_callback_preempted_twice_resumes_bit_for_bit(tmp_path: Path) -> 
     assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
     # The EMA is not the model: it really averaged (a callback that did nothing would pass the rest).
     assert any(not torch.equal(straight[k], models[0][k].float()) for k in straight)
-    last = full.load(store.read_latest(tmp_path / "twice"))  # type: ignore[arg-type]
+    last = full.load(store.read_latest(tmp_path / "twice", storage=Local()), storage=Local())  # type: ignore[arg-type]
     ranks = last["callbacks"]
     assert len(ranks) == 2 and all(torch.equal(ranks[0]["0.EMA"]["shadow"][k], straight[k]) for k in straight)
 
@@ -281,7 +283,7 @@ def test_an_early_stop_asked_on_one_rank_ends_every_rank_at_one_step_as_finished
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in records if r["event"] == "step") == 5
     assert [r["step"] for r in records if r["event"] == "eval"] == [2, 4, 5]  # the final one where it ended
-    latest = store.read_latest(tmp_path)
+    latest = store.read_latest(tmp_path, storage=Local())
     assert latest is not None and store.ckpt_step(latest) == 5
     for rank in (0, 1):
         hooks = [json.loads(line) for line in (tmp_path / f"hooks-rank{rank}.jsonl").read_text().splitlines()]

@@ -17,6 +17,8 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.run import resume
 from hpc_ddp.run.checkpoint import formats, full, store
+from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.checkpoint.writer import AsyncWriter
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.loaders import SkipSampler as _SkipSampler
@@ -42,10 +44,10 @@ def sample_state(step: int) -> dict:
 
 def test_round_trip_keeps_model_optimizer_rng_and_position(tmp_path: Path) -> None:
     state = sample_state(7)
-    path, nbytes = full.commit(tmp_path, state, step=7, keep=3)
+    path, nbytes = full.commit(tmp_path, state, step=7, keep=3, storage=Local())
     assert nbytes == path.stat().st_size
-    assert store.read_latest(tmp_path) == path
-    loaded = full.load(path)  # weights_only=True
+    assert store.read_latest(tmp_path, storage=Local()) == path
+    loaded = full.load(path, storage=Local())  # weights_only=True
     assert loaded["position"] == state["position"]
     assert torch.equal(loaded["rng"][0]["cpu"], state["rng"][0]["cpu"])
     assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
@@ -55,17 +57,20 @@ def test_round_trip_keeps_model_optimizer_rng_and_position(tmp_path: Path) -> No
 
 def test_keep_rotates_and_latest_points_at_the_newest(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
-        full.commit(tmp_path, sample_state(step), step=step, keep=2)
-    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["ckpt-00000004.pt", "ckpt-00000003.pt"]
-    assert store.read_latest(tmp_path).name == "ckpt-00000004.pt"
+        full.commit(tmp_path, sample_state(step), step=step, keep=2, storage=Local())
+    assert [p.name for p in store.list_checkpoints(tmp_path, storage=Local())] == [
+        "ckpt-00000004.pt",
+        "ckpt-00000003.pt",
+    ]
+    assert store.read_latest(tmp_path, storage=Local()).name == "ckpt-00000004.pt"
 
 
 def test_corrupt_latest_falls_back_to_the_previous_one(tmp_path: Path) -> None:
-    full.commit(tmp_path, sample_state(1), step=1, keep=3)
-    newest, _ = full.commit(tmp_path, sample_state(2), step=2, keep=3)
+    full.commit(tmp_path, sample_state(1), step=1, keep=3, storage=Local())
+    newest, _ = full.commit(tmp_path, sample_state(2), step=2, keep=3, storage=Local())
     newest.write_bytes(newest.read_bytes()[:100])  # torn by something outside our control
     warnings: list[str] = []
-    found = formats.find_resumable(tmp_path, warnings.append)
+    found = formats.find_resumable(CheckpointStore(tmp_path, Local()), warnings.append)
     assert found is not None and found.name == "ckpt-00000001.pt"
     assert "ckpt-00000002.pt cannot be loaded safely" in warnings[0]
 
@@ -79,19 +84,20 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
     evil = tmp_path / "evil.pt"
     torch.save({"model": {}, "payload": _RunsCode()}, evil)
     with pytest.raises(CheckpointError, match="cannot be loaded safely"):
-        full.load(evil)
+        full.load(evil, storage=Local())
     assert not (Path.cwd() / "pwned").exists() and not (tmp_path / "pwned").exists()
 
 
 _WRITER = """
 import sys, torch
 from hpc_ddp.run.checkpoint import full
+from hpc_ddp.run.checkpoint.storage import Local
 folder = sys.argv[1]
-full.commit(folder, {"model": {"w": torch.ones(3)}}, step=1, keep=5)
+full.commit(folder, {"model": {"w": torch.ones(3)}}, step=1, keep=5, storage=Local())
 print("first", flush=True)
 big = {"model": {"w": torch.randn(64 * 1024 * 1024)}}  # 256 MB: the kill lands mid-write
 for step in range(2, 100):
-    full.commit(folder, big, step=step, keep=5)
+    full.commit(folder, big, step=step, keep=5, storage=Local())
 """
 
 
@@ -113,15 +119,15 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert any(".tmp-" in p.name for p in directory.iterdir()), "the kill should land mid-write"
-    listed = store.list_checkpoints(tmp_path)
+    listed = store.list_checkpoints(tmp_path, storage=Local())
     assert listed, "the first checkpoint must survive"
     for path in listed:  # every promoted file is complete: temporary files are never listed or pointed at
-        full.load(path)
-    latest = store.read_latest(tmp_path)
+        full.load(path, storage=Local())
+    latest = store.read_latest(tmp_path, storage=Local())
     assert latest is not None and latest in listed
-    found = formats.find_resumable(tmp_path, pytest.fail)
+    found = formats.find_resumable(CheckpointStore(tmp_path, Local()), pytest.fail)
     assert found is not None
-    assert store.remove_stale_temporaries(tmp_path) >= 1
+    assert store.remove_stale_temporaries(tmp_path, storage=Local()) >= 1
     assert not any(".tmp-" in p.name for p in directory.iterdir())
 
 
@@ -152,24 +158,39 @@ def test_set_epoch_changes_the_order_and_a_restart_reproduces_it() -> None:
 
 
 def test_resume_never_refuses_existing_checkpoints_unless_overwrite(tmp_path: Path) -> None:
-    full.commit(tmp_path, sample_state(1), step=1, keep=3)
+    full.commit(tmp_path, sample_state(1), step=1, keep=3, storage=Local())
     with pytest.raises(UsageError, match="--resume never, but .* already holds 1 checkpoint"):
-        resume.choose(TrainConfig(resume="never"), tmp_path, {}, print)
-    assert resume.choose(TrainConfig(resume="never", overwrite=True), tmp_path, {}, print) is None
-    assert store.list_checkpoints(tmp_path) == []
+        resume.choose(TrainConfig(resume="never"), CheckpointStore(tmp_path, Local()), {}, print)
+    assert (
+        resume.choose(
+            TrainConfig(resume="never", overwrite=True), CheckpointStore(tmp_path, Local()), {}, print
+        )
+        is None
+    )
+    assert store.list_checkpoints(tmp_path, storage=Local()) == []
 
 
 def test_a_restart_always_resumes_its_own_latest(tmp_path: Path) -> None:
-    path, _ = full.commit(tmp_path, sample_state(1), step=1, keep=3)
+    path, _ = full.commit(tmp_path, sample_state(1), step=1, keep=3, storage=Local())
     restarted = {"SLURM_RESTART_COUNT": "1"}
-    assert resume.choose(TrainConfig(resume="never"), tmp_path, restarted, print) == path
-    assert resume.choose(TrainConfig(resume="/elsewhere.pt"), tmp_path, restarted, print) == path
+    assert (
+        resume.choose(TrainConfig(resume="never"), CheckpointStore(tmp_path, Local()), restarted, print)
+        == path
+    )
+    assert (
+        resume.choose(
+            TrainConfig(resume="/elsewhere.pt"), CheckpointStore(tmp_path, Local()), restarted, print
+        )
+        == path
+    )
 
 
 def test_incompatible_checkpoint_names_the_difference(tmp_path: Path) -> None:
     state = sample_state(1)
     with pytest.raises(CheckpointError, match=r"--batch-size 32 \(now 64\).*world size 1 \(now 4\)"):
-        resume.check_compatible(state, tmp_path / "x.pt", TrainConfig(batch_size=64), world_size=4)
+        resume.check_compatible(
+            state, tmp_path / "x.pt", TrainConfig(batch_size=64), world_size=4, fmt=full.Full
+        )
     with pytest.raises(CheckpointError, match="is for a different model"):
         load_model_state(torch.nn.Linear(5, 2), state["model"], tmp_path / "x.pt")
 
@@ -183,36 +204,40 @@ def test_best_and_latest_work_wherever_a_checkpoint_path_does(tmp_path: Path) ->
 
     states = {step: sample_state(step) for step in (4, 8)}
     for step, state in states.items():
-        full.commit(tmp_path, state, step=step, keep=3)
-    store.point_best(tmp_path, store.ckpt_dir(tmp_path) / store.ckpt_name(4), keep=3)
+        full.commit(tmp_path, state, step=step, keep=3, storage=Local())
+    store.point_best(tmp_path, store.ckpt_dir(tmp_path) / store.ckpt_name(4), keep=3, storage=Local())
     pointers = store.ckpt_dir(tmp_path)
     for name, step in (("best", 4), ("latest", 8)):
         out = tmp_path / f"{name}.pth"
-        run_export(pointers / name, out)
+        run_export(pointers / name, out, "local")
         expected = states[step]["model"]
         exported = torch.load(out, weights_only=True)
         assert exported.keys() == expected.keys()
         assert all(torch.equal(exported[k], expected[k]) for k in expected)
         loaded = load_model(torch.nn.Linear(4, 2), pointers / name).state_dict()
         assert all(torch.equal(loaded[k], expected[k]) for k in expected)
-        assert full.load(pointers / name)["position"]["step"] == step
-        assert full.load(str(pointers / name))["position"]["step"] == step
+        assert full.load(pointers / name, storage=Local())["position"]["step"] == step
+        assert full.load(str(pointers / name), storage=Local())["position"]["step"] == step
     assert main(["export", str(pointers / "best"), str(tmp_path / "cli.pth")]) == 0
     assert torch.equal(
         torch.load(tmp_path / "cli.pth", weights_only=True)["weight"], states[4]["model"]["weight"]
     )
     # --resume checkpoints/best: an earlier checkpoint of this folder, so a new line (the later one set aside).
-    chosen = resume.plan(TrainConfig(resume=str(pointers / "best")), tmp_path, {}, print)
+    chosen = resume.plan(
+        TrainConfig(resume=str(pointers / "best")), CheckpointStore(tmp_path, Local()), {}, print
+    )
     assert chosen.start == pointers / "ckpt-00000004.pt"
     assert chosen.set_aside == (pointers / "ckpt-00000008.pt",)
-    chosen = resume.plan(TrainConfig(resume=str(pointers / "latest")), tmp_path, {}, print)
+    chosen = resume.plan(
+        TrainConfig(resume=str(pointers / "latest")), CheckpointStore(tmp_path, Local()), {}, print
+    )
     assert chosen.start == pointers / "ckpt-00000008.pt" and chosen.set_aside == ()
     (pointers / "best").write_text("ckpt-00000099.pt\n")
     with pytest.raises(
         UsageError, match=r"best names 'ckpt-00000099.pt', which is not a checkpoint beside it"
     ):
-        run_export(pointers / "best", tmp_path / "x.pth")
-    for load in (lambda p: load_model(torch.nn.Linear(4, 2), p), full.load):
+        run_export(pointers / "best", tmp_path / "x.pth", "local")
+    for load in (lambda p: load_model(torch.nn.Linear(4, 2), p), lambda p: full.load(p, Local())):
         with pytest.raises(
             UsageError, match=r"best names 'ckpt-00000099.pt', which is not a checkpoint beside"
         ):

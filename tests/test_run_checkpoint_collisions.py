@@ -13,6 +13,7 @@ from test_launch_local import finish, start
 
 from hpc_ddp.doctor.probe import PROBE_TASK, Plan, Stop
 from hpc_ddp.run.checkpoint import store
+from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.variables import RESUME_PROBE
 
 
@@ -25,7 +26,7 @@ def test_install_never_renames_onto_an_existing_folder(tmp_path: Path) -> None:
     (temp / "new").write_text("new")
     with pytest.raises(OSError):  # what a plain rename does (ENOTEMPTY): the collision of finding 9
         os.rename(temp, final)
-    store.install(temp, final)
+    store.install(temp, final, storage=Local())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000008"]
     assert [p.name for p in final.iterdir()] == ["new"]
 
@@ -59,11 +60,11 @@ def test_fsdp_keep_best_stopped_at_an_epochs_last_step_keeps_its_best_and_finish
     evals = records(tmp_path, "eval")
     assert [r["step"] for r in evals] == [4, 8, 12, 16]  # each once: step 8's after the resume
     top = max(evals, key=lambda r: (r["metrics"]["loss"], -r["step"]))["step"]
-    best, latest = store.read_best(tmp_path), store.read_latest(tmp_path)
+    best, latest = store.read_best(tmp_path, storage=Local()), store.read_latest(tmp_path, storage=Local())
     assert best is not None and store.ckpt_step(best) == top, out
     assert latest is not None and store.ckpt_step(latest) == 16
     ckpts = tmp_path / "checkpoints"
-    assert sorted(p.name for p in ckpts.iterdir() if store.is_checkpoint(p)) == sorted(
+    assert sorted(p.name for p in ckpts.iterdir() if store.is_checkpoint(p, storage=Local())) == sorted(
         {best.name, latest.name}
     )
     assert not list(ckpts.glob(".*tmp*"))  # no save left a temporary folder behind

@@ -21,6 +21,7 @@ from hpc_ddp.log import RankLog
 from hpc_ddp.run.beacon import NullBeacon
 from hpc_ddp.run.checkpoint import formats, full, store
 from hpc_ddp.run.checkpoint.part import PER_RANK, REPLICATED, Loading, Part
+from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.checkpointer import Checkpointer
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.position import Position
@@ -50,14 +51,17 @@ def test_a_checkpoint_is_a_file_or_a_directory_by_its_name(tmp_path: Path) -> No
     (directory / "ckpt-00000004").write_bytes(b"x")  # a directory name that is a file: no checkpoint
     (directory / ".ckpt-00000005.tmp-1-2").mkdir()  # a format's temporary directory: never listed
     (directory / ".ckpt-00000006.pt.tmp-1-2").write_bytes(b"x")
-    assert store.list_checkpoints(tmp_path) == [two, one]
+    assert store.list_checkpoints(tmp_path, storage=Local()) == [two, one]
     assert [store.ckpt_step(p) for p in (one, two)] == [1, 2]
-    assert store.latest_step(tmp_path) == 2  # no `latest` yet: the newest listed
-    store.point_latest(tmp_path, one)
-    assert store.read_latest(tmp_path) == one and store.latest_step(tmp_path) == 1
-    store.point_latest(tmp_path, two)
-    assert store.read_latest(tmp_path) == two
-    assert store.remove_stale_temporaries(tmp_path) == 2
+    assert store.latest_step(tmp_path, storage=Local()) == 2  # no `latest` yet: the newest listed
+    store.point_latest(tmp_path, one, storage=Local())
+    assert (
+        store.read_latest(tmp_path, storage=Local()) == one
+        and store.latest_step(tmp_path, storage=Local()) == 1
+    )
+    store.point_latest(tmp_path, two, storage=Local())
+    assert store.read_latest(tmp_path, storage=Local()) == two
+    assert store.remove_stale_temporaries(tmp_path, storage=Local()) == 2
     assert sorted(p.name for p in directory.iterdir()) == [
         "ckpt-00000001.pt",
         "ckpt-00000002",
@@ -70,21 +74,25 @@ def test_a_checkpoint_is_a_file_or_a_directory_by_its_name(tmp_path: Path) -> No
 def test_promote_rotates_files_and_directories_alike_and_keeps_later_steps(tmp_path: Path) -> None:
     made = [_file(tmp_path, 1), _directory(tmp_path, 2), _file(tmp_path, 3), _directory(tmp_path, 9)]
     newest = _directory(tmp_path, 4)
-    store.promote(tmp_path, newest, keep=2)
+    store.promote(tmp_path, newest, keep=2, storage=Local())
     # Step 9 is no part of this line (a later step): rotation never deletes it; of the rest, 4 and 3 stay.
-    assert store.list_checkpoints(tmp_path) == [made[3], newest, made[2]]
+    assert store.list_checkpoints(tmp_path, storage=Local()) == [made[3], newest, made[2]]
     assert not made[1].exists() and not made[0].exists()
-    assert store.read_latest(tmp_path) == newest and store.latest_step(tmp_path) == 4
+    assert (
+        store.read_latest(tmp_path, storage=Local()) == newest
+        and store.latest_step(tmp_path, storage=Local()) == 4
+    )
 
 
 def test_latest_step_is_torch_free_for_supervisors(tmp_path: Path) -> None:
     """A supervisor (local launcher, Slurm batch step) asks for the latest checkpoint's step without torch."""
     _file(tmp_path, 7)
-    store.point_latest(tmp_path, _directory(tmp_path, 12))
+    store.point_latest(tmp_path, _directory(tmp_path, 12), storage=Local())
     code = (
         "import sys\n"
         "from hpc_ddp.run.checkpoint import store\n"
-        f"print(store.latest_step({str(tmp_path)!r}), store.latest_step({str(tmp_path / 'none')!r}))\n"
+        f"print(store.of_run({str(tmp_path)!r}, 'local').latest_step(), "
+        f"store.of_run({str(tmp_path / 'none')!r}, 'local').latest_step())\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
     )
     proc = subprocess.run(
@@ -168,7 +176,7 @@ def _checkpointer(tmp_path: Path, env: dist_env.DistEnv, parts: list[Part]) -> t
             env,
             tmp_path,
             parts,
-            full.Full(tmp_path, env, cfg.keep),
+            full.Full(tmp_path, env, cfg.keep, Local()),
             RankLog(0, io.StringIO()),
             lambda *record: records.append(record),
             NullBeacon(),
@@ -183,11 +191,11 @@ def test_a_new_part_round_trips_through_the_full_format(tmp_path: Path) -> None:
         saved, records = _checkpointer(tmp_path, env, [Weights(), Counter(5), Noise(1), Where()])
         saved.save(Position(epoch=1, step=5), final=True)
         saved.close()
-        path = store.read_latest(tmp_path)
+        path = store.read_latest(tmp_path, storage=Local())
         assert path is not None and path.name == "ckpt-00000005.pt"
         assert records == [(1, 5, records[0][2], records[0][3], True)]  # the "save" record, once durable
         # The file holds each part under its key, a PER_RANK part as every rank's list, and the meta.
-        raw = full.load(path)
+        raw = full.load(path, storage=Local())
         assert raw["counter"]["value"] == 5 and [r["note"] for r in raw["noise"]] == ["mine"]
         assert raw["world_size"] == 1 and raw["config"]["keep"] == 2
         counter, noise = Counter(), Noise(2)
@@ -195,7 +203,7 @@ def test_a_new_part_round_trips_through_the_full_format(tmp_path: Path) -> None:
         assert loaded.load(path) == []
     assert counter.value == 5
     assert torch.equal(noise.state, torch.Generator().manual_seed(1).get_state())
-    assert formats.format_of(path) is full.Full
+    assert formats.format_of(path, storage=Local()) is full.Full
 
 
 def test_the_full_format_refuses_a_new_world_size_naming_both(tmp_path: Path) -> None:
@@ -206,9 +214,9 @@ def test_the_full_format_refuses_a_new_world_size_naming_both(tmp_path: Path) ->
         saved, _ = _checkpointer(tmp_path, env, [Weights(), Counter(3), Where()])
         saved.save(Position(step=3), final=True)
         saved.close()
-        path = store.read_latest(tmp_path)
+        path = store.read_latest(tmp_path, storage=Local())
         assert path is not None
-        state = dict(full.load(path))
+        state = dict(full.load(path, storage=Local()))
         state["world_size"] = 2  # as if written by 2 ranks; this run has 1
         counter = Counter()
         loading, _ = _checkpointer(tmp_path, env, [Weights(), counter, Where()])
@@ -222,9 +230,9 @@ def test_a_directory_no_format_reads_is_refused_in_one_line(tmp_path: Path) -> N
     # shard, no index and no manifest is still no checkpoint this kit reads.
     path = _directory(tmp_path, 2)
     with pytest.raises(CheckpointCorrupt, match="it is torn"):
-        formats.verify(path)
+        formats.verify(path, storage=Local())
     other = store.ckpt_dir(tmp_path) / store.ckpt_name(3, suffix="")
     other.mkdir()
     (other / "notes.txt").write_bytes(b"x")
     with pytest.raises(CheckpointError, match="is a directory that no checkpoint format of this kit reads"):
-        formats.verify(other)
+        formats.verify(other, storage=Local())

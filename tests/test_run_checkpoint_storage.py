@@ -13,9 +13,10 @@ from typing import BinaryIO
 import pytest
 import torch
 
-from hpc_ddp.run.checkpoint import full, store
+from hpc_ddp.errors import CheckpointCorrupt
+from hpc_ddp.run.checkpoint import formats, full, store
 from hpc_ddp.run.checkpoint.durable import checksum_path
-from hpc_ddp.run.checkpoint.storage import LOCAL, Local, Storage
+from hpc_ddp.run.checkpoint.storage import Local, Storage
 
 
 class Memory(Storage):
@@ -67,6 +68,9 @@ class Memory(Storage):
             raise FileNotFoundError(path)
         return self.files[path]
 
+    def open(self, path: str) -> BinaryIO:
+        return io.BytesIO(self.read_bytes(path))
+
     def size(self, path: str) -> int:
         return sum(len(v) for n, v in self.files.items() if n == path or n.startswith(path + "/"))
 
@@ -100,6 +104,12 @@ def test_a_storage_of_its_own_takes_every_save_promotion_and_rotation(tmp_path: 
     )
     loaded = torch.load(io.BytesIO(mem.files[str(checkpoints / "ckpt-00000003.pt")]), weights_only=True)
     assert torch.equal(loaded["model"]["w"], torch.full((3,), 3.0))
+    # Read back through the storage too: its checksum checked, the file loaded, all from memory (issue 43).
+    opened = formats.open_checkpoint(checkpoints / "ckpt-00000003.pt", mem)
+    assert torch.equal(opened.meta["model"]["w"], torch.full((3,), 3.0))
+    mem.files[str(checkpoints / "ckpt-00000002.pt")] += b"!"  # a damaged file: its sum, read from memory
+    with pytest.raises(CheckpointCorrupt, match="is corrupt"):
+        formats.verify(checkpoints / "ckpt-00000002.pt", mem)
     assert store.newest_size(tmp_path, mem) == len(mem.files[str(checkpoints / "ckpt-00000003.pt")])
 
 
@@ -125,6 +135,7 @@ def test_the_local_storage_installs_over_a_checkpoint_of_the_same_step(tmp_path:
     for folder, text in ((final, b"first"), (temp, b"second")):
         folder.mkdir()
         (folder / "rank-00000.pt").write_bytes(text)
+    LOCAL = Local()
     LOCAL.install(str(temp), str(final))
     assert (final / "rank-00000.pt").read_bytes() == b"second" and not temp.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000009"]  # nothing left aside
@@ -140,7 +151,7 @@ def test_the_sharded_format_gets_dcps_writer_and_reader_for_the_storages_layer(t
 
     from hpc_ddp.run.checkpoint import dcpwrite
 
-    writer = dcpwrite.storage_writer(LOCAL, str(tmp_path))
+    writer = dcpwrite.storage_writer(Local(), str(tmp_path))
     reader = dcpwrite.storage_reader(Local(), str(tmp_path))
     assert isinstance(writer, dcp.FileSystemWriter) and isinstance(reader, dcp.FileSystemReader)
     assert Path(writer.path) == tmp_path and Path(reader.path) == tmp_path

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 import trainer_state
+from conftest import local_checkpoints
 
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
@@ -46,7 +47,9 @@ def _records(folder: Path, event: str) -> list[dict]:
 def _trainer(cfg: TrainConfig, folder: Path) -> Trainer:
     rng.seed(cfg.seed)  # as a rank starts (hpc_ddp.run.session)
     cfg = cfg.with_folder(str(folder))
-    return Trainer(cfg, dist_env.detect({}), torch.device("cpu"), tasks.build(cfg), RankLog(0))
+    return Trainer(
+        cfg, dist_env.detect({}), torch.device("cpu"), tasks.build(cfg), RankLog(0), local_checkpoints(cfg)
+    )
 
 
 def train(cfg: TrainConfig, folder: Path) -> Ended:

@@ -18,6 +18,7 @@ from conftest import clean_environ
 from test_launch_local import finish, start
 
 from hpc_ddp.run.checkpoint import store
+from hpc_ddp.run.checkpoint.storage import Local
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(240)]
 
@@ -63,7 +64,7 @@ def test_fsdp_batchnorm_buffers_resume_exactly_and_export_equals_model_pth(tmp_p
     a, b = weights(tmp_path / "straight" / "model.pth"), weights(stopped / "model.pth")
     assert a.keys() == b.keys() and any("running_mean" in k for k in a)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    latest = store.read_latest(stopped)
+    latest = store.read_latest(stopped, storage=Local())
     assert latest is not None
     exported = tmp_path / "exported.pth"
     done = subprocess.run(

@@ -27,6 +27,7 @@ from hpc_ddp import exitcodes
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.checkpoint import full, store
+from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.metrics import read_records
 
 
@@ -55,7 +56,7 @@ def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
 
 
 def steps(folder: Path) -> list[int]:
-    return [int(p.name[len("ckpt-") : -len(".pt")]) for p in store.list_checkpoints(folder)]
+    return [int(p.name[len("ckpt-") : -len(".pt")]) for p in store.list_checkpoints(folder, storage=Local())]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,7 @@ def test_a_start_from_an_earlier_checkpoint_keeps_its_new_line_and_sets_the_late
     )
     assert code == 0, out
     assert steps(tmp_path) == [25]  # rotation kept the file it wrote
-    assert store.read_latest(tmp_path) == store.ckpt_dir(tmp_path) / "ckpt-00000025.pt"
+    assert store.read_latest(tmp_path, storage=Local()) == store.ckpt_dir(tmp_path) / "ckpt-00000025.pt"
     aside = list(store.ckpt_dir(tmp_path).glob("abandoned-*"))
     assert len(aside) == 1, out
     assert sorted(p.name for p in aside[0].iterdir()) == [
@@ -105,7 +106,7 @@ def test_a_start_from_an_earlier_checkpoint_keeps_its_new_line_and_sets_the_late
     ]
     assert (aside[0] / "model.pth").read_bytes() == old_model  # the abandoned line's weights: kept, not lost
     assert "ckpt-00000030.pt, ckpt-00000045.pt) and model.pth belong to another line of training" in out
-    final = full.load(store.ckpt_dir(tmp_path) / "ckpt-00000025.pt")["model"]
+    final = full.load(store.ckpt_dir(tmp_path) / "ckpt-00000025.pt", storage=Local())["model"]
     model = torch.load(tmp_path / "model.pth", weights_only=True)
     assert all(torch.equal(model[k], final[k]) for k in final)
     # The next run continues the new line: done at step 25, nothing trained, model.pth left alone.
@@ -171,8 +172,11 @@ def test_a_numpy_learning_rate_saves_checkpoints_that_resume(tmp_path: Path) -> 
     code, out = train(tmp_path, "--task", "robust_tasks:numpy_lr", "--epochs", "2")
     assert code == 0, out
     assert "Resuming from" in out and "corrupt" not in out
-    latest = store.read_latest(tmp_path)
-    assert latest is not None and full.load(latest)["optimizer"]["param_groups"][0]["lr"] == 0.01
+    latest = store.read_latest(tmp_path, storage=Local())
+    assert (
+        latest is not None
+        and full.load(latest, storage=Local())["optimizer"]["param_groups"][0]["lr"] == 0.01
+    )
 
 
 # --- 5. One run per folder --------------------------------------------------------------------------------
@@ -223,7 +227,7 @@ def test_a_second_run_in_a_live_folder_is_refused_and_the_lock_dies_with_its_hol
     job = read_until(first, "[launcher] local job ")[-1].split("local job ")[1].split(":")[0]
     read_until(first, "Epoch 0,")
     deadline = time.monotonic() + 30
-    while not store.list_checkpoints(tmp_path):
+    while not store.list_checkpoints(tmp_path, storage=Local()):
         assert time.monotonic() < deadline
         time.sleep(0.05)
 
@@ -246,7 +250,7 @@ def test_a_second_run_in_a_live_folder_is_refused_and_the_lock_dies_with_its_hol
     # Refused before it says anything, and a local job is no Slurm job: no scancel (before, both).
     assert "[launcher] local job" not in proc.stdout, proc.stdout
     assert "scancel" not in proc.stderr and f"Ctrl-C its launcher, or kill {first.pid}" in proc.stderr
-    assert store.list_checkpoints(tmp_path), "the live run's checkpoints must survive"
+    assert store.list_checkpoints(tmp_path, storage=Local()), "the live run's checkpoints must survive"
     assert json.loads((tmp_path / "run.json").read_text())["dist"]["job_id"] == job
 
     ranks = psutil.Process(first.pid).children()
@@ -280,7 +284,7 @@ def test_a_latest_that_is_a_directory_falls_back_and_a_cut_metrics_line_stays_al
     # The latest that is a directory: the run goes on from the newest checkpoint that loads.
     assert f"{pointer} is unreadable (Is a directory); using the newest checkpoint that loads" in out
     assert "Resuming from" in out and "ckpt-00000062.pt at epoch 2, step 62" in out
-    assert store.read_latest(copy) == store.ckpt_dir(copy) / "ckpt-00000093.pt"
+    assert store.read_latest(copy, storage=Local()) == store.ckpt_dir(copy) / "ckpt-00000093.pt"
     assert len(list(store.ckpt_dir(copy).glob("latest.unreadable-*"))) == 1
     # The cut metrics line: nothing glued onto it, and readers skip it.
     after = metrics.read_text().splitlines()
@@ -303,7 +307,7 @@ def test_a_new_lr_on_resume_is_applied_and_said_or_refused(copy: Path, tmp_path:
         "--lr changed from 0.01 to 0.005 on resume: applied, the optimizer's learning rate is now [0.005] "
         "(was [0.01])"
     ) in out
-    last = full.load(store.read_latest(copy))  # type: ignore[arg-type]
+    last = full.load(store.read_latest(copy, storage=Local()), storage=Local())  # type: ignore[arg-type]
     assert last["optimizer"]["param_groups"][0]["lr"] == 0.005 and last["config"]["lr"] == 0.005
 
     own = tmp_path / "own"
@@ -348,7 +352,7 @@ def test_a_refused_start_writes_no_record_and_earlier_starts_are_kept(tmp_path: 
 @pytest.mark.deadline(30)
 def test_a_flipped_bit_in_the_newest_checkpoint_resumes_from_the_one_before(copy: Path) -> None:
     newest = store.ckpt_dir(copy) / "ckpt-00000062.pt"
-    weight = full.load(newest)["model"]["weight"].numpy().tobytes()
+    weight = full.load(newest, storage=Local())["model"]["weight"].numpy().tobytes()
     data = bytearray(newest.read_bytes())
     data[data.find(weight) + 2] ^= 0x01
     newest.write_bytes(bytes(data))

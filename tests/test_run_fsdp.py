@@ -17,6 +17,8 @@ import pytest
 import torch
 from test_launch_local import finish, ranks_of, start
 
+from hpc_ddp.run.checkpoint.storage import Local
+
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(200)]
 
 TASK = ("--task", "fsdp_tasks:no_dropout", "--deterministic", "--log-every-s", "0", "--nodes", "1")
@@ -180,7 +182,7 @@ def test_sharded_checkpoints_preempted_end_bitwise_equal(sharded_run: Path, tmp_
     assert "Traceback" not in out and "EOFError" not in out  # the saving processes ended with their ranks
     a, b = (torch.load(f / "model.pth", weights_only=True) for f in (sharded_run, tmp_path))
     assert_same(a, b)
-    last = [store.list_checkpoints(f)[0] for f in (sharded_run, tmp_path)]
+    last = [store.list_checkpoints(f, storage=Local())[0] for f in (sharded_run, tmp_path)]
     assert [p.name for p in last] == ["ckpt-00000012"] * 2
     assert (last[0] / "hpc_ddp-manifest.json").is_file() and list(last[0].glob("__1_*.distcp"))
     state = everything(last[0])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import local_checkpoints
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -121,7 +122,7 @@ def evaluated_at(tmp_path: Path, **options: int) -> list[int]:
     cfg = TrainConfig(epochs=2, batch_size=8, save_every_epochs=0, folder=str(tmp_path), **options)  # type: ignore[arg-type]
     env = dist_env.detect({})
     with process_group(env, torch.device("cpu")):
-        with Trainer(cfg, env, torch.device("cpu"), task, RankLog(0)) as trainer:
+        with Trainer(cfg, env, torch.device("cpu"), task, RankLog(0), local_checkpoints(cfg)) as trainer:
             assert trainer.run().finished
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     return [r["step"] for r in map(json.loads, lines) if r["event"] == "eval"]

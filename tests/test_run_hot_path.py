@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import local_checkpoints
 
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
@@ -44,7 +45,9 @@ def steady_run(tmp_path: Path) -> tuple[dict[int, set[str]], int, list[tracemall
 
     with process_group(env, torch.device("cpu")):
         torch.manual_seed(cfg.seed)
-        with Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0)) as trainer:
+        with Trainer(
+            cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0), local_checkpoints(cfg)
+        ) as trainer:
             pos = trainer.pos
 
             def profile(frame: Any, event: str, arg: Any) -> None:

@@ -49,8 +49,8 @@ def test_the_ranks_allocator_settings_are_the_strategys_and_the_users_win() -> N
             with submission_environ():
                 return dict(os.environ)
 
-    fsdp = LocalJob(1, 1, ROOT, [], 0, job_id="123", strategy="fsdp")
-    ddp = LocalJob(1, 1, ROOT, [], 0, job_id="123")
+    fsdp = LocalJob(1, 1, ROOT, [], 0, "local", job_id="123", strategy="fsdp")
+    ddp = LocalJob(1, 1, ROOT, [], 0, "local", job_id="123")
     assert child_environ({}, fsdp, 0, 0)[allocator.VAR] == allocator.SETTINGS
     assert allocator.VAR not in child_environ({}, ddp, 0, 0)
     assert allocator.VAR not in submitted({})  # the job's `begin` decides, from the run's options

@@ -15,6 +15,7 @@ from test_launch_local import finish, read_until, start
 from hpc_ddp import exitcodes
 from hpc_ddp.run import schedules
 from hpc_ddp.run.checkpoint import full, store
+from hpc_ddp.run.checkpoint.storage import Local
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(120)]
 
@@ -104,7 +105,7 @@ def best_of(folder: Path) -> tuple[int, int]:
     """(the step the `best` pointer names, the step of the largest evaluated mse): --keep-best mse:max."""
     evals = records(folder, "eval")
     top = max(evals, key=lambda r: (r["metrics"]["mse"], -r["step"]))
-    best = store.read_best(folder)
+    best = store.read_best(folder, storage=Local())
     assert best is not None and best.is_file(), sorted(p.name for p in (folder / "checkpoints").iterdir())
     return store.ckpt_step(best), top["step"]
 
@@ -113,10 +114,13 @@ def test_keep_best_names_the_best_evaluation_and_survives_rotation(dicts_run: tu
     folder, _ = dicts_run
     named, expected = best_of(folder)
     assert named == expected
-    latest = store.read_latest(folder)
+    latest = store.read_latest(folder, storage=Local())
     assert latest is not None and store.ckpt_step(latest) == 48 != named  # 3 epochs of 16 steps
-    assert [store.ckpt_step(p) for p in store.list_checkpoints(folder)] == [48, named]  # --keep 1, plus best
-    assert full.load(store.read_best(folder))["best"] == {  # type: ignore[arg-type]
+    assert [store.ckpt_step(p) for p in store.list_checkpoints(folder, storage=Local())] == [
+        48,
+        named,
+    ]  # --keep 1, plus best
+    assert full.load(store.read_best(folder, storage=Local()), storage=Local())["best"] == {  # type: ignore[arg-type]
         "name": "mse",
         "mode": "max",
         "value": max(r["metrics"]["mse"] for r in records(folder, "eval")),
@@ -173,7 +177,9 @@ def test_epochs_raised_on_a_finished_cosine_run_goes_on_over_the_new_total_and_s
 
 
 def final(folder: Path) -> tuple[dict, dict]:
-    return torch.load(folder / "model.pth", weights_only=True), full.load(store.list_checkpoints(folder)[0])
+    return torch.load(folder / "model.pth", weights_only=True), full.load(
+        store.list_checkpoints(folder, storage=Local())[0], storage=Local()
+    )
 
 
 def assert_bitwise_equal(a: Path, b: Path) -> None:
@@ -360,15 +366,15 @@ def test_builtin_cnn_keep_best_points_at_the_most_accurate_checkpoint_beside_the
 ) -> None:
     evals = records(cnn_run, "eval")
     top = max(evals, key=lambda r: (r["metrics"]["accuracy"], -r["step"]))
-    best, latest = store.read_best(cnn_run), store.read_latest(cnn_run)
+    best, latest = store.read_best(cnn_run, storage=Local()), store.read_latest(cnn_run, storage=Local())
     assert best is not None and latest is not None
     assert store.ckpt_step(best) == top["step"]
     assert store.ckpt_step(latest) == 64
     # --keep 1: the latest, and the best beside it (here an earlier one, which every later save left alone).
-    assert [store.ckpt_step(p) for p in store.list_checkpoints(cnn_run)] == sorted(
+    assert [store.ckpt_step(p) for p in store.list_checkpoints(cnn_run, storage=Local())] == sorted(
         {64, top["step"]}, reverse=True
     )
-    assert full.load(best)["best"]["value"] == top["metrics"]["accuracy"]
+    assert full.load(best, storage=Local())["best"]["value"] == top["metrics"]["accuracy"]
     # Visible (issue 37 item 5): each new best is a "best" record and a console line, the last one the kept.
     bests = records(cnn_run, "best")
     improving = []
@@ -392,7 +398,7 @@ def test_keep_best_of_a_name_the_evaluation_lacks_is_one_line_exit_2(tmp_path: P
     code, out = finish(start(tmp_path, *one, *CNN, "f1:max", "--eval-every-steps", "1"), timeout=120)
     assert code == exitcodes.USAGE, out
     assert "--keep-best f1:max: the evaluation reports accuracy, loss, not 'f1'." in out
-    assert "Traceback" not in out and not store.list_checkpoints(tmp_path)
+    assert "Traceback" not in out and not store.list_checkpoints(tmp_path, storage=Local())
     code, out = finish(start(tmp_path / "noeval", *one, "--task", "linear", *TWO, "--keep-best", "loss:min"))
     assert code == exitcodes.USAGE, out
     assert "--keep-best loss:min: the task has no evaluation (no Task.eval_dataset)" in out

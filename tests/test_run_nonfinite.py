@@ -17,6 +17,7 @@ from test_run_folder_rules import snapshot, train
 
 from hpc_ddp import exitcodes
 from hpc_ddp.run.checkpoint import store
+from hpc_ddp.run.checkpoint.storage import Local
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,9 @@ def test_a_nan_on_one_rank_stops_every_rank_at_that_step_and_replaces_nothing(tm
     after = snapshot(tmp_path)
     for name in ("model.pth", "checkpoints/ckpt-00000008.pt", "checkpoints/latest"):
         assert after[name] == good[name], name
-    assert store.list_checkpoints(tmp_path) == [tmp_path / "checkpoints" / "ckpt-00000008.pt"]
+    assert store.list_checkpoints(tmp_path, storage=Local()) == [
+        tmp_path / "checkpoints" / "ckpt-00000008.pt"
+    ]
     records = [strict_json(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["event"] == "nonfinite" and records[-1]["step"] == 13 and records[-1]["loss"] is None
 
@@ -55,7 +58,7 @@ def test_an_exploding_learning_rate_stops_with_exit_65_and_writes_no_weights(tmp
     assert code == exitcodes.NONFINITE, out
     assert "error: step 2 (epoch 0): the loss averaged over all 1 ranks is" in out
     assert "exits with code 65 (non-finite loss)" in out and "Traceback" not in out
-    assert not (tmp_path / "model.pth").exists() and store.list_checkpoints(tmp_path) == []
+    assert not (tmp_path / "model.pth").exists() and store.list_checkpoints(tmp_path, storage=Local()) == []
 
 
 @pytest.mark.deadline(30)  # ~3-4 s
@@ -105,7 +108,9 @@ def test_the_stop_names_the_checkpoint_whose_write_was_still_in_flight(tmp_path:
     assert (
         "(the last checkpoint, ckpt-00000003.pt, is kept)" in out and "no checkpoint was written" not in out
     )
-    assert store.list_checkpoints(tmp_path) == [tmp_path / "checkpoints" / "ckpt-00000003.pt"]
+    assert store.list_checkpoints(tmp_path, storage=Local()) == [
+        tmp_path / "checkpoints" / "ckpt-00000003.pt"
+    ]
     # The stop's record is the run's last, after that save's (before, the save was recorded at close, after it)
     events = [strict_json(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     saves = [i for i, r in enumerate(events) if r["event"] == "save" and r["step"] == 3]
@@ -158,7 +163,7 @@ def test_no_checkpoint_is_written_during_a_skipped_streak(streak: tuple[Path, in
     """The stop says "saved nothing after the last finite step": true, step 2's checkpoint is the last."""
     folder, _, out = streak
     assert "(the last checkpoint, ckpt-00000002.pt, is kept)" in _stop_line(out)
-    assert store.list_checkpoints(folder) == [folder / "checkpoints" / "ckpt-00000002.pt"]
+    assert store.list_checkpoints(folder, storage=Local()) == [folder / "checkpoints" / "ckpt-00000002.pt"]
 
 
 @pytest.mark.deadline(40)  # ~4 s
@@ -179,4 +184,7 @@ def test_a_save_due_during_a_skipped_streak_comes_at_the_next_finite_step(tmp_pa
     )
     assert code == 0, out
     # Step 4's save (its update and step 3's skipped) waits for step 5, the next finite one; 6 is the last.
-    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["ckpt-00000006.pt", "ckpt-00000005.pt"]
+    assert [p.name for p in store.list_checkpoints(tmp_path, storage=Local())] == [
+        "ckpt-00000006.pt",
+        "ckpt-00000005.pt",
+    ]

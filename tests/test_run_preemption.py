@@ -19,6 +19,7 @@ from test_launch_local import finish, ranks_of, read_until, start
 
 from hpc_ddp import exitcodes
 from hpc_ddp.run.checkpoint import full, store
+from hpc_ddp.run.checkpoint.storage import Local
 
 pytestmark = [
     pytest.mark.slow,
@@ -32,7 +33,7 @@ STEPS_PER_EPOCH = STEPS_PER_EPOCH_2X1
 
 def final_state(folder: Path) -> tuple[dict, dict]:
     model = torch.load(folder / "model.pth", weights_only=True)
-    last = full.load(store.list_checkpoints(folder)[0])
+    last = full.load(store.list_checkpoints(folder, storage=Local())[0], storage=Local())
     return model, last
 
 
@@ -114,5 +115,5 @@ def test_max_requeue_0_ends_cleanly_with_the_checkpoint(tmp_path: Path) -> None:
     code, out = finish(proc)
     assert code == exitcodes.PREEMPTED, out
     assert "requeue budget spent (0 of --max-requeue 0), not requeued" in out
-    latest = store.read_latest(tmp_path)
-    assert latest is not None and full.load(latest)["position"]["epoch"] >= 1
+    latest = store.read_latest(tmp_path, storage=Local())
+    assert latest is not None and full.load(latest, storage=Local())["position"]["epoch"] >= 1

@@ -15,6 +15,8 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.launch import local
 from hpc_ddp.launch.slurm import follow, submitter
 from hpc_ddp.run import progress, tblog
+from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.progress import LIVE
 from hpc_ddp.scheduler.slurm.client import SlurmClient
@@ -165,7 +167,13 @@ def follow_on(fake: FakeSlurm, job: str, folder: Path, world: int, out: io.Strin
     """`--wait` on a fake cluster and a fake clock (tests/fake_slurm.py)."""
     clock = FakeClock()
     return follow.follow(
-        job, folder, world, 0.0, SlurmClient(fake), out=out, clock=follow.Clock(clock.now, clock.sleep)
+        job,
+        CheckpointStore(folder, Local()),
+        world,
+        0.0,
+        SlurmClient(fake),
+        out=out,
+        clock=follow.Clock(clock.now, clock.sleep),
     )
 
 
@@ -350,7 +358,7 @@ def test_a_new_line_of_training_moves_the_old_curves_aside(tmp_path: Path, how: 
     chosen = (
         resume.Plan(None, set_aside=(later,)) if how == "set_aside" else resume.Plan(None, overwrite=True)
     )
-    resume.apply(chosen, tmp_path, said.append)
+    resume.apply(chosen, CheckpointStore(tmp_path, Local()), said.append)
     assert not (tmp_path / "tb").exists()
     [moved] = list(
         tmp_path.glob("checkpoints/abandoned-*/tb/logged.json")

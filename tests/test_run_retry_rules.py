@@ -10,6 +10,8 @@ import pytest
 
 from hpc_ddp.ledger import attempts, judge, rules
 from hpc_ddp.ledger.attempts import Attempt
+from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.scheduler.slurm import parse
 from hpc_ddp.scheduler.slurm import states as slurm_states
 
@@ -343,7 +345,7 @@ def test_a_hang_on_every_attempt_stops_as_a_crash_loop_without_a_node_shortage(t
     node3 is not blamed, only node2 is excluded, and the job stops as a crash loop."""
     from hpc_ddp.launch import supervisor
 
-    journal = supervisor.Journal(tmp_path)
+    journal = supervisor.Journal(CheckpointStore(tmp_path, Local()))
     budgets = supervisor.Budgets(5, 3, "requeue")
     verdict = {"culprits": [1], "reason": "stuck", "phase": "user code", "line": "hang at step 3: rank 1"}
     closed = []

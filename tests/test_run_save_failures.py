@@ -22,6 +22,7 @@ from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.beacon import NullBeacon
 from hpc_ddp.run.checkpoint import durable, full, store, torchfile
 from hpc_ddp.run.checkpoint.part import REPLICATED, Loading, Part
+from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.checkpoint.writer import BACKOFF_VAR, AsyncWriter, retriable
 from hpc_ddp.run.checkpointer import SAVING_FAILED, Checkpointer
 from hpc_ddp.run.config import TrainConfig
@@ -65,12 +66,16 @@ def test_a_full_disk_inside_torchs_zip_writer_is_the_oserror_it_hides(
     monkeypatch.setattr(torchfile, "_save_stream", lambda obj, out: torch.save(obj, _FullDisk(out)))
     with pytest.raises(RuntimeError, match="unexpected pos"):  # what torch itself raises
         torch.save({"w": torch.ones(3)}, _FullDisk(io.BytesIO()))
-    job = full.Full(tmp_path, dist_env.detect({}), keep=2).stage([Weights()], {"world_size": 1}, step=3)
+    job = full.Full(tmp_path, dist_env.detect({}), keep=2, storage=Local()).stage(
+        [Weights()], {"world_size": 1}, step=3
+    )
     assert job is not None
     with pytest.raises(OSError) as caught:
         job()
     assert caught.value.errno == errno.ENOSPC and retriable(caught.value)
-    assert store.list_checkpoints(tmp_path) == [] and not list(store.ckpt_dir(tmp_path).glob(".*tmp-*"))
+    assert store.list_checkpoints(tmp_path, storage=Local()) == [] and not list(
+        store.ckpt_dir(tmp_path).glob(".*tmp-*")
+    )
 
 
 class _Statvfs:
@@ -180,7 +185,7 @@ def test_the_ranks_that_stop_because_rank_0_cannot_save_read_as_its_consequence(
     consequence (judge.SECONDARY), so the first cause named is rank 0's, even when its note came later."""
     env = dist_env.DistEnv(1, 1, 2, 2, 0, 1, "127.0.0.1", 29500, "7", "slurm")
     checkpointer = Checkpointer(
-        TrainConfig(), env, tmp_path, [], full.Full(tmp_path, env, 1), RankLog(1, io.StringIO()),
+        TrainConfig(), env, tmp_path, [], full.Full(tmp_path, env, 1, Local()), RankLog(1, io.StringIO()),
         lambda *_: None, NullBeacon(),
     )  # fmt: skip
     stop = checkpointer.stop(SAVING_FAILED, 12)

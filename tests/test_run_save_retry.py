@@ -14,6 +14,7 @@ from test_run_folder_rules import train
 
 from hpc_ddp import exitcodes
 from hpc_ddp.run.checkpoint import store
+from hpc_ddp.run.checkpoint.storage import Local
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,9 @@ def test_a_save_that_failed_while_the_disk_was_full_is_retried_and_the_run_compl
         < next(i for i, line in enumerate(lines) if line.startswith("Epoch 1, "))
     )
     assert any("written after 2 failed attempt(s)" in line for line in lines), out
-    assert store.read_latest(tmp_path) == store.ckpt_dir(tmp_path) / "ckpt-00000048.pt"  # 16 steps an epoch
+    assert (
+        store.read_latest(tmp_path, storage=Local()) == store.ckpt_dir(tmp_path) / "ckpt-00000048.pt"
+    )  # 16 steps an epoch
     assert (tmp_path / "model.pth").is_file()
 
 
@@ -86,7 +89,7 @@ def test_saving_that_keeps_failing_stops_every_rank_at_the_same_step_with_one_li
     # The kit stopped the run on purpose (RunStopped): one line, never its traceback (issue 21).
     assert "Traceback" not in out and "its traceback" not in out and "    File " not in out, out
     assert "Fix: free space (or quota) there, then run the same command to resume" in rank0
-    assert store.list_checkpoints(tmp_path) == []
+    assert store.list_checkpoints(tmp_path, storage=Local()) == []
 
 
 @pytest.mark.deadline(30)  # ~3 s
@@ -107,4 +110,4 @@ def test_a_full_disk_that_torchs_zip_writer_hides_is_retried_too(tmp_path: Path)
     assert "a checkpoint could not be written (No space left on device: " in out, out
     assert "retry 1 of 5 in 0.2 s" in out and "written after 2 failed attempt(s)" in out, out
     assert "Traceback" not in out and "unexpected pos" not in out, out
-    assert store.read_latest(tmp_path) == store.ckpt_dir(tmp_path) / "ckpt-00000048.pt"
+    assert store.read_latest(tmp_path, storage=Local()) == store.ckpt_dir(tmp_path) / "ckpt-00000048.pt"

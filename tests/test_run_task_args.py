@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import clean_environ, run_module
+from conftest import clean_environ, local_checkpoints, run_module
 
 from hpc_ddp.cli import build_parser
 from hpc_ddp.cluster import env as dist_env
@@ -143,7 +143,9 @@ def test_trackers_get_the_options_in_full_the_task_settings_and_the_tasks_own_pa
     env = dist_env.detect({})
     with process_group(env, torch.device("cpu")):
         cfg = cfg.with_folder(str(tmp_path))
-        with Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0)) as trainer:
+        with Trainer(
+            cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0), local_checkpoints(cfg)
+        ) as trainer:
             params = trainer.metrics.params
     assert params is not None
     assert params["lr_schedule"] == "Task.scheduler (LambdaLR)"  # not --lr-schedule's default, "constant"
@@ -181,7 +183,9 @@ def run_steps(cfg: TrainConfig, folder: Path, wrap: str) -> tuple[list[float], l
     with process_group(env, torch.device("cpu")):
         torch.manual_seed(cfg.seed)
         cfg = cfg.with_folder(str(folder))
-        with Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0)) as trainer:
+        with Trainer(
+            cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0), local_checkpoints(cfg)
+        ) as trainer:
             strategy = trainer.strategy
             original = getattr(strategy, wrap)
 

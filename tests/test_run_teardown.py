@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import trainer_state
-from conftest import clean_environ, die_with_test
+from conftest import clean_environ, die_with_test, local_checkpoints
 from slow_tasks import _data
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -62,7 +62,7 @@ def _exercise(fail: str, folder: Path) -> None:
     """One path through a Trainer's life inside a real one-rank gloo group; raises where `fail` says."""
     cfg = TrainConfig(epochs=1, max_steps=3, save_every_epochs=0)
     cfg = cfg.with_folder(str(folder))
-    with Trainer(cfg, dist_env.detect({}), CPU, _task(fail), RankLog(0)) as trainer:
+    with Trainer(cfg, dist_env.detect({}), CPU, _task(fail), RankLog(0), local_checkpoints(cfg)) as trainer:
         assert any(h is trainer.strategy.wrapped for h in group.live_holders())  # the teardown check sees it
         if fail == "restore":
             trainer_state.restore(trainer, {"world_size": 7, "config": {}}, folder / "ckpt.pt")
@@ -130,7 +130,7 @@ from hpc_ddp.run import session
 import torch
 from hpc_ddp.launch import local
 from pathlib import Path
-job = local.LocalJob(nodes=1, tasks_per_node=2, folder=Path("."), train_argv=[], max_requeue=0, job_id=sys.argv[2])
+job = local.LocalJob(nodes=1, tasks_per_node=2, folder=Path("."), train_argv=[], max_requeue=0, checkpoint_storage="local", job_id=sys.argv[2])
 env = detect(local.slurm_env(job, int(sys.argv[1]), 0))  # what srun gives a task of a 1 x 2 step
 kind = sys.argv[3]
 def fn():

@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 import torch
 import trainer_state
+from conftest import local_checkpoints
 
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import strategy, tasks
 from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.trainer import Trainer
 
@@ -28,7 +30,9 @@ def single() -> dist_env.DistEnv:
 def make(cfg: TrainConfig, env: dist_env.DistEnv, folder: Path, **kwargs: Any) -> Trainer:
     torch.manual_seed(cfg.seed)
     cfg = cfg.with_folder(str(folder))
-    return Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0), **kwargs)
+    storage = kwargs.pop("storage", None) or Local()
+    checkpoints = CheckpointStore(folder, storage)
+    return Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0), checkpoints, **kwargs)
 
 
 def test_grad_accum_all_reduces_once_per_optimizer_step(single: dist_env.DistEnv, tmp_path: Path) -> None:
@@ -47,7 +51,9 @@ def test_grad_accum_all_reduces_once_per_optimizer_step(single: dist_env.DistEnv
         task = tasks.build(cfg)
         # The caller composes the strategy: DDP with a comm hook of its own.
         ddp = strategy.for_run(cfg, single, torch.device("cpu"), task, comm_hook=counting)
-        with Trainer(cfg, single, torch.device("cpu"), task, RankLog(0), strategy=ddp) as trainer:
+        with Trainer(
+            cfg, single, torch.device("cpu"), task, RankLog(0), local_checkpoints(cfg), strategy=ddp
+        ) as trainer:
             outcome = trainer.run()
     assert outcome.finished
     assert trainer.pos.step == 25  # 100 micro-batches / 4
@@ -105,7 +111,7 @@ def test_a_step_driven_alone_is_one_step_of_the_loop(single: dist_env.DistEnv, t
 
 
 def test_the_checkpoint_storage_is_the_callers_to_swap(single: dist_env.DistEnv, tmp_path: Path) -> None:
-    """Trainer(storage=...) writes every checkpoint through the storage it is given."""
+    """Trainer(checkpoints=CheckpointStore(folder, storage)) writes every checkpoint through that storage."""
     from hpc_ddp.run.checkpoint import store
 
     calls: list[int] = []
@@ -122,4 +128,7 @@ def test_the_checkpoint_storage_is_the_callers_to_swap(single: dist_env.DistEnv,
     ):
         trainer.run()
         trainer.save(final=True)
-    assert calls == [31, 62] and store.read_latest(tmp_path) == tmp_path / "checkpoints" / "ckpt-00000062.pt"
+    assert (
+        calls == [31, 62]
+        and store.read_latest(tmp_path, storage=Local()) == tmp_path / "checkpoints" / "ckpt-00000062.pt"
+    )

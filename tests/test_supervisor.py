@@ -21,6 +21,8 @@ from hpc_ddp.launch import supervisor
 from hpc_ddp.ledger import attempts, judge, outcomes
 from hpc_ddp.ledger.attempts import Attempt
 from hpc_ddp.ledger.signature import signature
+from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 
 LOCAL = supervisor.Budgets(max_restarts=3, max_requeue=1, again=outcomes.RESTART)
 
@@ -33,7 +35,7 @@ def end(journal: supervisor.Journal, restart: int, found: Any, budgets: supervis
 
 
 def test_the_supervisor_applies_max_requeue(tmp_path: Path) -> None:
-    journal = supervisor.Journal(tmp_path)
+    journal = supervisor.Journal(CheckpointStore(tmp_path, Local()))
     first = end(journal, 0, judge.Evidence(code=exitcodes.PREEMPTED, requeue=True))
     assert (first.attempt.outcome, first.decision.action) == ("preempted", "restart")
     assert first.decision.message.startswith("requeue 1 of --max-requeue 1")
@@ -44,7 +46,7 @@ def test_the_supervisor_applies_max_requeue(tmp_path: Path) -> None:
 
 
 def test_a_stop_signal_is_never_requeued_and_rank0s_own_decision_stands(tmp_path: Path) -> None:
-    journal = supervisor.Journal(tmp_path)
+    journal = supervisor.Journal(CheckpointStore(tmp_path, Local()))
     stopped = end(journal, 0, judge.Evidence(code=exitcodes.PREEMPTED, requeue=False))
     assert (stopped.attempt.outcome, stopped.decision.action) == ("stopped", "stop")
     # --requeue-by scontrol: rank 0 applied --max-requeue and requeued; the supervisor keeps that decision.
@@ -57,7 +59,7 @@ def test_a_stop_signal_is_never_requeued_and_rank0s_own_decision_stands(tmp_path
 
 
 def test_failures_spend_max_restarts_and_preemptions_do_not(tmp_path: Path) -> None:
-    journal = supervisor.Journal(tmp_path)
+    journal = supervisor.Journal(CheckpointStore(tmp_path, Local()))
     budgets = supervisor.Budgets(max_restarts=1, max_requeue=5, again=outcomes.RESTART)
     assert end(journal, 0, judge.Evidence(code=1, first_rank=1), budgets).decision.action == "restart"
     assert end(journal, 1, judge.Evidence(code=75, requeue=True), budgets).decision.action == "restart"
@@ -67,7 +69,7 @@ def test_failures_spend_max_restarts_and_preemptions_do_not(tmp_path: Path) -> N
 
 def test_the_attempt_is_the_one_rank0_started(tmp_path: Path) -> None:
     attempts.record_start(tmp_path, "7", 0, ["n1"], ["n1", "n1"], None, now=1.0)
-    closed = end(supervisor.Journal(tmp_path), 0, judge.Evidence(code=0))
+    closed = end(supervisor.Journal(CheckpointStore(tmp_path, Local())), 0, judge.Evidence(code=0))
     assert (closed.attempt.number, closed.attempt.started, closed.attempt.outcome) == (1, 1.0, "completed")
     assert closed.recorded and attempts.read(tmp_path)[0].decision == "done"
 
@@ -85,7 +87,7 @@ def full_disk(_folder: Path, _record: dict[str, Any]) -> None:
 
 
 def test_a_full_disk_costs_the_record_not_the_decision(tmp_path: Path) -> None:
-    journal = supervisor.Journal(tmp_path, write=full_disk)
+    journal = supervisor.Journal(CheckpointStore(tmp_path, Local()), write=full_disk)
     budgets = supervisor.Budgets(max_restarts=1, max_requeue=1, again=outcomes.RESTART)
     first = end(journal, 0, judge.Ending(outcomes.FAILED, "E: a", "E: a"), budgets)
     assert first.decision.action == "restart" and not first.recorded
@@ -188,7 +190,7 @@ LAUNCH = """
 import sys
 from pathlib import Path
 from hpc_ddp.launch.local import Launcher, LocalJob
-job = LocalJob(nodes=1, tasks_per_node=2, folder=Path(sys.argv[1]), train_argv=[], max_requeue=int(sys.argv[2]),
+job = LocalJob(nodes=1, tasks_per_node=2, folder=Path(sys.argv[1]), train_argv=[], max_requeue=int(sys.argv[2]), checkpoint_storage="local",
                max_restarts=int(sys.argv[3]), job_id="4242", module="fake_ranks", records=True)
 sys.exit(Launcher(job).run())
 """

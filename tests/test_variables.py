@@ -91,7 +91,15 @@ def test_a_job_submitted_from_inside_a_kit_job_inherits_no_channel() -> None:
 
 
 def test_a_local_run_started_from_inside_a_kit_job_gives_its_ranks_only_its_own_channels() -> None:
-    job = LocalJob(nodes=1, tasks_per_node=2, folder=Path("."), train_argv=[], max_requeue=0, job_id="77")
+    job = LocalJob(
+        nodes=1,
+        tasks_per_node=2,
+        folder=Path("."),
+        train_argv=[],
+        max_requeue=0,
+        checkpoint_storage="local",
+        job_id="77",
+    )
     env = child_environ(dict(INSIDE_A_KIT_JOB), job, 1, 0)
     assert not variables.CHANNELS & set(env), sorted(variables.CHANNELS & set(env))
     assert env["SLURM_JOB_ID"] == "77" and env["HPC_DDP_SAVE_BACKOFF_S"] == "2"

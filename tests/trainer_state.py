@@ -12,7 +12,7 @@ from hpc_ddp.run.trainer import Trainer
 
 def gather(trainer: Trainer) -> dict[str, Any] | None:
     """Collective: the full format's checkpoint state on rank 0, None elsewhere."""
-    fmt = full.Full(trainer.folder, trainer.env, trainer.cfg.keep)
+    fmt = full.Full(trainer.folder, trainer.env, trainer.cfg.keep, trainer.checkpointer.format.storage)
     return fmt.gather(trainer.checkpointer.parts, trainer.checkpointer.meta())
 
 

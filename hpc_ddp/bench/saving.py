@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 
 from hpc_ddp.bench.runs import TASK, Settings, drop_weights, load_average, median, progress, ratios
 from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 
 
 def raw_write(path: Path, data: bytes) -> float:
@@ -63,7 +64,8 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     nbytes = 0
     with process_group(env, device, "gloo", 60.0):
         torch.manual_seed(cfg.seed)
-        with Trainer(cfg, env, device, build(cfg), RankLog(0, io.StringIO()), storage=storage) as trainer:
+        checkpoints = CheckpointStore(folder, storage)
+        with Trainer(cfg, env, device, build(cfg), RankLog(0, io.StringIO()), checkpoints) as trainer:
             batch = next(iter(trainer.feed.loader))
 
             def train_step() -> None:

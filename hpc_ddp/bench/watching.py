@@ -120,6 +120,7 @@ def _trainers(env: Any, work: Path, args: argparse.Namespace, stack: contextlib.
 
     from hpc_ddp.log import RankLog
     from hpc_ddp.run.beacon import Beacon, NullBeacon
+    from hpc_ddp.run.checkpoint import store
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.run.tasks import build
     from hpc_ddp.run.trainer import Trainer
@@ -138,7 +139,15 @@ def _trainers(env: Any, work: Path, args: argparse.Namespace, stack: contextlib.
         # A NullBeacon's rank is unwatched: no end-of-backward mark, no straggler check (hpc_ddp.run.clock).
         beacon = Beacon() if watched else NullBeacon()
         trainer = stack.enter_context(
-            Trainer(cfg, env, torch.device("cpu"), build(cfg), quiet, beacon=beacon)
+            Trainer(
+                cfg,
+                env,
+                torch.device("cpu"),
+                build(cfg),
+                quiet,
+                store.of_run(folder, cfg.checkpoint_storage),
+                beacon=beacon,
+            )
         )
         if watched:
             who = Identity(env.rank, env.world_size, socket.gethostname(), tuple(trainer.peers), "bench")

@@ -1,9 +1,11 @@
-"""python -m hpc_ddp.checkpoint export <checkpoint> <out.pth>
+"""python -m hpc_ddp.checkpoint export [--checkpoint-storage NAME] [--checkpoint-format NAME] <checkpoint> <out>
 
 Writes the model of a checkpoint (sharded: a `ckpt-<step>/` folder, read in this one process whatever the
 number of ranks that wrote it; or full: a `ckpt-<step>.pt` file) as the bare model's plain state dict, the file
 `model.pth` is at the end of a run: loadable with `torch.load(path, weights_only=True)` into the user's model,
-its SHA-256 in `<out.pth>.sha256`. The checkpoint's checksums are verified first.
+its SHA-256 in `<out.pth>.sha256`. The checkpoint's checksums are verified first. The checkpoint's own format
+writes the file (hpc_ddp.run.checkpoint.formats); both are read and written through the storage the run's
+--checkpoint-storage named.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hpc_ddp import registry
 from hpc_ddp.errors import UsageError
 
 PROG = "python -m hpc_ddp.checkpoint"
@@ -27,9 +30,22 @@ def main(argv: list[str] | None = None) -> int:
         help="ckpt-<step>/ (sharded) or ckpt-<step>.pt (full), or a run's checkpoints/best or checkpoints/latest",
     )
     export.add_argument("out", type=Path, help="the .pth file to write")
+    export.add_argument(
+        "--checkpoint-storage",
+        default="local",
+        metavar="NAME",
+        help=f"where the run kept its checkpoints: its --checkpoint-storage (installed: {registry.storages.help()})",
+    )
+    export.add_argument(
+        "--checkpoint-format",
+        default="auto",
+        metavar="NAME",
+        help="the run's --checkpoint-format, when it is a plugin's (auto: the first format installed that owns the "
+        f"checkpoint; installed: {registry.checkpoint_formats.help()})",
+    )
     ns = parser.parse_args(argv)
     try:
-        size = run_export(ns.checkpoint, ns.out)
+        size = run_export(ns.checkpoint, ns.out, ns.checkpoint_storage, ns.checkpoint_format)
     except UsageError as e:  # CheckpointError and its kinds: one line, exit 2
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -37,21 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_export(checkpoint: Path, out: Path) -> int:
-    from hpc_ddp.errors import CheckpointError
-    from hpc_ddp.run.checkpoint import full, sharded, store, torchfile
+def run_export(checkpoint: Path, out: Path, storage_name: str, format_name: str = "auto") -> int:
+    from hpc_ddp.checkpoint import found
+    from hpc_ddp.run.checkpoint import store
 
-    if not checkpoint.exists():
-        raise UsageError(
-            f"{checkpoint}: no such checkpoint. Give a ckpt-<step>/ folder or ckpt-<step>.pt file"
-        )
-    checkpoint = store.resolve(checkpoint)  # checkpoints/best, checkpoints/latest: the checkpoint each names
-    if checkpoint.is_dir():
-        return sharded.export(checkpoint, out)
-    state = full.load(checkpoint)
-    if not isinstance(state.get("model"), dict):
-        raise CheckpointError(f"checkpoint {checkpoint} holds no model state")
-    return torchfile.atomic_save(state["model"], out)
+    storage = store.storage_named(storage_name)
+    path, fmt = found(checkpoint, storage, format_name)
+    return fmt.export(path, out, storage)
 
 
 if __name__ == "__main__":

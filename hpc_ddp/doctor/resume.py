@@ -49,6 +49,9 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.shape import job_shape
 from hpc_ddp.run import configfile
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.checkpoint import store
+from hpc_ddp.run.checkpoint.storage import Storage
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
 from hpc_ddp.run.metrics_read import iter_records
 from hpc_ddp.variables import RESUME_PROBE, SAVE_DELAY_S
@@ -237,7 +240,10 @@ def _check(check: Check, tell: Any) -> int:
     if code != exitcodes.OK:
         return _failed_run(check, "stopped", code, tell)
     problems = _missed_stops(stopped / "trace", chosen, words)
-    found = divergence.first_divergence(evidence(straight), evidence(stopped))
+    storage = store.storage_named(check.cfg.checkpoint_storage)  # the runs' own: built once, read by both
+    found = divergence.first_divergence(
+        evidence(store.CheckpointStore(straight, storage)), evidence(store.CheckpointStore(stopped, storage))
+    )
     if found is not None:
         for line in divergence.explain(found, [(s.key(), w) for s, w in zip(chosen, words, strict=True)]):
             tell(line)
@@ -465,9 +471,9 @@ def _json(line: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def evidence(folder: Path) -> Evidence:
-    from hpc_ddp.run.checkpoint import store
-
+def evidence(checkpoints: CheckpointStore) -> Evidence:
+    """What a run left (its records, trace, model.pth and checkpoints: those through the run's storage)."""
+    folder, storage = checkpoints.folder, checkpoints.storage
     records = list(iter_records(folder / run_folder.METRICS))
     steps = [r for r in records if r.get("event") == "step"]
     losses = {r["step"]: r.get("loss") for r in steps}
@@ -478,7 +484,7 @@ def evidence(folder: Path) -> Evidence:
     for r in records:
         if r.get("event") == "epoch":
             epochs.setdefault(r["step"], []).append((r.get("epoch"), r.get("loss")))
-    best, latest = store.read_best(folder), store.read_latest(folder)
+    best, latest = checkpoints.best(), checkpoints.latest()
     return Evidence(
         trace=read_trace(folder / "trace"),
         losses=losses,
@@ -486,9 +492,9 @@ def evidence(folder: Path) -> Evidence:
         extras=extras,
         evals=evals,
         epochs=epochs,
-        model=_model_fingerprints(folder / run_folder.MODEL),
-        checkpoint=checkpoint_fingerprints(latest) if latest is not None else {},
-        best_checkpoint=checkpoint_fingerprints(best) if best is not None and best != latest else {},
+        model=_model_fingerprints(folder / run_folder.MODEL, storage),
+        checkpoint=checkpoint_fingerprints(latest, storage) if latest is not None else {},
+        best_checkpoint=checkpoint_fingerprints(best, storage) if best is not None and best != latest else {},
         best=store.ckpt_step(best) if best is not None else None,
         latest=store.ckpt_step(latest) if latest is not None else None,
     )
@@ -557,52 +563,31 @@ def _folder_state(folder: Path) -> dict[str, str]:
 # ----- fingerprints of saved states --------------------------------------------------------------------------
 
 
-def _model_fingerprints(path: Path) -> dict[str, str]:
-    if not path.is_file():
+def _model_fingerprints(path: Path, storage: Storage) -> dict[str, str]:
+    if not storage.isfile(str(path)):
         return {}
     from hpc_ddp.run.checkpoint import torchfile
 
-    return flat_fingerprints(torchfile.load_file(path, verify=False))
+    return flat_fingerprints(torchfile.load_file(path, storage, verify=False))  # written through the storage
 
 
-def checkpoint_fingerprints(path: Path) -> dict[str, str]:
+def checkpoint_fingerprints(path: Path, storage: Storage) -> dict[str, str]:
     """Every value of a checkpoint (full: its one file; sharded: every rank file and every DCP tensor), by path
-    ("optimizer.state.0.momentum_buffer", "rank1.rng.torch", ...), as fingerprints. The run's config and version
-    are left out: they say how it was run, not what it trained."""
-    from hpc_ddp.run.checkpoint import torchfile
+    ("optimizer.state.0.momentum_buffer", "rank1.rng.torch", ...), as fingerprints, read by its own format
+    through the run's storage (Format.contents). The run's config and version are left out: they say how it was
+    run, not what it trained."""
+    from hpc_ddp.run.checkpoint import formats
 
-    if path.is_dir():
-        found: dict[str, str] = {}
-        for rank_file in sorted(path.glob("rank-*.pt")):
-            state = torchfile.load_file(rank_file, verify=False)
-            found.update(flat_fingerprints(_trained(state), f"rank{int(rank_file.stem[5:])}."))
-        found.update(flat_fingerprints(_dcp_tensors(path), "shards."))
-        return found
-    return flat_fingerprints(_trained(torchfile.load_file(path, verify=False)))
+    found: dict[str, str] = {}
+    for prefix, state in formats.format_of(path, storage).contents(path, storage).items():
+        found.update(flat_fingerprints(_trained(state), prefix))
+    return found
 
 
 def _trained(state: Any) -> Any:
     if not isinstance(state, dict):
         return state
     return {k: v for k, v in state.items() if k not in ("config", "version", "asked_grad_accum")}
-
-
-def _dcp_tensors(path: Path) -> dict[str, Any]:
-    import warnings
-
-    import torch
-    import torch.distributed.checkpoint as dcp
-
-    reader = dcp.FileSystemReader(str(path))
-    state = {
-        key: torch.empty(item.size, dtype=item.properties.dtype)
-        for key, item in reader.read_metadata().state_dict_metadata.items()
-        if hasattr(item, "size")
-    }
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, storage_reader=reader, no_dist=True)
-    return state
 
 
 def flat_fingerprints(value: Any, prefix: str = "") -> dict[str, str]:

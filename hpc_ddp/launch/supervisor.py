@@ -37,11 +37,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.ledger import attempts, decision, judge, rules
 from hpc_ddp.ledger.attempts import Attempt
 from hpc_ddp.ledger.decision import Budgets as Budgets
+
+if TYPE_CHECKING:
+    from hpc_ddp.run.checkpoint.store import CheckpointStore
 
 Writer = Callable[[Path, dict[str, Any]], None]
 
@@ -52,8 +55,10 @@ class Journal:
     one; `lost` says what is still unwritten, for the supervisor to say once at its end. Never raises.
     `write` is the seam a test replaces with a failing writer."""
 
-    def __init__(self, folder: Path, write: Writer = attempts.append) -> None:
-        self.folder = Path(folder)
+    def __init__(self, checkpoints: CheckpointStore, write: Writer = attempts.append) -> None:
+        self.folder = Path(checkpoints.folder)
+        # The run's checkpoints and their storage (built once by the supervisor's process): `latest_step`.
+        self.checkpoints = checkpoints
         self._write = write
         self.pending: list[dict[str, Any]] = []
         self.error = ""  # why the last write failed
@@ -161,22 +166,20 @@ def step_reached(folder: Path, since: float) -> int | None:
     return reached(folder, since)
 
 
-def latest_step(folder: Path) -> int | None:
-    """The step of the folder's latest checkpoint, without torch: the checkpoint store's own rule (a file or a
-    `ckpt-<step>/` directory, its `latest` pointer, else the newest complete one)."""
-    from hpc_ddp.run.checkpoint import store
-
-    return store.latest_step(folder)
+def latest_step(checkpoints: CheckpointStore) -> int | None:
+    """The step of the run's latest checkpoint, without torch, read through the run's storage: the checkpoint
+    store's own rule (a file or a `ckpt-<step>/` directory, its `latest` pointer, else the newest complete one)."""
+    return checkpoints.latest_step()
 
 
-def resume_step(folder: Path, job: str, environ: Mapping[str, str]) -> int | None:
-    """Where a restart of `job` resumes from, as far as this machine can tell: the newer of the folder's latest
+def resume_step(checkpoints: CheckpointStore, job: str, environ: Mapping[str, str]) -> int | None:
+    """Where a restart of `job` resumes from, as far as this machine can tell: the newer of the run's latest
     checkpoint and the newest snapshot in memory every rank has (--snapshot-every-steps; issue 45). The input
     the restart decision takes as the attempt's `checkpoint` (a crash loop is one without a newer one)."""
     from hpc_ddp.run.snapshot import store as memory
 
-    disk = latest_step(folder)
-    snapshot = memory.newest_reachable(memory.root(environ), job, memory.run_key(folder))
+    disk = latest_step(checkpoints)
+    snapshot = memory.newest_reachable(memory.root(environ), job, memory.run_key(checkpoints.folder))
     if snapshot is None or (disk is not None and disk >= snapshot):
         return disk
     return snapshot

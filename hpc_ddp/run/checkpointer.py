@@ -249,7 +249,7 @@ class Checkpointer:
         return NonFinite(message) if code == SAVING_NONFINITE else SavingFailed(message)
 
     def failed_message(self, error: BaseException, step: int) -> str:
-        last = store.read_latest(self.folder, storage=self.format.storage)
+        last = store.read_latest(self.folder, self.format.storage)
         kept = f"the last checkpoint written, {last}, is kept" if last else "no checkpoint was written"
         writer = self.writer
         tries = (
@@ -264,6 +264,11 @@ class Checkpointer:
             "command to resume"
         )
 
+    @property
+    def store(self) -> store.CheckpointStore:
+        """The run's checkpoints and the storage they are kept in (the one the trainer was handed)."""
+        return store.CheckpointStore(self.folder, self.format.storage)
+
     def last_durable(self) -> Path | None:
         """The newest checkpoint, once the write in flight has ended (its failure, if any, is reported by
         `check`, `save` or `close`) and its "save" record is written: a stop's own record then comes after it,
@@ -272,7 +277,7 @@ class Checkpointer:
             self.writer.wait()
         with contextlib.suppress(OSError):  # a record lost to a full disk must not hide the stop
             self.record_ended()
-        return store.read_latest(self.folder, storage=self.format.storage)
+        return store.read_latest(self.folder, self.format.storage)
 
     # ----- loading --------------------------------------------------------------------------------------------
     def load(self, path: Path, verify: bool = True) -> list[str]:
@@ -283,12 +288,12 @@ class Checkpointer:
     def open(self, path: Path, verify: bool = True) -> Opened:
         """Checkpoint `path` read back through this run's storage, by this run's format when it owns it (a
         plugin's class derived from a built-in reads its base's checkpoints)."""
-        return formats.open_checkpoint(path, verify, self.format.storage, type(self.format))  # type: ignore[no-any-return]
+        return formats.open_checkpoint(path, self.format.storage, verify, type(self.format))  # type: ignore[no-any-return]
 
     def restore(self, opened: Opened, path: Path, fmt: type[Format] | None = None) -> list[str]:
         """Give each part its state from `opened`, after checking it fits this run (CheckpointError). `fmt`:
         the format it was written in, when `path` does not say (a snapshot in memory: this run's own)."""
-        fmt = fmt or formats.format_of(path, type(self.format))
+        fmt = fmt or formats.format_of(path, self.format.storage, type(self.format))
         resume.check_compatible(opened.meta, path, self.cfg, self.env.world_size, fmt)
         ctx = Loading(
             path, opened.meta, self.cfg, world_size=self.env.world_size, total_steps=self.total_steps

@@ -14,12 +14,14 @@ changes the folder (rank 0, once the task, the checkpoint and every option have 
 is refused for any reason has deleted, moved and rewritten nothing. A start from a checkpoint older than the
 folder's newest begins a new line of training: the later checkpoints (and model.pth) are another line's, and
 are moved to `checkpoints/abandoned-<time>/`, never deleted and never resumed by accident.
+
+Every checkpoint name (and model.pth, written through it too) is listed, read, moved and written through the
+run's storage (`CheckpointStore`, the one the session built for this process); the records are this machine's.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -30,11 +32,12 @@ from hpc_ddp.cluster.env import restart_count
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, UsageError
 from hpc_ddp.ledger import files
 from hpc_ddp.ledger.attempts import ATTEMPTS
-from hpc_ddp.run.checkpoint import durable, formats, store
+from hpc_ddp.run.checkpoint import formats, store
 from hpc_ddp.run.checkpoint.format import Format
-from hpc_ddp.run.checkpoint.full import Full
+from hpc_ddp.run.checkpoint.storage import Storage
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.config import TrainConfig, accum_for, differences
-from hpc_ddp.run.folder import METRICS, MODEL, TENSORBOARD, atomic_write_bytes, fsync_dir
+from hpc_ddp.run.folder import METRICS, MODEL, TENSORBOARD, fsync_dir
 
 
 @dataclass(frozen=True)
@@ -48,47 +51,49 @@ class Plan:
 
 
 def choose(
-    cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Callable[[str], None]
+    cfg: TrainConfig, checkpoints: CheckpointStore, environ: Mapping[str, str], warn: Callable[[str], None]
 ) -> Path | None:
     """Rank 0: `plan` and `apply` at once; the checkpoint to start from, or None."""
-    chosen = plan(cfg, folder, environ, warn)
-    apply(chosen, folder, warn)
+    chosen = plan(cfg, checkpoints, environ, warn)
+    apply(chosen, checkpoints, warn)
     return chosen.start
 
 
-def plan(cfg: TrainConfig, folder: Path, environ: Mapping[str, str], warn: Callable[[str], None]) -> Plan:
+def plan(
+    cfg: TrainConfig, checkpoints: CheckpointStore, environ: Mapping[str, str], warn: Callable[[str], None]
+) -> Plan:
     """Rank 0: where to start, changing nothing. Raises UsageError/CheckpointError for the user."""
     restart = restart_count(environ) > 0  # DistEnv.restart: the one reader of the restart variables
     mode = "auto" if restart else cfg.resume
     if mode == "auto":
-        found = formats.find_resumable(folder, warn)
-        if found is None and store.list_checkpoints(folder):
-            raise _nothing_loads(folder)
+        found = formats.find_resumable(checkpoints, warn)
+        if found is None and checkpoints.listed():
+            raise _nothing_loads(checkpoints)
         if found is None and restart and cfg.resume not in ("auto", "never"):
-            return _from_path(cfg.resume, folder)  # restarted before it wrote a checkpoint of its own
-        return _continue(found, folder) if found else Plan(None)
+            return _from_path(cfg.resume, checkpoints)  # restarted before it wrote a checkpoint of its own
+        return _continue(found, checkpoints) if found else Plan(None)
     if mode == "never":
-        existing = store.list_checkpoints(folder)
+        existing = checkpoints.listed()
         if existing and not cfg.overwrite:
             raise UsageError(
-                f"--resume never, but {folder} already holds {len(existing)} checkpoint(s). Fix: add "
+                f"--resume never, but {checkpoints.folder} already holds {len(existing)} checkpoint(s). Fix: add "
                 "--overwrite to delete them, use another --folder, or drop --resume never to continue"
             )
         return Plan(None, overwrite=bool(existing))
-    return _from_path(mode, folder)
+    return _from_path(mode, checkpoints)
 
 
-def _nothing_loads(folder: Path) -> CheckpointError:
+def _nothing_loads(checkpoints: CheckpointStore) -> CheckpointError:
     """Every checkpoint failed to load (each was reported): say whether they are corrupt or only refused."""
     corrupt, intact = [], []
-    for path in store.list_checkpoints(folder):
+    for path in checkpoints.listed():
         try:
-            formats.verify(path)
+            formats.verify(path, checkpoints.storage)
         except CheckpointCorrupt:
             corrupt.append(path.name)
         except CheckpointError:
             intact.append(path.name)
-    where = store.ckpt_dir(folder)
+    where = checkpoints.directory
     if not intact:
         return CheckpointError(
             f"no checkpoint in {where} can be loaded: all {len(corrupt)} are corrupt (see above). "
@@ -102,43 +107,44 @@ def _nothing_loads(folder: Path) -> CheckpointError:
     )
 
 
-def _continue(start: Path, folder: Path) -> Plan:
+def _continue(start: Path, checkpoints: CheckpointStore) -> Plan:
     """Start from `start`, a checkpoint of this folder: the folder's later checkpoints are another line's."""
     step = store.ckpt_step(start)
-    later = tuple(p for p in store.list_checkpoints(folder) if store.ckpt_step(p) > step)
-    return Plan(start, set_aside=later, repoint=store.read_latest(folder) != start)
+    later = tuple(p for p in checkpoints.listed() if store.ckpt_step(p) > step)
+    return Plan(start, set_aside=later, repoint=checkpoints.latest() != start)
 
 
-def _from_path(mode: str, folder: Path) -> Plan:
-    path = Path(mode)
-    if not path.exists():
+def _from_path(mode: str, checkpoints: CheckpointStore) -> Plan:
+    path, storage = Path(mode), checkpoints.storage
+    if not (storage.isfile(mode) or storage.isdir(mode)):
         raise UsageError(f"--resume {mode}: no such file. Use auto, never, or the path of a checkpoint")
-    path = store.resolve(path)  # checkpoints/best, checkpoints/latest: the checkpoint each names
-    formats.verify(path)  # refuses an unreadable or code-running file now, with its name in the message
-    directory = store.ckpt_dir(folder)
+    path = checkpoints.resolve(path)  # checkpoints/best, checkpoints/latest: the checkpoint each names
+    # An unreadable or code-running file is refused now, with its name in the message.
+    formats.verify(path, storage)
+    directory = checkpoints.directory
     if path.parent.resolve() == directory.resolve() and store.ckpt_step(path) >= 0:
-        return _continue(directory / path.name, folder)
+        return _continue(directory / path.name, checkpoints)
     # A checkpoint from elsewhere: every checkpoint of this folder belongs to another line.
-    return Plan(path, set_aside=tuple(store.list_checkpoints(folder)))
+    return Plan(path, set_aside=tuple(checkpoints.listed()))
 
 
-def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
+def apply(chosen: Plan, checkpoints: CheckpointStore, say: Callable[[str], None]) -> None:
     """Rank 0, once the start is fully checked: make the folder match the plan, saying what changed."""
-    directory = store.ckpt_dir(folder)
+    folder, storage, directory = checkpoints.folder, checkpoints.storage, checkpoints.directory
     model = folder / MODEL
     if chosen.overwrite:
-        count = len(store.list_checkpoints(folder))
-        shutil.rmtree(directory)
-        model.unlink(missing_ok=True)
-        durable.checksum_path(model).unlink(missing_ok=True)
+        count = len(checkpoints.listed())
+        storage.remove(str(directory))
+        storage.remove(str(model))  # and its checksum: written through the run's storage (session)
         say(f"--resume never --overwrite: deleted the {count} checkpoint(s) and model.pth of {folder}")
         _records_aside(folder, say)
     if chosen.set_aside:
         aside = _new_folder(directory, "abandoned")
-        moved = sorted((p for p in chosen.set_aside if p.exists()), key=store.ckpt_step)
-        for path in moved + ([model] if model.is_file() else []):
-            store.move(path, aside)
-        has_model = (aside / MODEL).is_file()
+        there = [p for p in chosen.set_aside if storage.isfile(str(p)) or storage.isdir(str(p))]
+        moved = sorted(there, key=store.ckpt_step)
+        for path in moved + ([model] if storage.isfile(str(model)) else []):
+            store.move(path, aside, storage)
+        has_model = storage.isfile(str(aside / MODEL))
         fsync_dir(aside)
         fsync_dir(directory)
         start = f"{chosen.start.name} (step {store.ckpt_step(chosen.start)})" if chosen.start else "nothing"
@@ -158,16 +164,23 @@ def apply(chosen: Plan, folder: Path, say: Callable[[str], None]) -> None:
         )
         os.replace(board, into)
         say(f"TensorBoard's curves of the earlier line moved to {into}")
-    pointer = directory / store.LATEST
+    _repoint(chosen, checkpoints, say)
+
+
+def _repoint(chosen: Plan, checkpoints: CheckpointStore, say: Callable[[str], None]) -> None:
+    """`latest` names the start (a pointer that is no file is moved aside first), or, when it named a
+    checkpoint set aside, goes: the first save writes it again."""
+    storage = checkpoints.storage
+    pointer = checkpoints.directory / store.LATEST
     if chosen.repoint and chosen.start is not None:
-        if pointer.is_dir() or (pointer.exists() and not pointer.is_file()):
-            broken = _new_folder(directory, "latest.unreadable", create=False)
-            os.replace(pointer, broken)
+        if storage.isdir(str(pointer)):
+            broken = _new_folder(checkpoints.directory, "latest.unreadable", create=False)
+            storage.rename(str(pointer), str(broken))
             say(f"{pointer} was not a file; moved to {broken}")
         named = (chosen.start.name + "\n").encode()
-        files.patiently(lambda: atomic_write_bytes(pointer, named), str(pointer), say)
-    elif chosen.set_aside and pointer.is_file() and store.read_latest(folder) is None:
-        pointer.unlink()  # it named a file that was set aside; the first save writes it again
+        files.patiently(lambda: storage.write_bytes(str(pointer), named), str(pointer), say)
+    elif chosen.set_aside and storage.isfile(str(pointer)) and checkpoints.latest() is None:
+        storage.remove(str(pointer))  # it named a file that was set aside; the first save writes it again
 
 
 def _records_aside(folder: Path, say: Callable[[str], None]) -> None:
@@ -195,7 +208,7 @@ def _new_folder(directory: Path, prefix: str, create: bool = True) -> Path:
 
 
 def check_compatible(
-    meta: Mapping[str, Any], path: Path, cfg: TrainConfig, world_size: int, fmt: type[Format] = Full
+    meta: Mapping[str, Any], path: Path, cfg: TrainConfig, world_size: int, fmt: type[Format]
 ) -> None:
     """A checkpoint from another model or an incompatible config fails here with both values shown. `meta` is
     what the checkpoint was written with (its world_size and config); whether another world size can load it
@@ -299,7 +312,9 @@ class Resize:
         }
 
 
-def resize(cfg: TrainConfig, start: Path | None, world_size: int) -> tuple[TrainConfig, Resize | None]:
+def resize(
+    cfg: TrainConfig, start: Path | None, world_size: int, storage: Storage
+) -> tuple[TrainConfig, Resize | None]:
     """Every rank, before the model is built: with --allow-resize and a sharded checkpoint of another world
     size, the --grad-accum that keeps the global batch (the checkpoint's --grad-accum x its ranks, divided by
     the ranks now, when that divides evenly and --grad-accum was left as it was asked).
@@ -309,9 +324,12 @@ def resize(cfg: TrainConfig, start: Path | None, world_size: int) -> tuple[Train
     moved to another --grad-accum (a job that went on with fewer nodes, --min-nodes) keeps the resize's choice
     when it is requeued at that size, or resized again, from the same command line; a --grad-accum the user
     changed is theirs (at the same size, refused as any must-match change)."""
-    if start is None or not cfg.allow_resize or not start.is_dir():
+    if start is None or not cfg.allow_resize:
         return cfg, None
-    meta = formats.open_checkpoint(start, verify=False).meta
+    fmt = formats.format_of(start, storage)
+    if not fmt.reshards:  # declared by the format (Format.reshards): this one loads on its own size only
+        return cfg, None
+    meta = fmt.open(start, storage, verify=False).meta
     saved, config = int(meta.get("world_size") or world_size), meta.get("config", {})
     accum = int(config.get("grad_accum", cfg.grad_accum))
     left = cfg.grad_accum == int(meta.get("asked_grad_accum") or accum)

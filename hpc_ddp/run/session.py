@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hpc_ddp import exitcodes, registry, scheduler
+from hpc_ddp import exitcodes, scheduler
 from hpc_ddp.cluster.env import DistEnv, detect
 from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import attempts, exits, files, rules
@@ -37,6 +37,7 @@ from hpc_ddp.run.position import epochs_done
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and a usage error must not wait for it
     import torch
 
+    from hpc_ddp.run.checkpoint.store import CheckpointStore
     from hpc_ddp.run.position import Outcome
     from hpc_ddp.run.trainer import Trainer
 
@@ -188,6 +189,7 @@ def _train(
     import torch
 
     from hpc_ddp.run import resume, rng, tasks
+    from hpc_ddp.run.checkpoint import store
     from hpc_ddp.run.snapshot import recover
     from hpc_ddp.run.trainer import Trainer
 
@@ -201,23 +203,18 @@ def _train(
     publish(beacon)  # user code may ask where the loop is (hpc_ddp.run.beacon.current)
     beacon.set(USER_CODE)  # the task's build function is the user's: a hang there is named as such
     task = tasks.build(cfg)  # the user's code and --task are checked before anything in the folder changes
-    plan = _rank0(env, lambda: resume.plan(cfg, folder, environ, log.warn))  # looks; changes nothing
+    # The run's checkpoints and their storage (--checkpoint-storage), built once: every reader gets this one.
+    checkpoints = store.of_run(folder, cfg.checkpoint_storage)
+    plan = _rank0(env, lambda: resume.plan(cfg, checkpoints, environ, log.warn))  # looks; changes nothing
     asked_grad_accum = cfg.grad_accum
     # --allow-resize: another world size, and the --grad-accum that keeps the global batch.
-    cfg, resized = resume.resize(cfg, plan.start, env.world_size)
+    cfg, resized = resume.resize(cfg, plan.start, env.world_size, checkpoints.storage)
     # Leaving the block closes the trainer on every path, errors included: the checkpoint in flight is
     # durable and DDP, whose Reducer holds the process group, is gone before the group is destroyed. The
     # watchdog is stopped first, and covers everything up to then: training, saves, the final barriers.
     with (
         Trainer(
-            cfg,
-            env,
-            device,
-            task,
-            log,
-            beacon=beacon,
-            storage=_storage(cfg),
-            asked_grad_accum=asked_grad_accum,
+            cfg, env, device, task, log, checkpoints, beacon=beacon, asked_grad_accum=asked_grad_accum
         ) as trainer,
         _watchdog(cfg, env, folder, log, trainer, environ),
     ):
@@ -239,7 +236,7 @@ def _finished(trainer: Trainer, env: DistEnv, folder: Path, log: RankLog) -> int
     """A rerun of a finished run: nothing to train; a missing model.pth is written from the final checkpoint."""
     trainer.beacon.set(FINISHING)
     model_path = folder / run_folder.MODEL
-    if _rank0(env, lambda: not model_path.is_file()):
+    if _rank0(env, lambda: not trainer.checkpointer.store.storage.isfile(str(model_path))):
         _write_model(trainer, env, model_path, log)
         log.main(f"model.pth was missing: written from the final checkpoint to {model_path}")
     _rank0(env, lambda: _finished_already(trainer, folder, log))
@@ -266,7 +263,9 @@ def _begin(
         trainer.not_exact.append(exact.RESIZED)
     if trainer.not_exact:  # what cannot resume bit for bit, said before training (hpc_ddp.run.exact)
         log.main(f"not bitwise resumable: {'; '.join(trainer.not_exact)}")
-    _rank0(env, lambda: _take_folder(trainer.cfg, env, folder, plan, log, trainer.not_exact))
+    _rank0(
+        env, lambda: _take_folder(trainer.cfg, env, trainer.checkpointer.store, plan, log, trainer.not_exact)
+    )
     # Every rank, in the folder rank 0 now holds for this attempt: the space of its exit note, which a disk
     # that fills during training must not lose (hpc_ddp.ledger.exits).
     exits.reserve(folder, env.job_id or "", env.restart, env.rank)
@@ -334,14 +333,21 @@ def _since_process_start() -> float:
 
 
 def _take_folder(
-    cfg: TrainConfig, env: DistEnv, folder: Path, plan: Any, log: RankLog, not_exact: list[str]
+    cfg: TrainConfig,
+    env: DistEnv,
+    checkpoints: CheckpointStore,
+    plan: Any,
+    log: RankLog,
+    not_exact: list[str],
 ) -> None:
     """Rank 0, once the start is fully checked: tidy, apply the resume plan, write run.json."""
     from hpc_ddp.run import configfile, record, resume
     from hpc_ddp.run.checkpoint import store
 
-    store.remove_stale_temporaries(folder)  # a previous run killed mid-save; never promoted
-    resume.apply(plan, folder, log.info)
+    folder = checkpoints.folder
+    # A previous run killed mid-save left them; they were never promoted.
+    store.remove_stale_temporaries(folder, checkpoints.storage)
+    resume.apply(plan, checkpoints, log.info)
     # A full disk at start is waited out (a restart may come while it still is): hpc_ddp.ledger.files.
     record_ = functools.partial(record.write, folder, cfg.as_dict(), env.__dict__, os.getcwd(), not_exact)
     _patiently(record_, str(folder / run_folder.RUN_RECORD), log)
@@ -376,30 +382,32 @@ def _record_start(
 
 def _write_model(trainer: Any, env: DistEnv, path: Path, log: RankLog) -> None:
     """A collective: `model.pth`, the plain state dict of the bare model (loadable with weights_only), and its
-    checksum, written by rank 0. Sharded state (fsdp): streamed from the newest checkpoint, which holds these
-    very weights (the final save, or the finished run's last), a batch of tensors at a time, so that no rank
-    ever holds the whole model; otherwise the strategy's full state, gathered into rank 0's CPU memory. A full
-    disk is waited out for the retry window."""
-    from hpc_ddp.run.checkpoint import content, sharded, store, torchfile
+    checksum, written by rank 0 through the run's storage. Sharded state (fsdp): exported by the run's format
+    from the newest checkpoint, which holds these very weights (the final save, or the finished run's last), a
+    batch of tensors at a time for the sharded one, so that no rank ever holds the whole model; otherwise the
+    strategy's full state, gathered into rank 0's CPU memory. A full disk is waited out for the retry window."""
+    from hpc_ddp.run.checkpoint import content, formats, store, torchfile
 
+    checkpoints = trainer.checkpointer.store
     if trainer.strategy.shards_state:
         step = trainer.pos.step
 
         def export() -> None:
-            latest = store.read_latest(trainer.folder)
+            latest = checkpoints.latest()
             if latest is None or store.ckpt_step(latest) != step:  # a bug, not the user's: say what was found
                 raise RuntimeError(
                     f"model.pth: the newest checkpoint is {latest}, not the one of step {step}"
                 )
+            fmt = formats.format_of(latest, checkpoints.storage, type(trainer.checkpointer.format))
             # Written and checksummed by this run moments ago.
-            _patiently(lambda: sharded.export(latest, path, verify=False), str(path), log)
+            _patiently(lambda: fmt.export(latest, path, checkpoints.storage, verify=False), str(path), log)
 
         _rank0(env, export)
         return
     weights = trainer.strategy.full_model_state()  # a collective: every rank, rank 0 gets them
     if weights is not None:
         state = content.to_cpu(weights)  # rank 0 only: the others got None
-        _patiently(lambda: torchfile.atomic_save(state, path), str(path), log)
+        _patiently(lambda: torchfile.atomic_save(state, path, checkpoints.storage), str(path), log)
 
 
 def _patiently(write: Callable[[], Any], what: str, log: RankLog) -> None:
@@ -435,12 +443,6 @@ def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
         "train, nothing written. To train further, raise --epochs or --max-steps; to start over, use "
         "another --folder or --resume never --overwrite"
     )
-
-
-def _storage(cfg: TrainConfig) -> Any:
-    """The storage --checkpoint-storage names (a built-in's or a plugin's class, built with no arguments: its
-    own settings are its own, from the environment), which this rank's checkpoints are written to."""
-    return registry.storages.load(cfg.checkpoint_storage)()
 
 
 def _watchdog(

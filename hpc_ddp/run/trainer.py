@@ -10,9 +10,10 @@ its time with the others' (stragglers) or save (`_after_step`).
 The loop talks to two seams and names neither a parallel strategy nor a checkpoint format: its `Strategy`
 (hpc_ddp.run.strategy: wrapping, the accumulation context, autocast, the end-of-backward mark, clipping, the
 model's and optimizer's state) and its `Checkpointer` (hpc_ddp.run.checkpointer: named stateful parts saved
-through the format --checkpoint-format names, into the run's storage). A caller composes it with what the
-options choose, or gives its own `strategy`, `storage` (hpc_ddp.run.checkpoint.storage) and `beacon` (what
-the hang watchdog reads; a NullBeacon for an unwatched rank: the bench's baseline).
+through the format --checkpoint-format names, into the run's storage). A caller hands it the run's checkpoint
+store (`checkpoints`: the folder and its storage, hpc_ddp.run.checkpoint.store.CheckpointStore, built once per
+process), composes the rest with what the options choose, or gives its own `strategy` and `beacon` (what the
+hang watchdog reads; a NullBeacon for an unwatched rank: the bench's baseline).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from hpc_ddp.run.callbacks import Callbacks
 from hpc_ddp.run.checkpoint import content, formats
 from hpc_ddp.run.checkpoint.format import Opened
 from hpc_ddp.run.checkpoint.part import Part
-from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.checkpointer import Checkpointer
 from hpc_ddp.run.clock import StepClock
 from hpc_ddp.run.config import TrainConfig
@@ -80,9 +81,9 @@ class Trainer:
         device: torch.device,
         task: Task,
         log: RankLog,
+        checkpoints: CheckpointStore,
         beacon: Beacon | None = None,
         strategy: Strategy | None = None,
-        storage: Storage = LOCAL,
         asked_grad_accum: int | None = None,
     ) -> None:
         assert cfg.folder, "the Trainer needs the run folder (TrainConfig.folder)"
@@ -104,12 +105,12 @@ class Trainer:
         self.forward = forward.Forward(task, env)
         self.strategy = strategy or strategies.for_run(cfg, env, device, task)
         try:
-            self._assemble(task, storage, asked_grad_accum)
+            self._assemble(task, checkpoints, asked_grad_accum)
         except BaseException:
             self.close()  # a user optimizer or scheduler raised: release DDP before the group goes
             raise
 
-    def _assemble(self, task: Task, storage: Storage, asked_grad_accum: int | None) -> None:
+    def _assemble(self, task: Task, checkpoints: CheckpointStore, asked_grad_accum: int | None) -> None:
         cfg, env = self.cfg, self.env
         # Wrap first, then the optimizer over what the strategy says it steps (FSDP needs this order).
         self.strategy.setup(task.model, task.optimizer or (lambda params: torch.optim.SGD(params, lr=cfg.lr)))
@@ -133,7 +134,7 @@ class Trainer:
         self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (hpc_ddp.run.schedules)
         self.metrics.params = _tracker_params(cfg, task, self.optimizer, self.scheduler)
         self.evaluations = _evaluations(self, task)
-        fmt, record = formats.for_run(cfg, self.folder, env, storage), self.metrics.save
+        fmt, record = formats.for_run(cfg, self.folder, env, checkpoints.storage), self.metrics.save
         self.checkpointer = Checkpointer(
             cfg, env, self.folder, _parts(self), fmt, self.log, record, self.beacon, asked_grad_accum
         )

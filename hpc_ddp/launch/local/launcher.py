@@ -35,6 +35,7 @@ from hpc_ddp.launch.local.srun_env import LocalJob, child_environ
 from hpc_ddp.ledger import attempts, decision, exits, judge, outcomes, preemption, rules
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.snapshot import store as snapshots
 from hpc_ddp.run.watchdog import WINDOW_S
 from hpc_ddp.scheduler.local import node_name
@@ -68,7 +69,9 @@ class Launcher:
         self.restarts = 0  # SLURM_RESTART_COUNT of the ranks now running: starts so far, minus one
         self.shown: set[str] = set()  # signatures of the errors whose traceback was shown already
         # attempts.jsonl, for training runs only; anything else keeps nothing (the budgets then count nothing).
-        self.journal = supervisor.Journal(job.folder, attempts.append if job.records else _keep)
+        # The run's checkpoints, through its --checkpoint-storage: built once, read at each attempt's end.
+        checkpoints = store.of_run(job.folder, job.checkpoint_storage)
+        self.journal = supervisor.Journal(checkpoints, attempts.append if job.records else _keep)
         # The budgets, built once: the launcher starts its ranks again itself (a restart, not a requeue).
         self.budgets = decision.Budgets(job.max_restarts, job.max_requeue, outcomes.RESTART)
         # Training ranks are forked from one process that imported torch once (forkserver), kept across
@@ -279,7 +282,7 @@ class Launcher:
             found,
             self.budgets,
             began=self.started_at,
-            checkpoint=supervisor.resume_step(self.job.folder, self.job.job_id, os.environ),
+            checkpoint=supervisor.resume_step(self.journal.checkpoints, self.job.job_id, os.environ),
             survey=survey,
             exclude=lambda _decision: (),  # locally blame is recorded, nothing excluded: every node is this one
             nodes=self.step_nodes,
@@ -440,7 +443,7 @@ class Launcher:
     def _advise(self, closed: supervisor.Closed) -> None:
         """After a failure that ends the run: the command that resumes it, and from where."""
         if self.job.resume_command and closed.attempt.outcome in outcomes.RESUMABLE:  # else: the same failure
-            self.say(advice(self.job.resume_command, supervisor.latest_step(self.job.folder)))
+            self.say(advice(self.job.resume_command, supervisor.latest_step(self.journal.checkpoints)))
 
 
 def node_label(step_nodes: tuple[str, ...], address: str | None) -> str | None:

@@ -88,6 +88,7 @@ def run_local(launch: LaunchOptions, cfg: TrainConfig, resume_command: str = "")
             folder=folder,
             train_argv=cfg.to_argv() + list(launch.task_argv),
             max_requeue=cfg.max_requeue,
+            checkpoint_storage=cfg.checkpoint_storage,
             max_restarts=cfg.max_restarts if trains else 0,
             records=trains,
             all_ranks=local.all_ranks,

@@ -28,6 +28,7 @@ class LocalJob:
     folder: Path
     train_argv: list[str]
     max_requeue: int  # preemptions after which the job is not started again (--max-requeue)
+    checkpoint_storage: str  # --checkpoint-storage: where the supervisor reads the latest checkpoint's step
     all_ranks: bool = False
     job_id: str = ""
     module: str = "hpc_ddp.train"

@@ -24,6 +24,7 @@ from hpc_ddp.launch.slurm.job import Job, note_start
 from hpc_ddp.ledger import attempts as record
 from hpc_ddp.ledger import decision, outcomes
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.config import check_min_nodes
 from hpc_ddp.scheduler.slurm import steps
 from hpc_ddp.scheduler.slurm.client import SlurmClient
@@ -58,7 +59,9 @@ def begin(argv: Sequence[str], log: str, environ: Mapping[str, str], client: Slu
     if unwritable:
         say(unwritable)
         return exitcodes.FAILED
-    journal = supervisor.Journal(folder)
+    journal = supervisor.Journal(
+        store.of_run(folder, job.cfg.checkpoint_storage)
+    )  # its checkpoints: built once
     for line in lost.close_over(journal, client, lambda a: a.job != job.id):
         say(line)  # what other jobs left open here, once they are over: their budgets are theirs
     own = [a for a in journal.history(job.id) if order(a.restart) < order(job.restart) and a.ended is None]

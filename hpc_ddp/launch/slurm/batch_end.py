@@ -22,6 +22,7 @@ from hpc_ddp.launch.slurm.job import Job, note_start, read_state, srun_lines
 from hpc_ddp.ledger import attempts as record
 from hpc_ddp.ledger import decision, exits, judge, outcomes, preemption, rules
 from hpc_ddp.ledger import verdict as hang_verdict
+from hpc_ddp.run.checkpoint import store
 from hpc_ddp.scheduler.base import End, Size
 from hpc_ddp.scheduler.slurm import steps
 from hpc_ddp.scheduler.slurm.client import SlurmClient
@@ -95,12 +96,14 @@ def end_step(
         say(taken)
         return exitcodes.USAGE
     state = read_state(folder, job.id, job.restart)
-    journal = supervisor.Journal(folder)
+    journal = supervisor.Journal(
+        store.of_run(folder, job.cfg.checkpoint_storage)
+    )  # its checkpoints: built once
     this = record.find(journal.history(job.id), job.id, job.restart)
     began = float(state.get("began") or (this.started if this else 0) or 0)
     step = read_step(job, folder, status, state, this, began, log, client, given, ran_on)
     info = step.info
-    rule = min_nodes.rule(job.cfg, job.tasks_per_node or 0, folder)
+    rule = min_nodes.rule(job.cfg, job.tasks_per_node or 0, journal.checkpoints)
 
     def survey(this: record.Attempt, blamed: tuple[str, ...]) -> decision.Facts:
         # Inside the allocation first (--spare-nodes): a spare in place of the blamed node, or fewer nodes
@@ -132,7 +135,9 @@ def end_step(
         step.evidence,
         budgets(job),
         began=began,
-        checkpoint=supervisor.resume_step(folder, job.id, job.environ),  # memory's newest too (issue 45)
+        checkpoint=supervisor.resume_step(
+            journal.checkpoints, job.id, job.environ
+        ),  # memory's newest too (issue 45)
         survey=survey,
         exclude=lambda decided: decision.avoided(decided, info.excluded if info else ()),
         nodes=step.nodes,

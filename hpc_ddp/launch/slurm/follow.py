@@ -39,6 +39,7 @@ from hpc_ddp.ledger import attempts, outcomes
 from hpc_ddp.log import TracebackFold
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run import progress
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.scheduler.base import Kind
 from hpc_ddp.scheduler.slurm.client import SlurmClient
 from hpc_ddp.scheduler.slurm.parse import JobHistory, JobInfo
@@ -161,8 +162,9 @@ class _LogFollower:
 class _Local:
     """The cheap looks: rank 0's log, metrics.jsonl and attempts.jsonl, shown as they grow."""
 
-    def __init__(self, job_id: str, folder: Path, out: TextIO) -> None:
-        self.job_id, self.folder = job_id, folder
+    def __init__(self, job_id: str, checkpoints: CheckpointStore, out: TextIO) -> None:
+        folder = checkpoints.folder
+        self.job_id, self.folder, self.checkpoints = job_id, folder, checkpoints
         self.metrics = progress.MetricsView(folder / run_folder.METRICS, out, job=job_id)
         self.out = cast(TextIO, self.metrics.stream)  # what else is written erases the live line first
         # The batch shell's `end` prints the first error and every attempt when it stops the job (batch_end.stop).
@@ -185,7 +187,7 @@ class _Local:
         if not left or self.log.seen:  # the batch shell stopped the job, said so above: its word stands
             return False
         found = lost.ask(client, self.job_id)
-        journal = supervisor.Journal(self.folder)
+        journal = supervisor.Journal(self.checkpoints)
         again = False
         for attempt in [a for a in left if lost.over(a, found)]:
             if policy is None:
@@ -262,7 +264,7 @@ class _Local:
 
 def follow(
     job_id: str,
-    folder: Path,
+    store: CheckpointStore,  # the run folder's checkpoints (the step a resume would start from)
     world_size: int,
     submitted_at: float,
     client: SlurmClient,
@@ -276,7 +278,7 @@ def follow(
     `policy`: the job's own rules (budgets, size, --min-nodes, --wait-for-nodes), with which an attempt whose
     batch shell died is closed and acted on (hpc_ddp.launch.slurm.lost); without one, such an attempt is only
     recorded once the job is over. `resume`: the command that resumes the run, for the final word."""
-    local = _Local(job_id, folder, out)
+    local = _Local(job_id, store, out)
     last: Look | None = None
     history: JobHistory | None = None
     start = clock.now()
@@ -328,7 +330,7 @@ def follow(
                     local.metrics.stream.keep()
                     local.out.flush()
                     return report(
-                        job_id, folder, world_size, final, submitted_at, local.out, local.stops_shown, resume
+                        job_id, store, world_size, final, submitted_at, local.out, local.stops_shown, resume
                     )
                 last = seen
             next_poll = now + poll_delay(now - steady_since)

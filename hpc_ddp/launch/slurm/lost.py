@@ -112,7 +112,7 @@ def close(
         ending(attempt, run, lost),
         budgets,
         began=when,
-        checkpoint=supervisor.latest_step(journal.folder),
+        checkpoint=supervisor.latest_step(journal.checkpoints),
         now=_ended_at(journal, when),
         survey=survey,
     )

@@ -23,7 +23,6 @@ which srun would start on the nodes left: the batch scripts set it from the allo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from hpc_ddp.ledger import decision, outcomes, rules
 from hpc_ddp.ledger.decision import EVERY_NODE as EVERY_NODE
@@ -35,22 +34,22 @@ from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.scheduler.base import Scheduler, Size
 
 
-def rule(cfg: TrainConfig, per_node: int, folder: Path | None = None) -> Smaller:
+def rule(cfg: TrainConfig, per_node: int, checkpoints: store.CheckpointStore) -> Smaller:
     """The rule for a job of `per_node` tasks per node (0: unknown). Its --grad-accum is the one its latest
     checkpoint trains with when a resize chose it (a job that already went on with fewer nodes) and the command
     line still says what that run was asked: what the tasks will go on from (hpc_ddp.run.resume.resize)."""
     accum = cfg.grad_accum
-    saved = _saved_accum(folder) if folder is not None else None
+    saved = _saved_accum(checkpoints)
     if saved is not None and saved[1] == cfg.grad_accum:
         accum = saved[0]
     return Smaller(cfg.min_nodes, per_node, cfg.batch_size, accum)
 
 
-def _saved_accum(folder: Path) -> tuple[int, int] | None:
-    """(--grad-accum, the command line's when it was written) of the folder's latest sharded checkpoint, read
-    from its manifest (no torch in the batch shell); None without one."""
-    latest = store.read_latest(folder)
-    meta = store.written_with(latest) if latest is not None else None
+def _saved_accum(checkpoints: store.CheckpointStore) -> tuple[int, int] | None:
+    """(--grad-accum, the command line's when it was written) of the run's latest sharded checkpoint, read
+    from its manifest through the run's storage (no torch in the batch shell); None without one."""
+    latest = checkpoints.latest()
+    meta = store.written_with(latest, checkpoints.storage) if latest is not None else None
     try:
         accum = int(meta["config"]["grad_accum"])  # type: ignore[index]
         return accum, int(meta.get("asked_grad_accum") or accum)  # type: ignore[union-attr]

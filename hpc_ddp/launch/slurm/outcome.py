@@ -19,6 +19,7 @@ from hpc_ddp.ledger import attempts, judge, outcomes
 from hpc_ddp.ledger import preemption as preemption_record
 from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.scheduler.base import End, Kind
 from hpc_ddp.scheduler.slurm.states import JobState
 
@@ -65,7 +66,7 @@ def rank_error(line: str) -> bool:
 
 def report(
     job_id: str,
-    folder: Path,
+    checkpoints: CheckpointStore,
     world_size: int,
     state: JobState,
     submitted_at: float,
@@ -75,7 +76,9 @@ def report(
 ) -> int:
     """The final word on a finished job, and the exit code that `--wait` returns. `shown`: the stop's first
     error and every attempt are above already (the batch shell's `end` printed them in the log followed, or
-    the follower did). `resume`: the command that resumes the run (else "the same command")."""
+    the follower did). `resume`: the command that resumes the run (else "the same command"). `checkpoints`:
+    the run folder's, through its --checkpoint-storage."""
+    folder = checkpoints.folder
 
     def say(text: str) -> None:
         print(f"[submit] {text}", file=out, flush=True)
@@ -88,20 +91,20 @@ def report(
     ends = [a for a in attempts.of_job(attempts.read(folder), job_id) if a.ended is not None]
     last = ends[-1] if ends else None
     if last is not None and last.decision == outcomes.STOP and last.outcome not in _SLURMS:
-        return _stopped(job_id, folder, last, len(ends), shown, resume, say)
+        return _stopped(job_id, checkpoints, last, len(ends), shown, resume, say)
     # Else the ledger's judge reads how Slurm says the job ended (hpc_ddp.ledger.judge.job_end), and the exit
     # code is its outcome's (hpc_ddp.ledger.outcomes): here it is only said.
     verdict = hang_verdict.read(folder, since=submitted_at)
     unwritable = run_folder.write_test(folder, ".write-test-wait") if folder.is_dir() else ""
     saved = preemption_record.since(folder, submitted_at)
     ending = judge.job_end(state.end or End.EXITED, state.exit_code, verdict is not None, saved, unwritable)
-    _say_end(job_id, folder, world_size, state, ending, verdict or {}, resume, say)
+    _say_end(job_id, checkpoints, world_size, state, ending, verdict or {}, resume, say)
     return ending.exit_code
 
 
 def _say_end(
     job_id: str,
-    folder: Path,
+    checkpoints: CheckpointStore,
     world_size: int,
     state: JobState,
     ending: judge.Ending,
@@ -110,6 +113,7 @@ def _say_end(
     say: Callable[[str], Any],
 ) -> None:
     """`submit --wait`'s words for how the judge says a job ended (`judge.job_end`, by its signature)."""
+    folder = checkpoints.folder
     again = f": {resume}" if resume else ""
     resume_line = f"; the ranks saved a checkpoint first: run the same command to resume from {folder}{again}"
     signal = f", signal {state.signal}" if state.signal else ""
@@ -127,7 +131,7 @@ def _say_end(
     elif ending.signature == judge.SAVED:
         say(f"job {job_id} {state.said}{resume_line}")
     elif ending.signature == judge.TIMED_OUT:
-        say(f"job {job_id} {state.said} {code} {_timeout_advice(folder, resume)}")
+        say(f"job {job_id} {state.said} {code} {_timeout_advice(checkpoints, resume)}")
     elif ending.signature == judge.UNWRITABLE:  # its logs and records could not be written either
         say(
             f"job {job_id} {state.said} {code}: its run folder {folder} cannot be written ({ending.reason}), so "
@@ -146,7 +150,7 @@ _SLURMS = (outcomes.STOPPED,)
 
 def _stopped(
     job_id: str,
-    folder: Path,
+    checkpoints: CheckpointStore,
     last: attempts.Attempt,
     count: int,
     shown: bool,
@@ -155,6 +159,7 @@ def _stopped(
 ) -> int:
     """The final word on a job the kit stopped (the batch shell's `end`, or the follower): what the record
     says, once; the exit code of the outcome that stopped it (hpc_ddp.ledger.outcomes)."""
+    folder = checkpoints.folder
     where = f" (on {last.node})" if last.node else ""
     who = f"rank {last.rank} failed first{where}: " if last.rank is not None else ""
     if last.outcome == outcomes.NODE_FAIL:
@@ -166,7 +171,7 @@ def _stopped(
         for a in attempts.of_job(attempts.read(folder), job_id):
             say(f"    {attempts.summary(a)}")
     if last.outcome in outcomes.RESUMABLE:
-        step = latest_step(folder)
+        step = latest_step(checkpoints)
         start = (
             f"its latest checkpoint (step {step})" if step is not None else "the start (no checkpoint yet)"
         )
@@ -175,8 +180,8 @@ def _stopped(
     return outcomes.exit_code(last.outcome)
 
 
-def _timeout_advice(folder: Path, resume: str = "") -> str:
-    step = latest_step(folder)
+def _timeout_advice(checkpoints: CheckpointStore, resume: str = "") -> str:
+    folder, step = checkpoints.folder, latest_step(checkpoints)
     if step is not None:
         command = f": {resume}" if resume else ""
         return (

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from hpc_ddp.launch.options import LaunchOptions
     from hpc_ddp.launch.shape import JobShape
     from hpc_ddp.launch.slurm.lost import Policy
+    from hpc_ddp.run.checkpoint.store import CheckpointStore
     from hpc_ddp.run.config import TrainConfig
     from hpc_ddp.scheduler.slurm.client import SlurmClient
 
@@ -170,15 +171,17 @@ def submit(
         flush=True,
     )
     from hpc_ddp.launch.slurm.follow import follow  # not imported by the tasks, which unpickle TaskEntry
+    from hpc_ddp.run.checkpoint import store
 
+    checkpoints = store.of_run(folder, cfg.checkpoint_storage)  # built once: the follower's and --min-nodes'
     try:
         return follow(
             job_id,
-            folder,
+            checkpoints,
             shape.world_size,
             submitted_at,
             client,
-            policy=_policy(cfg, shape, folder) if trains else None,
+            policy=_policy(cfg, shape, checkpoints) if trains else None,
             resume=resume if trains else "",
         )
     except KeyboardInterrupt:
@@ -205,7 +208,7 @@ def _client() -> SlurmClient:
     return SlurmClient()
 
 
-def _policy(cfg: TrainConfig, shape: JobShape, folder: Path) -> Policy:
+def _policy(cfg: TrainConfig, shape: JobShape, checkpoints: CheckpointStore) -> Policy:
     """The job's own rules, for `--wait` to close and act on an attempt whose batch shell died (its node
     failed): the same budgets, size and --min-nodes rule as the batch shell's `end` applies."""
     from hpc_ddp.launch import supervisor
@@ -215,7 +218,7 @@ def _policy(cfg: TrainConfig, shape: JobShape, folder: Path) -> Policy:
     return lost.Policy(
         supervisor.Budgets(cfg.max_restarts, cfg.max_requeue, outcomes.REQUEUE),
         shape.nodes + cfg.spare_nodes,  # the allocation: a requeued job asks for its spares again
-        min_nodes.rule(cfg, shape.tasks_per_node, folder),
+        min_nodes.rule(cfg, shape.tasks_per_node, checkpoints),
         cfg.wait_for_nodes,
         shape.tasks_per_node,
         cfg.spare_nodes,

@@ -8,16 +8,18 @@ Layout of `<folder>/checkpoints/` (the rest of the run folder: hpc_ddp.run.folde
 
 The modules, each one decision:
 
-    storage    where checkpoints are written: the `Storage` interface, `Local` today  (no torch)
-    store      names, `latest`, listing, rotation, stale temporaries, `latest_step`  (no torch)
+    storage    where checkpoints are written and read: the `Storage` interface, `Local` today  (no torch)
+    store      names, `latest`, listing, rotation, stale temporaries, `latest_step`, the `CheckpointStore`
+               (a run folder and its storage, built once per process, handed to every reader)  (no torch)
     durable    a file written atomically with its SHA-256, checksum files, why a write failed  (no torch)
     options    the checkpoint options, checked  (no torch)
     content    what a checkpoint may hold: `to_cpu`, `check_savable`, `require_finite`
-    torchfile  one torch file: streamed into the storage, loaded back with weights_only (corrupt vs refused)
+    torchfile  one torch file: streamed into the storage, read back from it with weights_only (corrupt vs
+               refused), its checksum checked through it
     writer     `AsyncWriter`: the background write, its retries (by time) and when to give up
     part       the `Part` interface: a named stateful part of a checkpoint
-    format     the `Format` interface
-    formats    the formats known, `format_of(path)`, `find_resumable`
+    format     the `Format` interface: a format owns its files (save, open, export, load_model, contents)
+    formats    the formats installed, `format_of(path, storage)`, `find_resumable`
     full       the "full" format: rank 0 writes one file holding every part
     sharded    the "sharded" format: every rank writes its shards (Distributed Checkpoint)
     dcpwrite   how the shards reach DCP's files: the staging copy, `--async-save thread|process`

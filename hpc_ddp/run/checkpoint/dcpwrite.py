@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
+from hpc_ddp.run.checkpoint.storage import Storage
 
 ASYNC_SAVES = ("thread", "process")
 # DCP's storage layers by the name a Storage gives (Storage.dcp_layer): its writer and reader classes. An fsspec
@@ -144,7 +144,7 @@ class ThreadWrite:
     """`--async-save thread`: dcp.save on the writer thread, over the writers' own gloo group, into the run's
     storage (hpc_ddp.run.checkpoint.storage: DCP's writer for it)."""
 
-    def __init__(self, env: Any, group: Any, storage: Storage = LOCAL) -> None:
+    def __init__(self, env: Any, group: Any, storage: Storage) -> None:
         self.env, self.group, self.storage = env, group, storage
 
     def write(self, staged: dict[str, Any], folder: Path) -> None:
@@ -165,7 +165,7 @@ class ProcessWrite(ThreadWrite):
     """`--async-save process`: each rank's shards written by a saving process of DCP's own. A collective at
     start (every rank): rank 0 opens the saving processes' store and every rank learns its port."""
 
-    def __init__(self, env: Any, group: Any, storage: Storage = LOCAL) -> None:
+    def __init__(self, env: Any, group: Any, storage: Storage) -> None:
         import torch.distributed as dist
 
         super().__init__(env, group, storage)
@@ -227,6 +227,6 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def writer(kind: str, env: Any, group: Any, storage: Storage = LOCAL) -> ThreadWrite:
+def writer(kind: str, env: Any, group: Any, storage: Storage) -> ThreadWrite:
     """The write of `--async-save kind`, over `group` (a collective for `process`), into `storage`."""
     return ProcessWrite(env, group, storage) if kind == "process" else ThreadWrite(env, group, storage)

@@ -7,7 +7,8 @@ at any instant leaves either the old or the new file complete, never a promoted 
 
 Integrity: each file's SHA-256 is computed while it is written (no second pass) and kept next to it in
 `<name>.sha256`, in `sha256sum` format (`cd checkpoints && sha256sum -c ckpt-00000120.pt.sha256` checks it by
-hand). A load re-reads the file and compares (`verify`): a flipped bit is "corrupt" (CheckpointCorrupt).
+hand). A load re-reads the file and compares (torchfile.verify, through the run's storage): a flipped bit is
+"corrupt" (CheckpointCorrupt).
 
 Why a write failed (`diagnose`): torch's zip writer turns the OSError of a full disk into `RuntimeError:
 [enforce fail at inline_container.cc:...] . unexpected pos ...`. Whatever was raised, the cause is looked for
@@ -28,11 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hpc_ddp.errors import CheckpointCorrupt
 from hpc_ddp.run.folder import atomic_write, fsync_dir
 
 SUMS_SUFFIX = ".sha256"
-_SUMS_LINE = re.compile(r"^([0-9a-f]{64}) [ *]")
+SUMS_LINE = re.compile(r"^([0-9a-f]{64}) [ *]")
 
 
 def checksum_path(path: Path) -> Path:
@@ -181,15 +181,6 @@ def _replace_unsynced(path: Path, data: bytes) -> None:
         raise
 
 
-def recorded_checksum(path: Path) -> str | None:
-    """The SHA-256 recorded when `path` was written, or None (no `.sha256` file, or an unreadable one)."""
-    try:
-        match = _SUMS_LINE.match(checksum_path(path).read_text(encoding="ascii", errors="replace"))
-    except OSError:
-        return None
-    return match.group(1) if match else None
-
-
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
@@ -198,26 +189,6 @@ def file_sha256(path: Path) -> str:
         while n := f.readinto(buffer):
             digest.update(view[:n])
     return digest.hexdigest()
-
-
-def verify(path: Path) -> None:
-    """CheckpointCorrupt unless `path`'s bytes are the ones recorded when it was written (a file without a
-    recorded checksum passes: written by an older kit, or its checksum cut by a crash)."""
-    expected = recorded_checksum(path)
-    if expected is None:
-        return
-    try:
-        actual = file_sha256(path)
-    except OSError as e:
-        raise CheckpointCorrupt(
-            f"checkpoint {path} cannot be loaded safely: it cannot be read ({e.strerror or e})"
-        ) from e
-    if actual != expected:
-        raise CheckpointCorrupt(
-            f"checkpoint {path} cannot be loaded safely: it is corrupt (its SHA-256 is "
-            f"{actual[:16]}..., {checksum_path(path).name} recorded {expected[:16]}... "
-            "when it was written)"
-        )
 
 
 # ----- why a write failed ---------------------------------------------------------------------------------

@@ -8,6 +8,12 @@ hpc_ddp.run.resume). Two formats: "full" (one file rank 0 writes, hpc_ddp.run.ch
 hpc_ddp.registry (entry point group `hpc_ddp.checkpoint_formats`); another is one more class beside them, or
 a plugin's in an installed package (docs/plugins.md).
 
+A format owns its files, from the save to the last reader: staging a save, telling its checkpoints apart
+(`owns`), verifying and opening one, whether another world size loads it (`reshards`, declared), and the
+model out of one (`export`: `model.pth` and `python -m hpc_ddp.checkpoint export`; `load_model`), and what
+it holds (`contents`: the resume check's fingerprints). Nothing outside this package asks a checkpoint's shape
+(a file, a folder) or a format's name: it asks `formats.format_of(path, storage)`.
+
 Every format follows the store's rule: it writes under a temporary name, renames into the final one once the
 checkpoint is whole and durable, and only then promotes it (`store.promote`: `latest`, rotation).
 """
@@ -21,7 +27,7 @@ from typing import Any, ClassVar, Protocol
 
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.run.checkpoint.part import Part
-from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
+from hpc_ddp.run.checkpoint.storage import Storage
 from hpc_ddp.run.checkpoint.writer import Job
 
 
@@ -53,7 +59,7 @@ class Format(ABC):
         overrides it: the sharded one's --async-save)."""
         return cls(folder, env, cfg.keep, storage)
 
-    def __init__(self, folder: Path, env: DistEnv, keep: int, storage: Storage = LOCAL) -> None:
+    def __init__(self, folder: Path, env: DistEnv, keep: int, storage: Storage) -> None:
         self.folder, self.env, self.keep = Path(folder), env, keep
         self.storage = storage  # where every byte of this run's checkpoints is written
         # `stage` calls this on a rank once the collective part of a save is over and the rank's own work (a
@@ -68,8 +74,9 @@ class Format(ABC):
 
     @classmethod
     @abstractmethod
-    def owns(cls, path: Path) -> bool:
-        """`path` (a complete checkpoint by the store's naming rule) is one of this format's."""
+    def owns(cls, path: Path, storage: Storage) -> bool:
+        """`path` (a complete checkpoint by the store's naming rule, or any path --resume names) in `storage` is
+        one of this format's."""
 
     @abstractmethod
     def stage(self, parts: Sequence[Part], meta: Mapping[str, Any], step: int) -> Job | None:
@@ -79,15 +86,35 @@ class Format(ABC):
 
     @classmethod
     @abstractmethod
-    def open(cls, path: Path, verify: bool = True, storage: Storage = LOCAL) -> Opened:
+    def open(cls, path: Path, storage: Storage, verify: bool = True) -> Opened:
         """Read checkpoint `path` from `storage` on this rank (`verify`: check its checksums first).
         CheckpointCorrupt for damaged bytes, CheckpointRefused for an intact file a weights_only load refuses,
         CheckpointError for anything else that is no usable checkpoint."""
 
     @classmethod
-    def verify(cls, path: Path) -> None:
+    def verify(cls, path: Path, storage: Storage) -> None:
         """Raise what `open` would (rank 0 checks a checkpoint before every rank loads it)."""
-        cls.open(path, verify=True)
+        cls.open(path, storage, verify=True)
+
+    @classmethod
+    @abstractmethod
+    def export(cls, path: Path, out: Path, storage: Storage, verify: bool = True) -> int:
+        """Write the model of checkpoint `path` as the bare model's plain state dict into file `out` (loadable
+        with torch.load(weights_only=True)), its checksum beside it, both through `storage`, in this one process;
+        returns its size (`model.pth` of a run whose state is sharded, `python -m hpc_ddp.checkpoint export`)."""
+
+    @classmethod
+    @abstractmethod
+    def load_model(cls, path: Path, model: Any, storage: Storage, verify: bool = True) -> None:
+        """Read the model of checkpoint `path` into the plain `model` (torch.nn.Module), in place, in this one
+        process (hpc_ddp.checkpoint.load_model). CheckpointError if it is for another model."""
+
+    @classmethod
+    @abstractmethod
+    def contents(cls, path: Path, storage: Storage) -> dict[str, Any]:
+        """Everything checkpoint `path` holds, unverified, as data: prefix -> a nested state (the full format's
+        one file under ""; the sharded format's rank files under "rank<n>.", its shards under "shards."). The
+        resume check fingerprints it value by value (hpc_ddp.doctor.resume)."""
 
     @classmethod
     @abstractmethod

@@ -23,12 +23,12 @@ from hpc_ddp.errors import CheckpointError
 from hpc_ddp.run.checkpoint import content, durable, store, torchfile
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.part import PER_RANK, REPLICATED, Part
-from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
+from hpc_ddp.run.checkpoint.storage import Storage
 from hpc_ddp.run.checkpoint.writer import Job
 
 
 def commit(
-    folder: str | Path, state: dict[str, Any], step: int, keep: int, storage: Storage = LOCAL
+    folder: str | Path, state: dict[str, Any], step: int, keep: int, storage: Storage
 ) -> tuple[Path, int]:
     """Write checkpoint `step` into `storage` (durable, renamed into place, when it returns), then promote it
     (`latest`, rotation to `keep`). Returns the checkpoint's path and size."""
@@ -40,17 +40,19 @@ def commit(
     return path, nbytes
 
 
-def load(path: str | Path, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
-    """A full checkpoint as data (torchfile.load_file: weights_only, checksum when `verify`); `path` may be a
-    run's `checkpoints/best` or `checkpoints/latest` (the checkpoint each names). CheckpointError if it is no
-    hpc_ddp checkpoint."""
-    path = store.resolve(path)
-    if path.is_dir():
+def load(
+    path: str | Path, storage: Storage, map_location: Any = "cpu", verify: bool = True
+) -> dict[str, Any]:
+    """A full checkpoint as data, read from `storage` (torchfile.load_file: weights_only, checksum when
+    `verify`); `path` may be a run's `checkpoints/best` or `checkpoints/latest` (the checkpoint each names).
+    CheckpointError if it is no hpc_ddp checkpoint."""
+    path = store.resolve(path, storage)
+    if storage.isdir(str(path)):
         raise CheckpointError(
             f"{path} is a sharded checkpoint (a folder), not a full one. Fix: read its model with "
             "hpc_ddp.checkpoint.load_model(model, path), or export it with python -m hpc_ddp.checkpoint export"
         )
-    state = torchfile.load_file(path, map_location, verify)
+    state = torchfile.load_file(path, storage, map_location, verify)
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not an hpc_ddp checkpoint (no 'model' entry)")
     return state
@@ -73,8 +75,8 @@ class Full(Format):
     name = "full"
 
     @classmethod
-    def owns(cls, path: Path) -> bool:
-        return not path.is_dir()  # any file: `--resume PATH` may name one that is not called ckpt-*.pt
+    def owns(cls, path: Path, storage: Storage) -> bool:
+        return not storage.isdir(str(path))  # any file: `--resume PATH` may name one that is not ckpt-*.pt
 
     def gather(self, parts: Sequence[Part], meta: Mapping[str, Any]) -> dict[str, Any] | None:
         """Collective: every rank's PER_RANK states to rank 0; the whole checkpoint state on rank 0 (not yet
@@ -130,9 +132,25 @@ class Full(Format):
         return write
 
     @classmethod
-    def open(cls, path: Path, verify: bool = True, storage: Storage = LOCAL) -> Loaded:
-        # torch reads the file by its path on this machine (its own reader, no copy): Storage's reading note.
-        return Loaded(load(path, verify=verify))
+    def open(cls, path: Path, storage: Storage, verify: bool = True) -> Loaded:
+        return Loaded(load(path, storage, verify=verify))
+
+    @classmethod
+    def export(cls, path: Path, out: Path, storage: Storage, verify: bool = True) -> int:
+        model = load(path, storage, verify=verify).get("model")
+        if not isinstance(model, dict):
+            raise CheckpointError(f"checkpoint {path} holds no model state")
+        return torchfile.atomic_save(model, out, storage)
+
+    @classmethod
+    def load_model(cls, path: Path, model: Any, storage: Storage, verify: bool = True) -> None:
+        from hpc_ddp.run.strategy.base import load_model_state
+
+        load_model_state(model, load(path, storage, verify=verify)["model"], path)
+
+    @classmethod
+    def contents(cls, path: Path, storage: Storage) -> dict[str, Any]:
+        return {"": torchfile.load_file(path, storage, verify=False)}
 
     @classmethod
     def world_size_change(cls, saved: int | None, now: int) -> str | None:

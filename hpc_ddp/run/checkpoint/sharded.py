@@ -48,10 +48,10 @@ import torch.distributed as dist
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused, NonFinite
 from hpc_ddp.run import memory
-from hpc_ddp.run.checkpoint import content, dcpwrite, durable, store, streamed, torchfile
+from hpc_ddp.run.checkpoint import content, dcpwrite, store, streamed, torchfile
 from hpc_ddp.run.checkpoint.format import Format
 from hpc_ddp.run.checkpoint.part import PER_RANK, SHARDED, Part
-from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
+from hpc_ddp.run.checkpoint.storage import Storage
 from hpc_ddp.run.checkpoint.writer import Job
 
 MANIFEST = store.MANIFEST
@@ -124,7 +124,7 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name}")
 
 
-def safe_metadata(path: Path, storage: Storage = LOCAL) -> None:
+def safe_metadata(path: Path, storage: Storage) -> None:
     """CheckpointRefused unless `path/.metadata` holds only DCP's index (DCP itself unpickles it freely)."""
     try:
         _Unpickler(io.BytesIO(storage.read_bytes(str(path / METADATA)))).load()
@@ -141,7 +141,7 @@ class _Lazy:
     """A SHARDED part's tensors, read by `fill(template)` into this rank's layout (a collective: every rank
     loads at the same time); the rest of its state merged back."""
 
-    def __init__(self, path: Path, key: str, rest: Any, storage: Storage = LOCAL) -> None:
+    def __init__(self, path: Path, key: str, rest: Any, storage: Storage) -> None:
         self.path, self.key, self.rest, self.storage = path, key, rest, storage
 
     def fill(self, template: Any) -> Any:
@@ -156,15 +156,13 @@ class _Lazy:
 
 
 class Opened:
-    def __init__(
-        self, path: Path, manifest: Mapping[str, Any], verify: bool, storage: Storage = LOCAL
-    ) -> None:
+    def __init__(self, path: Path, manifest: Mapping[str, Any], verify: bool, storage: Storage) -> None:
         self.path, self.meta, self.verify, self.storage = path, manifest["meta"], verify, storage
         self._files: dict[int, Any] = {}
 
     def _rank(self, rank: int) -> Any:
         if rank not in self._files:
-            self._files[rank] = torchfile.load_file(self.path / rank_file(rank), verify=False)
+            self._files[rank] = torchfile.load_file(self.path / rank_file(rank), self.storage, verify=False)
         return self._files[rank]
 
     def state_of(self, part: Part, rank: int) -> Any:
@@ -177,7 +175,7 @@ class Opened:
         return entry
 
 
-def read_manifest(path: Path, verify: bool, storage: Storage = LOCAL) -> dict[str, Any]:
+def read_manifest(path: Path, verify: bool, storage: Storage) -> dict[str, Any]:
     """The manifest, after checking every file it names (`verify`); CheckpointCorrupt for a torn or damaged
     checkpoint."""
     try:
@@ -216,9 +214,7 @@ class Sharded(Format):
     def for_run(cls, cfg: Any, folder: Path, env: DistEnv, storage: Storage) -> Format:
         return cls(folder, env, cfg.keep, cfg.async_save_kind(), storage)
 
-    def __init__(
-        self, folder: Path, env: Any, keep: int, async_save: str = "thread", storage: Storage = LOCAL
-    ) -> None:
+    def __init__(self, folder: Path, env: Any, keep: int, async_save: str, storage: Storage) -> None:
         super().__init__(folder, env, keep, storage)
         # The background writers' own group: created once, by every rank in the same order (a collective).
         self.group = dist.new_group(backend="gloo")
@@ -235,13 +231,14 @@ class Sharded(Format):
         self.write.close()
 
     @classmethod
-    def owns(cls, path: Path) -> bool:
+    def owns(cls, path: Path, storage: Storage) -> bool:
         """A folder with a manifest, DCP's index or a shard: a sharded checkpoint (torn if the manifest is
         missing); any other folder is no checkpoint this kit reads."""
-        if not path.is_dir():
+        if not storage.isdir(str(path)):
             return False
-        return any((path / n).exists() for n in (MANIFEST, METADATA, rank_file(0))) or any(
-            path.glob("*.distcp")
+        names = storage.listdir(str(path))
+        return any(n in names for n in (MANIFEST, METADATA, rank_file(0))) or any(
+            n.endswith(".distcp") for n in names
         )
 
     def stage(self, parts: Sequence[Part], meta: Mapping[str, Any], step: int) -> Job | None:
@@ -263,8 +260,22 @@ class Sharded(Format):
         return _Write(self, staged, generation, extras, checks, dict(meta), step)
 
     @classmethod
-    def open(cls, path: Path, verify: bool = True, storage: Storage = LOCAL) -> Opened:
+    def open(cls, path: Path, storage: Storage, verify: bool = True) -> Opened:
         return Opened(path, read_manifest(path, verify, storage), verify, storage)
+
+    @classmethod
+    def export(cls, path: Path, out: Path, storage: Storage, verify: bool = True) -> int:
+        return export(path, out, storage, verify)
+
+    @classmethod
+    def load_model(cls, path: Path, model: Any, storage: Storage, verify: bool = True) -> None:
+        load_model(path, model, storage, verify)
+
+    @classmethod
+    def contents(cls, path: Path, storage: Storage) -> dict[str, Any]:
+        ranks = sorted(n for n in storage.listdir(str(path)) if fnmatch.fnmatchcase(n, "rank-*.pt"))
+        found = {f"rank{int(n[5:-3])}.": torchfile.load_file(path / n, storage, verify=False) for n in ranks}
+        return {**found, "shards.": _shards(path, storage)}
 
     @classmethod
     def world_size_change(cls, saved: int | None, now: int) -> str | None:
@@ -396,17 +407,13 @@ def _oserror(error: BaseException) -> OSError | None:
 
 
 def export(
-    path: Path,
-    out: Path,
-    verify: bool = True,
-    batch_bytes: int = streamed.BATCH_BYTES,
-    storage: Storage = LOCAL,
+    path: Path, out: Path, storage: Storage, verify: bool = True, batch_bytes: int = streamed.BATCH_BYTES
 ) -> int:
     """Write the model of sharded checkpoint `path` as a plain state dict (`model.pth`: loadable with
     torch.load(weights_only=True) into the bare model), with its checksum, in one process. Streaming: the file's
     tensors are read from the shards and written a batch of `batch_bytes` at a time (streamed.save), so no
     process holds the whole model. `verify`: check the checkpoint's checksums first. Returns the file's size
-    (`out`, a local file; the checkpoint is read from `storage`)."""
+    (`out`, written through `storage` as the checkpoint is read from it)."""
     import torch.distributed.checkpoint as dcp
 
     read_manifest(path, verify, storage)
@@ -419,7 +426,7 @@ def export(
     if not names:
         raise CheckpointError(f"checkpoint {path} holds no model tensors")
     laters = streamed.placeholders(shapes)
-    extras = torchfile.load_file(path / rank_file(0), verify=False).get("model") or {}
+    extras = torchfile.load_file(path / rank_file(0), storage, verify=False).get("model") or {}
 
     def fetch(batch: list[streamed.Later]) -> list[torch.Tensor]:
         wanted = {
@@ -433,10 +440,10 @@ def export(
         return list(wanted.values())
 
     state = merge(dict(zip(names, laters, strict=True)), extras)
-    return durable.write_summed(out, lambda f: streamed.save(state, laters, fetch, f, batch_bytes))
+    return storage.write(str(out), lambda f: streamed.save(state, laters, fetch, f, batch_bytes))  # type: ignore[arg-type]
 
 
-def load_model(path: Path, model: torch.nn.Module, verify: bool = True, storage: Storage = LOCAL) -> None:
+def load_model(path: Path, model: torch.nn.Module, storage: Storage, verify: bool = True) -> None:
     """Read the model of sharded checkpoint `path` straight into `model`'s own tensors (a plain model in one
     process, on any device): DCP copies each stored slice into place, so nothing but the model itself is held.
     `verify`: check the checkpoint's checksums first. CheckpointError if it is for another model."""
@@ -447,7 +454,7 @@ def load_model(path: Path, model: torch.nn.Module, verify: bool = True, storage:
 
     read_manifest(path, verify, storage)
     tensors, _ = split(model.state_dict())
-    extras = torchfile.load_file(path / rank_file(0), verify=False).get("model") or {}
+    extras = torchfile.load_file(path / rank_file(0), storage, verify=False).get("model") or {}
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
@@ -459,3 +466,19 @@ def load_model(path: Path, model: torch.nn.Module, verify: bool = True, storage:
             "Fix: build the model the run trained"
         ) from e
     load_model_state(model, merge(tensors, extras), path)  # the non-tensor state; tensors onto themselves
+
+
+def _shards(path: Path, storage: Storage) -> dict[str, Any]:
+    """Every tensor of sharded checkpoint `path` by DCP's key, whole, read in this one process (`contents`)."""
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcpwrite.storage_reader(storage, str(path))
+    state = {
+        key: torch.empty(item.size, dtype=item.properties.dtype)
+        for key, item in reader.read_metadata().state_dict_metadata.items()
+        if hasattr(item, "size")
+    }
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return state

@@ -4,13 +4,16 @@ Every byte of a checkpoint is written through a `Storage`, and every name under 
 listed, renamed and deleted through it: the full format's file (`write`), the sharded format's rank files and
 Distributed Checkpoint's shards (DCP's writer for its `dcp_layer`), manifests and the `latest`/`best` pointers (`write_bytes`), the
 rename of a complete checkpoint into place (`install`), rotation (`remove`). Reading back, the sharded
-format's manifest, index and shards come from it too (`read_bytes`, `sha256`, DCP's reader); torch files (the
-full format's, each rank's file of the sharded format) are loaded by torch from their path on this machine.
+format's manifest, index and shards come from it too (`read_bytes`, `sha256`, DCP's reader), and torch files
+(the full format's, each rank's file of the sharded format) are read by torch from the stream `open` gives.
 
 `Local` is the filesystem of this machine (a shared one, mounted on every node, for a multi-node run). An object
 store or fsspec is one more class beside it, whose writes are whole when they return (a put is), and whose
 `dcp_layer` names DCP's storage layer for it (torch's fsspec one: an entry in dcpwrite.DCP_LAYERS); a run uses
-it through the Trainer's `storage` (the bench times its writes that way, hpc_ddp.bench.saving).
+it by name (`--checkpoint-storage NAME`, entry point group `hpc_ddp.storages`). Every process builds its run's
+storage once, with the folder, into a `store.CheckpointStore` that it hands to every reader: the trainer, the
+resume, the supervisors, the doctor, the checkpoint tools. No parameter defaults to a storage
+(tests/test_architecture.py): a reader that was not handed the run's would bypass it.
 
 Paths are strings, as in torchtitan's CheckpointStorage: a URL (`s3://bucket/run/checkpoints/ckpt-00000120`)
 survives them, where `pathlib.Path` would collapse its `//`.
@@ -79,6 +82,10 @@ class Storage(ABC):
     def read_bytes(self, path: str) -> bytes: ...
 
     @abstractmethod
+    def open(self, path: str) -> BinaryIO:
+        """File `path` for reading, seekable (torch reads a checkpoint's zip from it); the caller closes it."""
+
+    @abstractmethod
     def size(self, path: str) -> int:
         """Bytes of a file, or of every file under a directory."""
 
@@ -143,6 +150,9 @@ class Local(Storage):
     def read_bytes(self, path: str) -> bytes:
         return Path(path).read_bytes()
 
+    def open(self, path: str) -> BinaryIO:
+        return open(path, "rb")  # noqa: SIM115  # the caller's to close
+
     def size(self, path: str) -> int:
         target = Path(path)
         if target.is_dir():
@@ -151,6 +161,3 @@ class Local(Storage):
 
     def sha256(self, path: str) -> str:
         return durable.file_sha256(Path(path))
-
-
-LOCAL = Local()  # the default storage of every run (and of every tool that reads a run folder)

@@ -21,7 +21,7 @@ import torch
 
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError, CheckpointRefused
 from hpc_ddp.run.checkpoint import durable
-from hpc_ddp.run.checkpoint.storage import LOCAL, Storage
+from hpc_ddp.run.checkpoint.storage import Storage
 
 _CRC_LOCK = threading.Lock()
 
@@ -44,21 +44,23 @@ def _save_stream(obj: Any, out: durable.Writeback) -> None:
                 set_(previous)
 
 
-def atomic_save(obj: Any, path: Path, storage: Storage = LOCAL) -> int:
+def atomic_save(obj: Any, path: Path, storage: Storage) -> int:
     """torch.save `obj` to `path` atomically, its SHA-256 in `<path>.sha256` (Storage.write; locally:
     durable.write_summed); returns the bytes written."""
     return storage.write(str(path), lambda out: _save_stream(obj, out))  # type: ignore[arg-type]
 
 
-def load_file(path: str | os.PathLike[str], map_location: Any = "cpu", verify: bool = True) -> Any:
-    """Load a torch file as data only (`weights_only=True`) after checking its SHA-256 against the one recorded
-    when it was written (`verify`, when there is one). CheckpointCorrupt if its bytes are damaged,
+def load_file(
+    path: str | os.PathLike[str], storage: Storage, map_location: Any = "cpu", verify: bool = True
+) -> Any:
+    """Load a torch file from `storage` as data only (`weights_only=True`) after checking its SHA-256 against the
+    one recorded when it was written (`verify`, when there is one). CheckpointCorrupt if its bytes are damaged,
     CheckpointRefused if it is intact but holds what such a load refuses."""
     path = Path(path)
     if verify:
-        durable.verify(path)
+        check_sums(path, storage)
     try:
-        return _load_weights_only(path, map_location)
+        return _load_weights_only(path, storage, map_location)
     except CheckpointError:
         raise
     except Exception as e:  # a torn zip, a damaged pickle
@@ -68,21 +70,56 @@ def load_file(path: str | os.PathLike[str], map_location: Any = "cpu", verify: b
         ) from e
 
 
+def _torch_load(path: Path, storage: Storage, map_location: Any) -> Any:
+    with storage.open(str(path)) as f:  # a stream of the storage's: torch reads the zip through it
+        return torch.load(f, map_location=map_location, weights_only=True)
+
+
+def recorded_checksum(path: Path, storage: Storage) -> str | None:
+    """The SHA-256 recorded when `path` was written, or None (no `.sha256` file, or an unreadable one)."""
+    try:
+        text = storage.read_bytes(str(durable.checksum_path(path))).decode("ascii", errors="replace")
+    except OSError:
+        return None
+    match = durable.SUMS_LINE.match(text)
+    return match.group(1) if match else None
+
+
+def check_sums(path: Path, storage: Storage) -> None:
+    """CheckpointCorrupt unless `path`'s bytes in `storage` are the ones recorded when it was written (a file
+    without a recorded checksum passes: written by an older kit, or its checksum cut by a crash)."""
+    expected = recorded_checksum(path, storage)
+    if expected is None:
+        return
+    try:
+        actual = storage.sha256(str(path))
+    except OSError as e:
+        raise CheckpointCorrupt(
+            f"checkpoint {path} cannot be loaded safely: it cannot be read ({e.strerror or e})"
+        ) from e
+    if actual != expected:
+        raise CheckpointCorrupt(
+            f"checkpoint {path} cannot be loaded safely: it is corrupt (its SHA-256 is "
+            f"{actual[:16]}..., {durable.checksum_path(path).name} recorded {expected[:16]}... "
+            "when it was written)"
+        )
+
+
 # Globals that numpy scalars pickle as: data only (a dtype and raw bytes). Checkpoints written before the kit
 # converted numpy scalars hold them (an optimizer built with lr=np.float64); they load with these allowed.
 _NUMPY_SCALAR_GLOBALS = re.compile(r"^numpy(\._core|\.core)?\.(multiarray\.scalar|dtype|dtypes\.\w+DType)$")
 
 
-def _load_weights_only(path: Path, map_location: Any) -> Any:
+def _load_weights_only(path: Path, storage: Storage, map_location: Any) -> Any:
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return _torch_load(path, storage, map_location)
     except pickle.UnpicklingError as e:
         if "weights only" not in str(e).lower():
             raise
-        refused = _refused_globals(path, str(e))
+        refused = _refused_globals(path, storage, str(e))
     if refused and all(_NUMPY_SCALAR_GLOBALS.match(name) for name in refused):
         with torch.serialization.safe_globals([_resolve(name) for name in refused] + _numpy_dtype_classes()):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return _torch_load(path, storage, map_location)
     names = ", ".join(refused) or "objects"
     raise CheckpointRefused(
         f"checkpoint {path} cannot be loaded safely: it is intact, but holds {names}, which a "
@@ -92,11 +129,12 @@ def _load_weights_only(path: Path, map_location: Any) -> Any:
     )
 
 
-def _refused_globals(path: Path, message: str) -> list[str]:
+def _refused_globals(path: Path, storage: Storage, message: str) -> list[str]:
     finder = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
     if finder is not None:
         try:
-            return sorted(finder(path))
+            with storage.open(str(path)) as f:
+                return sorted(finder(f))
         except Exception:  # a damaged file: say what the error said
             pass
     return sorted(set(re.findall(r"GLOBAL ([\w.]+)", message)))

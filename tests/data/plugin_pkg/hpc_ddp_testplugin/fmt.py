@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from hpc_ddp.plugins import FullFormat
-from hpc_ddp.run.checkpoint.storage import LOCAL
 from hpc_ddp_testplugin import log
 
 
@@ -15,6 +14,16 @@ class TestFull(FullFormat):
         return super().stage(parts, meta, step)
 
     @classmethod
-    def open(cls, path: Any, verify: bool = True, storage: Any = LOCAL) -> Any:
+    def open(cls, path: Any, storage: Any, verify: bool = True) -> Any:
         log("format", "open")
-        return super().open(path, verify=verify, storage=storage)
+        return super().open(path, storage, verify=verify)
+
+    @classmethod
+    def export(cls, path: Any, out: Any, storage: Any, verify: bool = True) -> int:
+        log("format", "export")
+        return super().export(path, out, storage, verify)
+
+    @classmethod
+    def load_model(cls, path: Any, model: Any, storage: Any, verify: bool = True) -> None:
+        log("format", "load_model")
+        super().load_model(path, model, storage, verify)
