@@ -24,6 +24,8 @@ from hpc_ddp.launch.slurm import batch, lost
 from hpc_ddp.launch.slurm.follow import Clock, follow
 from hpc_ddp.ledger import attempts, exits
 from hpc_ddp.ledger.outcomes import REQUEUE
+from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.scheduler.slurm import parse
 
 pytestmark = pytest.mark.unit
@@ -322,7 +324,17 @@ def follow_lost(
     rules = lost.Policy(supervisor.Budgets(3, 3, REQUEUE), 2, tasks_per_node=1, **policy)  # type: ignore[arg-type]
     out = io.StringIO()
     clock = clock or FakeClock()
-    code = follow("6032", folder, 2, 0.0, client(fake), out, Clock(clock.now, clock.sleep), rules, "RESUME")
+    code = follow(
+        "6032",
+        CheckpointStore(folder, Local()),
+        2,
+        0.0,
+        client(fake),
+        out,
+        Clock(clock.now, clock.sleep),
+        rules,
+        "RESUME",
+    )
     return code, out.getvalue()
 
 

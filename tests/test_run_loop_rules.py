@@ -14,6 +14,7 @@ from hpc_ddp.run.evaluation import EvalOptions
 from hpc_ddp.run.position import Position, trained
 from hpc_ddp.run.schedules import ScheduleOptions
 from hpc_ddp.run.sinks.options import LoggingOptions
+from hpc_ddp.run.snapshot.options import SnapshotOptions
 from hpc_ddp.run.strategy.options import StrategyOptions
 from hpc_ddp.run.watchdog import GroupOptions
 from hpc_ddp.run.workers import DataOptions
@@ -132,7 +133,7 @@ def test_the_options_are_the_union_of_their_parts() -> None:
     import dataclasses
 
     parts = [RunOptions, ScheduleOptions, DataOptions, EvalOptions, StrategyOptions, CheckpointOptions]
-    parts += [LoggingOptions, RestartOptions, GroupOptions]
+    parts += [LoggingOptions, RestartOptions, GroupOptions, SnapshotOptions]
     owned = [f.name for part in parts for f in dataclasses.fields(part)]
     assert sorted(owned) == sorted(f.name for f in dataclasses.fields(TrainConfig))
     assert len(owned) == len(set(owned))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DETERMINISTIC_2X1
+from conftest import DETERMINISTIC_2X1, local_checkpoints
 
 from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import attempts
@@ -196,7 +196,7 @@ def _trainer(cfg, env, folder: Path):  # type: ignore[no-untyped-def]
     torch.manual_seed(cfg.seed)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = cfg.with_folder(str(folder))
-    return Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0))
+    return Trainer(cfg, env, torch.device("cpu"), tasks.build(cfg), RankLog(0), local_checkpoints(cfg))
 
 
 @pytest.mark.deadline(120)
