@@ -64,7 +64,7 @@ def launch(
     saving: float,
     exhausted: float,
     extras: Mapping[str, Any],
-    names: Sequence[str],
+    names: Sequence[str] | None,
     halt: float = 0.0,
     rows: Sequence[float] = (),
 ) -> Pending:
@@ -77,7 +77,7 @@ def launch(
     backward instead of adding to the step (on 2 CPU ranks with gloo a small all-reduce right after compute
     took about 2 ms of a 25 ms step, issue 41). Every rank starts it at the same point of the same step, so
     the process group's collectives keep one order everywhere (this one, then the backward's). `rows`: this
-    rank's straggler window in its slot of every rank's (StepClock.seal), on the steps that gather them."""
+    rank's straggler window in its slot of every rank's (StepClock.rows), on the steps that gather them."""
     device = loss_sum.device
     requeue, stop = preemption.pending()
     # One host-to-device copy for the numbers this rank knows on its host, the loss and the extras where they
@@ -85,6 +85,8 @@ def launch(
     # The straggler rows: this rank's in its own slot, zeros in the others', so the sum is every rank's.
     host = [float(count), float(requeue), float(stop), saving, exhausted, halt, *rows]
     values = [loss_sum.float().reshape(1), torch.tensor(host, device=device)]
-    values += [torch.as_tensor(extras[name], dtype=torch.float32, device=device).reshape(1) for name in names]
+    values += [
+        torch.as_tensor(extras[name], dtype=torch.float32, device=device).reshape(1) for name in names or ()
+    ]
     packet = torch.cat(values)
     return Pending(packet, dist.all_reduce(packet, async_op=True), len(rows))

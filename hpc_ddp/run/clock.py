@@ -12,7 +12,7 @@ does too. The rest of the step, less its wait for data, is the kit's own work, w
 step (`kit_us_per_step`; `python -m hpc_ddp.bench overhead` holds it to a budget). Two clock reads a block.
 
 Every `stragglers.EVERY_STEPS` steps the ranks compare their windows: each one's rides in that step's packet
-(`seal`; hpc_ddp.run.agreed), no collective of its own. An unwatched rank (a `NullBeacon`: the bench's
+(`rows`; hpc_ddp.run.agreed), no collective of its own. An unwatched rank (a `NullBeacon`: the bench's
 baseline) neither marks the end of backward nor compares.
 """
 
@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import stragglers
 from hpc_ddp.run.beacon import Beacon
@@ -103,12 +104,15 @@ class StepClock:
         self.window.steps += 1
         self.first_step = False
 
-    def seal(self, rank: int, world_size: int) -> list[float]:
-        """This rank's window in its own slot (`rank`) of a row of zeros for every rank, to ride in the step's
-        packet (hpc_ddp.run.agreed) every `stragglers.EVERY_STEPS` steps; the window starts anew. Taken before
-        the step's first micro-batch: it holds whole steps."""
-        rows = [0.0] * (stragglers.ROW * world_size)
-        rows[rank * stragglers.ROW : (rank + 1) * stragglers.ROW] = self.window.row()
+    def rows(self, step: int, env: DistEnv) -> list[float]:
+        """What step `step` carries of the straggler windows in its packet (hpc_ddp.run.agreed): every
+        `stragglers.EVERY_STEPS` steps with more than one watched rank, this rank's window in its own slot of a
+        row of zeros for every rank (the window starts anew); none otherwise. Taken before the step's first
+        micro-batch: a window holds whole steps."""
+        if step % stragglers.EVERY_STEPS or env.world_size < 2 or not self.watched:
+            return []
+        rows = [0.0] * (stragglers.ROW * env.world_size)
+        rows[env.rank * stragglers.ROW : (env.rank + 1) * stragglers.ROW] = self.window.row()
         self.window.reset()
         return rows
 
