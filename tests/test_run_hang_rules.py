@@ -194,6 +194,25 @@ def test_a_run_too_short_to_judge_names_nobody() -> None:
     assert long.add(rows(2, step_s=0.04)) == [] and long.add(rows(2, step_s=0.04)) != []
 
 
+def test_every_fifth_step_carries_this_ranks_window_in_its_own_slot_and_starts_it_anew() -> None:
+    """The straggler windows ride in the step's packet (issue 41): rank 1 of 3 writes its row in slot 1 of zeros
+    (the all-reduce's sum is then every rank's row); other steps, one rank or an unwatched one carry none."""
+    import dataclasses
+
+    from hpc_ddp.cluster.env import detect
+    from hpc_ddp.run.clock import StepClock
+
+    env = dataclasses.replace(detect({}), rank=1, world_size=3)
+    clock = StepClock(beacon.Beacon())
+    clock.window.data_s, clock.window.compute_s, clock.window.comm_s, clock.window.steps = 0.5, 2.0, 0.25, 5
+    assert clock.rows(4, env) == [] and clock.window.steps == 5  # not a gathering step: the window goes on
+    assert clock.rows(5, env) == [0.0] * 4 + [0.5, 2.0, 0.25, 5.0] + [0.0] * 4
+    assert clock.window.row() == [0.0, 0.0, 0.0, 0.0]  # taken: the next window starts empty
+    clock.window.steps = 5
+    assert clock.rows(10, dataclasses.replace(env, rank=0, world_size=1)) == []  # one rank: nobody to compare
+    assert StepClock(beacon.NullBeacon()).rows(10, env) == []  # an unwatched rank compares nothing
+
+
 def test_nccl_defaults_leave_what_the_user_set() -> None:
     from hpc_ddp.cluster.group import nccl_defaults
 

@@ -159,3 +159,18 @@ def test_step_json_is_rewritten_in_a_shared_mapping_that_readers_see_at_once(tmp
     blocked.reach(1)
     blocked.reach(2)
     assert blocked.failed
+
+
+def test_the_straggler_rows_ride_in_the_steps_packet_between_the_votes_and_the_extras() -> None:
+    """One all-reduce a step carries the straggler rows too (issue 41): on a real one-rank gloo group, the
+    packet's rows come back by rank, and the loss, votes and extras around them keep their values."""
+    from hpc_ddp.run import agreed
+
+    env = dist_env.detect({})
+    with process_group(env, torch.device("cpu")):
+        loss, extras = torch.tensor(1.5), {"acc": torch.tensor(0.25), "n": 3.0}
+        plain = agreed.launch(loss, 2, 0.0, 0.0, extras, ["acc", "n"], 1.0).wait()
+        rows = [0.5, 2.0, 0.25, 5.0]
+        both = agreed.launch(loss, 2, 0.0, 0.0, extras, ["acc", "n"], 1.0, rows).wait()
+    assert plain.rows == () and both.rows == (tuple(rows),)
+    assert both._replace(rows=()) == plain == (1.5, 2.0, 0.0, 0.0, 0.0, 0.0, (0.25, 3.0), 1.0, ())

@@ -44,8 +44,8 @@ Sections:
               paused, then frozen) against plainly.
   watchdog    What the hang watch costs: kit samples/s with it against without it, in one job of N ranks
               each rank holding the kit's training loop twice. On: the progress beacons, the end-of-backward
-              mark (an autograd callback; DDP keeps its built-in C++ all-reduce), the straggler all-gather
-              every 5 steps, a running hang watchdog with --hang-timeout-s auto. Off: no beacons, no mark, no
+              mark (an autograd callback; DDP keeps its built-in C++ all-reduce), the straggler rows in the
+              step's packet every 5 steps, a running hang watchdog with --hang-timeout-s auto. Off: no beacons, no mark, no
               straggler check, no watchdog. Both train through the same loop in blocks of 10 steps that alternate A B B A ...
               between the two (whole runs of seconds were too coarse for a 1 % target on a shared machine);
               each trial is --steps steps of each, timed on rank 0, after one uncounted warm-up block each.

@@ -7,8 +7,8 @@ rank placed and pinned as the kit places it) holds two Trainers of the `mlp` tas
 seed, one per variant:
 
   - `with`: the kit as it trains: a `Beacon`, the end-of-backward mark (an autograd callback; DDP keeps its
-    built-in C++ all-reduce), the straggler check's all-gather every 5 steps (with more than one rank), and a
-    running `Watchdog` with --hang-timeout-s auto.
+    built-in C++ all-reduce), the straggler check's rows in the step's packet every 5 steps (more than one
+    rank), and a running `Watchdog` with --hang-timeout-s auto.
   - `without`: a `NullBeacon` (it records nothing; its rank is unwatched: no mark, no straggler check),
     no watchdog.
 
@@ -99,7 +99,7 @@ def watchdog_section(s: Settings) -> dict[str, Any]:
         f"{BLOCK_STEPS} steps of Trainer.run(), the two variants' blocks alternating A B B A "
         "... in one job; --steps steps of each per trial, after one uncounted warm-up block "
         "each",
-        "with": "Beacon, the end-of-backward mark, the straggler all-gather every 5 steps, a "
+        "with": "Beacon, the end-of-backward mark, the straggler rows in the step's packet every 5 steps, a "
         "running Watchdog (--hang-timeout-s auto)",
         "without": "NullBeacon, no mark, no straggler check, no watchdog",
         "cpu": "rank 0's process CPU time (every thread) per step in each variant's blocks: steadier "

@@ -5,6 +5,10 @@ exhausted streams, callbacks' stop requests, the task's extra metrics]: the loss
 seen by any rank stops every rank at the same step, at no extra collective. It comes before the optimizer
 step, so a loss that is NaN or infinite on any rank is non-finite in the sum on every rank at the same step,
 and its update is never applied (`--nonfinite-loss`: stop, the default, or skip that step).
+
+Every few steps it also carries the straggler windows (hpc_ddp.run.stragglers): each rank writes its row in its
+own slot of zeros, so the sum is every rank's row, an all-gather at no collective of its own (issue 41: the
+separate all-gather every 5 steps was a quarter of a millisecond of the kit's own work a step on 2 CPU ranks).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from hpc_ddp.run import preemption
+from hpc_ddp.run import preemption, stragglers
 from hpc_ddp.run.checkpointer import SAVING_OK
 
 
@@ -32,22 +36,26 @@ class Agreed(NamedTuple):
         float, ...
     ] = ()  # the step's extra metrics (Task.step), summed over micro-batches and ranks
     halt: float = 0.0  # ranks whose callback asked to stop (hpc_ddp.run.callbacks): this step is not taken
+    # Every rank's straggler window, by rank (hpc_ddp.run.stragglers rows), on the steps that carry them.
+    rows: tuple[tuple[float, ...], ...] = ()
 
 
 class Pending:
-    """The step's all-reduce in flight (`launch`); `wait` gives what every rank learned."""
+    """The step's all-reduce in flight (`launch`): [loss sum, the votes, `rows` straggler numbers, the extras];
+    `wait` gives what every rank learned."""
 
-    __slots__ = ("packet", "work")
+    __slots__ = ("packet", "work", "rows")
 
-    def __init__(self, packet: torch.Tensor, work: Any) -> None:
-        self.packet, self.work = packet, work
+    def __init__(self, packet: torch.Tensor, work: Any, rows: int) -> None:
+        self.packet, self.work, self.rows = packet, work, rows
 
     def wait(self) -> Agreed:
         self.work.wait()
         values = self.packet.tolist()
-        return Agreed(
-            values[0], values[1], values[2], values[3], values[4], values[5], tuple(values[7:]), values[6]
-        )
+        end, size = 7 + self.rows, stragglers.ROW
+        rows = tuple(tuple(values[i : i + size]) for i in range(7, end, size))
+        loss, count, requeue, stop, saving, exhausted, halt = values[:7]
+        return Agreed(loss, count, requeue, stop, saving, exhausted, tuple(values[end:]), halt, rows)
 
 
 def launch(
@@ -56,8 +64,9 @@ def launch(
     saving: float,
     exhausted: float,
     extras: Mapping[str, Any],
-    names: Sequence[str],
+    names: Sequence[str] | None,
     halt: float = 0.0,
+    rows: Sequence[float] = (),
 ) -> Pending:
     """A collective, started and not waited for: this rank's step (its loss sum over `count` micro-batches, its
     writer's state `saving`, whether its stream is `exhausted`, its `extras` in the order of `names`) and its
@@ -67,13 +76,17 @@ def launch(
     (hpc_ddp.run.trainer): everything it carries is known once the loss is, so its latency hides behind the
     backward instead of adding to the step (on 2 CPU ranks with gloo a small all-reduce right after compute
     took about 2 ms of a 25 ms step, issue 41). Every rank starts it at the same point of the same step, so
-    the process group's collectives keep one order everywhere (this one, then the backward's)."""
+    the process group's collectives keep one order everywhere (this one, then the backward's). `rows`: this
+    rank's straggler window in its slot of every rank's (StepClock.rows), on the steps that gather them."""
     device = loss_sum.device
     requeue, stop = preemption.pending()
     # One host-to-device copy for the numbers this rank knows on its host, the loss and the extras where they
     # are (on the device: no synchronisation here).
-    votes = torch.tensor([float(count), float(requeue), float(stop), saving, exhausted, halt], device=device)
-    values = [loss_sum.float().reshape(1), votes]
-    values += [torch.as_tensor(extras[name], dtype=torch.float32, device=device).reshape(1) for name in names]
+    # The straggler rows: this rank's in its own slot, zeros in the others', so the sum is every rank's.
+    host = [float(count), float(requeue), float(stop), saving, exhausted, halt, *rows]
+    values = [loss_sum.float().reshape(1), torch.tensor(host, device=device)]
+    values += [
+        torch.as_tensor(extras[name], dtype=torch.float32, device=device).reshape(1) for name in names or ()
+    ]
     packet = torch.cat(values)
-    return Pending(packet, dist.all_reduce(packet, async_op=True))
+    return Pending(packet, dist.all_reduce(packet, async_op=True), len(rows))

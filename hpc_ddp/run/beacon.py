@@ -28,8 +28,7 @@ DATA = "data loading"
 COMPUTE = "forward and backward"
 GRAD_ALLREDUCE = "the gradient all-reduce"  # backward's compute is done; waiting for the other ranks
 OPTIMIZER = "the optimizer step"
-STEP_ALLREDUCE = "the step's all-reduce"  # loss and signal votes, once per optimizer step
-STRAGGLER_GATHER = "the straggler check"  # one all-gather every few steps
+STEP_ALLREDUCE = "the step's all-reduce"  # loss and signal votes once a step; straggler rows every 5
 CHECKPOINT = "a checkpoint save"  # the writer's own work: state_dict, copy to CPU, the wait for a write
 CHECKPOINT_GATHER = "the checkpoint's RNG gather"  # every rank's RNG to the writer: a collective
 EVALUATION = "evaluation"  # forwards over this rank's evaluation shard (run/evaluator.py)
@@ -38,7 +37,7 @@ FINISHING = "finishing"  # final save, sync check, model.pth, barriers
 USER_WORK = "the task's long work"  # hpc_ddp.long_work: "the task's long work: <what>"
 
 # Phases in which a rank only waits for the others: a rank stalled here is a victim, not a culprit.
-COLLECTIVE = frozenset({GRAD_ALLREDUCE, STEP_ALLREDUCE, STRAGGLER_GATHER, CHECKPOINT_GATHER, EVAL_ALLREDUCE})
+COLLECTIVE = frozenset({GRAD_ALLREDUCE, STEP_ALLREDUCE, CHECKPOINT_GATHER, EVAL_ALLREDUCE})
 # Phases that may legitimately last long (first step's warm-up, saves): `auto` gives them the long threshold.
 # An evaluation batch is one: its first pays the loader's start, and no step time measures its forwards.
 SLOW = frozenset({STARTUP, USER_CODE, CHECKPOINT, FINISHING, EVALUATION})

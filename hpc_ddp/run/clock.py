@@ -11,8 +11,9 @@ warm-up, lazy initialisation and a resumed checkpoint's first use.
 does too. The rest of the step, less its wait for data, is the kit's own work, which the end record gives per
 step (`kit_us_per_step`; `python -m hpc_ddp.bench overhead` holds it to a budget). Two clock reads a block.
 
-Every `stragglers.EVERY_STEPS` steps the ranks compare their windows (`compare`, one small all-gather). An
-unwatched rank (a `NullBeacon`: the bench's baseline) neither marks the end of backward nor compares.
+Every `stragglers.EVERY_STEPS` steps the ranks compare their windows: each one's rides in that step's packet
+(`rows`; hpc_ddp.run.agreed), no collective of its own. An unwatched rank (a `NullBeacon`: the bench's
+baseline) neither marks the end of backward nor compares.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import stragglers
 from hpc_ddp.run.beacon import Beacon
@@ -102,19 +104,17 @@ class StepClock:
         self.window.steps += 1
         self.first_step = False
 
-    def compare(self, world_size: int, device: Any) -> tuple[list[list[float]], list[stragglers.Straggler]]:
-        """A collective, every `stragglers.EVERY_STEPS` steps on every rank: every rank's window (one
-        fixed-size row each; this rank's starts anew), and the stragglers it names (the same on every rank)."""
-        import torch
-        import torch.distributed as dist
-
-        self.beacon.set(phase.STRAGGLER_GATHER)
-        mine = torch.tensor(self.window.row(), dtype=torch.float64, device=device)
-        rows = [torch.empty_like(mine) for _ in range(world_size)]
-        dist.all_gather(rows, mine)
+    def rows(self, step: int, env: DistEnv) -> list[float]:
+        """What step `step` carries of the straggler windows in its packet (hpc_ddp.run.agreed): every
+        `stragglers.EVERY_STEPS` steps with more than one watched rank, this rank's window in its own slot of a
+        row of zeros for every rank (the window starts anew); none otherwise. Taken before the step's first
+        micro-batch: a window holds whole steps."""
+        if step % stragglers.EVERY_STEPS or env.world_size < 2 or not self.watched:
+            return []
+        rows = [0.0] * (stragglers.ROW * env.world_size)
+        rows[env.rank * stragglers.ROW : (env.rank + 1) * stragglers.ROW] = self.window.row()
         self.window.reset()
-        table = [row.tolist() for row in rows]
-        return table, self.judge.add(table)
+        return rows
 
 
 class _Task:

@@ -56,7 +56,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -318,7 +318,7 @@ class Recorder:
             }
         )
 
-    def ranks(self, pos: Position, rows: list[list[float]]) -> None:
+    def ranks(self, pos: Position, rows: Sequence[Sequence[float]]) -> None:
         """Every rank's time split of a straggler window (run/stragglers.py rows: data, compute, comm, steps).
         In a long run, the windows between two records are folded into the next: each rank's slowest."""
         if self.path is None:

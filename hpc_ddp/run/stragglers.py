@@ -6,8 +6,9 @@ all-reduce after backward, plus the step's all-reduce). DDP overlaps the all-red
 remaining wait is what a fast rank spends waiting for a slow one; it is not the slow rank's fault.
 
 Every `EVERY_STEPS` optimizer steps (all ranks count the same steps, so they agree on the step without a
-message) the ranks all-gather one fixed-size row each: [data, compute, comm, steps] summed over the window.
-Every rank then judges the same numbers the same way (`judge`); rank 0 reports.
+message) the ranks gather one fixed-size row each, [data, compute, comm, steps] summed over the window, in that
+step's all-reduce (hpc_ddp.run.agreed: each rank's row in its own slot of zeros). Every rank then judges the
+same numbers the same way (`judge`); rank 0 reports.
 
 The rule: a rank's own work per step is data + compute. It is slow in a window when its own work exceeds the
 median rank's by more than `FACTOR` times and by more than `MIN_EXCESS_S` (noise on a shared machine). It is

@@ -212,6 +212,7 @@ class Trainer:
         strategy, clock, names, hooks = self.strategy, self.clock, self.forward.names, self.callbacks
         loss_sum, extras, done = self._step_loss.zero_(), {}, 0
         pending: Pending | None = None
+        rows = clock.rows(self.pos.step + 1, self.env)  # every few steps, each rank's straggler window
         for batch in micro_batches:
             done += 1
             last = done == count
@@ -235,7 +236,7 @@ class Trainer:
                     if ahead is not None:
                         clock.computing()  # the fetch said "data loading"; the backward comes now
                     saving = self.checkpointer.check()
-                    pending = launch(loss_sum, count, saving, exhausted, extras, names or [], hooks.halt)
+                    pending = launch(loss_sum, count, saving, exhausted, extras, names, hooks.halt, rows)
                 scaled = loss * (1.0 / count)
                 if last and clock.watched:
                     strategy.on_backward_end(scaled, clock.mark_grads_ready)
@@ -386,10 +387,9 @@ class Trainer:
             # run's end, when this was its last step (--max-steps): the resume evaluates and ends the run.
             pos.eval_pending, pos.end_pending = bool(evaluate), finished
             return Outcome(False, agreed.requeue, agreed.stop)
-        if pos.step % stragglers.EVERY_STEPS == 0 and self.env.world_size > 1 and self.clock.watched:
-            # Every rank's time split of the window, judged the same way everywhere (hpc_ddp.run.clock).
-            table, slow = self.clock.compare(self.env.world_size, self.device)
-            self.metrics.ranks(pos, table)  # rank 0 records every rank's split (the report's heat map)
+        if agreed.rows:  # every rank's time split of the window, judged the same way everywhere (run/clock)
+            slow = self.clock.judge.add(agreed.rows)
+            self.metrics.ranks(pos, agreed.rows)  # rank 0 records every rank's split (the report's heat map)
             for s in slow:  # rank 0 names a straggler, and its host
                 self.log.main(stragglers.describe(s, self.peers[s.rank][0], pos.step))
                 self.metrics.straggler(pos, s.rank, self.peers[s.rank][0], s.phase, s.slower)
