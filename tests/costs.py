@@ -64,6 +64,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_run_loaders.py": "process",
     "test_run_checkpoint_seams.py": "unit",
     "test_run_save_failures.py": "unit",
+    "test_scale.py": "process",
     "test_run_torchrun.py": ("process", "ranks"),
     "test_supervisor.py": "process",
     "test_variables.py": "unit",
