@@ -39,6 +39,7 @@ FILES: dict[str, str | tuple[str, str]] = {
     "test_cluster_env.py": "unit",
     "test_cluster_hostlist.py": "unit",
     "test_cluster_placement.py": "unit",
+    "test_cluster_settings.py": "unit",
     "test_deadline.py": "process",
     "test_doctor_facts.py": "unit",
     "test_doctor_rules.py": "unit",
