@@ -140,3 +140,8 @@ def test_the_others_read_the_small_decision_not_every_report(tmp_path: Path) -> 
     seen, decided = other._verdict(where, None)
     assert not decided and seen["line"] == record["line"]
     assert ledger_verdict.read(tmp_path)["reports"]  # hang.json keeps every report, for the supervisor
+
+
+def test_the_window_grows_with_the_job_and_keeps_the_verdict_within_15_s() -> None:
+    assert watchdog.window_s(2) == watchdog.WINDOW_S == 5.0
+    assert watchdog.window_s(8192) == 13.0 and watchdog.window_s(8192) + watchdog.TICK_S <= 15.0

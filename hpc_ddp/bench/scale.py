@@ -187,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     judged = verdicts(results)
     print(table({k: v for k, v in results.items() if k in PARTS}, judged), flush=True)
+    for what, figures in results.get("real", {}).items():
+        print(f"real {what}: " + ", ".join(f"{k} {v}" for k, v in figures.items()), flush=True)
     if ns.json:
         Path(ns.json).write_text(json.dumps({"results": results, "targets": judged}, indent=1) + "\n")
     return 0

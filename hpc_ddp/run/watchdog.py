@@ -8,7 +8,7 @@ been in the same phase at the same step for longer than the hang threshold, it d
    TCP store, which lives in rank 0's process and dies with it; never through USR1/USR2/TERM, which mean
    preemption. In a hang every rank stalls within about a step of the others (the culprit where it is stuck,
    the rest in the next collective), so every watchdog fires at about the same time.
-2. The lowest rank that reported waits up to `WINDOW_S` for the other ranks' reports, claims the verdict
+2. The lowest rank that reported waits up to `window_s` (5 s, and 1 s more per 1,024 ranks) for the other ranks' reports, claims the verdict
    (an O_EXCL file, so exactly one writes it), decides it (`run/verdict.py`), and writes `<folder>/hang.json`
    atomically, through the ledger (hpc_ddp.ledger.verdict), then the decision alone in the round's
    `decided.json`, which the others wait for: a rank that finds a lower one's report reads no other report
@@ -58,6 +58,7 @@ from hpc_ddp.run.verdict import decide
 
 TICK_S = 1.0
 WINDOW_S = 5.0  # how long the ranks' reports are collected: a rank silent that long is unresponsive
+WINDOW_RANKS = 1024  # ... and 1 s more per this many ranks: thousands of reports land in one folder
 FLOOR_S = 60.0  # auto: never below this (within the cap), whatever the step times say
 STEP_MULTIPLE = 20.0  # auto: this many median step times
 MIN_STEPS = 3  # auto: until this many steps were timed, only the long threshold applies
@@ -71,6 +72,13 @@ LOOK_FIRST = (
 )
 ANSWER_EVERY_S = 2.0  # a rank in a long phase past the steady limit looks for a diagnosis this often
 VERDICT = ledger_verdict.VERDICT
+
+
+def window_s(world_size: int) -> float:
+    """How long the deciding rank waits for the others' reports (pure): 5 s, and 1 s more per 1,024 ranks, as
+    a shared file system takes longer to create thousands of files in one folder (13 s at 8,192 ranks; the
+    verdict still comes within 15 s of the limit)."""
+    return WINDOW_S + round(world_size / WINDOW_RANKS, 1)
 
 
 def threshold_s(
@@ -210,7 +218,9 @@ class Watchdog:
 
     def _arm(self) -> None:
         # The dead man's switch: pushed forward on every tick; fires only if the ticks stop (GIL held).
-        faulthandler.dump_traceback_later(self.limit() + WINDOW_S + BACKSTOP_MARGIN_S, exit=True)
+        faulthandler.dump_traceback_later(
+            self.limit() + window_s(self.who.world_size) + BACKSTOP_MARGIN_S, exit=True
+        )
 
     def _watch(self) -> None:
         while not self.stopped.wait(TICK_S):
@@ -300,7 +310,7 @@ class Watchdog:
             if verdict.get("reason") == "busy":
                 self._extended = (
                     self.beacon.state[2],
-                    time.monotonic() + float(verdict["wait_s"]) + WINDOW_S,
+                    time.monotonic() + float(verdict["wait_s"]) + window_s(who.world_size),
                 )
                 if decided:  # in this rank's log (or the console it has): nobody was judged
                     (self.say or _raw)(verdict["line"])
@@ -337,7 +347,7 @@ class Watchdog:
         thousands of ranks of a large job never read each other's reports (thousands of reads of thousands
         of files on shared storage, every 0.2 s, slowed every rank's own report past the window, and ranks
         alive were named unresponsive: `python -m hpc_ddp.bench scale`)."""
-        deadline = time.monotonic() + WINDOW_S
+        deadline = time.monotonic() + window_s(self.who.world_size)
         if self._lower_diagnosed(where):
             return None
         while len(_report_names(where)) < self.who.world_size and time.monotonic() < deadline:
@@ -374,7 +384,7 @@ class Watchdog:
             except FileExistsError:
                 pass
             else:
-                record = decide(reports, self.who.world_size, self.who.peers, WINDOW_S)
+                record = decide(reports, self.who.world_size, self.who.peers, window_s(self.who.world_size))
                 record.update(
                     run_id=self.who.run_id, round=where.name, decided_by=self.who.rank, reports=reports
                 )
@@ -387,7 +397,7 @@ class Watchdog:
                 word = {k: record.get(k) for k in ("run_id", "round", "line", "reason", "wait_s", "culprits")}
                 ledger_verdict.write_json(where / DECIDED, word)
                 return record, True
-        deadline = time.monotonic() + 3 * WINDOW_S
+        deadline = time.monotonic() + 3 * window_s(self.who.world_size)
         while time.monotonic() < deadline:
             try:
                 record = json.loads((where / DECIDED).read_text())
