@@ -45,7 +45,7 @@ TARGETS = (
 # The figures whose growth is fitted, per part
 GROWTH = {
     "rendezvous": ("seconds", "seconds_less_stalls"),
-    "hang": ("verdict_after_limit_s", "all_left_after_limit_s", "reports_spread_s", "hang_json_bytes"),
+    "hang": ("verdict_after_limit_s", "reports_spread_s", "cpu_ms_per_rank", "hang_json_bytes"),
     "judge": ("read_s", "judge_s", "note_bytes"),
     "files": ("start_files_per_rank", "start_bytes_per_rank"),
     "report": ("seconds", "metrics_bytes", "attempts_bytes"),

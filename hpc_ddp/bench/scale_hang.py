@@ -86,7 +86,7 @@ def hang(folder: Path, n: int, silent: int | None = None, deadline_s: float = 30
             dog = _Rank(beacon, _who(rank, n, peers), folder, LIMIT_S, 600.0, list, None, leave(rank))
             dog.thread.name = f"sim-rank-{rank}"
             dogs.append(dog)
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.process_time()
         for dog in dogs:
             dog.start()
         started = time.monotonic() - started
@@ -98,6 +98,7 @@ def hang(folder: Path, n: int, silent: int | None = None, deadline_s: float = 30
         end = time.monotonic() + deadline_s
         for dog in dogs:
             dog.thread.join(timeout=max(0.0, end - time.monotonic()))
+        cpu = time.process_time() - cpu
     finally:
         for dog in dogs:
             dog.stopped.set()
@@ -118,6 +119,8 @@ def hang(folder: Path, n: int, silent: int | None = None, deadline_s: float = 30
         "all_left_after_limit_s": round(max(left.values()) - limit_at, 2) if len(left) == n - 1 else None,
         "ranks_left": len(left),
         "threads_start_s": round(started, 2),
+        # this process's CPU while the ranks ran, per rank: what each rank's own watchdog spends on a cluster
+        "cpu_ms_per_rank": round(1000 * cpu / max(1, n - 1), 2),
         "reports_spread_s": round(max(times) - min(times), 2) if times else None,
         "report_files": files,
         "report_bytes": size,
