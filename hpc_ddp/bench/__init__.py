@@ -76,7 +76,7 @@ Sections:
   scale       Its own command, with its own options (`python -m hpc_ddp.bench scale --help`): the kit's control
               plane at 1,024 to 8,192 simulated ranks (rendezvous, hang verdict, judge, files per rank, report,
               Slurm calls), each figure's growth, and optionally a real local run with a SIGSTOPped rank
-              (hpc_ddp/bench/scale.py, docs/scale.md).
+              (docs/scale.md).
 
 Targets (this 2-CPU machine): kit / default-threads loop >= 1.8x; kit / tuned loop >= 0.97x; the kit's
 own work per step (rank 0's step less its data wait and the task's forward, backward and update) <= 500 us;

@@ -4,8 +4,8 @@
     python -m hpc_ddp.bench scale --ranks 256,512 --parts hang,judge --json s.json
     python -m hpc_ddp.bench scale --real 2x2                # also a real local run and a SIGSTOPped rank
 
-No training: threads of this one process play each rank's control-plane part, through the kit's own code
-(bench/scale_parts.py, bench/scale_hang.py). Parts: rendezvous (N store clients join rank 0's store), hang (N
+No training: threads of this one process play each rank's control-plane part, through the kit's own code.
+Parts: rendezvous (N store clients join rank 0's store), hang (N
 ranks' watchdogs, one rank silent: the verdict must name it), judge (N exit notes, one real first cause among
 "a peer went": read and judged), files (what each rank adds to the run folder per attempt), report (`python -m
 hpc_ddp.report` over N ranks' records), slurm (Slurm commands per look of `submit --wait`). Each figure at each
