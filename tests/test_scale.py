@@ -3,6 +3,7 @@ helpers, and the watchdog's round at many ranks (who decides, read from the name
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 from conftest import clean_environ
 
 from hpc_ddp.bench import scale
+from hpc_ddp.bench.scale_parts import VANISHED
 from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import verdict as ledger_verdict
 from hpc_ddp.run import watchdog
@@ -56,7 +58,10 @@ def test_the_judge_names_the_first_cause_among_peers_that_went(bench: dict[str, 
 
 def test_files_per_rank_and_slurm_calls_per_look_do_not_grow(bench: dict[str, Any]) -> None:
     files = runs(bench, "files")
-    assert {(r["start_files_per_rank"], r["end_files_per_rank"]) for r in files} == {(1.0, 0.0)}
+    # one file per node of 8 ranks (before: one per rank), 32 KB a rank, nothing after a clean end
+    assert {
+        (r["start_files_per_rank"], r["start_bytes_per_rank"], r["end_files_per_rank"]) for r in files
+    } == {(0.125, 32768, 0.0)}
     slurm = runs(bench, "slurm")
     assert {(r["calls_running"], r["calls_failed"]) for r in slurm} == {(1, 2)}
     assert bench["results"]["slurm"]["growth"]["calls_running"] == 0.0
@@ -145,3 +150,37 @@ def test_the_others_read_the_small_decision_not_every_report(tmp_path: Path) -> 
 def test_the_window_grows_with_the_job_and_keeps_the_verdict_within_15_s() -> None:
     assert watchdog.window_s(2) == watchdog.WINDOW_S == 5.0
     assert watchdog.window_s(8192) == 13.0 and watchdog.window_s(8192) + watchdog.TICK_S <= 15.0
+
+
+def test_a_node_sets_its_ranks_note_space_aside_in_one_file_and_a_full_disk_takes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpc_ddp.ledger import exits
+
+    slots = [(node, local, 3) for node in range(2) for local in range(3)]
+    for rank, slot in enumerate(slots):
+        exits.reserve(tmp_path, "7", 0, rank, slot)
+    attempt = tmp_path / "exits" / "7-0"
+    assert sorted(p.name for p in attempt.iterdir()) == ["node0.space", "node1.space"]
+    assert (attempt / "node1.space").stat().st_size == 3 * exits.NOTE_BYTES
+    assert all(exits.reserved(tmp_path, "7", 0, rank, slot) for rank, slot in enumerate(slots))
+    assert exits.read(tmp_path, "7", 0) == []  # placeholders are no notes
+
+    def full(*_args: object) -> None:  # what a full disk does to a new file
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(exits, "atomic_write_bytes", full)
+    exits.note(tmp_path, "7", 0, 5, "node1", ValueError("bad batch 7"), slots[5])
+    exits.note(tmp_path, "7", 0, 4, "node1", RuntimeError(VANISHED), slots[4])
+    monkeypatch.undo()
+    notes = exits.read(tmp_path, "7", 0)
+    assert [(n["rank"], n["type"]) for n in notes] == [(5, "ValueError"), (4, "RuntimeError")]
+    assert (attempt / "node1.space").stat().st_size == 3 * exits.NOTE_BYTES  # written in place
+    for rank, slot in enumerate(slots):
+        exits.release(tmp_path, "7", 0, rank, slot)
+    assert sorted(p.name for p in attempt.iterdir()) == ["node1.space"]  # its notes stay, node 0's space went
+    assert exits.read(tmp_path, "7", 0) == notes
+    for rank, slot in enumerate(slots):
+        exits.reserve(tmp_path, "7", 1, rank, slot)
+        exits.release(tmp_path, "7", 1, rank, slot)
+    assert not (tmp_path / "exits" / "7-1").exists()  # an attempt that left no note leaves nothing

@@ -6,8 +6,8 @@ simulated ranks and returns its figures. No training, no torch collectives: the 
   itself to one counter (the store's traffic a join makes); seconds until all have.
 - exits and judge: the attempt's exit notes as N ranks leave them (hpc_ddp.ledger.exits.note: N - 1 say a peer
   went, one says the real first cause), read as the supervisor reads them, then judged (hpc_ddp.ledger.judge).
-- files: what each rank adds to the run folder per attempt (its exit note's space set aside at start, given
-  back at a clean end; its note after a failure).
+- files: what each rank adds to the run folder per attempt (its exit note's space set aside at start, in its
+  node's file of 8 ranks, given back at a clean end; its note after a failure).
 - report: `python -m hpc_ddp.report` over a run folder whose records hold N ranks (a "ranks" record every 5
   steps for 1,000 steps, attempts.jsonl's start and end of 2 attempts naming every rank's node).
 - slurm: the Slurm commands one look of `submit --wait` runs (hpc_ddp.launch.slurm.follow.look), against a
@@ -175,10 +175,10 @@ def files_per_rank(folder: Path, n: int) -> dict[str, Any]:
     job = "files"
     before = _tree(folder)
     for rank in range(n):
-        exits.reserve(folder, job, 0, rank)
+        exits.reserve(folder, job, 0, rank, _slot(rank))
     started = _tree(folder)
     for rank in range(n):
-        exits.release(folder, job, 0, rank)
+        exits.release(folder, job, 0, rank, _slot(rank))
     ended = _tree(folder)
     return {
         "ranks": n,
@@ -186,6 +186,11 @@ def files_per_rank(folder: Path, n: int) -> dict[str, Any]:
         "start_bytes_per_rank": round((started[1] - before[1]) / n),
         "end_files_per_rank": round((ended[0] - before[0]) / n, 3),
     }
+
+
+def _slot(rank: int) -> exits.Slot:
+    """A rank's place on its node, as a rank of the kit gives it to its exit note (hpc_ddp.run.session)."""
+    return (rank // NODE_RANKS, rank % NODE_RANKS, NODE_RANKS)
 
 
 def _node(rank: int) -> str:
