@@ -90,14 +90,18 @@ def _run(folder: Path, nodes: int, ranks: int) -> dict[str, Any]:
     """A run of a few steps: its exit code, command start to the first step, and the whole command."""
     begun = time.time()
     with open(f"{folder}.log", "wb") as log:
-        code = subprocess.run(
-            _cmd(folder, nodes, ranks, 5),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=child_env(),
-            check=False,
-            timeout=START_TIMEOUT_S,
-        ).returncode
+        proc = subprocess.Popen(
+            _cmd(folder, nodes, ranks, 5), stdout=log, stderr=subprocess.STDOUT, env=child_env(),
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            code: int | None = proc.wait(timeout=START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # our own session: the launcher and its ranks
+                proc.wait()
     first = _first_step(folder)
     return {
         "ranks": nodes * ranks,
@@ -143,7 +147,10 @@ def _stopped(folder: Path, nodes: int, ranks: int) -> dict[str, Any]:
             return {"ranks": n, "error": f"rank {victim} not found (exit {proc.poll()})"}
         target.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
-        code = proc.wait(timeout=LIMIT_S + GRACE_S + 120)
+        try:
+            code: int | None = proc.wait(timeout=LIMIT_S + GRACE_S + 120)
+        except subprocess.TimeoutExpired:
+            code = None  # no verdict ended it: the group is killed below, and the figures say so
         took = time.monotonic() - stopped_at
     finally:
         if proc.poll() is None:
