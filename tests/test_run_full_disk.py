@@ -159,9 +159,12 @@ def test_a_disk_full_for_good_stops_the_run_naming_its_cause_and_never_retries(t
     assert "not retried: the run stopped itself" in out and "restarting" not in out
     assert "rank 0 failed first, with the one-line error above" in out
     (attempt,) = (run / "exits").iterdir()
-    notes = {p.name: json.loads(p.read_text()) for p in attempt.iterdir()}
-    assert notes["rank0.json"]["type"] == "SavingFailed" and notes["rank0.json"]["retry"] is False
-    assert set(notes) == {"rank0.json", "rank1.json"}  # notes, not placeholders
+    job, restart = attempt.name.rsplit("-", 1)
+    notes = {n["rank"]: n for n in exits.read(run, job, int(restart))}
+    assert notes[0]["type"] == "SavingFailed" and notes[0]["retry"] is False
+    assert set(notes) == {0, 1}  # notes, not placeholders
+    # both written in the space their node set aside at start: one file for the node's ranks (docs/scale.md)
+    assert [p.name for p in attempt.iterdir()] == ["node0.space"]
 
 
 # ----- the rules, as unit tables ---------------------------------------------------------------------------------

@@ -73,6 +73,11 @@ Sections:
               its rerun of the finished run) against the plain run; a restart's start-up is the plain run's
               command start to rank 0's first step. --quick: 8 steps.
 
+  scale       Its own command, with its own options (`python -m hpc_ddp.bench scale --help`): the kit's control
+              plane at 1,024 to 8,192 simulated ranks (rendezvous, hang verdict, judge, files per rank, report,
+              Slurm calls), each figure's growth, and optionally a real local run with a SIGSTOPped rank
+              (docs/scale.md).
+
 Targets (this 2-CPU machine): kit / default-threads loop >= 1.8x; kit / tuned loop >= 0.97x; the kit's
 own work per step (rank 0's step less its data wait and the task's forward, backward and update) <= 500 us;
 checkpoint >= 0.8x of the raw write; launch <= 1.0x of torchrun;

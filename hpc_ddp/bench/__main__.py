@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import hpc_ddp.bench
@@ -73,6 +74,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["scale"]:  # its own options (hpc_ddp.bench.scale)
+        from hpc_ddp.bench import scale
+
+        return scale.main(args[1:])
     ns, sections = parse(argv)
     return run(
         sections,

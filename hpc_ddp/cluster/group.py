@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp.cluster import settings
 from hpc_ddp.errors import ClusterConfigError
 
 if TYPE_CHECKING:
@@ -160,6 +161,9 @@ def process_group(
 
     name = pick_backend(device, backend)
     timeout = timedelta(seconds=timeout_s)
+    if env.is_main:  # settings that only fail a large job: said on every start, the small ones first
+        for line in settings.warnings(os.environ, env.world_size, name, timeout_s):
+            print(f"hpc_ddp: warning: {line}", file=sys.stderr, flush=True)
     with hang_watch(timeout_s):
         if store is not None:
             kwargs: dict[str, Any] = {"store": store}

@@ -66,9 +66,16 @@ def run(cfg: TrainConfig, environ: Mapping[str, str]) -> int:
         _note(folder, env, e)  # unless written already, before the process group went (_run_holding)
         raise
     finally:
-        exits.release(folder, env.job_id or "", env.restart, env.rank)  # the space its note had (if unused)
+        exits.release(
+            folder, env.job_id or "", env.restart, env.rank, _slot(env)
+        )  # its note's space, if unused
         if lock is not None:
             lock.release()
+
+
+def _slot(env: DistEnv) -> exits.Slot:
+    """Where this rank's exit note has its space: its node's file, a slot per local rank (hpc_ddp.ledger.exits)."""
+    return (env.node_rank, env.local_rank, env.local_world_size)
 
 
 def _note(folder: Path, env: DistEnv, error: BaseException) -> None:
@@ -80,11 +87,11 @@ def _note(folder: Path, env: DistEnv, error: BaseException) -> None:
     if isinstance(error, (KeyboardInterrupt, SystemExit)) or getattr(error, _NOTED, False):
         return
     job = env.job_id or ""
-    if isinstance(error, UsageError) and not exits.reserved(folder, job, env.restart, env.rank):
+    if isinstance(error, UsageError) and not exits.reserved(folder, job, env.restart, env.rank, _slot(env)):
         return
     holder = run_folder.holder_job(folder) if folder.is_dir() else None
     if folder.is_dir() and not (holder and env.job_id and holder != env.job_id):
-        exits.note(folder, job, env.restart, env.rank, env.node, error)
+        exits.note(folder, job, env.restart, env.rank, env.node, error, _slot(env))
     with contextlib.suppress(AttributeError):  # an exception type that takes no attribute: noted again later
         setattr(error, _NOTED, True)
 
@@ -268,7 +275,7 @@ def _begin(
     )
     # Every rank, in the folder rank 0 now holds for this attempt: the space of its exit note, which a disk
     # that fills during training must not lose (hpc_ddp.ledger.exits).
-    exits.reserve(folder, env.job_id or "", env.restart, env.rank)
+    exits.reserve(folder, env.job_id or "", env.restart, env.rank, _slot(env))
     resumed = start is not None or from_memory
     _record_start(env, folder, environ, trainer.pos.step if resumed else None, trainer.cfg.requeue_by)
     for note in trainer.notes:

@@ -8,9 +8,11 @@ been in the same phase at the same step for longer than the hang threshold, it d
    TCP store, which lives in rank 0's process and dies with it; never through USR1/USR2/TERM, which mean
    preemption. In a hang every rank stalls within about a step of the others (the culprit where it is stuck,
    the rest in the next collective), so every watchdog fires at about the same time.
-2. It waits up to `WINDOW_S` for the other ranks' reports. The lowest rank that reported claims the verdict
+2. The lowest rank that reported waits up to `window_s` (5 s, and 1 s more per 1,024 ranks) for the other ranks' reports, claims the verdict
    (an O_EXCL file, so exactly one writes it), decides it (`run/verdict.py`), and writes `<folder>/hang.json`
-   atomically, through the ledger (hpc_ddp.ledger.verdict); the others wait for that file. Every rank prints
+   atomically, through the ledger (hpc_ddp.ledger.verdict), then the decision alone in the round's
+   `decided.json`, which the others wait for: a rank that finds a lower one's report reads no other report
+   (at 8,192 ranks, every rank reading every report made the reports late and named live ranks). Every rank prints
    its own stack to its log; the verdict's line is printed once: by the rank that decided it, or, under a
    supervisor of the kit (the local launcher, a kit batch script), by that supervisor.
 3. Every rank that can still run exits with `exitcodes.HANG` (os._exit, from this thread: the main thread is
@@ -56,14 +58,27 @@ from hpc_ddp.run.verdict import decide
 
 TICK_S = 1.0
 WINDOW_S = 5.0  # how long the ranks' reports are collected: a rank silent that long is unresponsive
+WINDOW_RANKS = 1024  # ... and 1 s more per this many ranks: thousands of reports land in one folder
 FLOOR_S = 60.0  # auto: never below this (within the cap), whatever the step times say
 STEP_MULTIPLE = 20.0  # auto: this many median step times
 MIN_STEPS = 3  # auto: until this many steps were timed, only the long threshold applies
 BACKSTOP_MARGIN_S = 10.0  # faulthandler fires this long after threshold + window if the ticks stopped
 HANG_DIR = "hang"
 DEFERRED = "deferred.json"  # in a diagnosis round: a peer was busy within its own limit, not hung
+DECIDED = "decided.json"  # in a diagnosis round: the decision alone (no reports), what the other ranks read
+WAIT_POLL_S = 1.0  # a rank waiting for the decision looks this often (thousands of ranks look at one file)
+LOOK_FIRST = (
+    64  # a rank looks for the reports of this many lowest ranks one by one, for the others in a listing
+)
 ANSWER_EVERY_S = 2.0  # a rank in a long phase past the steady limit looks for a diagnosis this often
 VERDICT = ledger_verdict.VERDICT
+
+
+def window_s(world_size: int) -> float:
+    """How long the deciding rank waits for the others' reports (pure): 5 s, and 1 s more per 1,024 ranks, as
+    a shared file system takes longer to create thousands of files in one folder (13 s at 8,192 ranks; the
+    verdict still comes within 15 s of the limit)."""
+    return WINDOW_S + round(world_size / WINDOW_RANKS, 1)
 
 
 def threshold_s(
@@ -203,7 +218,9 @@ class Watchdog:
 
     def _arm(self) -> None:
         # The dead man's switch: pushed forward on every tick; fires only if the ticks stop (GIL held).
-        faulthandler.dump_traceback_later(self.limit() + WINDOW_S + BACKSTOP_MARGIN_S, exit=True)
+        faulthandler.dump_traceback_later(
+            self.limit() + window_s(self.who.world_size) + BACKSTOP_MARGIN_S, exit=True
+        )
 
     def _watch(self) -> None:
         while not self.stopped.wait(TICK_S):
@@ -293,7 +310,7 @@ class Watchdog:
             if verdict.get("reason") == "busy":
                 self._extended = (
                     self.beacon.state[2],
-                    time.monotonic() + float(verdict["wait_s"]) + WINDOW_S,
+                    time.monotonic() + float(verdict["wait_s"]) + window_s(who.world_size),
                 )
                 if decided:  # in this rank's log (or the console it has): nobody was judged
                     (self.say or _raw)(verdict["line"])
@@ -323,51 +340,97 @@ class Watchdog:
         self.leave(exitcodes.HANG)
         return True
 
-    def _collect(self, where: Path) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + WINDOW_S
-        while True:
-            reports = []
-            for path in where.glob("rank-*.json"):
-                try:
-                    reports.append(json.loads(path.read_text()))
-                except (OSError, ValueError):  # being written (the rename is atomic, a torn read is not)
-                    continue
-            if len(reports) >= self.who.world_size or time.monotonic() >= deadline:
-                return reports
+    def _collect(self, where: Path) -> list[dict[str, Any]] | None:
+        """The round's reports, when this rank decides it: no rank below it diagnosed in the round (read once,
+        when every rank reported or the window closed); None when one did (that rank decides, this one waits
+        for its word). Only the ranks that may decide watch the round meanwhile, by its names alone: the
+        thousands of ranks of a large job never read each other's reports (thousands of reads of thousands
+        of files on shared storage, every 0.2 s, slowed every rank's own report past the window, and ranks
+        alive were named unresponsive: `python -m hpc_ddp.bench scale`)."""
+        deadline = time.monotonic() + window_s(self.who.world_size)
+        if self._lower_diagnosed(where):
+            return None
+        while len(_report_names(where)) < self.who.world_size and time.monotonic() < deadline:
             time.sleep(0.2)
+        if self._lower_diagnosed(where):
+            return None
+        return _read_reports(where)
 
-    def _verdict(self, where: Path, reports: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    def _lower_diagnosed(self, where: Path) -> bool:
+        """A rank below this one reported in this round, and not as busy (a busy rank only answered): it
+        decides. The lowest ranks are looked at one by one (rank 0's report is usually there: one read), the
+        others, only if none of those reported, in one listing of the round."""
+        mine = self.who.rank
+        ranks: list[int] = list(range(min(mine, LOOK_FIRST)))
+        for rank in ranks + (_lower_names(where, LOOK_FIRST, mine) if mine > LOOK_FIRST else []):
+            try:
+                report = json.loads((where / f"rank-{rank}.json").read_text())
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError):
+                return True  # there, unreadable: a rank that diagnosed (a busy one's answer is rare)
+            if not report.get("busy"):
+                return True
+        return False
+
+    def _verdict(self, where: Path, reports: list[dict[str, Any]] | None) -> tuple[dict[str, Any], bool]:
         """The round's decision, and whether this rank made it: a hang verdict (hang.json) or a deferral
-        (`<round>/deferred.json`). The lowest rank that diagnosed decides (a busy rank only answered)."""
-        verdict_path = ledger_verdict.path(self.folder)
-        deferred_path = where / DEFERRED
-        lowest = min((int(r["rank"]) for r in reports if not r.get("busy")), default=self.who.rank)
-        if lowest == self.who.rank:
+        (`<round>/deferred.json`), both with every report; then the decision alone, small, in
+        `<round>/decided.json`, which the other ranks wait for (the reports of thousands of ranks are read
+        once, by the supervisor, never by each rank)."""
+        if reports is not None:
             try:  # exactly one rank writes the verdict, even if two saw themselves lowest
                 os.close(os.open(where / "verdict.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
                 pass
             else:
-                record = decide(reports, self.who.world_size, self.who.peers, WINDOW_S)
+                record = decide(reports, self.who.world_size, self.who.peers, window_s(self.who.world_size))
                 record.update(
                     run_id=self.who.run_id, round=where.name, decided_by=self.who.rank, reports=reports
                 )
                 if record.get("reason") == "busy":
-                    ledger_verdict.write_json(deferred_path, record)
+                    ledger_verdict.write_json(where / DEFERRED, record)
                 else:
-                    ledger_verdict.write(self.folder, record)
+                    ledger_verdict.write(
+                        self.folder, record
+                    )  # before any rank leaves: its supervisor reads it
+                word = {k: record.get(k) for k in ("run_id", "round", "line", "reason", "wait_s", "culprits")}
+                ledger_verdict.write_json(where / DECIDED, word)
                 return record, True
-        deadline = time.monotonic() + 2 * WINDOW_S
+        deadline = time.monotonic() + 3 * window_s(self.who.world_size)
         while time.monotonic() < deadline:
-            for path in (deferred_path, verdict_path):
-                try:
-                    record = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    continue
-                if record.get("run_id") == self.who.run_id and record.get("round") == where.name:
-                    return dict(record), False
-            time.sleep(0.2)
+            try:
+                record = json.loads((where / DECIDED).read_text())
+            except (OSError, ValueError):
+                time.sleep(WAIT_POLL_S)
+                continue
+            if record.get("run_id") == self.who.run_id and record.get("round") == where.name:
+                return dict(record), False
+            time.sleep(WAIT_POLL_S)
         return {}, False
+
+
+def _report_names(where: Path) -> list[str]:
+    try:
+        return [name for name in os.listdir(where) if name.startswith("rank-") and name.endswith(".json")]
+    except OSError:
+        return []
+
+
+def _lower_names(where: Path, lo: int, hi: int) -> list[int]:
+    """The ranks in [lo, hi) that reported in the round, lowest first (one listing)."""
+    ranks = (name[len("rank-") : -len(".json")] for name in _report_names(where))
+    return sorted(r for r in (int(x) for x in ranks if x.isdigit()) if lo <= r < hi)
+
+
+def _read_reports(where: Path) -> list[dict[str, Any]]:
+    reports = []
+    for path in where.glob("rank-*.json"):
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, ValueError):  # being written (the rename is atomic, a torn read is not)
+            continue
+    return reports
 
 
 def _add_worker_stacks(mine: dict[str, Any]) -> None:
