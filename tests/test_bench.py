@@ -73,6 +73,9 @@ def test_quick_bench_runs_every_section_and_writes_json(tmp_path):
         "fsdp / ddp peak memory per rank, the kit's settings",
         "fsdp / ddp samples/s",
         "fsdp async / ddp rank-0 save stall",
+        "recovery from memory: steps lost (worst)",
+        "snapshot stall / step time",
+        "recovery from memory / from disk, s",
         "hang watch on / off",
         "resume check / its budget",
     ]

@@ -21,7 +21,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.bench.runs import RunFailed, Settings, child_env, median, progress, ratios, read_records
+from hpc_ddp.bench.runs import (
+    RunFailed,
+    Settings,
+    child_env,
+    drop_weights,
+    median,
+    progress,
+    ratios,
+    read_records,
+)
 from hpc_ddp.ledger import attempts
 from hpc_ddp.run import reached
 from hpc_ddp.variables import SNAPSHOT_DIR
@@ -97,7 +106,7 @@ def trial(s: Settings, label: str, number: int) -> dict[str, float]:
         figures["stall_fraction"] = summary["stall_s"] / median(
             [r["step_time_s"] for r in steps[1:] or steps]
         )
-    shutil.rmtree(run / "checkpoints", ignore_errors=True)
+    drop_weights(run)  # its checkpoints and model.pth: the bench reads records, never weights
     progress(f"recovery memory, {label} trial {number + 1}: {figures}")
     return figures
 
