@@ -316,3 +316,26 @@ def test_the_recovery_bench_reports_the_memory_path_and_its_three_targets(tmp_pa
         ("snapshot stall / step time", "0.40 %"),
         ("skipped", "no Slurm cluster answers (sinfo)"),
     ]
+
+
+def test_a_memory_trial_without_a_stall_figure_is_left_out_not_a_crash(tmp_path: Path) -> None:
+    """A --quick trial whose resumed attempt took no snapshot before the run ended has no stall figure (the
+    suite's quick bench once crashed on it with a TypeError): the trial is left out and the figure is nan."""
+    import math
+
+    from hpc_ddp.bench import report
+
+    trials = {
+        "disk": [{"lost_steps": 4.0, "to_next_step_s": 2.0}],
+        "memory": [{"lost_steps": 0.0, "to_next_step_s": 1.5}],
+    }
+    memory = {
+        "memory_lost_steps": 0.0,
+        "memory_vs_disk": 0.75,
+        "stall_fraction": float("nan"),
+        "trials": trials,
+    }
+    found = {t.name: t for t in report.targets({"recovery": {"skipped": "no cluster", "memory": memory}})}
+    stall = found["snapshot stall / step time"]
+    assert math.isnan(stall.value) and stall.trials == () and not stall.met
+    assert found["recovery from memory: steps lost (worst)"].trials == (0.0,)

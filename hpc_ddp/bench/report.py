@@ -289,7 +289,12 @@ def _memory_targets(m: dict[str, Any], target: Callable[..., None]) -> None:
     """The memory path's targets (hpc_ddp.bench.memory): at most 1 step lost, a stall of at most 1 % of a
     step, recovery no slower than from disk."""
     t = m.get("trials", {})
-    per = {k: [trial.get(k) for trial in t.get("memory", [])] for k in ("lost_steps", "stall_fraction")}
+    # A trial whose resumed attempt took no snapshot before the run ended (a --quick run's last steps) has no
+    # stall figure: left out of the trials, and the figure is nan (not measured), never a crash of the table.
+    per = {
+        k: [trial[k] for trial in t.get("memory", []) if trial.get(k) is not None]
+        for k in ("lost_steps", "stall_fraction")
+    }
     target("recovery from memory: steps lost (worst)", m["memory_lost_steps"], "<=", 1.0, per["lost_steps"])
     target("snapshot stall / step time", m["stall_fraction"], "<=", 0.01, per["stall_fraction"])
     to = {k: [trial["to_next_step_s"] for trial in t.get(k, [])] for k in ("memory", "disk")}
