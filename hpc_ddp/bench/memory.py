@@ -2,9 +2,9 @@
 checkpoint (`--save-every-steps 50`) and from snapshots in memory (`--snapshot-every-steps 1`), interleaved,
 `--trials` times each, on the local launcher (2 emulated nodes x 1 rank: no cluster needed).
 
-Each trial trains the gpt example (`--task gpt`) for `--steps` steps; once rank 0 has finished 3/4 of them,
-the bench deletes the second node's snapshot folder (as losing a machine loses its memory) and SIGKILLs its
-rank. The launcher restarts every rank; the snapshot path resumes rank 1 from its buddy's replica on node 1.
+Each trial trains the gpt example (`--task gpt`) for `--steps` steps (at least LEAST_STEPS); once rank 0 has
+finished half of them, the bench deletes the second node's snapshot folder (as losing a machine loses its
+memory) and SIGKILLs its rank. The launcher restarts every rank; the snapshot path resumes rank 1 from its buddy's replica on node 1.
 
 Figures: the steps lost per failure (the attempt's last step minus the one it resumed from), the seconds from
 the kill to the next committed step, and the loop's stall per snapshot (the copy out of the tensors) as a
@@ -37,6 +37,10 @@ from hpc_ddp.variables import SNAPSHOT_DIR
 
 TASK = "gpt"
 TIMEOUT_S = 600.0  # one trial, against a hung run only
+# The rank is killed halfway through a run of at least this many steps: enough steps after the kill that a
+# loaded machine cannot finish the run before the kill lands (a --quick run of 4 steps, killed at step 3,
+# sometimes ended whole first: no restart, nothing to measure).
+LEAST_STEPS = 24
 PATHS = {
     "disk": ("--save-every-steps", "50"),
     "memory": ("--save-every-steps", "50", "--snapshot-every-steps", "1"),
@@ -78,13 +82,14 @@ def trial(s: Settings, label: str, number: int) -> dict[str, float]:
     folder.mkdir(parents=True)
     run, shm = folder / "run", folder / "shm"
     argv = [sys.executable, "-m", "hpc_ddp.submit", "--local", "--nodes", "2", "--tasks-per-node", "1"]
-    argv += ["--folder", str(run), "--task", TASK, "--epochs", "100", "--max-steps", str(s.steps)]
+    steps = max(s.steps, LEAST_STEPS)
+    argv += ["--folder", str(run), "--task", TASK, "--epochs", "100", "--max-steps", str(steps)]
     argv += ["--batch-size", str(s.batch_size), "--deterministic", *PATHS[label]]
     with open(folder / "launcher.log", "w") as log:
         env = {**child_env(), SNAPSHOT_DIR: str(shm)}
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_step(run, max(2, 3 * s.steps // 4), proc)
+        _wait_step(run, steps // 2, proc)
         job = next(r["job"] for r in read_records(run / "metrics.jsonl") if r.get("event") == "start")
         shutil.rmtree(shm / job / "127.0.0.2", ignore_errors=True)  # a lost machine loses its memory
         killed_at = time.time()
