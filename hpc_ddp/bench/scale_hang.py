@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.bench import scale_parts
 from hpc_ddp.ledger import verdict as ledger_verdict
 from hpc_ddp.run import beacon as phases
 from hpc_ddp.run import watchdog
@@ -107,7 +108,7 @@ def hang(folder: Path, n: int, silent: int | None = None, deadline_s: float = 30
         sys.stderr.close()
         sys.stderr = err
     rounds = folder / watchdog.HANG_DIR
-    files, size = _tree(rounds)
+    files, size = scale_parts.tree(rounds)
     times = _report_times(rounds)
     hang_bytes = ledger_verdict.path(folder).stat().st_size if ledger_verdict.path(folder).exists() else 0
     return {
@@ -146,12 +147,3 @@ def _report_times(root: Path) -> list[float]:
         except (OSError, ValueError, KeyError):
             continue
     return times
-
-
-def _tree(root: Path) -> tuple[int, int]:
-    files = size = 0
-    for where, _, names in os.walk(root):
-        for name in names:
-            files += 1
-            size += os.path.getsize(os.path.join(where, name))
-    return files, size

@@ -150,7 +150,7 @@ def notes_and_judge(folder: Path, n: int, first: int | None = None) -> dict[str,
         if rank != first:
             exits.note(folder, job, 0, rank, _node(rank), _raise(RuntimeError(VANISHED)))
     wrote = time.monotonic() - begun
-    files, size = _tree(exits.attempt_folder(folder, job, 0))
+    files, size = tree(exits.attempt_folder(folder, job, 0))
     begun = time.monotonic()
     notes = tuple(exits.read(folder, job, 0))
     read = time.monotonic() - begun
@@ -173,13 +173,13 @@ def files_per_rank(folder: Path, n: int) -> dict[str, Any]:
     """What N ranks add to the run folder in one attempt: at its start (each rank's note space set aside),
     and after a clean end (given back)."""
     job = "files"
-    before = _tree(folder)
+    before = tree(folder)
     for rank in range(n):
         exits.reserve(folder, job, 0, rank, _slot(rank))
-    started = _tree(folder)
+    started = tree(folder)
     for rank in range(n):
         exits.release(folder, job, 0, rank, _slot(rank))
-    ended = _tree(folder)
+    ended = tree(folder)
     return {
         "ranks": n,
         "start_files_per_rank": round((started[0] - before[0]) / n, 3),
@@ -197,7 +197,8 @@ def _node(rank: int) -> str:
     return f"node{rank // NODE_RANKS:05d}"
 
 
-def _tree(root: Path) -> tuple[int, int]:
+def tree(root: Path) -> tuple[int, int]:
+    """(files, bytes) under `root`: what a run folder gains, counted the same way by every section."""
     files = size = 0
     for where, _, names in os.walk(root):
         for name in names:
