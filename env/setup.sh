@@ -63,12 +63,18 @@ if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
     echo "[setup] NVIDIA GPU found: installing torch (CUDA build)"
     install torch
   else
-    # In one resolution with the rest: nothing can then ask for another torch (a CUDA build of GBs).
+    # Through pip, never uv: pip reads the machine's own configuration (its find-links, wherever they are set),
+    # which is where the CPU wheel lies; uv knows none of it and would take PyPI's torch==2.13.0, a CUDA build of
+    # about 3 GB that imports far slower (CI once ran 3-6 times slower on one). The rest then finds torch there.
     echo "[setup] no GPU: installing the CPU build torch==$torch_version"
-    wanted=("torch==$torch_version" "${wanted[@]}")
+    "${pip[@]}" "torch==$torch_version"
   fi
 fi
 install "${wanted[@]}"
 # --no-deps: the dependencies are installed above, pinned; this never touches the torch already there.
 install --no-deps -e "$root"
+if ! command -v nvidia-smi >/dev/null && "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is None)'; then
+  echo "[setup] note: torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') is a CUDA build on a machine without a GPU:" \
+    "it runs on the CPU, but imports slower. Fix: rm -r $venv && bash env/setup.sh (the CPU wheel torch==$torch_version)" >&2
+fi
 echo "[setup] ready: $venv ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
