@@ -259,12 +259,12 @@ def _fsdp_rows(f: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
         (
             "",
             "step time during a write / without one, thread",
-            f"{f['fsdp_step_s_during_write']:.2f} / {f['fsdp_step_s_quiet']:.2f} s",
+            f"{_s(f['fsdp_step_s_during_write'])} / {_s(f['fsdp_step_s_quiet'])} s",
         ),
         (
             "",
             "step time during a write / without one, process",
-            f"{f['fsdp_process_step_s_during_write']:.2f} / {f['fsdp_process_step_s_quiet']:.2f} s",
+            f"{_s(f['fsdp_process_step_s_during_write'])} / {_s(f['fsdp_process_step_s_quiet'])} s",
         ),
         (
             "",
@@ -408,3 +408,8 @@ def header(s: Settings, sections: Sequence[str] = ()) -> str:
     each = "its" if len(others) == 1 else "each its"
     other = f" ({', '.join(others)}: {each} own model and batch, in its rows)" if others else ""
     return f"hpc_ddp.bench: task {TASK}, {s.world_size} ranks x batch {s.batch_size}, {s.steps} steps{other}, {runs}"
+
+
+def _s(seconds: float | None) -> str:
+    """A step time in seconds, or "n/a" where no trial measured it (hpc_ddp.bench.runs.median_of_measured)."""
+    return "n/a" if seconds is None else f"{seconds:.2f}"

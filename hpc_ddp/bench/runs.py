@@ -8,6 +8,7 @@ nothing. The environment each one gets is this one's, minus any launcher's varia
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -57,6 +58,13 @@ class RunFailed(Exception):
 # ----- pure helpers -------------------------------------------------------------------------------------
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def median_of_measured(values: Sequence[float]) -> float | None:
+    """The median of the trials that measured the figure (NaN: a trial had nothing to measure, e.g. no step ran
+    while a write was in the background); None when none did, which the report prints as "n/a"."""
+    measured = [v for v in values if math.isfinite(v)]
+    return statistics.median(measured) if measured else None
 
 
 def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:

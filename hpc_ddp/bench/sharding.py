@@ -34,6 +34,7 @@ from hpc_ddp.bench.runs import (
     Settings,
     drop_weights,
     median,
+    median_of_measured,
     ratios,
     read_records,
     run_cmd,
@@ -231,5 +232,6 @@ def fsdp_section(s: Settings) -> dict[str, Any]:
     for contender, runs in trials.items():
         prefix = contender.replace("-", "_")
         for key in runs[0]:
-            out[f"{prefix}_{key}"] = median([t[key] for t in runs])
+            # None where no trial measured it: a short run (--quick) may have had no step during a later write.
+            out[f"{prefix}_{key}"] = median_of_measured([t[key] for t in runs])
     return out
