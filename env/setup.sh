@@ -40,6 +40,9 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 # about 64 s, most of the test command's set-up; uv about 13 s). It reads pip's find-links and constraints as
 # pip has them here (a machine's local wheels, its caps on torch). Without uv, or if it fails, pip does it.
 # A venv that sees the system's torch (a cluster's CUDA build) keeps pip, which counts those packages as there.
+# --compile-bytecode: pip writes every module's .pyc at install, uv only when asked. Without them, where
+# PYTHONDONTWRITEBYTECODE is set (it is on this project's VMs and CI), every process compiles every module it
+# imports, every time: importing torch took 6.6 CPU-s instead of 2.6, and CI ran the suite 2-6 times slower.
 system_torch() { grep -qs '^include-system-site-packages = true' "$venv/pyvenv.cfg"; }
 install() {
   if [ -z "${HPC_DDP_NO_UV:-}" ] && ! system_torch && { [ -x "$venv/bin/uv" ] || "${pip[@]}" uv >/dev/null 2>&1; }; then
@@ -47,7 +50,7 @@ install() {
     links=${PIP_FIND_LINKS:-$("$venv/bin/python" -m pip config get global.find-links 2>/dev/null || true)}
     constraint=${PIP_CONSTRAINT:-$("$venv/bin/python" -m pip config get global.constraint 2>/dev/null || true)}
     if UV_FIND_LINKS=${UV_FIND_LINKS:-$links} UV_CONSTRAINT=${UV_CONSTRAINT:-$constraint} \
-      "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" "$@"; then
+      "$venv/bin/uv" pip install --quiet --compile-bytecode --python "$venv/bin/python" "$@"; then
       return 0
     fi
     echo "[setup] uv could not install $*: trying pip" >&2
@@ -64,8 +67,8 @@ if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
     install torch
   else
     # Through pip, never uv: pip reads the machine's own configuration (its find-links, wherever they are set),
-    # which is where the CPU wheel lies; uv knows none of it and would take PyPI's torch==2.13.0, a CUDA build of
-    # about 3 GB that imports far slower (CI once ran 3-6 times slower on one). The rest then finds torch there.
+    # which is where the CPU wheel lies; uv knows none of it and, not handed it, takes PyPI's torch==2.13.0, a
+    # CUDA build of about 3 GB that imports 2.5 times slower on the CPU. The rest then finds torch there.
     echo "[setup] no GPU: installing the CPU build torch==$torch_version"
     "${pip[@]}" "torch==$torch_version"
   fi
