@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -364,3 +365,19 @@ def test_long_work_is_a_long_phase_with_its_own_limit_and_then_the_phase_goes_on
     with pytest.raises(ValueError, match="limit_s=0"):
         with hpc_ddp.long_work("nothing", limit_s=0):
             pass
+
+
+def test_the_norm_for_the_records_is_the_kits_own_work_and_counted_apart() -> None:
+    """`clock.norm` inside `clock.task` (the norm the step records need without --clip-grad, issue 46): out of
+    the task's time, as `clock.kit` is, and also in `norm_s`, so that the end record can say what it costs."""
+    from hpc_ddp.run.clock import StepClock
+
+    clock = StepClock(beacon.Beacon())
+    with clock.task:
+        time.sleep(0.02)
+        with clock.norm:
+            time.sleep(0.03)
+    assert 0.015 <= clock.task_s < 0.03 and 0.03 <= clock.norm_s < 0.2
+    with clock.task, clock.kit:  # the kit's other own work: out of the task's time, not the norm's
+        time.sleep(0.01)
+    assert 0.03 <= clock.norm_s < 0.2 and clock.task_s < 0.03

@@ -156,3 +156,20 @@ def test_an_attempt_killed_between_two_records_ends_at_the_step_it_reached(tmp_p
     assert max(r.get("step", 0) for r in read_records(folder / "metrics.jsonl")) == 32
     s = summary(folder)  # the report: the attempt's last step and the steps it lost
     assert (s.steps, s.lost_steps, s.attempts[0].last_step) == (37, 5, 37)
+
+
+def test_the_end_record_gives_the_kits_own_work_and_the_norms_part_of_it(tmp_path: Path) -> None:
+    """kit_us_per_step (the step less its data wait and the task's work) and, apart, grad_norm_us_per_step
+    (issue 46's one reduction for the records, part of it): per warm step, the first one left out."""
+    rec = recorder(tmp_path, total=3)
+    rec.start(Position(), "7", 0, False, 2, 1.0)
+    pos = Position()
+    for step in (1, 2, 3):
+        pos.step = step
+        time.sleep(0.01)
+        rec.step(pos, loss=1.0, samples=64, lr=0.01, data_s=0.0, task_s=0.0, norm_s=0.004 * step)
+    rec.end(pos)
+    rec.close()
+    end = by(read_records(tmp_path / "metrics.jsonl"), "end")[0]
+    assert end["grad_norm_us_per_step"] == pytest.approx(1e6 * (0.008 + 0.012) / 2)
+    assert end["kit_us_per_step"] >= 9000  # the whole step is the kit's here: no task time was given

@@ -23,7 +23,9 @@ Sections:
               overhead measured. Its own time per step is given too: each kit run's end record
               (`kit_us_per_step`: rank 0's step time less its wait for data and less the task's forward,
               backward with DDP's gradient all-reduce, and update, which the loop times with two clock reads
-              a block).
+              a block), and apart the part of it that computes the gradient norm the step records carry
+              (`grad_norm_us_per_step`: one reduction over the gradients without --clip-grad; with it, the
+              clipping's own norm, free). The 0.5 ms budget holds the whole of the kit's own work.
   scaling     Kit samples/s with N ranks against 1 rank pinned to the CPU share one of those ranks gets
               (cpus // N), as an efficiency: samples/s(N) / (N x samples/s(1)). 1.0 would mean the gradient
               all-reduce and the extra processes cost nothing.

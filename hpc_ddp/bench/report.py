@@ -157,20 +157,28 @@ def rows(results: dict[str, dict[str, Any]], s: Settings) -> list[tuple[str, str
 
 
 def _overhead_rows(o: dict[str, Any], s: Settings) -> list[tuple[str, str, str]]:
-    return [
-        (
-            "overhead",
-            f"kit, submit --local, {s.world_size} ranks",
-            f"{o['kit_samples_per_s']:,.0f} samples/s",
-        ),
-        ("", "hand loop, mp.spawn, default threads", f"{o['naive_samples_per_s']:,.0f} samples/s"),
-        ("", "hand loop, mp.spawn, tuned threads", f"{o['tuned_samples_per_s']:,.0f} samples/s"),
-        ("", "kit / default-threads loop", f"{o['kit_vs_naive']:.2f}x"),
-        ("", "kit / tuned loop", f"{o['kit_vs_tuned']:.2f}x"),
-    ] + (
-        [("", "kit's own work per step (rank 0)", f"{o['kit_own_us_per_step']:,.0f} us")]
-        if "kit_own_us_per_step" in o
-        else []
+    return (
+        [
+            (
+                "overhead",
+                f"kit, submit --local, {s.world_size} ranks",
+                f"{o['kit_samples_per_s']:,.0f} samples/s",
+            ),
+            ("", "hand loop, mp.spawn, default threads", f"{o['naive_samples_per_s']:,.0f} samples/s"),
+            ("", "hand loop, mp.spawn, tuned threads", f"{o['tuned_samples_per_s']:,.0f} samples/s"),
+            ("", "kit / default-threads loop", f"{o['kit_vs_naive']:.2f}x"),
+            ("", "kit / tuned loop", f"{o['kit_vs_tuned']:.2f}x"),
+        ]
+        + (
+            [("", "kit's own work per step (rank 0)", f"{o['kit_own_us_per_step']:,.0f} us")]
+            if "kit_own_us_per_step" in o
+            else []
+        )
+        + (
+            [("", "  of which the gradient norm for the records", f"{o['grad_norm_us_per_step']:,.0f} us")]
+            if "grad_norm_us_per_step" in o
+            else []
+        )
     )
 
 

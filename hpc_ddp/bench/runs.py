@@ -192,6 +192,9 @@ class Runner:
         self.s = s
         self.count = 0
         self.kit_us: dict[str, list[float]] = {}  # per label: each kit run's own time per step, rank 0's
+        self.norm_us: dict[
+            str, list[float]
+        ] = {}  # per label: of which the gradient norm for the step records
 
     def folder(self, label: str) -> Path:
         self.count += 1
@@ -206,10 +209,17 @@ class Runner:
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         run_cmd(kit_cmd(folder, world_size, self.s), folder.with_suffix(".log"), preexec=pin)
         end = end_record(folder)
-        rate, own = float(end["samples_per_s"]), end.get("kit_us_per_step")
+        rate, own, norm = (
+            float(end["samples_per_s"]),
+            end.get("kit_us_per_step"),
+            end.get("grad_norm_us_per_step"),
+        )
         self.kit_us.setdefault(label, []).append(float(own) if own is not None else float("nan"))
+        self.norm_us.setdefault(label, []).append(float(norm) if norm is not None else float("nan"))
         drop_weights(folder)
-        self.done(trial, label, f"{rate:,.0f} samples/s, the kit's own work {own} us a step")
+        self.done(
+            trial, label, f"{rate:,.0f} samples/s, the kit's own work {own} us a step (gradient norm {norm})"
+        )
         return rate
 
     def hand(self, label: str, threads: str, trial: int) -> float:

@@ -41,6 +41,10 @@ class StepClock:
         self.kit = _Task(
             self, -1.0
         )  # inside a `task` block: the kit's own work, taken out of the task's time
+        # The gradient norm the step records compute without --clip-grad (issue 46): the kit's own work, also
+        # counted apart (`norm_s`), so that the bench can say what that one reduction costs and what the rest does.
+        self.norm = _Task(self, -1.0, apart=True)
+        self.norm_s = 0.0  # this step's time in `norm`
         self.grads_ready = 0.0  # when backward's last gradient bucket was ready (the comm wait starts)
         self._since = 0.0  # when the current phase of the step began
         self._ready = 0.0
@@ -121,13 +125,16 @@ class _Task:
     """`with clock.task:`: the block's time is the task's own work (`sign` -1: `clock.kit`, a block of the kit's
     own inside one of the task's). One object per clock, reused (no allocation per step)."""
 
-    __slots__ = ("clock", "sign", "start")
+    __slots__ = ("apart", "clock", "sign", "start")
 
-    def __init__(self, clock: StepClock, sign: float = 1.0) -> None:
-        self.clock, self.sign, self.start = clock, sign, 0.0
+    def __init__(self, clock: StepClock, sign: float = 1.0, apart: bool = False) -> None:
+        self.clock, self.sign, self.start, self.apart = clock, sign, 0.0, apart
 
     def __enter__(self) -> None:
         self.start = time.monotonic()
 
     def __exit__(self, *exc: object) -> None:
-        self.clock.task_s += self.sign * (time.monotonic() - self.start)
+        elapsed = time.monotonic() - self.start
+        self.clock.task_s += self.sign * elapsed
+        if self.apart:  # `clock.norm`: counted on its own too
+            self.clock.norm_s += elapsed

@@ -138,7 +138,7 @@ class Recorder:
         # The last steps' times (the watchdog's limit, the ETA, the end record's median), bounded: a run of a
         # million steps keeps at most 2 x STEP_TIMES_KEPT of them, not one float per step.
         self.step_times: list[float] = []
-        self.kit_s = 0.0  # the kit's own time in this process's warm steps (see `step`)
+        self.kit_s = self.norm_s = 0.0  # the kit's own time in the warm steps (`step`), of which the norm's
         self.data_sum, self.data_steps = 0.0, 0  # rank 0's data wait since the last "step" record
         self.reached = StepFile(folder) if folder else None
         # epoch, step, loss, step time, lr, Task.step's extras, the gradient norm (a tensor until recorded)
@@ -175,12 +175,13 @@ class Recorder:
         extras: Mapping[str, float] | None = None,
         task_s: float = 0.0,
         grad_norm: Any = None,
+        norm_s: float = 0.0,
     ) -> None:
         """A step ended. `data_s`: its wait for data; `task_s`: its time in the task's own work (forward,
         backward with DDP's gradient all-reduce, the update: hpc_ddp.run.clock). What is left of the step's
         time is the kit's own work (`kit_us_per_step` in the end record). `grad_norm`: the gradients' norm
         before clipping, a tensor on the device (None: no update), read only when a record or a curve needs
-        it: on a GPU, reading it waits for the step."""
+        it: on a GPU, reading it waits for the step. `norm_s`: the kit's own time computing it (no --clip-grad)."""
         now = time.monotonic()
         step_time = now - self.last_step_end
         self.last_step_end = now
@@ -190,6 +191,7 @@ class Recorder:
         else:
             self.warm_samples += samples
             self.kit_s += step_time - data_s - task_s
+            self.norm_s += norm_s
             self.step_times.append(step_time)
             if len(self.step_times) >= 2 * STEP_TIMES_KEPT:
                 del self.step_times[:STEP_TIMES_KEPT]  # one list op: a reader's slice stays atomic
@@ -420,18 +422,16 @@ class Recorder:
         if self.last is not None:
             self._write_ranks(*self.last[:2])  # the windows folded since the last "ranks" record
         times = sorted(self.step_times)
-        median = times[len(times) // 2] if times else 0.0
-        warm = self.steps - 1
+        median, warm = times[len(times) // 2] if times else 0.0, self.steps - 1
         self._write(
             {
-                "event": "end",
-                "epoch": pos.epoch,
-                "step": pos.step,
-                "steps_this_process": self.steps,
+                **{"event": "end", "epoch": pos.epoch, "step": pos.step, "steps_this_process": self.steps},
                 "samples_per_s": self.samples_per_s(),
                 "median_step_time_s": median,
-                # What the kit adds to a step beyond the task's own work and the data wait (the bench's budget).
-                "kit_us_per_step": round(1e6 * self.kit_s / warm, 1) if warm > 0 else None,
+                # What the kit adds to a step beyond the task's own work and the data wait (the bench's budget),
+                # and of it, the gradient norm the step records need without --clip-grad (issue 46).
+                "kit_us_per_step": _us_per_step(self.kit_s, warm),
+                "grad_norm_us_per_step": _us_per_step(self.norm_s, warm),
                 "seconds": round(time.monotonic() - self.started, 3),
             }
         )
@@ -460,3 +460,8 @@ def _number(value: Any) -> float | None:
 def _warn(message: str) -> None:
     sys.stderr.write(f"warning: {message}\n")
     sys.stderr.flush()
+
+
+def _us_per_step(seconds: float, steps: int) -> float | None:
+    """Microseconds a step, to 0.1 us; None without a warm step."""
+    return round(1e6 * seconds / steps, 1) if steps > 0 else None

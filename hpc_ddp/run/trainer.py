@@ -296,8 +296,8 @@ class Trainer:
         samples = self.cfg.batch_size * size * self.env.world_size
         clock = self.clock
         mean, lr, norm = agreed.loss_sum / per, self.step_lr, self.grad_norm
-        self.metrics.step(pos, mean, samples, lr, clock.data_s, extras, clock.task_s, norm)
-        clock.data_s = clock.task_s = 0.0
+        self.metrics.step(pos, mean, samples, lr, clock.data_s, extras, clock.task_s, norm, clock.norm_s)
+        clock.data_s = clock.task_s = clock.norm_s = 0.0
         self.checkpointer.record_ended(only_if_written=True)  # rank 0 records a save once it is durable
         self.callbacks.step_end(pos.step, pos.epoch, agreed.loss_sum / per, extras)
 
@@ -425,7 +425,7 @@ def _norm_before_update(strategy: Strategy, clip: float, clock: StepClock) -> to
     work, not the task's (`clock.kit`)."""
     if clip > 0:
         return strategy.clip_grad_norm(clip)
-    with clock.kit:
+    with clock.norm:
         return strategy.grad_norm()
 
 
