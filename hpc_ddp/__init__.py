@@ -40,14 +40,14 @@ if TYPE_CHECKING:
     from hpc_ddp.errors import ClusterConfigError
     from hpc_ddp.run.callbacks import Callback
     from hpc_ddp.run.config import TrainConfig
-    from hpc_ddp.run.longwork import long_work
     from hpc_ddp.run.tasks import Task
+    from hpc_ddp.run.watch.longwork import long_work
 
 # name -> the module that defines it, imported on first use (PEP 562)
 _PUBLIC = {
     "Task": "hpc_ddp.run.tasks",
     "Callback": "hpc_ddp.run.callbacks",
-    "long_work": "hpc_ddp.run.longwork",
+    "long_work": "hpc_ddp.run.watch.longwork",
     "TrainConfig": "hpc_ddp.run.config",
     "detect": "hpc_ddp.cluster.env",
     "DistEnv": "hpc_ddp.cluster.env",

@@ -38,7 +38,7 @@ class RankLog:
 
 
 def _erase(stream: TextIO) -> str:
-    """On a terminal, a line first erases rank 0's live progress line (hpc_ddp.run.metrics), which the cursor may
+    """On a terminal, a line first erases rank 0's live progress line (hpc_ddp.run.records.metrics), which the cursor may
     be at the end of; elsewhere nothing."""
     try:
         return "\r\x1b[K" if stream.isatty() else ""

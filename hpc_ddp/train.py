@@ -36,8 +36,9 @@ from typing import NoReturn
 
 from hpc_ddp.cli import build_parser  # noqa: E402
 from hpc_ddp.errors import run_task  # noqa: E402
-from hpc_ddp.run import configfile, preemption, session  # noqa: E402
+from hpc_ddp.run import configfile, session  # noqa: E402
 from hpc_ddp.run.config import add_train_arguments, from_namespace  # noqa: E402
+from hpc_ddp.run.loop import preemption  # noqa: E402
 
 PROG = "python -m hpc_ddp.train"
 FOLDER_DEFAULT = "runs/<job id>, from the task's working directory; runs/single-<pid> outside a job"

@@ -62,7 +62,7 @@ VARIABLES: tuple[Variable, ...] = (
         LIVE_PROGRESS,
         "channel",
         "1 when the local launcher's console is a terminal: rank 0, whose stdout is a pipe, then sends its "
-        "live progress line for the launcher to draw in place (hpc_ddp.run.metrics.live_mode)",
+        "live progress line for the launcher to draw in place (hpc_ddp.run.records.metrics.live_mode)",
     ),
     Variable(
         IN_PLACE,

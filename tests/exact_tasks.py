@@ -4,7 +4,7 @@
 
 A stop at a chosen point: EXACT_STOP_STEP=N (the N-th call of the training step in this process, counted from
 1: with --grad-accum, a micro-batch) or EXACT_STOP_EVAL=N (the N-th evaluation batch) notes a SIGUSR2 on rank 0
-exactly as its handler would (hpc_ddp.run.preemption), once per EXACT_STOP_MARK (a file path prefix: a resumed
+exactly as its handler would (hpc_ddp.run.loop.preemption), once per EXACT_STOP_MARK (a file path prefix: a resumed
 run, whose counts start again, does not stop again)."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from hpc_ddp import Task
-from hpc_ddp.run import preemption, streams
+from hpc_ddp.run.data import streams
+from hpc_ddp.run.loop import preemption
 
 _calls = {"step": 0, "eval": 0}
 

@@ -1,7 +1,7 @@
 """Tasks for the --strategy fsdp tests (`--task fsdp_tasks:NAME`, tests/ on PYTHONPATH): a tiny model whose
 blocks sit in an nn.ModuleList (what fsdp shards by default), with dropout (its RNG must resume too), momentum
 (optimizer state) and a scheduler. The model is given as a factory (the class): fsdp builds it on the meta
-device and the kit sets its initial weights (hpc_ddp.run.materialize)."""
+device and the kit sets its initial weights (hpc_ddp.run.loop.materialize)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Blocks(nn.Module):
 
     def reset_parameters(
         self,
-    ) -> None:  # its own tensors only: the kit sets each module's (run/materialize.py)
+    ) -> None:  # its own tensors only: the kit sets each module's (run/loop/materialize.py)
         nn.init.constant_(self.norm_scale, 0.5)
         nn.init.constant_(self.decayed, 0.5)
 

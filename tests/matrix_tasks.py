@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from hpc_ddp import Task
-from hpc_ddp.run import streams
+from hpc_ddp.run.data import streams
 
 FEATURES = 8
 

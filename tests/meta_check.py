@@ -13,7 +13,7 @@ import sys
 import torch
 from fsdp_tasks import without_dropout
 
-from hpc_ddp.run import materialize
+from hpc_ddp.run.loop import materialize
 
 
 def main(path: str, seed: int) -> int:

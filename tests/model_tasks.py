@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hpc_ddp import Task
-from hpc_ddp.run import streams
+from hpc_ddp.run.data import streams
 
 
 class Pairs(Dataset):

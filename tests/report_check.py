@@ -28,7 +28,7 @@ from conftest import die_with_test, run_module
 from hpc_ddp.ledger import attempts as attempts_record
 from hpc_ddp.report import timeline
 from hpc_ddp.report.sources import read_run
-from hpc_ddp.run.metrics import read_records
+from hpc_ddp.run.records.metrics import read_records
 
 CHROMIUM_TIMEOUT_S = 90
 IMAGES = ("loss.png", "lr.png", "throughput.png", "step-time-heatmap.png", "time-breakdown.png")

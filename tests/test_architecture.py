@@ -204,11 +204,11 @@ def test_the_check_sees_the_imports_that_are_there() -> None:
     """Not vacuous: the graph holds the lazy and TYPE_CHECKING imports the package really has."""
     graph = import_graph()
     assert "hpc_ddp.run.session" in graph["hpc_ddp.train"]
-    assert "hpc_ddp.run.trainer" in graph["hpc_ddp.run.session"]  # inside a function
-    assert "hpc_ddp.run.position" in graph["hpc_ddp.run.metrics"]  # under TYPE_CHECKING
+    assert "hpc_ddp.run.loop.trainer" in graph["hpc_ddp.run.session"]  # inside a function
+    assert "hpc_ddp.run.loop.position" in graph["hpc_ddp.run.records.metrics"]  # under TYPE_CHECKING
     assert "hpc_ddp.launch.slurm.submitter" in graph["hpc_ddp.slurm_job"]
     assert "hpc_ddp.run.strategy.base" in graph["hpc_ddp.run.strategy"]
-    assert "hpc_ddp.run.checkpoint.store" in graph["hpc_ddp.run.trainer"]
+    assert "hpc_ddp.run.checkpoint.store" in graph["hpc_ddp.run.loop.trainer"]
 
 
 def test_the_loop_names_no_strategy_and_no_checkpoint_format() -> None:
@@ -220,7 +220,7 @@ def test_the_loop_names_no_strategy_and_no_checkpoint_format() -> None:
     named = {where.partition(":")[0] for where in strategy.STRATEGIES.values()}
     named |= {where.partition(":")[0] for where in registry.BUILTINS["hpc_ddp.checkpoint_formats"].values()}
     assert named >= {"hpc_ddp.run.strategy.ddp", "hpc_ddp.run.checkpoint.full"}  # not vacuous
-    assert sorted(named & import_graph()["hpc_ddp.run.trainer"]) == []
+    assert sorted(named & import_graph()["hpc_ddp.run.loop.trainer"]) == []
 
 
 def test_every_strategy_the_registry_names_loads_lazily_from_its_own_layer() -> None:
@@ -375,7 +375,7 @@ def test_a_ddp_rank_does_not_import_dcp_dtensor_or_sympy() -> None:
     """What every ddp rank imports at start leaves FSDP's dependencies alone: DCP, DTensor and sympy cost
     about 2 s of start-up per rank on this machine, paid only by a run that shards."""
     code = (
-        "import sys, hpc_ddp.run.session, hpc_ddp.run.trainer, hpc_ddp.run.resume, hpc_ddp.run.tasks\n"
+        "import sys, hpc_ddp.run.session, hpc_ddp.run.loop.trainer, hpc_ddp.run.checkpoint.resume, hpc_ddp.run.tasks\n"
         "from hpc_ddp.run import strategy\n"
         "from hpc_ddp.run.checkpoint import formats\n"
         "strategy.kind('ddp')\n"
@@ -442,8 +442,8 @@ def slurm_uses(source: str) -> list[tuple[int, str]]:
 
 
 def test_only_the_scheduler_package_runs_slurm_or_names_its_variables() -> None:
-    """Issue 34: 30 files outside the Slurm folder named Slurm's commands or variables; run/preemption ran
-    `scontrol requeue`, run/record `scontrol --version`, report/sources had its own `sacct` call and parser.
+    """Issue 34: 30 files outside the Slurm folder named Slurm's commands or variables; run/loop/preemption ran
+    `scontrol requeue`, run/records/record `scontrol --version`, report/sources had its own `sacct` call and parser.
     Everything Slurm is asked goes through hpc_ddp/scheduler; its variables are named in the one table."""
     found = []
     for name, path in all_modules().items():
@@ -794,7 +794,7 @@ def test_nothing_outside_the_checkpoint_package_picks_a_format_by_name() -> None
     graph = import_graph()  # not vacuous: the readers do ask the formats
     for reader in (
         "hpc_ddp.run.session",
-        "hpc_ddp.run.resume",
+        "hpc_ddp.run.checkpoint.resume",
         "hpc_ddp.checkpoint",
         "hpc_ddp.doctor.resume",
     ):

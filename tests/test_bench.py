@@ -20,9 +20,9 @@ from hpc_ddp.cluster.env import detect
 from hpc_ddp.cluster.group import process_group
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import tasks
-from hpc_ddp.run.beacon import NullBeacon
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.trainer import Trainer
+from hpc_ddp.run.loop.trainer import Trainer
+from hpc_ddp.run.watch.beacon import NullBeacon
 
 SETTINGS = Settings(trials=3, steps=60, world_size=2, batch_size=32, work=Path("/nonexistent"))
 

@@ -142,7 +142,7 @@ def test_killing_the_launcher_leaves_no_process(tmp_path: Path) -> None:
 
 
 def test_a_hang_dumps_every_rank_stack_to_its_log_then_fails(tmp_path: Path) -> None:
-    """With --timeout-s 8 the auto hang threshold is 4 s: the watchdog's verdict comes first (run/watchdog.py),
+    """With --timeout-s 8 the auto hang threshold is 4 s: the watchdog's verdict comes first (run/watch/watchdog.py),
     and every rank's log holds its stacks."""
     proc = start(
         tmp_path, "--task", "slow_tasks:hang", "--nodes", "1", "--timeout-s", "8", "--max-restarts", "0"
@@ -153,7 +153,7 @@ def test_a_hang_dumps_every_rank_stack_to_its_log_then_fails(tmp_path: Path) -> 
     waiting = (tmp_path / "logs" / "rank0.log").read_text()
     stuck = (tmp_path / "logs" / "rank1.log").read_text()
     # rank 0 shows where it waited (DDP's gradient all-reduce in backward), rank 1 where it is stuck (loss_fn)
-    assert "in backward" in waiting and ", in step\n" in waiting  # the loop's step (run/trainer.py)
+    assert "in backward" in waiting and ", in step\n" in waiting  # the loop's step (run/loop/trainer.py)
     assert "slow_tasks.py" in stuck and "in loss_fn" in stuck
 
 

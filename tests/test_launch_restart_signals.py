@@ -1,6 +1,6 @@
 """Signals that come while the local launcher restarts its ranks are held, never fatal: a training rank
 starts with SIGUSR1/SIGUSR2/SIGTERM blocked until its handlers are set (hpc_ddp.launch.local.processes.die_with_parent,
-hpc_ddp.run.preemption.install), and the launcher sends what came during the restart to every new rank.
+hpc_ddp.run.loop.preemption.install), and the launcher sends what came during the restart to every new rank.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from test_launch_slurm_survive import job_nodes, take_away, taken_away, wait_all
 
 from hpc_ddp import exitcodes
 from hpc_ddp.ledger import attempts
-from hpc_ddp.run import reached
+from hpc_ddp.run.records import reached
 
 __all__ = ["taken_away"]  # a fixture, imported for the tests below
 

@@ -19,8 +19,7 @@ from hpc_ddp import exitcodes
 from hpc_ddp.errors import CheckpointError, UsageError
 from hpc_ddp.launch.slurm import batch, min_nodes
 from hpc_ddp.ledger import attempts, decision, outcomes, rules
-from hpc_ddp.run import resume
-from hpc_ddp.run.checkpoint import sharded
+from hpc_ddp.run.checkpoint import resume, sharded
 from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.config import TrainConfig, accum_for, check_min_nodes

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.process, pytest.mark.deadline(60)]
 # Before the handler: USR2 to itself; then the kit's install() (which unblocks); then what it noted.
 LATE_INSTALL = """
 import os, signal
-from hpc_ddp.run import preemption
+from hpc_ddp.run.loop import preemption
 
 real = preemption.install
 
@@ -62,7 +62,7 @@ def test_python_m_hpc_ddp_train_holds_a_usr2_that_comes_before_its_handler(tmp_p
 def test_the_task_starter_blocks_before_submitit_and_the_task_entry(tmp_path: Path) -> None:
     """`python -m hpc_ddp.launch.slurm.start -u -m MODULE`, as every task of a `submit` job starts."""
     (tmp_path / "late_task.py").write_text(
-        LATE_INSTALL + "from hpc_ddp.run import preemption\npreemption.install()\n"
+        LATE_INSTALL + "from hpc_ddp.run.loop import preemption\npreemption.install()\n"
     )
     out = run([sys.executable, "-u", "-m", "hpc_ddp.launch.slurm.start", "-u", "-m", "late_task"], tmp_path)
     assert out.returncode == 0, (out.returncode, out.stderr)

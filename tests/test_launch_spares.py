@@ -514,7 +514,7 @@ def test_a_requeued_job_with_spares_keeps_the_size_it_trained_at(tmp_path) -> No
 
 
 def test_the_start_line_of_a_step_in_place_keeps_slurms_count_apart() -> None:
-    from hpc_ddp.run.progress import event_line
+    from hpc_ddp.run.records.progress import event_line
 
     record = {"event": "start", "job": "5", "resumed": True, "epoch": 0, "step": 4, "world_size": 2}
     assert event_line({**record, "restart": 2001, "startup_s": 3.0}) == (

@@ -12,7 +12,7 @@ from hpc_ddp.ledger import decision, outcomes
 from hpc_ddp.ledger.attempts import Attempt
 from hpc_ddp.ledger.decision import Budgets, Facts, InPlace, Placement, Smaller
 from hpc_ddp.run.config import accum_for
-from hpc_ddp.run.preemption import decide as rank0_decide
+from hpc_ddp.run.loop.preemption import decide as rank0_decide
 
 SLURM = Budgets(max_restarts=2, max_requeue=1, again=outcomes.REQUEUE)
 LOCAL = Budgets(max_restarts=2, max_requeue=1, again=outcomes.RESTART)

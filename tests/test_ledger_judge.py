@@ -11,7 +11,7 @@ import pytest
 from hpc_ddp import exitcodes
 from hpc_ddp.ledger import judge, outcomes, rules
 from hpc_ddp.ledger.attempts import Attempt
-from hpc_ddp.run import preemption
+from hpc_ddp.run.loop import preemption
 from hpc_ddp.scheduler.base import End
 from hpc_ddp.scheduler.slurm.states import TABLE, JobState
 

@@ -20,11 +20,11 @@ from test_report_run import local_run
 
 from hpc_ddp.report import plots, timeline
 from hpc_ddp.report.sources import read_run
-from hpc_ddp.run import resume
+from hpc_ddp.run.checkpoint import resume
 from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.folder import hold_folder, is_held
-from hpc_ddp.run.metrics import read_records
+from hpc_ddp.run.records.metrics import read_records
 
 
 def untouched(folder: Path) -> dict[str, tuple[int, int]]:

@@ -14,7 +14,7 @@ from conftest import run_module
 from report_check import assert_report_matches_records, check_report
 from test_launch_local import finish, read_until, start
 
-from hpc_ddp.run.metrics import read_records
+from hpc_ddp.run.records.metrics import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(200)]  # 6-8 s and 13-20 s (measured)
 

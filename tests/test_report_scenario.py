@@ -19,7 +19,7 @@ from test_launch_local import finish, read_until, start
 from test_run_progress_runs import event_steps
 
 from hpc_ddp.ledger import attempts
-from hpc_ddp.run.metrics import read_records
+from hpc_ddp.run.records.metrics import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(180)]  # 24-36 s (measured)
 

@@ -1,4 +1,4 @@
-"""Batches of any structure (hpc_ddp.run.batches), schedules (run.schedules), exact evaluation shards and
+"""Batches of any structure (hpc_ddp.run.data.batches), schedules (run.schedules), exact evaluation shards and
 weighted means (run.evaluation), stream parts (run.streams): unit tables."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run import batches, evaluation, schedules, streams
+from hpc_ddp.run.data import batches, streams
+from hpc_ddp.run.loop import evaluation, schedules
 
 
 class Pair(NamedTuple):
@@ -178,8 +179,8 @@ def test_a_resume_over_another_total_says_so_in_the_part_that_loads_it(tmp_path:
     """Issue 42: --epochs raised on a finished cosine run moved the rate about 100x, unsaid. The scheduler part
     (real LambdaLR objects, a state as a checkpoint holds it) goes on over the new total and says so."""
     from hpc_ddp.run.checkpoint.part import Loading
+    from hpc_ddp.run.checkpoint.parts import SchedulerPart
     from hpc_ddp.run.config import TrainConfig
-    from hpc_ddp.run.parts import SchedulerPart
 
     def make(total: int) -> tuple[Any, Any]:
         optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.01)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run.best import Best
 from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.loop.best import Best
 
 
 @pytest.mark.parametrize(

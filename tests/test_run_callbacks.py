@@ -27,10 +27,10 @@ from hpc_ddp.run import callbacks as cbs
 from hpc_ddp.run import tasks
 from hpc_ddp.run.checkpoint import content, full, store
 from hpc_ddp.run.checkpoint.part import PER_RANK, Loading
+from hpc_ddp.run.checkpoint.parts import CallbacksPart
 from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.parts import CallbacksPart
-from hpc_ddp.run.trainer import Trainer
+from hpc_ddp.run.loop.trainer import Trainer
 
 
 class Recorder(Callback):

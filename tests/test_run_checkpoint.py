@@ -15,13 +15,12 @@ from conftest import clean_environ, die_with_test
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from hpc_ddp.errors import CheckpointError, UsageError
-from hpc_ddp.run import resume
-from hpc_ddp.run.checkpoint import formats, full, store
+from hpc_ddp.run.checkpoint import formats, full, resume, store
 from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.checkpoint.writer import AsyncWriter
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.loaders import SkipSampler as _SkipSampler
+from hpc_ddp.run.data.loaders import SkipSampler as _SkipSampler
 from hpc_ddp.run.strategy.base import load_model_state
 
 

@@ -16,8 +16,7 @@ import torch
 from test_run_checkpoint import sample_state
 
 from hpc_ddp.errors import CheckpointError
-from hpc_ddp.run import resume
-from hpc_ddp.run.checkpoint import content, formats, full, store
+from hpc_ddp.run.checkpoint import content, formats, full, resume, store
 from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.checkpoint.writer import AsyncWriter

@@ -18,13 +18,13 @@ from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
 from hpc_ddp.errors import CheckpointCorrupt, CheckpointError
 from hpc_ddp.log import RankLog
-from hpc_ddp.run.beacon import NullBeacon
 from hpc_ddp.run.checkpoint import formats, full, store
+from hpc_ddp.run.checkpoint.checkpointer import Checkpointer
 from hpc_ddp.run.checkpoint.part import PER_RANK, REPLICATED, Loading, Part
 from hpc_ddp.run.checkpoint.storage import Local
-from hpc_ddp.run.checkpointer import Checkpointer
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.position import Position
+from hpc_ddp.run.loop.position import Position
+from hpc_ddp.run.watch.beacon import NullBeacon
 
 # ----- the store: names, latest, rotation ------------------------------------------------------------------
 

@@ -22,9 +22,10 @@ from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import preemption, rng, tasks
+from hpc_ddp.run import tasks
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.trainer import Trainer
+from hpc_ddp.run.loop import preemption, rng
+from hpc_ddp.run.loop.trainer import Trainer
 
 pytestmark = pytest.mark.deadline(120)
 
@@ -312,7 +313,7 @@ def test_reduce_lr_on_plateau_steps_with_each_evaluation_and_resumes_exactly(
 )
 def test_what_cannot_resume_bitwise_is_known_at_start(given: dict, expected: list[str]) -> None:
     """Build item 11 (pure): each reason a run cannot be exact, with its fix."""
-    from hpc_ddp.run import exact
+    from hpc_ddp.run.checkpoint import exact
 
     options = {"stream": False, "stream_state": False, "workers": 0, "stateful_loader": False, "cuda": False}
     why = exact.limits(**{**options, "deterministic": False, **given})
@@ -320,7 +321,7 @@ def test_what_cannot_resume_bitwise_is_known_at_start(given: dict, expected: lis
 
 
 def test_run_json_says_whether_the_run_is_exact(tmp_path: Path) -> None:
-    from hpc_ddp.run import record
+    from hpc_ddp.run.records import record
 
     record.write(tmp_path, {}, {}, str(tmp_path), ["the IterableDataset has no state_dict()"])
     written = json.loads((tmp_path / "run.json").read_text())

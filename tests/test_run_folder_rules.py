@@ -28,7 +28,7 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.checkpoint import full, store
 from hpc_ddp.run.checkpoint.storage import Local
-from hpc_ddp.run.metrics import read_records
+from hpc_ddp.run.records.metrics import read_records
 
 
 def train(folder: Path, *args: str, cwd: Path | None = None, **env: str) -> tuple[int, str]:
@@ -122,7 +122,7 @@ def test_a_finished_run_says_the_epoch_its_end_said(epoch: int, batch: int, said
     """Issue 33 item 10: "already finished at epoch 49, step 400" beside "ranks ended at epoch 50, step 400":
     the checkpoint saved at the last step of epoch 49 holds every batch of it done, the loop's end the next
     epoch. Both are said as the end says it (8 batches an epoch here)."""
-    from hpc_ddp.run.position import Position, epochs_done
+    from hpc_ddp.run.loop.position import Position, epochs_done
 
     assert epochs_done(Position(epoch=epoch, batch=batch, step=400), 8) == said
 

@@ -1,11 +1,11 @@
 """Which Pythons can deadlock a forked DataLoader worker at its start (CPython gh-112275), and the line a rank
-with workers says at start there (hpc_ddp.run.forkrisk)."""
+with workers says at start there (hpc_ddp.run.data.forkrisk)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpc_ddp.run import forkrisk
+from hpc_ddp.run.data import forkrisk
 
 
 @pytest.mark.parametrize(

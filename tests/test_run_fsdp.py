@@ -42,7 +42,7 @@ def reference_initial(seed: int = 0) -> list[torch.Tensor]:
     """The same factory's initial parameters built in this one process, for real, not on the meta device."""
     from fsdp_tasks import without_dropout
 
-    from hpc_ddp.run import materialize
+    from hpc_ddp.run.loop import materialize
 
     return [p.detach() for p in materialize.eager(without_dropout, seed, None).parameters()]
 

@@ -79,7 +79,7 @@ def on_tmpfs(
 def steps(folder: Path) -> list[int]:
     """The steps metrics.jsonl records, read as the kit reads it: a line a killed writer left cut (a write the full
     disk took part of) is skipped."""
-    from hpc_ddp.run.metrics_read import read_records
+    from hpc_ddp.run.records.metrics_read import read_records
 
     return [r["step"] for r in read_records(folder / "metrics.jsonl") if r["event"] == "step"]
 
@@ -284,7 +284,7 @@ BOARD = """
 import sys, time
 from pathlib import Path
 from robust_tasks import fill_disk
-from hpc_ddp.run import tblog
+from hpc_ddp.run.records import tblog
 
 folder = Path(sys.argv[1])
 tblog.FLUSH_S = 0  # the board flushes at every step: what it holds is at most one step's values

@@ -150,7 +150,7 @@ def test_a_rank_three_times_slower_is_named_a_straggler_within_20_steps(tmp_path
             "--max-steps",
             "25",
             # 50 ms of data per step (150 ms on rank 1): windows of 10 steps hold the half second of work a
-            # judged window needs (hpc_ddp.run.stragglers.MIN_WINDOW_S), so two are judged by step 20.
+            # judged window needs (hpc_ddp.run.watch.stragglers.MIN_WINDOW_S), so two are judged by step 20.
             STRAGGLER_DELAY_S="0.00625",
         ),
         timeout=90,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hpc_ddp import exitcodes
-from hpc_ddp.run import beacon, stragglers, verdict, watchdog
+from hpc_ddp.run.watch import beacon, stragglers, verdict, watchdog
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,7 @@ def test_every_fifth_step_carries_this_ranks_window_in_its_own_slot_and_starts_i
     import dataclasses
 
     from hpc_ddp.cluster.env import detect
-    from hpc_ddp.run.clock import StepClock
+    from hpc_ddp.run.loop.clock import StepClock
 
     env = dataclasses.replace(detect({}), rank=1, world_size=3)
     clock = StepClock(beacon.Beacon())
@@ -370,7 +370,7 @@ def test_long_work_is_a_long_phase_with_its_own_limit_and_then_the_phase_goes_on
 def test_the_norm_for_the_records_is_the_kits_own_work_and_counted_apart() -> None:
     """`clock.norm` inside `clock.task` (the norm the step records need without --clip-grad, issue 46): out of
     the task's time, as `clock.kit` is, and also in `norm_s`, so that the end record can say what it costs."""
-    from hpc_ddp.run.clock import StepClock
+    from hpc_ddp.run.loop.clock import StepClock
 
     clock = StepClock(beacon.Beacon())
     with clock.task:

@@ -22,10 +22,11 @@ from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
 from hpc_ddp.doctor import checkup, resume
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import configfile, folder, metrics, tasks
+from hpc_ddp.run import configfile, folder, tasks
 from hpc_ddp.run.config import TrainConfig, add_train_arguments
-from hpc_ddp.run.position import Position
-from hpc_ddp.run.trainer import Trainer
+from hpc_ddp.run.loop.position import Position
+from hpc_ddp.run.loop.trainer import Trainer
+from hpc_ddp.run.records import metrics
 
 
 def train_parser() -> argparse.ArgumentParser:

@@ -19,11 +19,12 @@ from conftest import local_checkpoints
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import metrics, reached, tasks
+from hpc_ddp.run import tasks
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.position import Position
+from hpc_ddp.run.loop.position import Position
+from hpc_ddp.run.loop.trainer import Trainer
+from hpc_ddp.run.records import metrics, reached
 from hpc_ddp.run.sinks import jsonl
-from hpc_ddp.run.trainer import Trainer
 
 # What a steady-state step must not call: file I/O and the process-wide RNG's capture (a checkpoint's work).
 FILE_IO = {"open", "write", "pwrite", "fsync", "fdatasync", "writelines", "flush"}
@@ -164,7 +165,7 @@ def test_step_json_is_rewritten_in_a_shared_mapping_that_readers_see_at_once(tmp
 def test_the_straggler_rows_ride_in_the_steps_packet_between_the_votes_and_the_extras() -> None:
     """One all-reduce a step carries the straggler rows too (issue 41): on a real one-rank gloo group, the
     packet's rows come back by rank, and the loss, votes and extras around them keep their values."""
-    from hpc_ddp.run import agreed
+    from hpc_ddp.run.loop import agreed
 
     env = dist_env.detect({})
     with process_group(env, torch.device("cpu")):

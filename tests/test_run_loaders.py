@@ -1,4 +1,4 @@
-"""torchdata's StatefulDataLoader as the training loop uses it (hpc_ddp.run.loaders): every worker's state of a
+"""torchdata's StatefulDataLoader as the training loop uses it (hpc_ddp.run.data.loaders): every worker's state of a
 stream resumes exactly, in the epoch after a full one too, which persistent workers get wrong."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from hpc_ddp.run import loaders
+from hpc_ddp.run.data import loaders
 
 pytestmark = pytest.mark.deadline(120)
 

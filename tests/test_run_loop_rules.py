@@ -1,5 +1,5 @@
-"""The loop's pure rules, each beside the code that owns it: when to evaluate (hpc_ddp.run.evaluation), what a
-non-finite step does and says (hpc_ddp.run.nonfinite), when nothing is left to train (hpc_ddp.run.position),
+"""The loop's pure rules, each beside the code that owns it: when to evaluate (hpc_ddp.run.loop.evaluation), what a
+non-finite step does and says (hpc_ddp.run.loop.nonfinite), when nothing is left to train (hpc_ddp.run.loop.position),
 and each part of the training options checked on its own (hpc_ddp.run.config's parts)."""
 
 from __future__ import annotations
@@ -7,17 +7,17 @@ from __future__ import annotations
 import pytest
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run import evaluation, nonfinite
 from hpc_ddp.run.checkpoint.options import CheckpointOptions
 from hpc_ddp.run.config import RestartOptions, RunOptions, TrainConfig
-from hpc_ddp.run.evaluation import EvalOptions
-from hpc_ddp.run.position import Position, trained
-from hpc_ddp.run.schedules import ScheduleOptions
+from hpc_ddp.run.data.workers import DataOptions
+from hpc_ddp.run.loop import evaluation, nonfinite
+from hpc_ddp.run.loop.evaluation import EvalOptions
+from hpc_ddp.run.loop.position import Position, trained
+from hpc_ddp.run.loop.schedules import ScheduleOptions
 from hpc_ddp.run.sinks.options import LoggingOptions
 from hpc_ddp.run.snapshot.options import SnapshotOptions
 from hpc_ddp.run.strategy.options import StrategyOptions
-from hpc_ddp.run.watchdog import GroupOptions
-from hpc_ddp.run.workers import DataOptions
+from hpc_ddp.run.watch.watchdog import GroupOptions
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Issue 36, the meta path: a model given as a factory gets the kit's initial weights (hpc_ddp.run.materialize),
+"""Issue 36, the meta path: a model given as a factory gets the kit's initial weights (hpc_ddp.run.loop.materialize),
 the same whether it was built for real or on the meta device, sharded or not; what nothing would initialize is
 refused at start in one line naming it; a plain module keeps working as it is.
 
@@ -16,8 +16,9 @@ from torch import nn
 from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster import group
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run import materialize, tasks
+from hpc_ddp.run import tasks
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.loop import materialize
 
 CPU = torch.device("cpu")
 

@@ -13,9 +13,9 @@ import torch
 from test_launch_local import finish, read_until, start
 
 from hpc_ddp import exitcodes
-from hpc_ddp.run import schedules
 from hpc_ddp.run.checkpoint import full, store
 from hpc_ddp.run.checkpoint.storage import Local
+from hpc_ddp.run.loop import schedules
 
 pytestmark = [pytest.mark.slow, pytest.mark.deadline(120)]
 
@@ -97,7 +97,8 @@ def test_dict_batches_and_a_step_with_metrics_record_them_averaged(dicts_run: tu
         r["metrics"]["half"] == 0.5 for r in steps
     )  # a constant: averaged over ranks and micro-batches
     assert all(r["metrics"]["mae"] > 0 for r in steps)
-    assert " half 0.5000 mae " in out  # the progress line shows them (one format: run/progress.value_text)
+    # the progress line shows them (one format: run/records/progress.value_text)
+    assert " half 0.5000 mae " in out
     assert "set_epoch calls: [0, 1]" in out  # the dataset's set_epoch, once an epoch
 
 
@@ -217,7 +218,7 @@ def preempted_twice(
 ) -> str:
     """A run that gets SIGUSR2 (to the launcher) in epoch 0 and again after its first resume; its output.
     `hangs_allowed`: a run whose DataLoader workers are forked may also be restarted once by the hang watchdog
-    on a Python with CPython gh-112275 (hpc_ddp.run.forkrisk: a worker that never starts); each such restart
+    on a Python with CPython gh-112275 (hpc_ddp.run.data.forkrisk: a worker that never starts); each such restart
     is a third resume, recorded as a hang in attempts.jsonl, and nothing else is."""
     proc = start(folder, *args, **env)
     lines = read_until(proc, "Epoch 0,")
@@ -476,7 +477,7 @@ def test_a_stream_with_state_read_by_two_workers_preempted_twice_ends_bitwise_eq
     assert out.count("--num-workers 2: each rank runs on 1 CPU, which its 2 DataLoader workers share") == 1, (
         out
     )
-    # --timeout-s 120: a worker that never starts (hpc_ddp.run.forkrisk) is named after 60 s, within the
+    # --timeout-s 120: a worker that never starts (hpc_ddp.run.data.forkrisk) is named after 60 s, within the
     # test's deadline, and the run resumes from its checkpoint.
     out = preempted_twice(
         tmp_path / "twice", *args, "--timeout-s", "120", hangs_allowed=True, mid_epoch_after=11, **slow

@@ -1,4 +1,4 @@
-"""The optimizer factory's parameters (hpc_ddp.run.params, issue 37 item 1), in-process on a real one-rank gloo
+"""The optimizer factory's parameters (hpc_ddp.run.loop.params, issue 37 item 1), in-process on a real one-rank gloo
 group: named as the bare model names them under ddp and fsdp alike, the ones the wrapped model trains (fsdp's
 shards); an unnamed factory works as before; an optimizer over parameters collected before wrapping is refused.
 Weight decay really applied by group, in 2-rank runs: tests/test_run_fsdp.py (the ddp/fsdp comparison)."""
@@ -16,7 +16,7 @@ from hpc_ddp.cluster.group import process_group
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import strategy as strategies
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.params import Parameters
+from hpc_ddp.run.loop.params import Parameters
 
 
 class Net(nn.Module):

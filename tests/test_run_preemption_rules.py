@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.run import preemption
+from hpc_ddp.run.loop import preemption
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,11 @@ from fake_slurm import FakeClock, FakeSlurm
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch import local
 from hpc_ddp.launch.slurm import follow, submitter
-from hpc_ddp.run import progress, tblog
 from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.progress import LIVE
+from hpc_ddp.run.records import progress, tblog
+from hpc_ddp.run.records.progress import LIVE
 from hpc_ddp.scheduler.slurm.client import SlurmClient
 
 
@@ -346,7 +346,7 @@ def test_a_start_killed_before_it_recorded_its_event_file_is_read_back_and_a_cut
 @pytest.mark.parametrize("how", ["set_aside", "overwrite"])
 def test_a_new_line_of_training_moves_the_old_curves_aside(tmp_path: Path, how: str) -> None:
     """TensorBoard never writes a step twice: the curves of a line left behind would hide the new line's steps."""
-    from hpc_ddp.run import resume
+    from hpc_ddp.run.checkpoint import resume
 
     ckpts = tmp_path / "checkpoints"
     ckpts.mkdir()

@@ -17,10 +17,10 @@ from test_report import summary
 from hpc_ddp.cluster.env import detect
 from hpc_ddp.launch import supervisor
 from hpc_ddp.ledger import attempts
-from hpc_ddp.run import metrics, reached
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.metrics import Recorder, read_records
-from hpc_ddp.run.position import Position
+from hpc_ddp.run.loop.position import Position
+from hpc_ddp.run.records import metrics, reached
+from hpc_ddp.run.records.metrics import Recorder, read_records
 
 
 def recorder(folder: Path, total: int, log_every_s: float = 30.0) -> Recorder:

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, clean_environ, die_with_test, run_module
 from test_launch_local import finish, read_until, start
 
-from hpc_ddp.run.metrics import read_records
+from hpc_ddp.run.records.metrics import read_records
 
 LOCAL = ("--nodes", "1", "--tasks-per-node", "2", "--task", "slow_tasks:slow", "--batch-size", "8")
 PLAIN = re.compile(

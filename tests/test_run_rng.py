@@ -1,4 +1,4 @@
-"""hpc_ddp.run.rng: --seed starts every generator a step may draw from, and a checkpoint's `rng` part puts each
+"""hpc_ddp.run.loop.rng: --seed starts every generator a step may draw from, and a checkpoint's `rng` part puts each
 back where it was (the real runs: test_run_models' scheduler test, test_run_fsdp's bitwise resume)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 import numpy as np
 import torch
 
-from hpc_ddp.run import rng
+from hpc_ddp.run.loop import rng
 
 CPU = torch.device("cpu")
 

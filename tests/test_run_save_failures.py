@@ -19,13 +19,13 @@ from hpc_ddp.errors import DiskFull, SavingFailed
 from hpc_ddp.ledger import judge
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run.beacon import NullBeacon
 from hpc_ddp.run.checkpoint import durable, full, store, torchfile
+from hpc_ddp.run.checkpoint.checkpointer import SAVING_FAILED, Checkpointer
 from hpc_ddp.run.checkpoint.part import REPLICATED, Loading, Part
 from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.checkpoint.writer import BACKOFF_VAR, AsyncWriter, retriable
-from hpc_ddp.run.checkpointer import SAVING_FAILED, Checkpointer
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.watch.beacon import NullBeacon
 
 TORCH_ZIP_ERROR = "[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0"
 

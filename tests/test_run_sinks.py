@@ -13,8 +13,8 @@ import pytest
 from hpc_ddp.cluster.env import detect
 from hpc_ddp.run import sinks
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.metrics import Recorder, read_records
-from hpc_ddp.run.position import Position
+from hpc_ddp.run.loop.position import Position
+from hpc_ddp.run.records.metrics import Recorder, read_records
 
 
 class Kept(sinks.Sink):

@@ -191,7 +191,7 @@ def test_a_rank_killed_with_its_nodes_memory_resumes_from_memory_bitwise(
 def _trainer(cfg, env, folder: Path):  # type: ignore[no-untyped-def]
     from hpc_ddp.log import RankLog
     from hpc_ddp.run import tasks
-    from hpc_ddp.run.trainer import Trainer
+    from hpc_ddp.run.loop.trainer import Trainer
 
     torch.manual_seed(cfg.seed)
     folder.mkdir(parents=True, exist_ok=True)

@@ -20,12 +20,13 @@ from hpc_ddp.cluster import env as dist_env
 from hpc_ddp.cluster.group import process_group
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import configfile, progress, tasks
+from hpc_ddp.run import configfile, tasks
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, differences, from_namespace
-from hpc_ddp.run.metrics import read_records
+from hpc_ddp.run.loop.trainer import Trainer
+from hpc_ddp.run.records import progress
+from hpc_ddp.run.records.metrics import read_records
 from hpc_ddp.run.sinks import trackers
 from hpc_ddp.run.taskargs import TaskArgs
-from hpc_ddp.run.trainer import Trainer
 
 
 def parser() -> argparse.ArgumentParser:

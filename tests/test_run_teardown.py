@@ -29,7 +29,7 @@ from hpc_ddp.cluster.group import GroupLifetimeError
 from hpc_ddp.log import RankLog
 from hpc_ddp.run import tasks
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.trainer import Trainer
+from hpc_ddp.run.loop.trainer import Trainer
 
 CPU = torch.device("cpu")
 

@@ -19,7 +19,7 @@ from hpc_ddp.run import strategy, tasks
 from hpc_ddp.run.checkpoint.storage import Local
 from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.trainer import Trainer
+from hpc_ddp.run.loop.trainer import Trainer
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from hpc_ddp.bench import scale
 from hpc_ddp.bench.scale_parts import VANISHED
 from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import verdict as ledger_verdict
-from hpc_ddp.run import watchdog
-from hpc_ddp.run.beacon import Beacon
+from hpc_ddp.run.watch import watchdog
+from hpc_ddp.run.watch.beacon import Beacon
 
 pytestmark = pytest.mark.deadline(240)
 

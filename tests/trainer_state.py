@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.run.checkpoint import full
-from hpc_ddp.run.trainer import Trainer
+from hpc_ddp.run.loop.trainer import Trainer
 
 
 def gather(trainer: Trainer) -> dict[str, Any] | None:

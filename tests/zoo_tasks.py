@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from hpc_ddp import Task
-from hpc_ddp.run import streams
+from hpc_ddp.run.data import streams
 
 
 def _data(config, samples: int = 96) -> TensorDataset:  # type: ignore[no-untyped-def]

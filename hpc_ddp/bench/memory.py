@@ -32,7 +32,7 @@ from hpc_ddp.bench.runs import (
     read_records,
 )
 from hpc_ddp.ledger import attempts
-from hpc_ddp.run import reached
+from hpc_ddp.run.records import reached
 from hpc_ddp.variables import SNAPSHOT_DIR
 
 TASK = "gpt"

@@ -85,7 +85,7 @@ def child_env() -> dict[str, str]:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    from hpc_ddp.run.metrics import read_records as read  # skips a line a crash cut
+    from hpc_ddp.run.records.metrics import read_records as read  # skips a line a crash cut
 
     return read(path)
 

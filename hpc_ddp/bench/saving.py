@@ -48,8 +48,8 @@ def checkpoint_section(s: Settings) -> dict[str, Any]:
     from hpc_ddp.cluster.group import process_group
     from hpc_ddp.log import RankLog
     from hpc_ddp.run.config import TrainConfig
+    from hpc_ddp.run.loop.trainer import Trainer
     from hpc_ddp.run.tasks import build
-    from hpc_ddp.run.trainer import Trainer
 
     folder = s.work / "checkpoint"
     folder.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The scale bench's hang: N simulated ranks, one silent, through the kit's own watchdog (hpc_ddp.run.watchdog).
+"""The scale bench's hang: N simulated ranks, one silent, through the kit's own watchdog (hpc_ddp.run.watch.watchdog).
 
 Each simulated rank is a thread running the real `Watchdog`: its tick loop, its report written to the run
 folder, the round's collection, the claim, `decide` and `hang.json`. Only what cannot be shared by thousands of
@@ -22,9 +22,9 @@ from typing import Any
 
 from hpc_ddp.bench import scale_parts
 from hpc_ddp.ledger import verdict as ledger_verdict
-from hpc_ddp.run import beacon as phases
-from hpc_ddp.run import watchdog
-from hpc_ddp.run.beacon import Beacon
+from hpc_ddp.run.watch import beacon as phases
+from hpc_ddp.run.watch import watchdog
+from hpc_ddp.run.watch.beacon import Beacon
 
 LIMIT_S = 2.0  # the simulated ranks' --hang-timeout-s: short, so that the bench measures what comes after it
 STACK_BYTES = 512 * 1024  # each simulated rank's thread stack (thousands of threads)

@@ -119,12 +119,12 @@ def _trainers(env: Any, work: Path, args: argparse.Namespace, stack: contextlib.
     import torch
 
     from hpc_ddp.log import RankLog
-    from hpc_ddp.run.beacon import Beacon, NullBeacon
     from hpc_ddp.run.checkpoint import store
     from hpc_ddp.run.config import TrainConfig
+    from hpc_ddp.run.loop.trainer import Trainer
     from hpc_ddp.run.tasks import build
-    from hpc_ddp.run.trainer import Trainer
-    from hpc_ddp.run.watchdog import Identity, Watchdog
+    from hpc_ddp.run.watch.beacon import Beacon, NullBeacon
+    from hpc_ddp.run.watch.watchdog import Identity, Watchdog
 
     quiet = RankLog(env.rank, stack.enter_context(open(os.devnull, "w")))  # an "Epoch" line per block
     trainers = {}
@@ -136,7 +136,7 @@ def _trainers(env: Any, work: Path, args: argparse.Namespace, stack: contextlib.
         )
         torch.manual_seed(cfg.seed)
         watched = variant == "with"
-        # A NullBeacon's rank is unwatched: no end-of-backward mark, no straggler check (hpc_ddp.run.clock).
+        # A NullBeacon's rank is unwatched: no end-of-backward mark, no straggler check (hpc_ddp.run.loop.clock).
         beacon = Beacon() if watched else NullBeacon()
         trainer = stack.enter_context(
             Trainer(

@@ -152,7 +152,7 @@ class DistEnv:
     @property
     def is_restart(self) -> bool:
         """Started again by its launcher (a requeue, a local restart, a torchrun round after the first): such a
-        start continues from the run's own latest checkpoint, whatever --resume says (hpc_ddp.run.resume)."""
+        start continues from the run's own latest checkpoint, whatever --resume says (hpc_ddp.run.checkpoint.resume)."""
         return self.restart > 0
 
     @property

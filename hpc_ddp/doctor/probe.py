@@ -15,7 +15,7 @@ calls, changing nothing they compute:
 
 Each rank appends one JSON line per record to `<trace>/rank<N>.jsonl`, tagged with the attempt (the launcher's
 restart count) and the position: ("train", step, micro-batch) or ("eval", step, batch). The loop says which step
-it is at through its beacon (hpc_ddp.run.beacon.current).
+it is at through its beacon (hpc_ddp.run.watch.beacon.current).
 
 A stop point is (attempt, kind, step, index): when the run reaches it in that attempt, every rank sends itself
 SIGUSR2, the signal a Slurm preemption sends (`--signal=USR2@...`), before the user's code runs: the kit's own
@@ -43,10 +43,10 @@ from torch import nn
 
 from hpc_ddp.cluster.env import SLURM_RESTART_VAR
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run import beacon as phase
 from hpc_ddp.run import tasks
 from hpc_ddp.run.config import TrainConfig
 from hpc_ddp.run.tasks import Task
+from hpc_ddp.run.watch import beacon as phase
 from hpc_ddp.variables import RESUME_PROBE
 
 PROBE_TASK = "hpc_ddp.doctor.probe:build"  # the --task of the check's runs
@@ -290,7 +290,7 @@ def build(config: TrainConfig) -> Task:
     made = inner.optimizer or (lambda params: torch.optim.SGD(params, lr=config.lr))
 
     def optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        named = getattr(params, "named", None)  # hpc_ddp.run.params.Parameters
+        named = getattr(params, "named", None)  # hpc_ddp.run.loop.params.Parameters
         if callable(named):
             probe.params = list(named())
         built = made(params)
@@ -328,7 +328,7 @@ def _recorded(probe: Probe, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any
 def _record_forwards(probe: Probe, task: Task) -> None:
     """A loss_fn task: the model's input is seen by a forward pre-hook (before the forward draws anything), its
     target by loss_fn; the record is written once both are known."""
-    from hpc_ddp.run import materialize
+    from hpc_ddp.run.loop import materialize
 
     pending: list[tuple[dict[str, Any], nn.Module]] = []
 

@@ -53,7 +53,7 @@ from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.checkpoint.storage import Storage
 from hpc_ddp.run.checkpoint.store import CheckpointStore
 from hpc_ddp.run.config import TrainConfig, add_train_arguments, from_namespace
-from hpc_ddp.run.metrics_read import iter_records
+from hpc_ddp.run.records.metrics_read import iter_records
 from hpc_ddp.variables import RESUME_PROBE, SAVE_DELAY_S
 
 PROG = "python -m hpc_ddp.doctor resume"

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hpc_ddp.run.params import Parameters
+from hpc_ddp.run.loop.params import Parameters
 from hpc_ddp.run.tasks import Task
 
 WORDS = {
@@ -127,7 +127,7 @@ def eval_step(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tor
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
-    from hpc_ddp.run import schedules
+    from hpc_ddp.run.loop import schedules
 
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, schedules.Factor("cosine", total_steps // 10, total_steps)

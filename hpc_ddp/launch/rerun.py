@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import attempts
-from hpc_ddp.run import record
 from hpc_ddp.run.config import TrainConfig, differences
+from hpc_ddp.run.records import record
 
 if TYPE_CHECKING:
     from hpc_ddp.scheduler.base import Scheduler

@@ -160,8 +160,8 @@ def end_attempt(
 
 def step_reached(folder: Path, since: float) -> int | None:
     """The last step rank 0 finished since `since` (epoch seconds): where an attempt got to, also when it died
-    between two progress records (hpc_ddp.run.reached owns the answer; no torch)."""
-    from hpc_ddp.run.reached import step_reached as reached
+    between two progress records (hpc_ddp.run.records.reached owns the answer; no torch)."""
+    from hpc_ddp.run.records.reached import step_reached as reached
 
     return reached(folder, since)
 

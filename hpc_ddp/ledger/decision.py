@@ -1,7 +1,7 @@
 """The one decision: what a job does after an attempt ended, from the ledger's rules and the allocation's facts.
 
 Every actor that decides about an attempt calls `decide` here and acts on what it returns, unchanged: rank 0
-deciding alone after a preemption (hpc_ddp.run.preemption), the local launcher, the batch shell's `end` and
+deciding alone after a preemption (hpc_ddp.run.loop.preemption), the local launcher, the batch shell's `end` and
 `begin` (hpc_ddp.launch.slurm.batch) and the `--wait` follower (hpc_ddp.launch.slurm.follow). What differs between
 them is only what they know, and that is an input: the budgets (`Budgets`, built once from the options) and the
 allocation's facts (`Facts`: whether the job is over, a stop the supervisor was asked for, the nodes a restart in
@@ -221,7 +221,7 @@ def kept_accum(grad_accum: int, saved: int, now: int) -> int | None:
 
 def went_on(ran: int, left: int, exclude: Sequence[str], rule: Smaller) -> str:
     """What going on with fewer nodes changes, as the attempt line says it: the nodes, the ranks, and the
-    global batch, or the --grad-accum that keeps it (hpc_ddp.run.resume.resize does the same arithmetic)."""
+    global batch, or the --grad-accum that keeps it (hpc_ddp.run.checkpoint.resume.resize does the same arithmetic)."""
     before, after = ran * rule.per_node, left * rule.per_node
     kept = kept_accum(rule.grad_accum, before, after)
     total = rule.batch * rule.grad_accum * before

@@ -74,7 +74,7 @@ SECONDARY = (
 VANISHED = ("connection closed by peer", "connection reset by peer", "remote process exited", "early eof")
 VANISHED_TYPES = ("RuntimeError", "DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
 
-# The signals that mean "preempted" to every task of the kit (hpc_ddp.run.preemption): a task killed by one
+# The signals that mean "preempted" to every task of the kit (hpc_ddp.run.loop.preemption): a task killed by one
 # died of a preemption that came before its handler existed (while the interpreter started), never of a crash.
 PREEMPTION_SIGNALS = ("SIGUSR1", "SIGUSR2")
 

@@ -8,7 +8,7 @@ before it:
 - a preemption the ranks saved for (preempted.json): start again while the job's preemptions stay within
   --max-requeue (`requeue_budget`); a stop signal (SIGTERM) among them: stop. Where rank 0 decided alone
   (--requeue-by scontrol) its decision stands and no budget is applied here (rank 0 applies the same rule:
-  hpc_ddp.run.preemption.decide).
+  hpc_ddp.run.loop.preemption.decide).
 - a failure (a rank raising, a peer vanishing, a hang verdict, a node failure): start again from the latest
   checkpoint while the job's failures stay within --max-restarts, except a *crash loop*: an attempt that fails
   with the same signature as the attempt before it, without a newer checkpoint in between, is an error in the

@@ -1,4 +1,4 @@
-"""The hang verdict, `<folder>/hang.json`: written once by the rank that decided it (hpc_ddp.run.watchdog),
+"""The hang verdict, `<folder>/hang.json`: written once by the rank that decided it (hpc_ddp.run.watch.watchdog),
 read by the supervisor that ends the attempt (the local launcher, the batch shell's `end` step, `submit
 --wait`). A verdict older than the attempt is an earlier attempt's (`since`). No torch.
 """

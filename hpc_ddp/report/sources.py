@@ -18,7 +18,7 @@ from hpc_ddp.ledger import attempts
 from hpc_ddp.ledger.attempts import ATTEMPTS  # written by rank 0 (start) and the supervisor (end)
 from hpc_ddp.report.recorded import Recorded, compile_records
 from hpc_ddp.run.folder import CHECKPOINTS, METRICS, RUN_RECORD, is_held
-from hpc_ddp.run.metrics_read import iter_records
+from hpc_ddp.run.records.metrics_read import iter_records
 from hpc_ddp.scheduler.base import Scheduler, Window, is_job_id
 
 SACCT_TIMEOUT_S = 10.0  # the report waits no longer for accounting: without it, the gaps between attempts

@@ -21,11 +21,11 @@ without callbacks does no work for them at all (tests/test_run_hot_path.py).
 
 Checkpointed state: a callback with `state_dict()` and `load_state_dict(state)` is saved in every checkpoint
 and restored on resume (before on_train_start), PER RANK: every rank's own state is saved and each rank loads
-its own, like the RNG (hpc_ddp.run.parts.CallbacksPart). What it returns must load under weights_only: tensors,
+its own, like the RNG (hpc_ddp.run.checkpoint.parts.CallbacksPart). What it returns must load under weights_only: tensors,
 numbers, strings, lists, dicts (checked at start and after on_train_start: a usage error, not a lost save).
 
 Stopping: `state.request_stop()` from any hook; the request rides in the next step's all-reduce (one more
-number in the packet, hpc_ddp.run.agreed), so every rank learns it at the same step. That step's update is not
+number in the packet, hpc_ddp.run.loop.agreed), so every rank learns it at the same step. That step's update is not
 applied and it is not counted: the run ends as finished at the step the request was made after (its final
 evaluation if one is due, the final save, model.pth, exit 0), never as a preemption; a rerun finds it finished.
 
@@ -181,7 +181,7 @@ class Callbacks:
                     )
                 raise
 
-    # ----- checkpointed state (hpc_ddp.run.parts.CallbacksPart) -------------------------------------------
+    # ----- checkpointed state (hpc_ddp.run.checkpoint.parts.CallbacksPart) -------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """This rank's state of every callback that has one, by its key (name_of)."""
         return {key: cb.state_dict() for key, cb in self.stateful}  # type: ignore[attr-defined]

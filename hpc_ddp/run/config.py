@@ -5,15 +5,15 @@ Each concern is a frozen dataclass checked beside the code that uses it; `TrainC
 every option is a flat field (`cfg.keep`, `--keep`) and a function that needs one concern takes that part:
 
     RunOptions         here: the task, how long, the batch and the step (the trainer's)
-    ScheduleOptions    hpc_ddp.run.schedules: --lr-schedule, --warmup-steps, --plateau-metric
-    DataOptions        hpc_ddp.run.workers: the loaders' workers, pinned memory, prefetch
-    EvalOptions        hpc_ddp.run.evaluation: when to evaluate, --keep-best
+    ScheduleOptions    hpc_ddp.run.loop.schedules: --lr-schedule, --warmup-steps, --plateau-metric
+    DataOptions        hpc_ddp.run.data.workers: the loaders' workers, pinned memory, prefetch
+    EvalOptions        hpc_ddp.run.loop.evaluation: when to evaluate, --keep-best
     StrategyOptions    hpc_ddp.run.strategy.options: --strategy, --reshard-after-forward, --amp
     CheckpointOptions  hpc_ddp.run.checkpoint.options: when to save, how many, the format, --resume
     SnapshotOptions    hpc_ddp.run.snapshot.options: snapshots in memory, how often, how much memory
     LoggingOptions     hpc_ddp.run.sinks.options: progress lines, TensorBoard, trackers
     RestartOptions     here: what the supervisors (hpc_ddp.launch) may do after a preemption or a failure
-    GroupOptions       hpc_ddp.run.watchdog: the process group's backend and timeout, the hang watchdog's limit
+    GroupOptions       hpc_ddp.run.watch.watchdog: the process group's backend and timeout, the hang watchdog's limit
 
 A part's own checks run when it is built alone and when TrainConfig is; the checks that span two parts are
 TrainConfig's (`__post_init__`). Every check fails with one line: the flag, the value, what it must be.
@@ -36,15 +36,15 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.run import options, taskargs
 from hpc_ddp.run.checkpoint.options import ASYNC_SAVE_DEFAULT as ASYNC_SAVE_DEFAULT
 from hpc_ddp.run.checkpoint.options import CheckpointOptions
-from hpc_ddp.run.evaluation import EvalOptions
-from hpc_ddp.run.schedules import ScheduleOptions
+from hpc_ddp.run.data.workers import DataOptions
+from hpc_ddp.run.loop.evaluation import EvalOptions
+from hpc_ddp.run.loop.schedules import ScheduleOptions
 from hpc_ddp.run.sinks.options import LoggingOptions
 from hpc_ddp.run.snapshot.options import SnapshotOptions
 from hpc_ddp.run.strategy.options import AMP_CHOICES as AMP_CHOICES
 from hpc_ddp.run.strategy.options import StrategyOptions
 from hpc_ddp.run.taskargs import TaskArgs
-from hpc_ddp.run.watchdog import GroupOptions
-from hpc_ddp.run.workers import DataOptions
+from hpc_ddp.run.watch.watchdog import GroupOptions
 
 BUILTIN_TASKS = ("linear", "mlp", "gpt", "cnn")
 REQUEUE_BY = ("auto", "scontrol", "launcher")
@@ -57,7 +57,7 @@ MUST_MATCH = ("task", "batch_size", "grad_accum", "seed", "amp", "lr_schedule", 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What to train, for how long, and the optimizer step (the trainer's: hpc_ddp.run.trainer)."""
+    """What to train, for how long, and the optimizer step (the trainer's: hpc_ddp.run.loop.trainer)."""
 
     task: str = field(
         default="linear",
@@ -137,7 +137,7 @@ class RunOptions:
 @dataclass(frozen=True)
 class RestartOptions:
     """What may start a stopped run again: read by its supervisors (hpc_ddp.launch: the local launcher, the
-    Slurm batch shell), and by rank 0 where none of the kit supervises (hpc_ddp.run.preemption)."""
+    Slurm batch shell), and by rank 0 where none of the kit supervises (hpc_ddp.run.loop.preemption)."""
 
     min_nodes: int = field(
         default=0,

@@ -4,10 +4,10 @@ the lock that keeps it to one run at a time. What ranks and supervisors leave fo
 
     <folder>/checkpoints/     ckpt-<step>.pt and `latest` (hpc_ddp.run.checkpoint)
     <folder>/model.pth        the final weights
-    <folder>/metrics.jsonl    rank 0's progress records (hpc_ddp.run.metrics)
-    <folder>/step.json        the last step rank 0 finished, rewritten every step (hpc_ddp.run.metrics)
-    <folder>/tb/              --tensorboard: rank 0's event files and logged.json (hpc_ddp.run.tblog)
-    <folder>/run.json         what ran, with which settings and versions (hpc_ddp.run.record)
+    <folder>/metrics.jsonl    rank 0's progress records (hpc_ddp.run.records.metrics)
+    <folder>/step.json        the last step rank 0 finished, rewritten every step (hpc_ddp.run.records.metrics)
+    <folder>/tb/              --tensorboard: rank 0's event files and logged.json (hpc_ddp.run.records.tblog)
+    <folder>/run.json         what ran, with which settings and versions (hpc_ddp.run.records.record)
     <folder>/config.toml      the resolved training options, for --config (hpc_ddp.run.configfile)
     <folder>/logs/            per-rank output of a local run (hpc_ddp.launch.local)
     <folder>/preempted.json   after a preemption, what the ranks agreed on (hpc_ddp.ledger.preemption)
@@ -51,7 +51,7 @@ CHECKPOINTS = "checkpoints"
 MODEL = "model.pth"
 METRICS = "metrics.jsonl"
 REACHED = "step.json"
-TENSORBOARD = "tb"  # --tensorboard: rank 0's event files (hpc_ddp.run.tblog)
+TENSORBOARD = "tb"  # --tensorboard: rank 0's event files (hpc_ddp.run.records.tblog)
 RUN_RECORD = "run.json"
 CONFIG_FILE = "config.toml"  # the resolved training options, for --config (hpc_ddp.run.configfile)
 LOGS = "logs"

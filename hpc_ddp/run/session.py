@@ -29,17 +29,17 @@ from hpc_ddp.ledger import attempts, exits, files, rules
 from hpc_ddp.ledger import preemption as preemption_record
 from hpc_ddp.log import RankLog, count
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import preemption
-from hpc_ddp.run.beacon import FINISHING, STARTUP, USER_CODE, Beacon, publish
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.position import epochs_done
+from hpc_ddp.run.loop import preemption
+from hpc_ddp.run.loop.position import epochs_done
+from hpc_ddp.run.watch.beacon import FINISHING, STARTUP, USER_CODE, Beacon, publish
 
 if TYPE_CHECKING:  # imported lazily at run time: torch costs seconds, and a usage error must not wait for it
     import torch
 
     from hpc_ddp.run.checkpoint.store import CheckpointStore
-    from hpc_ddp.run.position import Outcome
-    from hpc_ddp.run.trainer import Trainer
+    from hpc_ddp.run.loop.position import Outcome
+    from hpc_ddp.run.loop.trainer import Trainer
 
 T = TypeVar("T")
 
@@ -195,10 +195,11 @@ def _train(
 ) -> int:
     import torch
 
-    from hpc_ddp.run import resume, rng, tasks
-    from hpc_ddp.run.checkpoint import store
+    from hpc_ddp.run import tasks
+    from hpc_ddp.run.checkpoint import resume, store
+    from hpc_ddp.run.loop import rng
+    from hpc_ddp.run.loop.trainer import Trainer
     from hpc_ddp.run.snapshot import recover
-    from hpc_ddp.run.trainer import Trainer
 
     if device.type == "cuda":
         _check_gpus(env, device)
@@ -207,7 +208,7 @@ def _train(
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
     beacon = Beacon()
-    publish(beacon)  # user code may ask where the loop is (hpc_ddp.run.beacon.current)
+    publish(beacon)  # user code may ask where the loop is (hpc_ddp.run.watch.beacon.current)
     beacon.set(USER_CODE)  # the task's build function is the user's: a hang there is named as such
     task = tasks.build(cfg)  # the user's code and --task are checked before anything in the folder changes
     # The run's checkpoints and their storage (--checkpoint-storage), built once: every reader gets this one.
@@ -262,13 +263,14 @@ def _begin(
 ) -> None:
     """Everything is checked: only now does this start change the folder, record itself, and say how it starts.
     `memory`: where a restart with snapshots resumed from (hpc_ddp.run.snapshot.recover.Resumed)."""
-    from hpc_ddp.run import exact
+    from hpc_ddp.run.checkpoint import exact
 
     start = plan.start
     from_memory = memory is not None and memory.source == "memory"
     if resized is not None and resized.saved != resized.now:
         trainer.not_exact.append(exact.RESIZED)
-    if trainer.not_exact:  # what cannot resume bit for bit, said before training (hpc_ddp.run.exact)
+    # what cannot resume bit for bit, said before training (hpc_ddp.run.checkpoint.exact)
+    if trainer.not_exact:
         log.main(f"not bitwise resumable: {'; '.join(trainer.not_exact)}")
     _rank0(
         env, lambda: _take_folder(trainer.cfg, env, trainer.checkpointer.store, plan, log, trainer.not_exact)
@@ -348,8 +350,9 @@ def _take_folder(
     not_exact: list[str],
 ) -> None:
     """Rank 0, once the start is fully checked: tidy, apply the resume plan, write run.json."""
-    from hpc_ddp.run import configfile, record, resume
-    from hpc_ddp.run.checkpoint import store
+    from hpc_ddp.run import configfile
+    from hpc_ddp.run.checkpoint import resume, store
+    from hpc_ddp.run.records import record
 
     folder = checkpoints.folder
     # A previous run killed mid-save left them; they were never promoted.
@@ -455,8 +458,8 @@ def _finished_already(trainer: Any, folder: Path, log: RankLog) -> None:
 def _watchdog(
     cfg: TrainConfig, env: DistEnv, folder: Path, log: RankLog, trainer: Trainer, environ: Mapping[str, str]
 ) -> contextlib.AbstractContextManager[object]:
-    """The hang watchdog for this rank (run/watchdog.py), or nothing with --hang-timeout-s 0."""
-    from hpc_ddp.run.watchdog import Identity, Watchdog
+    """The hang watchdog for this rank (run/watch/watchdog.py), or nothing with --hang-timeout-s 0."""
+    from hpc_ddp.run.watch.watchdog import Identity, Watchdog
 
     setting = cfg.hang_setting()
     if setting == 0:

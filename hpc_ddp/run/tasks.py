@@ -37,7 +37,7 @@ from hpc_ddp import cli
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run.callbacks import Callback
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.params import Parameters
+from hpc_ddp.run.loop.params import Parameters
 
 
 @dataclass
@@ -49,14 +49,14 @@ class Task:
                   meta device and allocates only each rank's shards (no rank holds the whole model), and the
                   kit sets the initial weights itself, the same for a --seed under ddp and fsdp at any number
                   of ranks: each module's reset_parameters(), then init_weights, on a generator keyed by the
-                  module's name (hpc_ddp.run.materialize). Inside `step` and `eval_step` you get the *wrapped*
+                  module's name (hpc_ddp.run.loop.materialize). Inside `step` and `eval_step` you get the *wrapped*
                   model (DDP or FSDP): call it, its forward is the synchronised one.
     init_weights  with a factory: init_weights(module), called for every module that holds parameters or
                   buffers itself, after its reset_parameters() (if any), on a CPU copy of that module's own
                   tensors (its children are on the meta device then): it sets them in place. Needed when a
                   module has tensors of its own and no reset_parameters() (refused at start otherwise).
     dataset       a map-style Dataset (split across ranks by a DistributedSampler, reshuffled each epoch), or an
-                  IterableDataset (each rank and worker reads its own part: hpc_ddp.run.streams.reader; the epoch
+                  IterableDataset (each rank and worker reads its own part: hpc_ddp.run.data.streams.reader; the epoch
                   ends on every rank after the same step, when some rank's stream ends; one with
                   state_dict()/load_state_dict() resumes mid-epoch exactly, with DataLoader workers through
                   torchdata's StatefulDataLoader; any other restarts its epoch on resume, and says so). Its
@@ -67,7 +67,7 @@ class Task:
                   shown in the progress line, metrics.jsonl, TensorBoard (train/<name>) and the report.
     optimizer     optimizer(params) -> Optimizer; default SGD(lr=--lr). `params` are the parameters of the model as
                   the kit trains it (after DDP or FSDP wraps it), a list; `params.named()` gives (name,
-                  parameter) pairs with the bare model's names, for groups by name (hpc_ddp.run.params says
+                  parameter) pairs with the bare model's names, for groups by name (hpc_ddp.run.loop.params says
                   what is safe under fsdp). Your own sets its own rate: --lr
                   reaches it only if your factory reads config.lr (the built-in tasks do). A schedule
                   (--lr-schedule or Task.scheduler) scales the rate the optimizer starts with, whatever set it.
@@ -79,13 +79,13 @@ class Task:
                   evaluation with its --plateau-metric value instead.
     collate_fn    for the training and the evaluation loaders (e.g. padding, dict batches).
     eval_dataset  map-style (rank r evaluates samples r, r + world, ...) or an IterableDataset (each rank reads
-                  its own part: hpc_ddp.run.streams.reader, as for training); evaluated every
+                  its own part: hpc_ddp.run.data.streams.reader, as for training); evaluated every
                   --eval-every-epochs/--eval-every-steps and at the end, in batches of --eval-batch-size, each
                   sample exactly once over all ranks, in model.eval() under torch.no_grad().
     eval_step     eval_step(model, batch) -> {"name": value}: means over the batch, weighted by its samples (the
                   items the loader collated into it) across ranks; or {"name": (total, weight)}: the mean is
                   sum(total) / sum(weight) over every batch of every rank (e.g. (loss_sum, tokens)). A name no
-                  batch reported is missing from that evaluation, never 0.0 (hpc_ddp.run.evaluation). Without
+                  batch reported is missing from that evaluation, never 0.0 (hpc_ddp.run.loop.evaluation). Without
                   it the evaluation reports the loss (`loss_fn` or `step`'s).
     shard         --strategy fsdp: shard(model) -> the modules to shard one by one (default: the modules of
                   the model's nn.ModuleLists).

@@ -22,7 +22,7 @@ from typing import TextIO
 
 from hpc_ddp.ledger import files, judge
 from hpc_ddp.log import TracebackFold
-from hpc_ddp.run import progress
+from hpc_ddp.run.records import progress
 
 # Characters queued for the console at most; beyond, lines are dropped (not from the logs).
 CONSOLE_BACKLOG = 16 << 20
@@ -260,7 +260,7 @@ class RankOutput:
             for raw in self.proc.stdout:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 if self.rank == 0 and line.startswith(progress.LIVE):
-                    # Rank 0's live progress line (hpc_ddp.run.metrics): in place on the console; the log gets
+                    # Rank 0's live progress line (hpc_ddp.run.records.metrics): in place on the console; the log gets
                     # rank 0's plain periodic lines instead.
                     self.console.live(line[len(progress.LIVE) :])
                     continue

@@ -37,7 +37,7 @@ from hpc_ddp.ledger import verdict as hang_verdict
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.checkpoint import store
 from hpc_ddp.run.snapshot import store as snapshots
-from hpc_ddp.run.watchdog import WINDOW_S
+from hpc_ddp.run.watch.watchdog import WINDOW_S
 from hpc_ddp.scheduler.local import node_name
 
 # After the ranks are gone, all their readers together get this long to copy the last lines.
@@ -244,7 +244,7 @@ class Launcher:
 
     def _end_after_verdict(self) -> None:
         """A rank ended on a hang verdict; the others that can still run end on their own once it is written
-        (run/watchdog.py): let them, and kill at once the ranks it names unresponsive (stopped, frozen)."""
+        (run/watch/watchdog.py): let them, and kill at once the ranks it names unresponsive (stopped, frozen)."""
         deadline = time.monotonic() + 3 * WINDOW_S
         found = None
         while found is None and self._alive() and time.monotonic() < deadline:

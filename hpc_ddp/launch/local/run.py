@@ -22,8 +22,8 @@ from hpc_ddp.launch.rerun import refuse_another_run
 from hpc_ddp.log import count
 from hpc_ddp.proc import run as run_command
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import progress
 from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.records import progress
 from hpc_ddp.scheduler.local import fresh_job_id
 from hpc_ddp.variables import LOCAL_JOB_ID
 

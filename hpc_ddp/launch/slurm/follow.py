@@ -38,8 +38,8 @@ from hpc_ddp.launch.slurm.outcome import chatter, log_path, report
 from hpc_ddp.ledger import attempts, outcomes
 from hpc_ddp.log import TracebackFold
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import progress
 from hpc_ddp.run.checkpoint.store import CheckpointStore
+from hpc_ddp.run.records import progress
 from hpc_ddp.scheduler.base import Kind
 from hpc_ddp.scheduler.slurm.client import SlurmClient
 from hpc_ddp.scheduler.slurm.parse import JobHistory, JobInfo

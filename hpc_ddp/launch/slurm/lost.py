@@ -121,7 +121,7 @@ def close(
 def _ended_at(journal: supervisor.Journal, began: float) -> float | None:
     """When the attempt's processes ended: its last progress record, not now. An attempt closed after the fact
     (by a follower or the next job, maybe hours later) did not hold its nodes all that while."""
-    from hpc_ddp.run.reached import last_seen
+    from hpc_ddp.run.records.reached import last_seen
 
     return last_seen(journal.folder, began) if began else None
 

@@ -37,7 +37,7 @@ from hpc_ddp.scheduler.base import Scheduler, Size
 def rule(cfg: TrainConfig, per_node: int, checkpoints: store.CheckpointStore) -> Smaller:
     """The rule for a job of `per_node` tasks per node (0: unknown). Its --grad-accum is the one its latest
     checkpoint trains with when a resize chose it (a job that already went on with fewer nodes) and the command
-    line still says what that run was asked: what the tasks will go on from (hpc_ddp.run.resume.resize)."""
+    line still says what that run was asked: what the tasks will go on from (hpc_ddp.run.checkpoint.resume.resize)."""
     accum = cfg.grad_accum
     saved = _saved_accum(checkpoints)
     if saved is not None and saved[1] == cfg.grad_accum:

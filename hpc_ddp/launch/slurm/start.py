@@ -5,7 +5,7 @@ Why: Slurm's warning signal (`--signal=USR2@120`, `scancel --signal=USR2`) can r
 before its handler exists (0.15-0.3 s of imports and unpickling). Their default action ends the process: the
 task died "killed by SIGUSR2", its node was blamed, and two in a row stopped the job as a crash loop. Blocked,
 a signal waits in the kernel, survives exec and unpickling, and is delivered to the kit's handler the moment
-`hpc_ddp.run.preemption.install` unblocks it (TaskEntry and `python -m hpc_ddp.train` call it first): a
+`hpc_ddp.run.loop.preemption.install` unblocks it (TaskEntry and `python -m hpc_ddp.train` call it first): a
 preemption signal is never a crash.
 
 The job `submit` builds runs its tasks as `python -u -m hpc_ddp.launch.slurm.start -u -m submitit.core._submit

@@ -40,7 +40,7 @@ from hpc_ddp.launch import options, rerun
 from hpc_ddp.launch.slurm.outcome import how_to_follow, log_path
 from hpc_ddp.launch.slurm.outcome import read as _read  # noqa: F401  (tests read logs through it)
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import preemption
+from hpc_ddp.run.loop import preemption
 from hpc_ddp.scheduler.slurm import submit as slurm_submit
 from hpc_ddp.scheduler.slurm.request import SlurmRequest
 

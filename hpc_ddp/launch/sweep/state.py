@@ -30,8 +30,8 @@ from hpc_ddp.ledger import attempts as attempt_records
 from hpc_ddp.ledger import outcomes
 from hpc_ddp.ledger.files import atomic_write_bytes
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import record
 from hpc_ddp.run.config import TrainConfig, differences
+from hpc_ddp.run.records import record
 
 RECORD = run_folder.SWEEP_RECORD
 NEW, FINISHED, UNFINISHED, FAILED = "new", "finished", "unfinished", "failed"

@@ -25,6 +25,13 @@ The modules, each one decision:
     dcpwrite   how the shards reach DCP's files: the staging copy, `--async-save thread|process`
     streamed   a torch file written tensor by tensor (a sharded checkpoint's model exported)
 
+And what a run does with them:
+
+    checkpointer  saves and loads a run's named stateful parts through one format
+    parts         the stateful parts of a run's checkpoint: model, optimizer, schedule, RNG, data position...
+    resume        which checkpoint a run starts from, decided by global rank 0 and followed by every rank
+    exact         what keeps a run from resuming bit for bit, known at start, said in one line (pure)
+
 This package's `__init__` imports nothing: supervisors (the local launcher, the Slurm batch step) import
 `hpc_ddp.run.checkpoint.store` for the step of the latest checkpoint without paying for torch.
 """

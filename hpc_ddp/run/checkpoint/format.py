@@ -2,8 +2,8 @@
 
 A format decides the bytes; everything around them is shared: the names and `latest` (store), where they are
 written (storage: every byte goes through the run's `Storage`), the background write and its retries (writer),
-which parts there are (part), when to save and what a resume must match (hpc_ddp.run.checkpointer,
-hpc_ddp.run.resume). Two formats: "full" (one file rank 0 writes, hpc_ddp.run.checkpoint.full) and "sharded"
+which parts there are (part), when to save and what a resume must match (hpc_ddp.run.checkpoint.checkpointer,
+hpc_ddp.run.checkpoint.resume). Two formats: "full" (one file rank 0 writes, hpc_ddp.run.checkpoint.full) and "sharded"
 (every rank writes its shards into `ckpt-<step>/`, hpc_ddp.run.checkpoint.sharded), listed in
 hpc_ddp.registry (entry point group `hpc_ddp.checkpoint_formats`); another is one more class beside them, or
 a plugin's in an installed package (docs/plugins.md).
@@ -64,7 +64,7 @@ class Format(ABC):
         self.storage = storage  # where every byte of this run's checkpoints is written
         # `stage` calls this on a rank once the collective part of a save is over and the rank's own work (a
         # state_dict, the copy to CPU, the wait for the previous write) begins: the hang watchdog gives that
-        # work the long limit, and the collective part the steady one (run/beacon.py).
+        # work the long limit, and the collective part the steady one (run/watch/beacon.py).
         self.on_own_work: Callable[[], None] = lambda: None
 
     def close(self) -> None:

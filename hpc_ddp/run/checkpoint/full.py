@@ -86,7 +86,7 @@ class Full(Format):
         if mine:
             dist.all_gather_object(everyone, mine)
         # The writer's own work starts here: its state_dict() calls may be long (a big model to CPU); a rank
-        # waiting for it in a collective is then waiting for a busy peer, not for a hung one (run/beacon.py).
+        # waiting for it in a collective is then waiting for a busy peer, not for a hung one (run/watch/beacon.py).
         if self.env.is_main:
             self.on_own_work()
         # Asked on every rank, in the same order: a strategy that shards (FSDP) gathers a whole state with a

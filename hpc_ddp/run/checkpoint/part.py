@@ -1,7 +1,7 @@
 """What a checkpoint is made of: named stateful parts, each saying how it is spread over the ranks.
 
 A part is anything with a state to save and load back (torchtitan's "Stateful"): the model, the optimizer, the
-AMP scaler, the position in the data, every rank's RNG (hpc_ddp.run.parts), and whatever comes next (an LR
+AMP scaler, the position in the data, every rank's RNG (hpc_ddp.run.checkpoint.parts), and whatever comes next (an LR
 scheduler, a data loader). Its `key` names its entry in a checkpoint; its `kind` tells a format what to do:
 
     REPLICATED  the same on every rank: rank 0's copy is saved, every rank loads it

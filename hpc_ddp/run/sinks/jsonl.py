@@ -1,12 +1,12 @@
-"""`<folder>/metrics.jsonl`: every record as one JSON line (the format: hpc_ddp.run.metrics).
+"""`<folder>/metrics.jsonl`: every record as one JSON line (the format: hpc_ddp.run.records.metrics).
 
 The file only grows, and a crash can cut its last line. The writer therefore starts on a fresh line (a cut line
-stays cut, and is never glued to the next record), and hpc_ddp.run.metrics_read skips lines that are not whole
+stays cut, and is never glued to the next record), and hpc_ddp.run.records.metrics_read skips lines that are not whole
 records. Records are written with write(2) on an unbuffered file, whole lines: every record but a "step" one at
 once, and "step" records together, at most STEP_EVERY_S after the first of them was held (with the next record
 of another kind, or at close, if sooner). A short run records every step, and a write per step was a tenth of
 a millisecond of the kit's own work in each (issue 41); a process killed loses at most that second of step
-records, which step.json (hpc_ddp.run.reached) and the steps retrained after its checkpoint make up for.
+records, which step.json (hpc_ddp.run.records.reached) and the steps retrained after its checkpoint make up for.
 Readers (`submit --wait`, the supervisors) see every record within a second.
 
 A full disk (or quota) loses nothing: the records that cannot be written are held in memory, in order, and go

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from hpc_ddp import registry
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run import options, tblog
+from hpc_ddp.run import options
+from hpc_ddp.run.records import tblog
 from hpc_ddp.run.sinks import trackers
 
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpc_ddp.run import reached
 from hpc_ddp.run.checkpoint.part import SHARDED, Part
+from hpc_ddp.run.records import reached
 from hpc_ddp.run.snapshot import plan, store
 from hpc_ddp.run.snapshot.taker import Taker
 

@@ -1,7 +1,7 @@
 """The loop's side of snapshots: every --snapshot-every-steps N steps, each rank's whole state into its node's
 memory and a replica into its buddy's (hpc_ddp.run.snapshot).
 
-The parts are the checkpoint's own (hpc_ddp.run.parts, through the Checkpointer: `parts` and `meta`), so a
+The parts are the checkpoint's own (hpc_ddp.run.checkpoint.parts, through the Checkpointer: `parts` and `meta`), so a
 snapshot holds exactly what a checkpoint holds and resumes the same way. On the training thread only the copy
 out of the tensors happens (content.to_cpu, as the disk's async save does): that is the loop's stall. A thread
 of the snapshot's own then serializes the copy, writes it (store.write: checksummed, renamed into place) and

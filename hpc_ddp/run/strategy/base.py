@@ -1,6 +1,6 @@
 """The strategy interface: how the model is spread over the ranks and kept in step.
 
-The training loop (hpc_ddp.run.trainer) names no strategy (tests/test_architecture.py checks its imports): it
+The training loop (hpc_ddp.run.loop.trainer) names no strategy (tests/test_architecture.py checks its imports): it
 asks its strategy to wrap the model and build the optimizer (in that order, `setup`), for the context of a
 micro-batch whose gradients must not be synchronised yet (`no_sync`), the forward's autocast, a mark when
 backward's gradients are all computed, clipping, each state to save and load, the full weights for
@@ -23,10 +23,10 @@ from torch import nn
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import CheckpointError
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import materialize
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.materialize import Factory, InitWeights
-from hpc_ddp.run.params import Parameters, check_stepped
+from hpc_ddp.run.loop import materialize
+from hpc_ddp.run.loop.materialize import Factory, InitWeights
+from hpc_ddp.run.loop.params import Parameters, check_stepped
 
 OptimizerFactory = Callable[[Parameters], torch.optim.Optimizer]
 
@@ -69,7 +69,7 @@ class Strategy(ABC):
         self, model: nn.Module | Factory, optimizer: OptimizerFactory
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Wrap `model` (or build it first, when it is a factory), then build the optimizer over the parameters it
-        must step, named (run/params.py): always in this order (FSDP's parameters only become the sharded ones
+        must step, named (run/loop/params.py): always in this order (FSDP's parameters only become the sharded ones
         once wrapped). Returns the wrapped module and the optimizer."""
         self.wrapped = self.wrap(model)
         trained = Parameters(self.named_parameters())
@@ -85,7 +85,7 @@ class Strategy(ABC):
 
     def build(self, model: nn.Module | Factory) -> nn.Module:
         """The model itself; a factory's, built as it builds it and given the kit's initial weights (those of
-        every path for this --seed: hpc_ddp.run.materialize)."""
+        every path for this --seed: hpc_ddp.run.loop.materialize)."""
         if not materialize.is_factory(model):
             return model  # type: ignore[return-value]
         return materialize.eager(model, self.cfg.seed, self.init_weights)  # type: ignore[arg-type]

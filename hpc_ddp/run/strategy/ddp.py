@@ -23,7 +23,7 @@ from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import NonFinite
 from hpc_ddp.log import RankLog
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.materialize import Factory, InitWeights
+from hpc_ddp.run.loop.materialize import Factory, InitWeights
 from hpc_ddp.run.strategy.base import Strategy
 
 CommHook = Callable[[Any, Any], "torch.futures.Future[torch.Tensor]"]

@@ -53,9 +53,9 @@ from hpc_ddp import registry
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import CheckpointError, NonFinite, UsageError
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import materialize
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.materialize import Factory, InitWeights
+from hpc_ddp.run.loop import materialize
+from hpc_ddp.run.loop.materialize import Factory, InitWeights
 from hpc_ddp.run.strategy import gloo_comm
 from hpc_ddp.run.strategy.base import Strategy
 
@@ -110,7 +110,7 @@ class FSDPStrategy(Strategy):
         # avoiding. `fully_shard` moves each block's parameters to the mesh's device as it shards them, one
         # block at a time, so a rank's device never holds more than one whole block plus its shards. A factory
         # is built on the meta device: sharded there, then only this rank's shards are allocated (`to_empty`)
-        # and set (hpc_ddp.run.materialize), so no rank ever holds the whole model, not even in CPU memory.
+        # and set (hpc_ddp.run.loop.materialize), so no rank ever holds the whole model, not even in CPU memory.
         reference = None
         if materialize.is_factory(model):
             model = materialize.on_meta(model)  # type: ignore[arg-type]

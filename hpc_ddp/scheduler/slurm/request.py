@@ -189,7 +189,7 @@ TRAP = (
     "trap 'echo \"[hpc_ddp] the batch shell got SIGTERM (scancel, a requeue or the time limit); it ends once "
     "the attempt is recorded\" >&2' TERM"
 )
-# The preemption signals are the tasks' (hpc_ddp.run.preemption); one that reaches this shell (`scancel -b
+# The preemption signals are the tasks' (hpc_ddp.run.loop.preemption); one that reaches this shell (`scancel -b
 # --signal=USR2`, `--signal=B:USR2`) would end it with the job's record unwritten: noted, never fatal.
 USR_TRAP = (
     "trap 'echo \"[hpc_ddp] the batch shell got a preemption signal: it is for the tasks\" >&2' USR1 USR2"

@@ -1,5 +1,5 @@
 """A step whose loss, averaged over all ranks, is NaN or infinite (every rank sees the same value): its update
-is never applied (hpc_ddp.run.agreed). `--nonfinite-loss stop` (the default) ends the run there, with one line
+is never applied (hpc_ddp.run.loop.agreed). `--nonfinite-loss stop` (the default) ends the run there, with one line
 that says what is left; `skip` goes on without that update, and still stops after MAX_SKIPPED in a row.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import NonFinite
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import beacon as phase
-from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.folder import MODEL
-from hpc_ddp.run.position import Position
+from hpc_ddp.run.loop.position import Position
+from hpc_ddp.run.watch import beacon as phase
+from hpc_ddp.run.watch.beacon import Beacon
 
 MAX_SKIPPED = 10  # --nonfinite-loss skip: this many non-finite steps in a row stop the run anyway
 

@@ -2,16 +2,16 @@
 
 A map-style dataset is split over the ranks by a DistributedSampler, reshuffled every epoch (`set_epoch`), the
 same shuffle after a restart; a resumed epoch skips the samples it trained on (`loaders.SkipSampler`). A stream
-(an IterableDataset, hpc_ddp.run.streams) has no sampler and no length: its epoch ends when some rank's stream
+(an IterableDataset, hpc_ddp.run.data.streams) has no sampler and no length: its epoch ends when some rank's stream
 does, and a resumed epoch goes on from the stream's saved state when it has one (`state`, `load`).
 
-The data's own randomness (hpc_ddp.run.seeding): a map-style dataset read by workers and every stream seed
+The data's own randomness (hpc_ddp.run.data.seeding): a map-style dataset read by workers and every stream seed
 each batch from where it is, so a resumed run's batches draw what the uninterrupted run's drew. Read in this
 process, a map-style dataset draws from the training's generators, lazily: exact as is. Each epoch's loader
 draws its order from an explicit generator seeded from (--seed, epoch): otherwise each DataLoader iterator
 draws its seed from the global RNG, and a resumed run's dropout would see another random stream.
 
-What keeps this data from resuming bit for bit is said at start (`not_exact`, hpc_ddp.run.exact).
+What keeps this data from resuming bit for bit is said at start (`not_exact`, hpc_ddp.run.checkpoint.exact).
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ from hpc_ddp.cluster import placement
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog, count
-from hpc_ddp.run import batches as batching
-from hpc_ddp.run import exact, forkrisk, loaders, rng, seeding
-from hpc_ddp.run.clock import StepClock
+from hpc_ddp.run.checkpoint import exact
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.position import Position
+from hpc_ddp.run.data import batches as batching
+from hpc_ddp.run.data import forkrisk, loaders, seeding
+from hpc_ddp.run.loop import rng
+from hpc_ddp.run.loop.clock import StepClock
+from hpc_ddp.run.loop.position import Position
 from hpc_ddp.run.tasks import Task
 
 
@@ -85,7 +87,7 @@ class Feed:
     def _build_loader(self, cfg: TrainConfig, device: torch.device, task: Task) -> None:
         # A stream with state_dict()/load_state_dict(): read in this process, the loop saves and loads its state
         # (`stateful`); read by workers, torchdata's StatefulDataLoader does, if installed (`loader_states`;
-        # hpc_ddp.run.loaders). Either way its state before each step's fetch is saved, and a resume goes on
+        # hpc_ddp.run.data.loaders). Either way its state before each step's fetch is saved, and a resume goes on
         # from it; without either its epoch restarts on resume, and says so.
         workers = self.workers
         stream_state = self.iterable and loaders.has_state(task.dataset)
@@ -182,7 +184,7 @@ class Feed:
 
     def _checked(self, batches: Iterator[Any]) -> Iterator[Any]:
         """`batches`, the first of this process checked before anything uses it: a batch the kit cannot move
-        to the device is a usage error that names the element (hpc_ddp.run.batches)."""
+        to the device is a usage error that names the element (hpc_ddp.run.data.batches)."""
         for batch in batches:
             if not self.checked:
                 batching.check(batch)

@@ -3,19 +3,19 @@
 The training thread sets it a few times per step (data, forward and backward, the gradient all-reduce, the
 optimizer, the step's all-reduce, checkpoints): one clock read and one reference assignment each, about a
 microsecond per step. Nothing leaves the process: no collective, no message, no file. The watchdog thread
-(`run/watchdog.py`) reads it about once a second, so a job of 8,000 ranks pays exactly what one rank pays,
+(`run/watch/watchdog.py`) reads it about once a second, so a job of 8,000 ranks pays exactly what one rank pays,
 and shared storage is touched only once a rank has been stalled past the hang threshold.
 
 `state` is one tuple replaced whole, so a reader on another thread always sees a phase, step, start time,
 "long" mark and limit that belong together (a reference assignment is atomic under the GIL).
 
-The user's own long work (`hpc_ddp.long_work`, run/longwork.py) is a phase too, long, with the limit the user
+The user's own long work (`hpc_ddp.long_work`, run/watch/longwork.py) is a phase too, long, with the limit the user
 gave it (`limit_s`; None: the watchdog's own limit for the phase).
 
 A phase is *long* when it legitimately pays a start-up cost: the phases in SLOW always; any phase the loop marks
 `long=True` (the first batch of an epoch or of an evaluation, whose DataLoader workers start; every phase of
 the first step after a resume or after a save or an evaluation, where ranks wait for the slowest of them). The
-watchdog gives long phases the start-up limit (run/watchdog.py).
+watchdog gives long phases the start-up limit (run/watch/watchdog.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ OPTIMIZER = "the optimizer step"
 STEP_ALLREDUCE = "the step's all-reduce"  # loss and signal votes once a step; straggler rows every 5
 CHECKPOINT = "a checkpoint save"  # the writer's own work: state_dict, copy to CPU, the wait for a write
 CHECKPOINT_GATHER = "the checkpoint's RNG gather"  # every rank's RNG to the writer: a collective
-EVALUATION = "evaluation"  # forwards over this rank's evaluation shard (run/evaluator.py)
+EVALUATION = "evaluation"  # forwards over this rank's evaluation shard (run/loop/evaluator.py)
 EVAL_ALLREDUCE = "the evaluation's all-reduce"  # its means and the signal votes
 FINISHING = "finishing"  # final save, sync check, model.pth, barriers
 USER_WORK = "the task's long work"  # hpc_ddp.long_work: "the task's long work: <what>"
@@ -49,7 +49,7 @@ class Beacon:
 
     __slots__ = ("state",)
     # A watched rank (the hang watchdog reads its beacon) also marks the end of backward and checks for
-    # stragglers every few steps (hpc_ddp.run.clock): what `python -m hpc_ddp.bench watchdog` weighs.
+    # stragglers every few steps (hpc_ddp.run.loop.clock): what `python -m hpc_ddp.bench watchdog` weighs.
     watched = True
 
     def __init__(self) -> None:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from hpc_ddp.run.folder import METRICS, REACHED
-from hpc_ddp.run.metrics_read import iter_records
+from hpc_ddp.run.records.metrics_read import iter_records
 
 WIDTH = 64  # bytes of the line, padded with spaces
 

@@ -6,7 +6,7 @@ seen by any rank stops every rank at the same step, at no extra collective. It c
 step, so a loss that is NaN or infinite on any rank is non-finite in the sum on every rank at the same step,
 and its update is never applied (`--nonfinite-loss`: stop, the default, or skip that step).
 
-Every few steps it also carries the straggler windows (hpc_ddp.run.stragglers): each rank writes its row in its
+Every few steps it also carries the straggler windows (hpc_ddp.run.watch.stragglers): each rank writes its row in its
 own slot of zeros, so the sum is every rank's row, an all-gather at no collective of its own (issue 41: the
 separate all-gather every 5 steps was a quarter of a millisecond of the kit's own work a step on 2 CPU ranks).
 """
@@ -19,8 +19,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from hpc_ddp.run import preemption, stragglers
-from hpc_ddp.run.checkpointer import SAVING_OK
+from hpc_ddp.run.checkpoint.checkpointer import SAVING_OK
+from hpc_ddp.run.loop import preemption
+from hpc_ddp.run.watch import stragglers
 
 
 class Agreed(NamedTuple):
@@ -36,7 +37,7 @@ class Agreed(NamedTuple):
         float, ...
     ] = ()  # the step's extra metrics (Task.step), summed over micro-batches and ranks
     halt: float = 0.0  # ranks whose callback asked to stop (hpc_ddp.run.callbacks): this step is not taken
-    # Every rank's straggler window, by rank (hpc_ddp.run.stragglers rows), on the steps that carry them.
+    # Every rank's straggler window, by rank (hpc_ddp.run.watch.stragglers rows), on the steps that carry them.
     rows: tuple[tuple[float, ...], ...] = ()
 
 
@@ -73,7 +74,7 @@ def launch(
     signal votes, summed over every rank.
 
     The loop starts it after the step's last forward and waits for it after that micro-batch's backward
-    (hpc_ddp.run.trainer): everything it carries is known once the loss is, so its latency hides behind the
+    (hpc_ddp.run.loop.trainer): everything it carries is known once the loss is, so its latency hides behind the
     backward instead of adding to the step (on 2 CPU ranks with gloo a small all-reduce right after compute
     took about 2 ms of a 25 ms step, issue 41). Every rank starts it at the same point of the same step, so
     the process group's collectives keep one order everywhere (this one, then the backward's). `rows`: this

@@ -1,6 +1,6 @@
 """The hang watchdog: notice a stalled rank within seconds, find the culprit while every rank is alive, end.
 
-One daemon thread per rank reads the progress beacon (`run/beacon.py`) once per `TICK_S`. When this rank has
+One daemon thread per rank reads the progress beacon (`run/watch/beacon.py`) once per `TICK_S`. When this rank has
 been in the same phase at the same step for longer than the hang threshold, it diagnoses:
 
 1. It writes its own report (rank, host, pid, phase, step, seconds stalled, every thread's Python stack, the
@@ -9,7 +9,7 @@ been in the same phase at the same step for longer than the hang threshold, it d
    preemption. In a hang every rank stalls within about a step of the others (the culprit where it is stuck,
    the rest in the next collective), so every watchdog fires at about the same time.
 2. The lowest rank that reported waits up to `window_s` (5 s, and 1 s more per 1,024 ranks) for the other ranks' reports, claims the verdict
-   (an O_EXCL file, so exactly one writes it), decides it (`run/verdict.py`), and writes `<folder>/hang.json`
+   (an O_EXCL file, so exactly one writes it), decides it (`run/watch/verdict.py`), and writes `<folder>/hang.json`
    atomically, through the ledger (hpc_ddp.ledger.verdict), then the decision alone in the round's
    `decided.json`, which the others wait for: a rank that finds a lower one's report reads no other report
    (at 8,192 ranks, every rank reading every report made the reports late and named live ranks). Every rank prints
@@ -50,11 +50,12 @@ from typing import Any
 from hpc_ddp import exitcodes
 from hpc_ddp.errors import UsageError
 from hpc_ddp.ledger import verdict as ledger_verdict
-from hpc_ddp.run import beacon as phases
 from hpc_ddp.run import folder as run_folder
-from hpc_ddp.run import options, workers
-from hpc_ddp.run.beacon import Beacon
-from hpc_ddp.run.verdict import decide
+from hpc_ddp.run import options
+from hpc_ddp.run.data import workers
+from hpc_ddp.run.watch import beacon as phases
+from hpc_ddp.run.watch.beacon import Beacon
+from hpc_ddp.run.watch.verdict import decide
 
 TICK_S = 1.0
 WINDOW_S = 5.0  # how long the ranks' reports are collected: a rank silent that long is unresponsive
@@ -85,7 +86,7 @@ def threshold_s(
     setting: float | None, timeout_s: float, step_times: Sequence[float], phase: str, long: bool = False
 ) -> float:
     """How long a rank may stay in one phase at one step (pure). `setting` None means auto; `long` marks a
-    phase that pays a start-up cost (run/beacon.py; the SLOW phases always are).
+    phase that pays a start-up cost (run/watch/beacon.py; the SLOW phases always are).
 
     Long phases get the start-up limit, half of --timeout-s (so a verdict always comes before the collective
     timeout), whatever the setting: a fixed --hang-timeout-s S bounds the steady state only, and never lowers
@@ -434,7 +435,7 @@ def _read_reports(where: Path) -> list[dict[str, Any]]:
 
 
 def _add_worker_stacks(mine: dict[str, Any]) -> None:
-    """A rank waiting for its DataLoader workers: their stacks too (run/workers.py), and the user line of the
+    """A rank waiting for its DataLoader workers: their stacks too (run/data/workers.py), and the user line of the
     one that is stuck when the rank's own stack has none (it only waits in the loader)."""
     import psutil
 

@@ -1,7 +1,7 @@
 """What keeps a run from resuming bit for bit, known at start (pure): said in one line, and in `run.json`.
 
 The kit's promise is that a stop anywhere resumes exactly: every later step gets the inputs it would have got
-(hpc_ddp.run.seeding, rng, parts). Where a set-up cannot keep it, the run says so before training, once, on
+(hpc_ddp.run.data.seeding, rng, parts). Where a set-up cannot keep it, the run says so before training, once, on
 the console (`not bitwise resumable: ...`) and in `run.json` (`"exact": false`, `"not_exact": [the reasons]`),
 instead of diverging silently after the first resume. The reasons, each with its fix:
 

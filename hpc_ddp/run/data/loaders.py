@@ -1,9 +1,9 @@
 """The training loader's class: torch's DataLoader, or torchdata's StatefulDataLoader for a stream whose state
 lives in DataLoader workers; its sampler (`SkipSampler`); the settings a user tunes (`loader_options`); and the
-end of its workers (`shut_down`). Which loader a run builds, and when: hpc_ddp.run.feed.
+end of its workers (`shut_down`). Which loader a run builds, and when: hpc_ddp.run.data.feed.
 
 A stream (an IterableDataset) with `state_dict()`/`load_state_dict()` read in the rank's own process (no
-workers) is saved and resumed by the loop itself (hpc_ddp.run.parts.StreamPart). Read by workers, each worker
+workers) is saved and resumed by the loop itself (hpc_ddp.run.checkpoint.parts.StreamPart). Read by workers, each worker
 holds its own copy of the dataset, out of the loop's reach: torchdata's `StatefulDataLoader` (the optional
 dependency `hpc_ddp[data]`, torchdata >= 0.11) collects every worker's state with the batches it yields, so its
 `state_dict()` is the exact position of every worker, prefetched batches excluded, and `load_state_dict()` puts
@@ -30,8 +30,8 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler, Sampler
 
-from hpc_ddp.run.workers import DataOptions
-from hpc_ddp.run.workers import init as worker_start
+from hpc_ddp.run.data.workers import DataOptions
+from hpc_ddp.run.data.workers import init as worker_start
 
 
 def loader_options(cfg: DataOptions, device: Any, workers: int) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def unwrap(state: dict[str, Any]) -> Any:
 
 class SkipSampler(Sampler[Any]):
     """The epoch's DistributedSampler order, minus the samples a resumed run already trained on (`skip`).
-    `keyed`: each index comes as (epoch, index), for a dataset read by workers (hpc_ddp.run.seeding)."""
+    `keyed`: each index comes as (epoch, index), for a dataset read by workers (hpc_ddp.run.data.seeding)."""
 
     def __init__(self, base: DistributedSampler[Any], keyed: bool = False) -> None:
         self.base, self.keyed = base, keyed
@@ -105,7 +105,7 @@ class SkipSampler(Sampler[Any]):
 
 
 class Keyed(Sampler[Any]):
-    """0 .. size-1 in order, each as (key, index): an evaluation shard read by workers (hpc_ddp.run.seeding)."""
+    """0 .. size-1 in order, each as (key, index): an evaluation shard read by workers (hpc_ddp.run.data.seeding)."""
 
     def __init__(self, size: int) -> None:
         self.size, self.key = size, 0
@@ -121,7 +121,7 @@ def shut_down(loader: Any) -> None:
     """End `loader`'s DataLoader workers now, and wait for them (milliseconds): a loader with persistent
     workers keeps its iterator, and when that iterator is freed by the garbage collector (it lives in a
     reference cycle) its queues are finalized before its own `__del__` asks the workers to end, so they never
-    hear it, and the join waits 5 s per worker, then 5 s more after a SIGTERM they ignore (hpc_ddp.run.workers).
+    hear it, and the join waits 5 s per worker, then 5 s more after a SIGTERM they ignore (hpc_ddp.run.data.workers).
     That was 20 to 25 s at the end of every run and every preemption stop with --num-workers 2. torch has no
     public call for this; Lightning does the same (`_shutdown_workers_and_reset_iterator`)."""
     iterator = getattr(loader, "_iterator", None)

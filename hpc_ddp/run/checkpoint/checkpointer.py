@@ -2,9 +2,9 @@
 
 The loop says when (`save`, at an agreed step on every rank) and learns every step whether saving still works
 (`check`, one number of its per-step all-reduce); the format decides the bytes (hpc_ddp.run.checkpoint.format);
-the parts say what is saved (hpc_ddp.run.checkpoint.part, hpc_ddp.run.parts); the background writer makes it
+the parts say what is saved (hpc_ddp.run.checkpoint.part, hpc_ddp.run.checkpoint.parts); the background writer makes it
 durable and retries it (hpc_ddp.run.checkpoint.writer). Every checkpoint also holds what it was written with
-(world_size, config, version), which a resume checks (hpc_ddp.run.resume.check_compatible).
+(world_size, config, version), which a resume checks (hpc_ddp.run.checkpoint.resume.check_compatible).
 
 Rank 0 records each save ("save" in metrics.jsonl) once its write has ended: how long it blocked the loop
 (for the final one, the wait until durable included) and how long the write took.
@@ -23,15 +23,14 @@ from hpc_ddp._version import __version__
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import NonFinite, SavingFailed
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import beacon as phase
-from hpc_ddp.run import resume
-from hpc_ddp.run.beacon import Beacon
-from hpc_ddp.run.checkpoint import content, formats, store
+from hpc_ddp.run.checkpoint import content, formats, resume, store
 from hpc_ddp.run.checkpoint.format import Format, Opened
 from hpc_ddp.run.checkpoint.part import Loading, Part
 from hpc_ddp.run.checkpoint.writer import AsyncWriter, Job, describe
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.position import Position
+from hpc_ddp.run.loop.position import Position
+from hpc_ddp.run.watch import beacon as phase
+from hpc_ddp.run.watch.beacon import Beacon
 
 # What `check()` gives the per-step all-reduce: this rank's writer gave up, or the weights were not finite.
 SAVING_OK, SAVING_FAILED, SAVING_NONFINITE = 0.0, 1.0, 2.0

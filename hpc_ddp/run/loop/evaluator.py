@@ -1,6 +1,6 @@
-"""Evaluation inside the loop: each rank evaluates its exact shard (hpc_ddp.run.evaluation), every rank runs the
+"""Evaluation inside the loop: each rank evaluates its exact shard (hpc_ddp.run.loop.evaluation), every rank runs the
 same number of forwards (padding batches, whose results are dropped), and one all-reduce gives every rank the
-means over all evaluated samples, by the one weighting rule (hpc_ddp.run.evaluation): a value is a mean over
+means over all evaluated samples, by the one weighting rule (hpc_ddp.run.loop.evaluation): a value is a mean over
 its batch's samples, counted as the items the loader collated into it (`Counted`), or a (total, weight) pair.
 The names are those any rank reported in this evaluation (one all-gather): a name some batches do not report
 is averaged over those that do, and one no batch reported is missing from the result.
@@ -11,7 +11,7 @@ position says it is pending, and the resume evaluates again before training on: 
 repeated).
 
 An `IterableDataset` (a stream) has no length to shard or to agree on: each rank evaluates its own part of it
-(the dataset reads hpc_ddp.run.streams.reader(), as for training), each sample once, and the ranks go in
+(the dataset reads hpc_ddp.run.data.streams.reader(), as for training), each sample once, and the ranks go in
 lockstep, one small all-reduce per batch saying which ranks still have one. A rank whose part has ended
 evaluates a padding batch (its own first, dropped) until every part has; a rank whose part is empty from the
 start gets the first batch of the lowest rank that has one (one broadcast, only then). Uneven parts end together,
@@ -25,7 +25,7 @@ Randomness: an evaluation runs on generators of its own, seeded from --seed and 
 gives the training's back untouched: what it draws (a step that masks its input, sampling) never moves the
 training's streams, and an evaluation cut short by a signal runs again with the same draws. Its loaders have
 their own generator, and a dataset read by DataLoader workers seeds each batch from the step and its position
-(hpc_ddp.run.seeding), so a worker's draws are the same whichever run, and whenever, it evaluates.
+(hpc_ddp.run.data.seeding), so a worker's draws are the same whichever run, and whenever, it evaluates.
 """
 
 from __future__ import annotations
@@ -41,17 +41,19 @@ from torch.utils.data import DataLoader, IterableDataset, Subset, default_collat
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import UsageError
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import batches as batching
-from hpc_ddp.run import beacon as phase
-from hpc_ddp.run import evaluation, loaders, preemption, progress, rng, schedules, seeding
-from hpc_ddp.run.beacon import Beacon
-from hpc_ddp.run.best import Best
 from hpc_ddp.run.callbacks import Callbacks
 from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.metrics import Recorder
-from hpc_ddp.run.position import Outcome, Position
+from hpc_ddp.run.data import batches as batching
+from hpc_ddp.run.data import loaders, seeding
+from hpc_ddp.run.loop import evaluation, preemption, rng, schedules
+from hpc_ddp.run.loop.best import Best
+from hpc_ddp.run.loop.position import Outcome, Position
+from hpc_ddp.run.records import progress
+from hpc_ddp.run.records.metrics import Recorder
 from hpc_ddp.run.strategy.base import Strategy
 from hpc_ddp.run.tasks import Task
+from hpc_ddp.run.watch import beacon as phase
+from hpc_ddp.run.watch.beacon import Beacon
 
 
 class Result:
@@ -114,7 +116,7 @@ class Evaluator:
             self.padding = loader(Subset(dataset, range(min(size, 1))))  # type: ignore[arg-type]
 
     def close(self) -> None:
-        """End the loaders' DataLoader workers now (hpc_ddp.run.loaders.shut_down)."""
+        """End the loaders' DataLoader workers now (hpc_ddp.run.data.loaders.shut_down)."""
         for name in ("loader", "padding"):
             if name in self.__dict__:
                 loaders.shut_down(self.__dict__[name])
@@ -220,7 +222,7 @@ class Evaluator:
 
 class Counted:
     """The evaluation loaders' collate_fn: the user's (or torch's default), and how many samples it collated,
-    the batch's weight whatever its structure (hpc_ddp.run.evaluation)."""
+    the batch's weight whatever its structure (hpc_ddp.run.loop.evaluation)."""
 
     def __init__(self, collate: Callable[[list[Any]], Any] | None) -> None:
         self.collate = collate if collate is not None else default_collate
@@ -258,7 +260,7 @@ def agree_names(names: list[str], env: DistEnv, mismatch: Callable[[Any, int], s
 
 
 class Evaluations:
-    """When the loop evaluates (hpc_ddp.run.evaluation: pure, the same on every rank) and what an evaluation
+    """When the loop evaluates (hpc_ddp.run.loop.evaluation: pure, the same on every rank) and what an evaluation
     changes: the best so far (--keep-best), a ReduceLROnPlateau schedule (stepped with the evaluation's
     --plateau-metric value), the "eval" and "best" records and rank 0's lines. Without an evaluator (a task
     without eval_dataset) nothing is ever due."""

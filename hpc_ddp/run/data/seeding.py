@@ -18,14 +18,14 @@ any number of workers, any prefetch, gives a batch the same draws.
                     `set_epoch(epoch)`, if any, is also called in the worker's own copy when a new epoch's first
                     batch comes: persistent workers hold a copy the loop's call never reaches.
     SeededStream    an IterableDataset: before each batch of `batch_size` items, seeded from its key (the epoch,
-                    or the evaluation's step), its reader (rank x workers, hpc_ddp.run.streams.reader) and the
+                    or the evaluation's step), its reader (rank x workers, hpc_ddp.run.data.streams.reader) and the
                     batch's number in the epoch. That number is part of its state: `StatefulSeededStream` adds it
                     to the dataset's own `state_dict()`, so a stream resumed mid-epoch goes on seeding where it was.
 
 Generators a dataset creates itself (`np.random.default_rng()` in `__init__`) are the dataset's to seed: they
 are copied into each worker as they are and not reseeded here. CUDA generators are never touched (data is made
 on the CPU). Without workers a map-style dataset is read lazily in the rank's own process, from the training's
-generators, which every checkpoint saves: it needs none of this (hpc_ddp.run.feed).
+generators, which every checkpoint saves: it needs none of this (hpc_ddp.run.data.feed).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from hpc_ddp.run import rng, streams
+from hpc_ddp.run.data import streams
+from hpc_ddp.run.loop import rng
 
 TRAIN, EVAL = "train", "eval"
 _STATE = "hpc_ddp.seeding"  # the key of a SeededStream's own entries in the state it saves

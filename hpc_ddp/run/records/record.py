@@ -56,7 +56,7 @@ def read_config(folder: Path) -> dict[str, Any] | None:
 def write(
     folder: Path, config: dict[str, Any], env: dict[str, Any], cwd: str, not_exact: list[str] | None = None
 ) -> None:
-    """run.json for this start. `not_exact`: why this run cannot resume bit for bit (hpc_ddp.run.exact):
+    """run.json for this start. `not_exact`: why this run cannot resume bit for bit (hpc_ddp.run.checkpoint.exact):
     `"exact"` says whether it can, `"not_exact"` lists why not."""
     import torch
 

@@ -3,7 +3,7 @@
 A step that sometimes runs something long on every rank (a periodic callback, an extra evaluation, a dump to
 slow storage) looks like a hang to the watchdog: every rank stays in "forward and backward" past the steady
 limit (20 median step times, at least 60 s). The verdict then names that line of the task's code and blames no
-node (run/verdict.py), but the run still ends. Marked, it does not:
+node (run/watch/verdict.py), but the run still ends. Marked, it does not:
 
     import hpc_ddp
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from hpc_ddp.run import beacon as phases
+from hpc_ddp.run.watch import beacon as phases
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 What the task returns is checked before it is used: a scalar loss tensor, optionally with extra metrics
 (`(loss, {"name": value})`), the same names at every step and on every rank (they ride in the step's all-reduce
-by position: hpc_ddp.run.agreed). A mistake is a usage error that names what was found.
+by position: hpc_ddp.run.loop.agreed). A mistake is a usage error that names what was found.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run.evaluator import agree_names
+from hpc_ddp.run.loop.evaluator import agree_names
 from hpc_ddp.run.tasks import Task
 
 

@@ -1,8 +1,8 @@
 """Where a step's time goes: the beacon's phase for the hang watchdog, and the straggler window's split.
 
 The loop says which phase it enters (`data`, `compute`, `backward_done`, `all_reduce`, `optimizer`,
-`step_done`); the clock sets the beacon (run/beacon.py) and adds each phase's time to this rank's window
-(run/stragglers.py): data (waiting for the next batch), compute (forward and backward until the last gradient
+`step_done`); the clock sets the beacon (run/watch/beacon.py) and adds each phase's time to this rank's window
+(run/watch/stragglers.py): data (waiting for the next batch), compute (forward and backward until the last gradient
 bucket is ready, the optimizer) and communication wait (what remained of the gradient all-reduce after
 backward, plus the step's all-reduce). Every phase of a process's first step is long for the watchdog: it pays
 warm-up, lazy initialisation and a resumed checkpoint's first use.
@@ -12,7 +12,7 @@ does too. The rest of the step, less its wait for data, is the kit's own work, w
 step (`kit_us_per_step`; `python -m hpc_ddp.bench overhead` holds it to a budget). Two clock reads a block.
 
 Every `stragglers.EVERY_STEPS` steps the ranks compare their windows: each one's rides in that step's packet
-(`rows`; hpc_ddp.run.agreed), no collective of its own. An unwatched rank (a `NullBeacon`: the bench's
+(`rows`; hpc_ddp.run.loop.agreed), no collective of its own. An unwatched rank (a `NullBeacon`: the bench's
 baseline) neither marks the end of backward nor compares.
 """
 
@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from hpc_ddp.cluster.env import DistEnv
-from hpc_ddp.run import beacon as phase
-from hpc_ddp.run import stragglers
-from hpc_ddp.run.beacon import Beacon
-from hpc_ddp.run.position import Position
+from hpc_ddp.run.loop.position import Position
+from hpc_ddp.run.watch import beacon as phase
+from hpc_ddp.run.watch import stragglers
+from hpc_ddp.run.watch.beacon import Beacon
 
 
 class StepClock:
@@ -109,7 +109,7 @@ class StepClock:
         self.first_step = False
 
     def rows(self, step: int, env: DistEnv) -> list[float]:
-        """What step `step` carries of the straggler windows in its packet (hpc_ddp.run.agreed): every
+        """What step `step` carries of the straggler windows in its packet (hpc_ddp.run.loop.agreed): every
         `stragglers.EVERY_STEPS` steps with more than one watched rank, this rank's window in its own slot of a
         row of zeros for every rank (the window starts anew); none otherwise. Taken before the step's first
         micro-batch: a window holds whole steps."""

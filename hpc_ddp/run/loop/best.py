@@ -53,7 +53,7 @@ class Best:
 
     def offer(self, step: int, means: Mapping[str, float]) -> bool:
         """The evaluation at `step` gave `means`: True (and remembered) if it is the new best. One that did not
-        report NAME cannot be (hpc_ddp.run.evaluation: a missing value is missing, never 0.0); the first
+        report NAME cannot be (hpc_ddp.run.loop.evaluation: a missing value is missing, never 0.0); the first
         evaluation of a run that never reported it is a usage error (the name is wrong)."""
         if self.name not in means:
             if not self.reported:

@@ -2,14 +2,14 @@
 
 `step` is one optimizer step, top to bottom as nanoGPT's loop reads: each micro-batch's forward and backward
 (gradients accumulate locally on all but the last, whose backward synchronises them), the step's one all-reduce
-(hpc_ddp.run.agreed: the loss, every rank's signal votes, whether saving still works), then unscale, clip, the
+(hpc_ddp.run.loop.agreed: the loss, every rank's signal votes, whether saving still works), then unscale, clip, the
 optimizer and the scheduler, and the step counted and recorded. `run` walks the epochs over this rank's feed
-(hpc_ddp.run.feed) and, after each step, every rank decides the same way whether to stop, evaluate, compare
+(hpc_ddp.run.data.feed) and, after each step, every rank decides the same way whether to stop, evaluate, compare
 its time with the others' (stragglers) or save (`_after_step`).
 
 The loop talks to two seams and names neither a parallel strategy nor a checkpoint format: its `Strategy`
 (hpc_ddp.run.strategy: wrapping, the accumulation context, autocast, the end-of-backward mark, clipping, the
-model's and optimizer's state) and its `Checkpointer` (hpc_ddp.run.checkpointer: named stateful parts saved
+model's and optimizer's state) and its `Checkpointer` (hpc_ddp.run.checkpoint.checkpointer: named stateful parts saved
 through the format --checkpoint-format names, into the run's storage). A caller hands it the run's checkpoint
 store (`checkpoints`: the folder and its storage, hpc_ddp.run.checkpoint.store.CheckpointStore, built once per
 process), composes the rest with what the options choose, or gives its own `strategy` and `beacon` (what the
@@ -33,23 +33,13 @@ import torch.distributed as dist
 
 from hpc_ddp.cluster.env import DistEnv
 from hpc_ddp.log import RankLog
-from hpc_ddp.run import batches as batching
-from hpc_ddp.run import best as best_of
-from hpc_ddp.run import forward, metrics, nonfinite, progress, schedules, stragglers
 from hpc_ddp.run import strategy as strategies
-from hpc_ddp.run.agreed import Agreed, Pending, launch
-from hpc_ddp.run.beacon import Beacon
 from hpc_ddp.run.callbacks import Callbacks
 from hpc_ddp.run.checkpoint import content, formats
+from hpc_ddp.run.checkpoint.checkpointer import Checkpointer
 from hpc_ddp.run.checkpoint.format import Opened
 from hpc_ddp.run.checkpoint.part import Part
-from hpc_ddp.run.checkpoint.store import CheckpointStore
-from hpc_ddp.run.checkpointer import Checkpointer
-from hpc_ddp.run.clock import StepClock
-from hpc_ddp.run.config import TrainConfig
-from hpc_ddp.run.evaluator import Evaluations, Evaluator
-from hpc_ddp.run.feed import Ahead, Feed
-from hpc_ddp.run.parts import (
+from hpc_ddp.run.checkpoint.parts import (
     BestPart,
     CallbacksPart,
     ModelPart,
@@ -60,11 +50,23 @@ from hpc_ddp.run.parts import (
     SchedulerPart,
     StreamPart,
 )
-from hpc_ddp.run.position import Outcome, Position, trained
+from hpc_ddp.run.checkpoint.store import CheckpointStore
+from hpc_ddp.run.config import TrainConfig
+from hpc_ddp.run.data import batches as batching
+from hpc_ddp.run.data.feed import Ahead, Feed
+from hpc_ddp.run.loop import best as best_of
+from hpc_ddp.run.loop import forward, nonfinite, schedules
+from hpc_ddp.run.loop.agreed import Agreed, Pending, launch
+from hpc_ddp.run.loop.clock import StepClock
+from hpc_ddp.run.loop.evaluator import Evaluations, Evaluator
+from hpc_ddp.run.loop.position import Outcome, Position, trained
+from hpc_ddp.run.records import metrics, progress
 from hpc_ddp.run.sinks import trackers
 from hpc_ddp.run.snapshot import taker as snapshot
 from hpc_ddp.run.strategy.base import Strategy
 from hpc_ddp.run.tasks import Task
+from hpc_ddp.run.watch import stragglers
+from hpc_ddp.run.watch.beacon import Beacon
 
 
 class Trainer:
@@ -98,7 +100,7 @@ class Trainer:
         # Every rank's host and pid, once, at start: the straggler report and the hang verdict name hosts.
         self.peers: list[tuple[str, int]] = [("", 0)] * env.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()))
-        self.best = best_of.for_run(cfg.best_rule(), task)  # --keep-best (hpc_ddp.run.best)
+        self.best = best_of.for_run(cfg.best_rule(), task)  # --keep-best (hpc_ddp.run.loop.best)
         # The data, checked before the model is wrapped: a usage error there has nothing to release.
         self.feed = Feed(cfg, env, device, task, log)
         self.batches_per_epoch, self.not_exact = self.feed.batches_per_epoch, self.feed.not_exact
@@ -128,10 +130,10 @@ class Trainer:
         total = _total_steps(cfg, self.feed)
         main_folder = self.folder if env.is_main else None  # rank 0 records
         self.metrics = metrics.Recorder(main_folder, cfg, env, total, warn=self.log.warn)
-        # Built before any state is loaded (it sets the rates; a resume's states overwrite them: run/schedules).
+        # Built before any state is loaded (it sets the rates; a resume's states overwrite them: run/loop/schedules).
         known = total if total or not self.feed.iterable else None  # None: a stream without --max-steps
         self.scheduler = schedules.for_run(task, cfg, self.optimizer, known, self.log.main)
-        self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (hpc_ddp.run.schedules)
+        self.plateau = schedules.is_plateau(self.scheduler)  # stepped by evaluations (run/loop/schedules)
         self.metrics.params = _tracker_params(cfg, task, self.optimizer, self.scheduler)
         self.evaluations = _evaluations(self, task)
         fmt, record = formats.for_run(cfg, self.folder, env, checkpoints.storage), self.metrics.save
@@ -140,7 +142,7 @@ class Trainer:
         )
         self.checkpointer.total_steps = known  # in every checkpoint: a resume over another says so (parts.py)
         self.checkpointer.check_savable()
-        guarded = (self.metrics, self.strategy, self.checkpointer)  # --nonfinite-loss (hpc_ddp.run.nonfinite)
+        guarded = (self.metrics, self.strategy, self.checkpointer)  # --nonfinite-loss (run/loop/nonfinite)
         self.guard = nonfinite.Guard(cfg.nonfinite_loss, env, self.log, *guarded)
         self.snapshots = snapshot.for_run(cfg, env, self.checkpointer, self.model, self.log)  # or None
 
@@ -208,7 +210,7 @@ class Trainer:
     def step(self, micro_batches: Iterable[Any], count: int, ahead: Ahead | None = None) -> Agreed:
         """One optimizer step over `count` micro-batches (--grad-accum), as the loop takes it; a collective.
         `micro_batches` is read lazily: loading data (the loader's iterator, timed) happens between micro-steps.
-        `ahead`: a stream's fetch of its next step (run/feed.py), whose end rides in this step's all-reduce."""
+        `ahead`: a stream's fetch of its next step (run/data/feed.py), whose end rides in this step's all-reduce."""
         strategy, clock, names, hooks = self.strategy, self.clock, self.forward.names, self.callbacks
         loss_sum, extras, done = self._step_loss.zero_(), {}, 0
         pending: Pending | None = None
@@ -230,7 +232,7 @@ class Trainer:
                 forward.add(extras, more, names)
                 loss_sum += loss.detach()
                 if last:
-                    # The step's all-reduce starts now, its latency hidden behind this backward (run/agreed.py).
+                    # The step's all-reduce starts now, its latency hidden behind this backward (run/loop/agreed.py).
                     # A stream's next step is fetched first, so that whether it has one rides in it.
                     exhausted = 0.0 if ahead is None else float(not ahead.fetch())
                     if ahead is not None:
@@ -283,7 +285,7 @@ class Trainer:
         """Every rank: the step is taken (or its update skipped, everywhere alike), counted and recorded."""
         pos = self.pos
         finite = math.isfinite(agreed.loss_sum)
-        if not finite:  # raises, unless --nonfinite-loss skip (hpc_ddp.run.nonfinite)
+        if not finite:  # raises, unless --nonfinite-loss skip (hpc_ddp.run.loop.nonfinite)
             self.guard.nonfinite(agreed.loss_sum, pos.step + 1, pos, self.folder, self.beacon)
         if agreed.saving:
             raise self.checkpointer.stop(agreed.saving, pos.step)
@@ -387,7 +389,7 @@ class Trainer:
             # run's end, when this was its last step (--max-steps): the resume evaluates and ends the run.
             pos.eval_pending, pos.end_pending = bool(evaluate), finished
             return Outcome(False, agreed.requeue, agreed.stop)
-        if agreed.rows:  # every rank's time split of the window, judged the same way everywhere (run/clock)
+        if agreed.rows:  # every rank's time split of the window, judged alike everywhere (run/loop/clock)
             slow = self.clock.judge.add(agreed.rows)
             self.metrics.ranks(pos, agreed.rows)  # rank 0 records every rank's split (the report's heat map)
             for s in slow:  # rank 0 names a straggler, and its host
@@ -411,7 +413,7 @@ class Trainer:
             self.save()
 
     def _evaluate(self) -> Outcome | None:
-        """Evaluate at the current position (a collective; hpc_ddp.run.evaluator.Evaluations.run): an Outcome
+        """Evaluate at the current position (a collective; hpc_ddp.run.loop.evaluator.Evaluations.run): an Outcome
         if a signal came during it; a new best makes the save at this step due."""
         with self.clock.task:  # the task's work, not the kit's (the next step's time holds it)
             stopped, new_best = self.evaluations.run(self.pos)
@@ -420,7 +422,7 @@ class Trainer:
 
 
 def _norm_before_update(strategy: Strategy, clip: float, clock: StepClock) -> torch.Tensor:
-    """The gradients' norm before clipping, a tensor (read for a record only: run/metrics.py). With --clip-grad
+    """The gradients' norm before clipping, a tensor (read for a record only: run/records/metrics.py). With --clip-grad
     the clipping's own (and the gradients clipped), free; else one reduction for the records: the kit's own
     work, not the task's (`clock.kit`)."""
     if clip > 0:

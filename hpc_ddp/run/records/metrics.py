@@ -42,7 +42,7 @@ stays alone on its line, and `read_records` skips it), and the destinations the 
 which also get each step's scalars by tag.
 
 Beside it, `<folder>/step.json` says the last step rank 0 finished, rewritten after every step, for the
-supervisors: an attempt may die between two records (hpc_ddp.run.reached).
+supervisors: an attempt may die between two records (hpc_ddp.run.records.reached).
 
 Where the progress line goes: on a terminal it is rewritten in place (at most every LIVE_EVERY_S) and a plain
 line is added every --log-every-s; in a file, only the plain lines. Under the local launcher rank 0's stdout
@@ -60,16 +60,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc_ddp.run import progress, sinks
+from hpc_ddp.run import sinks
 from hpc_ddp.run.folder import METRICS
-from hpc_ddp.run.metrics_read import iter_records, read_records  # noqa: F401 (read here before)
-from hpc_ddp.run.reached import StepFile
+from hpc_ddp.run.records import progress
+from hpc_ddp.run.records.metrics_read import iter_records, read_records  # noqa: F401 (read here before)
+from hpc_ddp.run.records.reached import StepFile
 from hpc_ddp.run.sinks.jsonl import JsonLines, finite_or_none
 
 if TYPE_CHECKING:
     from hpc_ddp.cluster.env import DistEnv
     from hpc_ddp.run.config import TrainConfig
-    from hpc_ddp.run.position import Position
+    from hpc_ddp.run.loop.position import Position
 
 LIVE_EVERY_S = 0.2  # a live line more often than this costs the terminal more than it tells anyone
 POINTS = 5000  # "step" records a run writes by the step cadence, at most (see the module docstring)
@@ -178,7 +179,7 @@ class Recorder:
         norm_s: float = 0.0,
     ) -> None:
         """A step ended. `data_s`: its wait for data; `task_s`: its time in the task's own work (forward,
-        backward with DDP's gradient all-reduce, the update: hpc_ddp.run.clock). What is left of the step's
+        backward with DDP's gradient all-reduce, the update: hpc_ddp.run.loop.clock). What is left of the step's
         time is the kit's own work (`kit_us_per_step` in the end record). `grad_norm`: the gradients' norm
         before clipping, a tensor on the device (None: no update), read only when a record or a curve needs
         it: on a GPU, reading it waits for the step. `norm_s`: the kit's own time computing it (no --clip-grad)."""
@@ -321,7 +322,7 @@ class Recorder:
         )
 
     def ranks(self, pos: Position, rows: Sequence[Sequence[float]]) -> None:
-        """Every rank's time split of a straggler window (run/stragglers.py rows: data, compute, comm, steps).
+        """Every rank's time split of a straggler window (run/watch/stragglers.py rows: data, compute, comm, steps).
         In a long run, the windows between two records are folded into the next: each rank's slowest."""
         if self.path is None:
             return
@@ -395,7 +396,7 @@ class Recorder:
             self.sinks.scalars(step, {"time/checkpoint_stall_s": stall_s, "time/checkpoint_write_s": write_s})
 
     def straggler(self, pos: Position, rank: int, host: str, phase: str, slower: float) -> None:
-        """A rank named slower than the others (run/stragglers.py): rank 0 records it."""
+        """A rank named slower than the others (run/watch/stragglers.py): rank 0 records it."""
         self._write(
             {
                 "event": "straggler",

@@ -1,4 +1,4 @@
-"""Reading metrics.jsonl, which rank 0's Recorder (hpc_ddp.run.metrics) writes.
+"""Reading metrics.jsonl, which rank 0's Recorder (hpc_ddp.run.records.metrics) writes.
 
 No torch and nothing else heavy: the report and the supervisors (the local launcher, the Slurm batch shell)
 import this. Every reader is tolerant: a cut or foreign line is skipped, a missing file is no records.

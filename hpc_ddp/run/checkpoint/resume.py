@@ -157,7 +157,7 @@ def apply(chosen: Plan, checkpoints: CheckpointStore, say: Callable[[str], None]
         )
     board = folder / TENSORBOARD
     if (chosen.overwrite or chosen.set_aside) and board.is_dir():
-        # --tensorboard never writes a step twice (run/tblog.py): the curves of the line left behind would
+        # --tensorboard never writes a step twice (run/records/tblog.py): the curves of the line left behind would
         # hide the new line's steps up to theirs. They go with its checkpoints.
         into = (
             aside / TENSORBOARD if chosen.set_aside else _new_folder(folder, "tb-overwritten", create=False)

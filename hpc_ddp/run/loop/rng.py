@@ -5,7 +5,7 @@ checkpoint keeps of each rank's (the `rng` part), so a resumed run draws what th
 Why all four: a dataset transform or a step that calls `random.random()` or `np.random.rand()` draws from a
 generator torch does not own. Unseeded, Python's and NumPy's start from the OS's entropy, so two runs with the
 same --seed differ (and a resume cannot be compared with anything); seeded but not saved, a resume replays the
-seed's stream instead of going on with it. (DataLoader workers seed their own: hpc_ddp.run.seeding.)
+seed's stream instead of going on with it. (DataLoader workers seed their own: hpc_ddp.run.data.seeding.)
 
 `isolated` runs a block on generators of its own and gives the training's back untouched after it: the
 evaluation (seeded from --seed and its step, so it draws the same whenever and however often it runs) and a

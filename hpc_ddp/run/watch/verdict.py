@@ -1,12 +1,12 @@
 """The hang verdict: from the reports of the ranks that still answer, one line that names the culprit.
 
-Pure: reports in, text and a record out (`run/watchdog.py` gathers the reports through the run folder).
+Pure: reports in, text and a record out (`run/watch/watchdog.py` gathers the reports through the run folder).
 A report is what one rank says about itself once its watchdog fired: rank, host, pid, phase, step, seconds
 in that phase, whether the phase is a collective (waiting for others), its innermost user frame and its
 stacks. The rules, in order:
 
 0. Ranks that answered that they are busy within their own limit (a long phase: a save, an evaluation's
-   start; run/watchdog.py), while every other rank reported too: no hang; the others wait for them.
+   start; run/watch/watchdog.py), while every other rank reported too: no hang; the others wait for them.
 1. Ranks that sent nothing within the collection window are unresponsive (stopped, frozen in native code
    holding the GIL, or their node is gone): they are the culprits.
 2. Otherwise, when every rank (two or more) reported from the same line of the task's own code, in the same

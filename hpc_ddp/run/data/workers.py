@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run import options, preemption
+from hpc_ddp.run import options
+from hpc_ddp.run.loop import preemption
 
 STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGURG
 _TAG = "hpc_ddp-worker-stacks"
@@ -85,7 +86,7 @@ def stacks(pids: list[int], wait_s: float = 1.0) -> dict[int, str]:
 
 def user_line(text: str, is_library: Any) -> dict[str, Any] | None:
     """The innermost frame of user code in faulthandler's text (most recent call first), as
-    run/watchdog.user_frame gives it: {"file", "line", "function"}."""
+    run/watch/watchdog.user_frame gives it: {"file", "line", "function"}."""
     for raw in text.splitlines():
         line = raw.strip()
         if not line.startswith('File "'):

@@ -39,7 +39,7 @@ REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 BATCH_VAR = BATCH  # set by the kit's batch scripts: their shell decides and requeues after srun
 STOP_SIGNALS = (signal.SIGTERM,)
 
-# Index of each flag in the tensor the loop all-reduces every optimizer step (see hpc_ddp.run.agreed).
+# Index of each flag in the tensor the loop all-reduces every optimizer step (see hpc_ddp.run.loop.agreed).
 REQUEUE, STOP = 0, 1
 
 _received: list[int] = [0, 0]

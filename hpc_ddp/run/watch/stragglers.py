@@ -7,7 +7,7 @@ remaining wait is what a fast rank spends waiting for a slow one; it is not the 
 
 Every `EVERY_STEPS` optimizer steps (all ranks count the same steps, so they agree on the step without a
 message) the ranks gather one fixed-size row each, [data, compute, comm, steps] summed over the window, in that
-step's all-reduce (hpc_ddp.run.agreed: each rank's row in its own slot of zeros). Every rank then judges the
+step's all-reduce (hpc_ddp.run.loop.agreed: each rank's row in its own slot of zeros). Every rank then judges the
 same numbers the same way (`judge`); rank 0 reports.
 
 The rule: a rank's own work per step is data + compute. It is slow in a window when its own work exceeds the

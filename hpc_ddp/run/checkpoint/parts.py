@@ -6,11 +6,11 @@
     scheduler  the LR scheduler's state (None without one); a changed --lr scales its rates on resume
     position   where the run is: epoch, batch, step, the epoch's loss so far
     rng        every rank's own RNG (PER_RANK): torch's CPU (and CUDA) generator, Python's `random`, NumPy's
-               (hpc_ddp.run.rng)
+               (hpc_ddp.run.loop.rng)
     stream     every rank's IterableDataset state_dict() (PER_RANK) at the start of its next step, when it
                has one: the dataset's own without DataLoader workers, the StatefulDataLoader's (every
-               worker's) with them (hpc_ddp.run.loaders); None otherwise
-    best       --keep-best: the best evaluation value so far and its step (hpc_ddp.run.best); None without
+               worker's) with them (hpc_ddp.run.data.loaders); None otherwise
+    best       --keep-best: the best evaluation value so far and its step (hpc_ddp.run.loop.best); None without
     callbacks  every rank's state of the task's callbacks that have state_dict()/load_state_dict() (PER_RANK,
                hpc_ddp.run.callbacks); the part exists only when such a callback does
 
@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from hpc_ddp.run import resume, rng, schedules
-from hpc_ddp.run.best import Best
 from hpc_ddp.run.callbacks import WHAT, Callbacks
-from hpc_ddp.run.checkpoint import content
+from hpc_ddp.run.checkpoint import content, resume
 from hpc_ddp.run.checkpoint.part import PER_RANK, REPLICATED, SHARDED, Loading, Part
-from hpc_ddp.run.position import Position
+from hpc_ddp.run.loop import rng, schedules
+from hpc_ddp.run.loop.best import Best
+from hpc_ddp.run.loop.position import Position
 from hpc_ddp.run.strategy.base import Strategy
 
 

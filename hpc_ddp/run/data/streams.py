@@ -8,7 +8,7 @@ every worker; `torch.utils.data.get_worker_info()` gives the worker.
 
     class Lines(torch.utils.data.IterableDataset):
         def __iter__(self):
-            index, count = hpc_ddp.run.streams.reader()
+            index, count = hpc_ddp.run.data.streams.reader()
             for i, line in enumerate(open(self.path)):
                 if i % count == index:          # or: yield from streams.take(self.lines(), index, count)
                     yield encode(line)
