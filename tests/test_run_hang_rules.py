@@ -381,3 +381,19 @@ def test_the_norm_for_the_records_is_the_kits_own_work_and_counted_apart() -> No
     with clock.task, clock.kit:  # the kit's other own work: out of the task's time, not the norm's
         time.sleep(0.01)
     assert 0.03 <= clock.norm_s < 0.2 and clock.task_s < 0.03
+
+
+def test_the_kits_own_files_are_never_the_users_frame_wherever_they_sit() -> None:
+    """The user's frame skips the whole package, its entry points at its top included: the package's folder is
+    found from the package, not from the watchdog's depth in it (once it moved into run/watch, hpc_ddp/train.py
+    was named as the stuck rank's own line)."""
+    import os
+
+    import hpc_ddp.train
+    from hpc_ddp.run import session
+    from hpc_ddp.run.watch import watchdog
+
+    for module in (hpc_ddp.train, session, watchdog):
+        assert watchdog._is_library(module.__file__), module.__file__
+    assert watchdog._is_library(os.__file__)  # the standard library
+    assert not watchdog._is_library(__file__)  # a test, as a user's task file

@@ -104,11 +104,10 @@ def threshold_s(
     return min(cap, max(FLOOR_S, STEP_MULTIPLE * median))
 
 
+# The package's own folder, found by a module at its top (not by this file's depth in it: a module moved to
+# another room must not make hpc_ddp/train.py look like the user's code), and the standard library's.
 _LIBRARY_DIRS = tuple(
-    {
-        os.path.dirname(os.path.dirname(__file__)) + os.sep,  # hpc_ddp
-        sysconfig.get_paths()["stdlib"] + os.sep,
-    }
+    {os.path.dirname(exitcodes.__file__) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep}
 )
 
 
