@@ -3,6 +3,7 @@ named; where each trial stands and what the same command again does with it; the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -194,6 +195,20 @@ def test_a_failed_trial_names_its_first_cause_and_counts_its_failures() -> None:
     )
 
 
+def failed(*attempts: Attempt) -> state.TrialState:
+    """A failed trial's state, read from its folder's attempts as the sweep reads it (state_of)."""
+    found = state.state_of(list(attempts), True)
+    assert found.state == state.FAILED
+    return found
+
+
+ERROR = "rank 0: ValueError: bad batch"  # the same error twice, no newer checkpoint between: a crash loop
+
+
+def with_signature(a: Attempt, signature: str) -> Attempt:
+    return dataclasses.replace(a, signature=signature)
+
+
 @pytest.mark.parametrize(
     ("now", "max_restarts", "retry", "action", "why"),
     [
@@ -201,29 +216,38 @@ def test_a_failed_trial_names_its_first_cause_and_counts_its_failures() -> None:
         (state.TrialState(state.FINISHED), 0, True, state.SKIP, "finished"),
         (state.TrialState(state.UNFINISHED), 0, False, state.RUN, "resumes from its latest checkpoint"),
         (
-            state.TrialState(state.FAILED, 1, 1, outcomes.NODE_FAIL),
+            failed(attempt(outcomes.NODE_FAIL, outcomes.STOP)),
             1,
             False,
             state.RUN,
             "rerun within --max-restarts 1",
         ),
         (
-            state.TrialState(state.FAILED, 2, 2, outcomes.FAILED, "boom"),
+            failed(
+                attempt(outcomes.FAILED, outcomes.RESTART, "boom"),
+                attempt(outcomes.FAILED, outcomes.STOP, "bang", restart=1),
+            ),
             1,
             False,
             state.REPORT,
             "failed (failed: boom)",
         ),
+        (failed(attempt(outcomes.NONFINITE, outcomes.STOP)), 3, False, state.REPORT, "--sweep-retry-failed"),
+        (failed(attempt(outcomes.USAGE, outcomes.STOP)), 3, False, state.REPORT, "not rerun"),
         (
-            state.TrialState(state.FAILED, 1, 1, outcomes.NONFINITE),
-            3,
+            # Within --max-restarts 5, but the same error twice with no newer checkpoint: the ledger's crash
+            # loop, which no other start cures (the rule the sweep once restated did not know it).
+            failed(
+                with_signature(attempt(outcomes.FAILED, outcomes.RESTART, ERROR), ERROR),
+                with_signature(attempt(outcomes.FAILED, outcomes.STOP, ERROR, restart=1), ERROR),
+            ),
+            5,
             False,
             state.REPORT,
-            "--sweep-retry-failed",
+            "not rerun",
         ),
-        (state.TrialState(state.FAILED, 1, 1, outcomes.USAGE), 3, False, state.REPORT, "not rerun"),
         (
-            state.TrialState(state.FAILED, 9, 9, outcomes.NONFINITE),
+            failed(*(attempt(outcomes.NONFINITE, outcomes.STOP, restart=k) for k in range(9))),
             0,
             True,
             state.RUN,

@@ -100,6 +100,7 @@ def test_a_split_sweep_is_several_arrays_each_file_its_trials_from_its_offset(
 ) -> None:
     launch, folder, decisions = prepare(tmp_path / "sweep", "lr=0.1,0.2,0.3", "seed=1,2")
     submitted: list[tuple[str, int, int]] = []
+    waits: list[list[str]] = []  # each array's --dependency lines
 
     class Cluster:
         def max_array_size(self) -> int:
@@ -108,10 +109,13 @@ def test_a_split_sweep_is_several_arrays_each_file_its_trials_from_its_offset(
         def queued(self, jobs: Sequence[str]) -> dict:
             return {}
 
-        def submit_array(self, job: slurm_submit.Submission, calls: list, parallel: int) -> list[str]:
+        def submit_array(
+            self, job: slurm_submit.Submission, calls: list, parallel: int, after: str | None = None
+        ) -> list[str]:
             number = str(100 + len(submitted))
-            script = job.array_script(len(calls), parallel)
+            script = job.array_script(len(calls), parallel, after)
             submitted.append((script.split("sweep.element ")[1].split(")")[0], len(calls), parallel))
+            waits.append([line for line in script.splitlines() if "--dependency" in line])
             return [f"{number}_{i}" for i in range(len(calls))]
 
     monkeypatch.setattr(slurm_submit, "check_submit_host", lambda: None)
@@ -122,6 +126,8 @@ def test_a_split_sweep_is_several_arrays_each_file_its_trials_from_its_offset(
     assert code == exitcodes.OK and len(done) == 6
     assert [job for _, job in done] == ["100_0", "100_1", "101_0", "101_1", "102_0", "102_1"]
     assert [(n, p) for _, n, p in submitted] == [(2, 2)] * 3
+    # --sweep-parallel 2 over three arrays: Slurm's %2 holds within each, so each waits for the one before.
+    assert waits == [[], ["#SBATCH --dependency=afterany:100"], ["#SBATCH --dependency=afterany:101"]]
     files = sorted((folder / array.ARRAYS).iterdir(), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
     assert [json.loads(f.read_text())["offset"] for f in files] == [0, 2, 4]
     assert [s for s, _, _ in submitted] == [str(f) for f in files]  # each array's script reads its own file
@@ -306,7 +312,10 @@ def test_a_trial_whose_job_is_still_queued_is_not_submitted_again_but_followed(
             asked.append(list(jobs))
             return {"40_0": ("PENDING", "BeginTime")}
 
-        def submit_array(self, job: slurm_submit.Submission, calls: list, parallel: int) -> list[str]:
+        def submit_array(
+            self, job: slurm_submit.Submission, calls: list, parallel: int, after: str | None = None
+        ) -> list[str]:
+            assert after is None  # one array: it waits for nothing
             return [f"41_{i}" for i in range(len(calls))]
 
     monkeypatch.setattr(slurm_submit, "check_submit_host", lambda: None)
@@ -335,3 +344,30 @@ def test_sweep_flags_without_a_sweep_are_refused() -> None:
         submit.main(["--local", "--sweep-parallel", "2"])
     with pytest.raises(UsageError, match="--sweep-offset is slurm/ddp.sbatch's"):
         submit.main(["--local", "--sweep", "lr=1", "--sweep-offset", "3"])
+
+
+def test_a_split_sweep_without_sweep_parallel_runs_its_arrays_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No --sweep-parallel: nothing to hold, each array of a split sweep is submitted to run at once."""
+    launch, folder, decisions = prepare(tmp_path / "sweep", "lr=0.1,0.2,0.3")
+    afters: list[str | None] = []
+
+    class Cluster:
+        def max_array_size(self) -> int:
+            return 2
+
+        def queued(self, jobs: Sequence[str]) -> dict:
+            return {}
+
+        def submit_array(
+            self, job: slurm_submit.Submission, calls: list, parallel: int, after: str | None = None
+        ) -> list[str]:
+            afters.append(after)
+            assert "--dependency" not in job.array_script(len(calls), parallel, after)
+            return [f"{200 + len(afters)}_{i}" for i in range(len(calls))]
+
+    monkeypatch.setattr(slurm_submit, "check_submit_host", lambda: None)
+    monkeypatch.setattr(submitter, "_client", Cluster)
+    done, code = array.submit(launch, folder, decisions, SweepArgs(("lr=0.1,0.2,0.3",)), BASE)
+    assert code == exitcodes.OK and len(done) == 3 and afters == [None, None]

@@ -11,6 +11,8 @@ that element alone.
 
 MaxArraySize caps the index, not the count: a sweep of more trials is split into arrays of at most that many,
 each indexed from 0, its file saying which trials (`chunks`: the offset is where the array's first trial is).
+Slurm's throttle (`%P`) holds within one array: with --sweep-parallel, each array waits for the one before it
+(`--dependency=afterany`), so that the sweep never runs more than P trials at once.
 The cap is read from `scontrol show config`; Slurm's default, 1001, when it does not say.
 
 submitit's files and the batch logs of every element are in `<sweep>/submitit`; each trial folder links its
@@ -128,13 +130,17 @@ def submit(
         _link_logs(t, folder)
     cap = client.max_array_size() or DEFAULT_MAX_ARRAY_SIZE
     submitted: list[tuple[Trial, str]] = []
+    before: str | None = None  # the array submitted last, which a throttled one waits for
     for offset, size in chunks(len(to_run), cap):
         part = to_run[offset : offset + size]
         job, file = submission(launch, folder, part, offset, stamp)
         file.parent.mkdir(mode=0o700, exist_ok=True)
         atomic_write_bytes(file, (json.dumps(array_record(part, offset), indent=1) + "\n").encode())
         entries = [submitter.TaskEntry(submitter.TRAIN, tuple(t.cfg.to_argv())) for t in part]
-        ids = client.submit_array(job, entries, args.parallel or size)
+        # Slurm's throttle (%P) holds within one array: with --sweep-parallel, each array of a split sweep starts
+        # once the one before it has ended (afterany), so that no more than P trials of the sweep run at once.
+        ids = client.submit_array(job, entries, args.parallel or size, before if args.parallel else None)
+        before = ids[0].split("_")[0]
         submitted += list(zip(part, ids, strict=True))
     for trial, job_id in submitted:
         print(f"[sweep] trial {trial.name}: submitted as job {job_id}", flush=True)

@@ -27,7 +27,7 @@ from typing import Any
 from hpc_ddp.errors import UsageError
 from hpc_ddp.launch.sweep.trials import Trial
 from hpc_ddp.ledger import attempts as attempt_records
-from hpc_ddp.ledger import outcomes
+from hpc_ddp.ledger import decision, outcomes
 from hpc_ddp.ledger.files import atomic_write_bytes
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.config import TrainConfig, differences
@@ -36,7 +36,6 @@ from hpc_ddp.run.records import record
 RECORD = run_folder.SWEEP_RECORD
 NEW, FINISHED, UNFINISHED, FAILED = "new", "finished", "unfinished", "failed"
 RUN, SKIP, REPORT = "run", "skip", "report"
-CURABLE = outcomes.FAILURES  # a failure another start may cure; nonfinite values or a usage error come back
 
 
 @dataclass(frozen=True)
@@ -47,6 +46,9 @@ class TrialState:
     outcome: str = ""  # the last attempt's
     cause: str = ""  # the first failure's reason, as its supervisor said it
     step: int | None = None
+    history: tuple[
+        attempt_records.Attempt, ...
+    ] = ()  # every attempt of the folder, in order: the ledger's input
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,12 @@ def state_of(history: Sequence[attempt_records.Attempt], started: bool) -> Trial
     failed = [a for a in history if a.failed or a.outcome == outcomes.NONFINITE]
     cause = failed[0].reason if failed else ""
     common = dict(
-        attempts=len(history), failures=len(failed), outcome=last.outcome, cause=cause, step=last.step
+        attempts=len(history),
+        failures=len(failed),
+        outcome=last.outcome,
+        cause=cause,
+        step=last.step,
+        history=tuple(history),
     )
     if any(a.decision == outcomes.DONE for a in history):
         return TrialState(FINISHED, **common)  # type: ignore[arg-type]
@@ -95,7 +102,13 @@ def decide(trial: Trial, state: TrialState, max_restarts: int, retry_failed: boo
         return TrialPlan(trial, state, RUN, "resumes from its latest checkpoint")
     if retry_failed:
         return TrialPlan(trial, state, RUN, "failed; rerun (--sweep-retry-failed)")
-    if state.outcome in CURABLE and state.failures <= max_restarts:
+    # The ledger's one decision on every attempt of the folder, as any run's supervisor asks it: a failure that
+    # another start may cure, within --max-restarts, and not a crash loop.
+    budgets = decision.Budgets(max_restarts, 0, outcomes.REQUEUE)
+    if (
+        state.history
+        and decision.decide(state.history[:-1], state.history[-1], budgets).action != outcomes.STOP
+    ):
         return TrialPlan(
             trial, state, RUN, f"failed ({state.outcome}); rerun within --max-restarts {max_restarts}"
         )

@@ -156,9 +156,12 @@ class SlurmClient:
     def usable(self, exclude: Sequence[str] = (), partition: str = "") -> list[str]:
         return states.usable(self.nodes(partition), exclude)
 
-    def submit_array(self, submission: Submission, calls: list[object], parallel: int) -> list[str]:
-        """sbatch one job array, element i running `calls[i]`: each element's id (Submission.submit_array)."""
-        return submission.submit_array(calls, parallel)
+    def submit_array(
+        self, submission: Submission, calls: list[object], parallel: int, after: str | None = None
+    ) -> list[str]:
+        """sbatch one job array, element i running `calls[i]`, once the job `after` has ended if given: each
+        element's id (Submission.submit_array)."""
+        return submission.submit_array(calls, parallel, after)
 
     def submit(self, submission: Submission, call: object) -> str:
         """sbatch the job whose every task runs `call` (through submitit, which runs sbatch itself); its id.

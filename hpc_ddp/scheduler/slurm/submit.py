@@ -43,18 +43,26 @@ class Submission:
         command = f"{self.python} -u -m submitit.core._submit {shlex.quote(str(self.files))}"
         return _ended(_make_sbatch_string(command=command, folder=self.files, **self.parameters))
 
-    def array_script(self, count: int, parallel: int) -> str:
-        """The sbatch script of a job array of `count` elements, `parallel` at a time (`--array=0-N%P`)."""
+    def array_script(self, count: int, parallel: int, after: str | None = None) -> str:
+        """The sbatch script of a job array of `count` elements, `parallel` at a time (`--array=0-N%P`), once the
+        job `after` has ended if given (`--dependency=afterany:JOB`)."""
         from submitit.slurm.slurm import _make_sbatch_string
 
         command = f"{self.python} -u -m submitit.core._submit {shlex.quote(str(self.files))}"
-        params = {**self.parameters, "map_count": count, "array_parallelism": parallel}
+        params = {**self._after(after), "map_count": count, "array_parallelism": parallel}
         return _ended(_make_sbatch_string(command=command, folder=self.files, **params))
 
-    def submit_array(self, calls: list[Any], parallel: int) -> list[str]:
-        """sbatch one job array whose element i runs `calls[i]` on every task, `parallel` at a time: each
-        element's id, ARRAY_INDEX (submitit submits a single call as a plain job: its id alone). sbatch's
-        refusal is a UsageError, as for `submit`."""
+    def _after(self, job: str | None) -> dict[str, Any]:
+        """The parameters, with `--dependency=afterany:JOB` among the additional ones where `job` is given."""
+        if job is None:
+            return dict(self.parameters)
+        extra = {**self.parameters.get("additional_parameters", {}), "dependency": f"afterany:{job}"}
+        return {**self.parameters, "additional_parameters": extra}
+
+    def submit_array(self, calls: list[Any], parallel: int, after: str | None = None) -> list[str]:
+        """sbatch one job array whose element i runs `calls[i]` on every task, `parallel` at a time, once the
+        job `after` has ended if given: each element's id, ARRAY_INDEX (submitit submits a single call as a
+        plain job: its id alone). sbatch's refusal is a UsageError, as for `submit`."""
         import submitit
         from submitit.core.utils import FailedJobError
 
@@ -63,7 +71,7 @@ class Submission:
                 return _ended(super()._make_submission_file_text(command, uid))
 
         executor = Executor(folder=self.files, max_num_timeout=self.max_requeue, python=self.python)
-        executor.update_parameters(**self.parameters, array_parallelism=parallel)
+        executor.update_parameters(**self._after(after), array_parallelism=parallel)
         with submission_environ(), redirect_stderr(io.StringIO()):
             try:
                 with executor.batch():
