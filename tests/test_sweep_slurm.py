@@ -2,7 +2,8 @@
 every test here. Element 0 (lr=0.005) loses a node after its first checkpoint: its batch shell requeues that
 element alone, away from the node, and it resumes; lr=1e+30 diverges and fails alone, named in the table; the
 same command again submits nothing. The elements run one at a time (--sweep-parallel 1: two nodes each, three
-nodes in all), so the node lost is element 0's second node (its batch shell lives on the first)."""
+nodes in all), so the node lost is element 0's second node (its batch shell lives on the first). One more array,
+its own: elements with --spare-nodes, restarted in place by their own batch shells (about 25 s)."""
 
 from __future__ import annotations
 
@@ -157,3 +158,56 @@ def test_the_same_command_again_submits_nothing(swept: tuple[Path, int, str]) ->
     assert "[sweep] trial lr=1e+30: failed (nonfinite" in out and "--sweep-retry-failed" in out
     assert "submitted" not in out and "following" not in out
     assert out.rstrip().splitlines()[-3].startswith("lr=0.005"), out  # the table, at once
+
+
+def test_an_element_with_spare_nodes_restarts_in_place_then_stops_a_crash_loop(
+    slurm_cluster: str, tmp_path: Path
+) -> None:
+    """--spare-nodes inside array elements (issue 44): two trials, 2 nodes x 1 task + 1 spare each, one at a time,
+    rank 1 SIGKILLed as its task starts, every time. Element 0 (--max-restarts 5): its batch shell restarts it in
+    place on the same nodes (no requeue, no spare spent for a SIGKILL), under the element's own id, then stops
+    the same death as a crash loop, as a single job's does. Element 1 (--max-restarts 0) stops at once. The
+    sweep reports both failed, with the jobs' exit code."""
+    wait_all_idle()
+    folder = tmp_path / "spares"
+    job = [
+        "--nodes",
+        "2",
+        "--tasks-per-node",
+        "1",
+        "--spare-nodes",
+        "1",
+        "--time",
+        "10",
+        "--folder",
+        str(folder),
+    ]
+    task = ["--task", "slurm_tasks:sigkilled_at_start", "--epochs", "1"]
+    sweep = ["--sweep", "max-restarts=5,0", "--sweep-parallel", "1", "--wait"]
+    done = subprocess.run(
+        [sys.executable, "-m", "hpc_ddp.submit", *job, *task, *sweep],
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        preexec_fn=die_with_test,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == exitcodes.FAILED, out
+    submitted = re.search(r"trial max-restarts=5: submitted as job (\d+)_0", out)
+    assert submitted, out
+    first, second = attempts.read(folder / "max-restarts=5")
+    element = f"{submitted.group(1)}_0"
+    assert {first.job, second.job} == {element} and [first.restart, second.restart] == [0, 1000], out
+    assert (first.reason, first.decision, first.left, first.spares_in) == (
+        "rank 1 was killed by SIGKILL",
+        "restart",
+        (),
+        (),
+    ), out
+    assert second.nodes == first.nodes and second.decision == "stop", out
+    assert "REQUEUED" not in sacct_records(element), out
+    (only,) = attempts.read(folder / "max-restarts=0")
+    assert (only.job, only.decision) == (f"{submitted.group(1)}_1", "stop"), out
+    rows = {line.split()[0]: line for line in out[out.index("trial  ") :].splitlines()[1:]}
+    assert "failed" in rows["max-restarts=5"] and "failed" in rows["max-restarts=0"], out
