@@ -242,6 +242,45 @@ def test_following_a_sweep_asks_slurm_twice_per_poll_whatever_its_size(tmp_path:
     assert code == exitcodes.FAILED  # Slurm said COMPLETED, but no trial recorded a finished run
 
 
+def test_an_element_whose_batch_shell_died_is_settled_and_followed_again_once_requeued(
+    tmp_path: Path,
+) -> None:
+    """--wait's `settle` (hpc_ddp.launch.slurm.lost.settle_open on the real path) is asked about an element only
+    once Slurm no longer runs it (ended, or pending again), never about a running one; one it requeued is
+    followed again to its end (the real story: tests/test_sweep_slurm.py)."""
+    _, folder, decisions = prepare(tmp_path / "sweep", "seed=0,1")
+    submitted = [(d.trial, f"7_{i}") for i, d in enumerate(decisions)]
+    polls = [
+        {"7_0": "RUNNING", "7_1": "PENDING"},
+        {"7_0": "FAILED", "7_1": "PENDING"},  # its batch shell's node lost: no record of its end
+        {"7_0": "PENDING", "7_1": "PENDING"},  # requeued by the settle
+        {"7_0": "COMPLETED", "7_1": "COMPLETED"},
+    ]
+    asked: list[tuple[str, str]] = []
+    calls: list[tuple[str, ...]] = []
+
+    def settle(trial: object, job: str) -> tuple[bool, list[str]]:
+        now = polls[min(sum(c[0] == "squeue" for c in calls), len(polls)) - 1][job]  # this poll's state
+        asked.append((job, now))
+        return (
+            (True, ["attempt 1 node_fail on node1: requeued"])
+            if (job, now) == ("7_0", "FAILED")
+            else (False, [])
+        )
+
+    lines: list[str] = []
+    follow.follow(
+        folder, decisions, submitted, scripted(polls, calls), lines.append, lambda s: None, 5.0, settle
+    )
+    assert ("7_0", "RUNNING") not in asked  # a running element is never asked about
+    assert ("7_0", "FAILED") in asked and ("7_1", "PENDING") in asked
+    assert "[sweep] trial seed=0 (job 7_0): attempt 1 node_fail on node1: requeued" in lines
+    said = [line for line in lines if "(job 7_0): " in line]
+    assert said.index("[sweep] trial seed=0 (job 7_0): REQUEUED") < said.index(
+        "[sweep] trial seed=0 (job 7_0): COMPLETED"
+    ), said
+
+
 def test_the_table_and_exit_code_come_from_each_trials_records(tmp_path: Path) -> None:
     _, folder, decisions = prepare(tmp_path / "sweep", "seed=1,2,3")
     ends = [

@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 from conftest import clean_environ, die_with_test
 from test_launch_slurm_submit import HANG_GUARD_S, sacct_records
-from test_launch_slurm_survive import wait_all_idle
+from test_launch_slurm_survive import take_away, taken_away, wait_all_idle
 
 from hpc_ddp import exitcodes
 from hpc_ddp.ledger import attempts
+
+__all__ = ["taken_away"]  # a fixture, imported for the tests below
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(400)]
 
@@ -211,3 +213,52 @@ def test_an_element_with_spare_nodes_restarts_in_place_then_stops_a_crash_loop(
     assert (only.job, only.decision) == (f"{submitted.group(1)}_1", "stop"), out
     rows = {line.split()[0]: line for line in out[out.index("trial  ") :].splitlines()[1:]}
     assert "failed" in rows["max-restarts=5"] and "failed" in rows["max-restarts=0"], out
+
+
+def test_an_element_whose_batch_shells_node_is_lost_is_closed_and_requeued_by_wait(
+    slurm_cluster: str, tmp_path: Path, taken_away: list[str]
+) -> None:
+    """Issue 44: element 0's batch shell's own node taken away after its first checkpoint. Under --no-kill Slurm
+    ends that element (no batch shell is left to decide); the sweep's --wait closes the attempt as a single
+    job's --wait does (the node failure recorded, the decision the ledger's), requeues the element away from
+    the node, follows it again to its end; then element 1 runs. Both finish."""
+    wait_all_idle()
+    folder = tmp_path / "lost"
+    job = ["--nodes", "2", "--tasks-per-node", "1", "--time", "10", "--folder", str(folder)]
+    sweep = ["--sweep", "seed=1,2", "--sweep-parallel", "1", "--wait"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpc_ddp.submit", *job, *TRAINING, *sweep],
+        env=clean_environ(SLOW_TASK_SLEEP_S="0.1"),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=die_with_test,
+    )
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not (folder / "seed=1" / "checkpoints" / "latest").is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.1)
+        array = next(p.name for p in (folder / "submitit").glob("*_0_submitted.pkl")).split("_")[0]
+        _, nodes = element(f"{array}_0")
+        take_away(nodes[0], taken_away)  # the batch shell runs on the element's first node
+        out, _ = proc.communicate(timeout=HANG_GUARD_S)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, out
+    lost, finished = attempts.read(folder / "seed=1")
+    assert (lost.job, lost.outcome, lost.node, lost.decision) == (
+        f"{array}_0",
+        "node_fail",
+        nodes[0],
+        "requeue",
+    )
+    assert nodes[0] not in finished.nodes and (finished.outcome, finished.decision) == ("completed", "done")
+    assert finished.resumed_from is not None and finished.resumed_from >= 4, out
+    assert f"[sweep] trial seed=1 (job {array}_0): attempt 1 node_fail on {nodes[0]}" in out, out
+    assert f"requeued job {array}_0; it will not run on {nodes[0]}" in out, out
+    (only,) = attempts.read(folder / "seed=2")
+    assert (only.job, only.outcome) == (f"{array}_1", "completed"), out
+    rows = {line.split()[0]: line for line in out[out.index("trial  ") :].splitlines()[1:]}
+    assert rows["seed=1"].split()[1] == "finished" and rows["seed=2"].split()[1] == "finished", out

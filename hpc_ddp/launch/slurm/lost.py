@@ -200,6 +200,27 @@ def settle(
     return Settled(closed, ())
 
 
+def settle_open(
+    journal: supervisor.Journal, client: SlurmClient, job: str, policy: Policy
+) -> tuple[bool, list[str]]:
+    """Every open attempt of `job` in the journal's folder whose run is over (its batch shell died: its node
+    was lost), closed and acted on with the job's `policy` (`settle`), as its batch shell would have; a sweep's
+    --wait calls it for each element. (True when the job was requeued, the lines that say what was done.) Asks
+    Slurm nothing where the folder has no open attempt of the job: the usual end costs no call."""
+    left = [a for a in record.of_job(record.read(journal.folder), job) if a.ended is None]
+    if not left:
+        return False, []
+    found = ask(client, job)
+    again, lines = False, []
+    for attempt in [a for a in left if over(a, found)]:
+        settled = settle(journal, client, attempt, found, policy)
+        lines += [settled.closed.line, *settled.said]
+        again = settled.closed.decision.action == outcomes.REQUEUE
+    if not journal.flush():
+        lines.append(journal.lost())
+    return again, lines
+
+
 def no_budgets() -> decision.Budgets:
     return decision.NO_BUDGETS
 

@@ -181,7 +181,7 @@ def submit(
             shape.world_size,
             submitted_at,
             client,
-            policy=_policy(cfg, shape, checkpoints) if trains else None,
+            policy=policy(cfg, shape, checkpoints) if trains else None,
             resume=resume if trains else "",
         )
     except KeyboardInterrupt:
@@ -208,8 +208,8 @@ def _client() -> SlurmClient:
     return SlurmClient()
 
 
-def _policy(cfg: TrainConfig, shape: JobShape, checkpoints: CheckpointStore) -> Policy:
-    """The job's own rules, for `--wait` to close and act on an attempt whose batch shell died (its node
+def policy(cfg: TrainConfig, shape: JobShape, checkpoints: CheckpointStore) -> Policy:
+    """The job's own rules, for `--wait` (a sweep's too: each element's) to close and act on an attempt whose batch shell died (its node
     failed): the same budgets, size and --min-nodes rule as the batch shell's `end` applies."""
     from hpc_ddp.launch import supervisor
     from hpc_ddp.launch.slurm import lost, min_nodes

@@ -85,7 +85,9 @@ def run(args: SweepArgs, argv: Sequence[str], new_parser: Callable[[], argparse.
         from hpc_ddp.launch.sweep import follow
 
         # Every trial's table, the ones submitted now followed to their ends first.
-        return follow.follow(folder, decisions, submitted) if submitted else follow.report(decisions, print)
+        if not submitted:
+            return follow.report(decisions, print)
+        return follow.follow(folder, decisions, submitted, settle=_settler(launch))
     run_folder.prepare(folder)
     state.write_record(folder, [d.trial for d in decisions], without_folder(argv))
     print(
@@ -97,3 +99,20 @@ def run(args: SweepArgs, argv: Sequence[str], new_parser: Callable[[], argparse.
 
     codes = local.run(to_run, args.parallel or 1, lambda line: print(line, flush=True))
     return most_serious([*codes.values(), *reported])
+
+
+def _settler(launch: options.LaunchOptions) -> Callable[[trials.Trial, str], tuple[bool, list[str]]]:
+    """For --wait: an element whose batch shell died, closed and acted on with its own trial's rules, as a single
+    job's --wait does (hpc_ddp.launch.slurm.lost.settle_open)."""
+    from hpc_ddp.launch import supervisor
+    from hpc_ddp.launch.slurm import lost, submitter
+    from hpc_ddp.run.checkpoint.store import of_run
+
+    client = submitter._client()
+
+    def settle(trial: trials.Trial, job: str) -> tuple[bool, list[str]]:
+        checkpoints = of_run(trial.folder, trial.cfg.checkpoint_storage)
+        policy = submitter.policy(trial.cfg, launch.shape, checkpoints)
+        return lost.settle_open(supervisor.Journal(checkpoints), client, job, policy)
+
+    return settle

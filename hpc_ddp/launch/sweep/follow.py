@@ -39,9 +39,12 @@ def follow(
     say: Callable[[str], None] = lambda line: print(line, flush=True),
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = POLL_S,
+    settle: Callable[[Trial, str], tuple[bool, list[str]]] | None = None,
 ) -> int:
     """Follow `submitted` (trial, element id) to their ends; then the table of every trial of `decisions`, and
-    the exit code of the most serious (see the module docstring)."""
+    the exit code of the most serious (see the module docstring). `settle(trial, element)`: an element seen
+    ended or pending again whose batch shell died (its node lost) is closed and acted on as a single job's
+    `--wait` does (hpc_ddp.launch.slurm.lost.settle_open): requeued, it is followed again."""
     if client is None:
         from hpc_ddp.scheduler.slurm.client import SlurmClient
 
@@ -67,6 +70,13 @@ def follow(
                 runs = (accounted or {}).get(job)
                 word = runs.runs[-1].state if runs is not None and runs.runs else "ENDED"
                 gone[job] = gone.get(job, 0) + 1
+            if settle is not None and (job not in queued or queued[job][0].kind.waiting):
+                again, lines = settle(trial, job)
+                for line in lines:
+                    say(f"[sweep] trial {trial.name} (job {job}): {line}")
+                if again:  # requeued: it runs again, followed as before
+                    gone.pop(job, None)
+                    word = "REQUEUED"
             if said.get(job) != word:
                 said[job] = word
                 say(f"[sweep] trial {trial.name} (job {job}): {word}")
