@@ -1,4 +1,4 @@
-"""Sweeps on the real local Slurm cluster (issue 44): ONE job array of three 2-node x 1-task trials, read by
+"""Sweeps on the real local Slurm cluster (issue 44): ONE job array of four 2-node x 1-task trials, read by
 every test here. Element 0 (lr=0.005) loses a node after its first checkpoint: its batch shell requeues that
 element alone, away from the node, and it resumes; lr=1e+30 diverges and fails alone, named in the table; the
 same command again submits nothing. The elements run one at a time (--sweep-parallel 1: two nodes each, three
@@ -30,8 +30,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.deadline(400)]
 
 # 512 samples / 2 ranks / batch 32 = 8 steps an epoch; a checkpoint every 4 steps.
 TRAINING = ["--task", "slow_tasks:slow", "--deterministic", "--save-every-steps", "4", "--epochs", "4"]
-SWEEP = ["--sweep", "lr=0.005,0.01,1e30", "--sweep-parallel", "1", "--wait"]
-NAMES = ["lr=0.005", "lr=0.01", "lr=1e+30"]
+SWEEP = ["--sweep", "lr=0.005,0.01,0.02,1e30", "--sweep-parallel", "1", "--wait"]
+NAMES = ["lr=0.005", "lr=0.01", "lr=0.02", "lr=1e+30"]
 
 
 def command(folder: Path) -> list[str]:
@@ -48,8 +48,9 @@ def element(job: str) -> tuple[str, list[str]]:
     return own.group(1), hosts.stdout.split()
 
 
-def freeze(job_id: str, node: str) -> list[int]:
-    """SIGSTOP the step's processes of `job_id` on `node` (every emulated node's processes run here)."""
+def freeze(job_id: str, node: str, batch_too: bool = False) -> list[int]:
+    """SIGSTOP the step's processes of `job_id` on `node` (every emulated node's processes run here); with
+    `batch_too`, its batch shell's as well (on its first node)."""
     pids = []
     for entry in Path("/proc").iterdir():
         try:
@@ -59,7 +60,7 @@ def freeze(job_id: str, node: str) -> list[int]:
         if (
             env.get("SLURM_JOB_ID") == job_id
             and env.get("SLURMD_NODENAME") == node
-            and "SLURM_STEP_ID" in env
+            and ("SLURM_STEP_ID" in env or batch_too)
         ):
             pids.append(int(entry.name))
             os.kill(pids[-1], signal.SIGSTOP)
@@ -119,6 +120,7 @@ def test_the_diverging_trial_fails_alone_and_the_sweep_exits_with_its_code(
     assert rows["lr=0.005"].split()[1:3] == ["finished", "32"] and rows["lr=0.01"].split()[1] == "finished", (
         out
     )
+    assert rows["lr=0.02"].split()[1] == "finished", out
     assert "failed (nonfinite)" in rows["lr=1e+30"] and "NaN" in rows["lr=1e+30"], out
     for name in NAMES:
         assert f"[sweep] trial {name}: submitted as job " in out, out
@@ -137,10 +139,10 @@ def test_only_the_element_that_lost_a_node_is_requeued_and_it_resumes(swept: tup
     # Two runs of that element in accounting (REQUEUED, or RESIZING where Slurm removed the node under --no-kill:
     # 22.05 then writes no REQUEUED record), one of every other.
     assert len(sacct_records(lost.job)) == 2, sacct_records(lost.job)
-    for index, name in ((1, NAMES[1]), (2, NAMES[2])):
+    for index, name in ((1, NAMES[1]), (2, NAMES[2]), (3, NAMES[3])):
         (only,) = attempts.read(folder / name)  # one attempt each: never requeued
         assert only.job == f"{array.group(1)}_{index}"
-        assert sacct_records(only.job) == ["COMPLETED" if index == 1 else "FAILED"], sacct_records(only.job)
+        assert sacct_records(only.job) == ["COMPLETED" if index < 3 else "FAILED"], sacct_records(only.job)
     assert f"[sweep] trial lr=0.005 (job {array.group(1)}_0): PENDING" in out
 
 
@@ -157,9 +159,10 @@ def test_the_same_command_again_submits_nothing(swept: tuple[Path, int, str]) ->
     out = again.stdout + again.stderr
     assert again.returncode == exitcodes.NONFINITE, out
     assert "[sweep] trial lr=0.005: finished" in out and "[sweep] trial lr=0.01: finished" in out
+    assert "[sweep] trial lr=0.02: finished" in out
     assert "[sweep] trial lr=1e+30: failed (nonfinite" in out and "--sweep-retry-failed" in out
     assert "submitted" not in out and "following" not in out
-    assert out.rstrip().splitlines()[-3].startswith("lr=0.005"), out  # the table, at once
+    assert out.rstrip().splitlines()[-4].startswith("lr=0.005"), out  # the table, at once
 
 
 def test_an_element_with_spare_nodes_restarts_in_place_then_stops_a_crash_loop(
@@ -240,8 +243,17 @@ def test_an_element_whose_batch_shells_node_is_lost_is_closed_and_requeued_by_wa
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.1)
         array = next(p.name for p in (folder / "submitit").glob("*_0_submitted.pkl")).split("_")[0]
-        _, nodes = element(f"{array}_0")
-        take_away(nodes[0], taken_away)  # the batch shell runs on the element's first node
+        own, nodes = element(f"{array}_0")
+        # The batch shell runs on the element's first node. Frozen first, so that it cannot record the node's
+        # failure itself in the moment before Slurm ends it (then its own `end` would decide, as it should).
+        frozen = freeze(own, nodes[0], batch_too=True)
+        assert frozen, f"nothing of element {array}_0 (job {own}) on {nodes[0]}"
+        take_away(nodes[0], taken_away)
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         out, _ = proc.communicate(timeout=HANG_GUARD_S)
     finally:
         proc.kill()
