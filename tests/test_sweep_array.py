@@ -95,12 +95,9 @@ def test_max_array_size_is_read_from_scontrol_show_config() -> None:
     assert client({"scontrol": "MaxJobCount = 1\n"}, []).max_array_size() is None
 
 
-def test_a_split_sweep_is_several_arrays_each_file_its_trials_from_its_offset(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    launch, folder, decisions = prepare(tmp_path / "sweep", "lr=0.1,0.2,0.3", "seed=1,2")
-    submitted: list[tuple[str, int, int]] = []
-    waits: list[list[str]] = []  # each array's --dependency lines
+def split_cluster(arrays: list[tuple[str, int, int]]) -> type:
+    """A cluster whose MaxArraySize is 2, that queues nothing and keeps each array it is handed in `arrays`
+    (the sbatch script submitit writes for it, its size, P); array k's id is 100 + k."""
 
     class Cluster:
         def max_array_size(self) -> int:
@@ -112,25 +109,35 @@ def test_a_split_sweep_is_several_arrays_each_file_its_trials_from_its_offset(
         def submit_array(
             self, job: slurm_submit.Submission, calls: list, parallel: int, after: str | None = None
         ) -> list[str]:
-            number = str(100 + len(submitted))
-            script = job.array_script(len(calls), parallel, after)
-            submitted.append((script.split("sweep.element ")[1].split(")")[0], len(calls), parallel))
-            waits.append([line for line in script.splitlines() if "--dependency" in line])
+            number = str(100 + len(arrays))
+            arrays.append((job.array_script(len(calls), parallel, after), len(calls), parallel))
             return [f"{number}_{i}" for i in range(len(calls))]
 
+    return Cluster
+
+
+def test_a_split_sweep_is_several_arrays_each_file_its_trials_from_its_offset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launch, folder, decisions = prepare(tmp_path / "sweep", "lr=0.1,0.2,0.3", "seed=1,2")
+    arrays: list[tuple[str, int, int]] = []
     monkeypatch.setattr(slurm_submit, "check_submit_host", lambda: None)
-    monkeypatch.setattr(submitter, "_client", Cluster)
+    monkeypatch.setattr(submitter, "_client", split_cluster(arrays))
     done, code = array.submit(
         launch, folder, decisions, SweepArgs(("lr=0.1,0.2,0.3", "seed=1,2"), parallel=2), BASE
     )
     assert code == exitcodes.OK and len(done) == 6
     assert [job for _, job in done] == ["100_0", "100_1", "101_0", "101_1", "102_0", "102_1"]
-    assert [(n, p) for _, n, p in submitted] == [(2, 2)] * 3
+    assert [(n, p) for _, n, p in arrays] == [(2, 2)] * 3
     # --sweep-parallel 2 over three arrays: Slurm's %2 holds within each, so each waits for the one before.
+    waits = [[line for line in script.splitlines() if "--dependency" in line] for script, _, _ in arrays]
     assert waits == [[], ["#SBATCH --dependency=afterany:100"], ["#SBATCH --dependency=afterany:101"]]
     files = sorted((folder / array.ARRAYS).iterdir(), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
     assert [json.loads(f.read_text())["offset"] for f in files] == [0, 2, 4]
-    assert [s for s, _, _ in submitted] == [str(f) for f in files]  # each array's script reads its own file
+    # each array's script reads its own file
+    assert [script.split("sweep.element ")[1].split(")")[0] for script, _, _ in arrays] == [
+        str(f) for f in files
+    ]
     third = json.loads(files[1].read_text())["trials"][1]
     assert third["name"] == "lr=0.2,seed=2" and f"--folder={folder / 'lr=0.2,seed=2'}" in third["argv"]
     # An element picks its trial by its index in its array's file.
@@ -390,23 +397,9 @@ def test_a_split_sweep_without_sweep_parallel_runs_its_arrays_side_by_side(
 ) -> None:
     """No --sweep-parallel: nothing to hold, each array of a split sweep is submitted to run at once."""
     launch, folder, decisions = prepare(tmp_path / "sweep", "lr=0.1,0.2,0.3")
-    afters: list[str | None] = []
-
-    class Cluster:
-        def max_array_size(self) -> int:
-            return 2
-
-        def queued(self, jobs: Sequence[str]) -> dict:
-            return {}
-
-        def submit_array(
-            self, job: slurm_submit.Submission, calls: list, parallel: int, after: str | None = None
-        ) -> list[str]:
-            afters.append(after)
-            assert "--dependency" not in job.array_script(len(calls), parallel, after)
-            return [f"{200 + len(afters)}_{i}" for i in range(len(calls))]
-
+    arrays: list[tuple[str, int, int]] = []
     monkeypatch.setattr(slurm_submit, "check_submit_host", lambda: None)
-    monkeypatch.setattr(submitter, "_client", Cluster)
+    monkeypatch.setattr(submitter, "_client", split_cluster(arrays))
     done, code = array.submit(launch, folder, decisions, SweepArgs(("lr=0.1,0.2,0.3",)), BASE)
-    assert code == exitcodes.OK and len(done) == 3 and afters == [None, None]
+    afters = ["--dependency" in script for script, _, _ in arrays]
+    assert code == exitcodes.OK and len(done) == 3 and afters == [False, False]

@@ -67,6 +67,15 @@ def freeze(job_id: str, node: str, batch_too: bool = False) -> list[int]:
     return pids
 
 
+def kill(pids: list[int]) -> None:
+    """SIGKILL the processes `freeze` stopped (those still there)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.fixture(scope="module")
 def swept(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int, str]]:
     wait_all_idle()
@@ -89,16 +98,8 @@ def swept(slurm_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         own, nodes = element(f"{array}_0")
         frozen = freeze(own, nodes[1])
         assert frozen, f"no task of element {array}_0 (job {own}) on {nodes[1]}"
-        taken.append(nodes[1])
-        for state in ("DOWN", "DRAIN"):  # a bare DOWN returns within milliseconds here (ReturnToService=2)
-            subprocess.run(
-                ["scontrol", "update", f"NodeName={nodes[1]}", f"State={state}", "Reason=test"], check=True
-            )
-        for pid in frozen:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        take_away(nodes[1], taken)  # DOWN, then DRAIN (a bare DOWN returns within milliseconds here)
+        kill(frozen)
         out, _ = proc.communicate(timeout=HANG_GUARD_S)
     finally:
         proc.kill()
@@ -249,11 +250,7 @@ def test_an_element_whose_batch_shells_node_is_lost_is_closed_and_requeued_by_wa
         frozen = freeze(own, nodes[0], batch_too=True)
         assert frozen, f"nothing of element {array}_0 (job {own}) on {nodes[0]}"
         take_away(nodes[0], taken_away)
-        for pid in frozen:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill(frozen)
         out, _ = proc.communicate(timeout=HANG_GUARD_S)
     finally:
         proc.kill()
