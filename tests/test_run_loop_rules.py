@@ -9,15 +9,14 @@ import pytest
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run.checkpoint.options import CheckpointOptions
 from hpc_ddp.run.config import RestartOptions, RunOptions, TrainConfig
-from hpc_ddp.run.data.workers import DataOptions
+from hpc_ddp.run.data.options import DataOptions
 from hpc_ddp.run.loop import evaluation, nonfinite
-from hpc_ddp.run.loop.evaluation import EvalOptions
+from hpc_ddp.run.loop.options import EvalOptions, ScheduleOptions
 from hpc_ddp.run.loop.position import Position, trained
-from hpc_ddp.run.loop.schedules import ScheduleOptions
 from hpc_ddp.run.sinks.options import LoggingOptions
 from hpc_ddp.run.snapshot.options import SnapshotOptions
 from hpc_ddp.run.strategy.options import StrategyOptions
-from hpc_ddp.run.watch.watchdog import GroupOptions
+from hpc_ddp.run.watch.options import GroupOptions
 
 
 @pytest.mark.parametrize(

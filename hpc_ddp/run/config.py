@@ -1,19 +1,20 @@
 """Training options: one frozen dataclass, the union of a part per concern, its flags, and its round trip back
 to argv.
 
-Each concern is a frozen dataclass checked beside the code that uses it; `TrainConfig` inherits them all, so
+Each concern is a frozen dataclass in its room's `options` module, which imports no runtime code (importing
+this imports no loader, watchdog or ledger: tests/test_architecture.py); `TrainConfig` inherits them all, so
 every option is a flat field (`cfg.keep`, `--keep`) and a function that needs one concern takes that part:
 
     RunOptions         here: the task, how long, the batch and the step (the trainer's)
-    ScheduleOptions    hpc_ddp.run.loop.schedules: --lr-schedule, --warmup-steps, --plateau-metric
-    DataOptions        hpc_ddp.run.data.workers: the loaders' workers, pinned memory, prefetch
-    EvalOptions        hpc_ddp.run.loop.evaluation: when to evaluate, --keep-best
+    ScheduleOptions    hpc_ddp.run.loop.options: --lr-schedule, --warmup-steps, --plateau-metric
+    DataOptions        hpc_ddp.run.data.options: the loaders' workers, pinned memory, prefetch
+    EvalOptions        hpc_ddp.run.loop.options: when to evaluate, --keep-best
     StrategyOptions    hpc_ddp.run.strategy.options: --strategy, --reshard-after-forward, --amp
     CheckpointOptions  hpc_ddp.run.checkpoint.options: when to save, how many, the format, --resume
     SnapshotOptions    hpc_ddp.run.snapshot.options: snapshots in memory, how often, how much memory
     LoggingOptions     hpc_ddp.run.sinks.options: progress lines, TensorBoard, trackers
     RestartOptions     here: what the supervisors (hpc_ddp.launch) may do after a preemption or a failure
-    GroupOptions       hpc_ddp.run.watch.watchdog: the process group's backend and timeout, the hang watchdog's limit
+    GroupOptions       hpc_ddp.run.watch.options: the process group's backend and timeout, the hang watchdog's limit
 
 A part's own checks run when it is built alone and when TrainConfig is; the checks that span two parts are
 TrainConfig's (`__post_init__`). Every check fails with one line: the flag, the value, what it must be.
@@ -36,15 +37,14 @@ from hpc_ddp.errors import UsageError
 from hpc_ddp.run import options, taskargs
 from hpc_ddp.run.checkpoint.options import ASYNC_SAVE_DEFAULT as ASYNC_SAVE_DEFAULT
 from hpc_ddp.run.checkpoint.options import CheckpointOptions
-from hpc_ddp.run.data.workers import DataOptions
-from hpc_ddp.run.loop.evaluation import EvalOptions
-from hpc_ddp.run.loop.schedules import ScheduleOptions
+from hpc_ddp.run.data.options import DataOptions
+from hpc_ddp.run.loop.options import EvalOptions, ScheduleOptions
 from hpc_ddp.run.sinks.options import LoggingOptions
 from hpc_ddp.run.snapshot.options import SnapshotOptions
 from hpc_ddp.run.strategy.options import AMP_CHOICES as AMP_CHOICES
 from hpc_ddp.run.strategy.options import StrategyOptions
 from hpc_ddp.run.taskargs import TaskArgs
-from hpc_ddp.run.watch.watchdog import GroupOptions
+from hpc_ddp.run.watch.options import GroupOptions
 
 BUILTIN_TASKS = ("linear", "mlp", "gpt", "cnn")
 REQUEUE_BY = ("auto", "scontrol", "launcher")

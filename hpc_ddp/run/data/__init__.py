@@ -7,4 +7,5 @@ streams    iterable (streaming) datasets across ranks and workers: each reader i
 seeding    each batch's generators seeded from where it is: the data's randomness, exact after a resume
 workers    DataLoader workers: what they do at start, and how a hang diagnosis reads their stacks
 forkrisk   whether this Python can deadlock a forked worker at its start (pure)
+options    the data's options: workers, pinned memory, prefetch (no runtime code)
 """

@@ -30,7 +30,7 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler, Sampler
 
-from hpc_ddp.run.data.workers import DataOptions
+from hpc_ddp.run.data.options import DataOptions
 from hpc_ddp.run.data.workers import init as worker_start
 
 

@@ -14,6 +14,7 @@
     evaluation   exact distributed evaluation: every sample once, means weighted by samples
     evaluator    evaluation inside the loop: when it is due, each rank's exact shard
     best         --keep-best: which evaluation is the best so far (no torch)
+    options      the loop's options: evaluation and --keep-best, the schedule (no runtime code)
 
 The data the loop reads is in run/data, what it saves in run/checkpoint, what it writes about itself in
 run/records, and what watches it for a hang in run/watch.

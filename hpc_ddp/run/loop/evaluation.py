@@ -23,11 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
-
-from hpc_ddp.errors import UsageError
-from hpc_ddp.run import options
 
 
 def shard(size: int, rank: int, world: int) -> range:
@@ -116,67 +112,3 @@ def due_after_epoch(every_epochs: int, every_steps: int, epoch: int, step: int, 
     every_epoch = every_epochs and (epoch + 1) % every_epochs == 0
     every_step = every_steps and step % every_steps == 0
     return bool(last or every_epoch or every_step)
-
-
-# ----- the evaluation options -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EvalOptions:
-    """When to evaluate and what to keep of it (a part of hpc_ddp.run.config.TrainConfig), checked here."""
-
-    eval_every_epochs: int = field(
-        default=-1,
-        metadata={
-            "help": "with a task that has an eval_dataset: evaluate every N epochs, and at the end (0: only at "
-            "the end; -1: 1, or 0 when --eval-every-steps is given) (default: -1)"
-        },
-    )
-    eval_every_steps: int = field(
-        default=0,
-        metadata={
-            "help": "evaluate every N optimizer steps instead of every epoch (unless --eval-every-epochs is "
-            "given too), and at the end (0: off)"
-        },
-    )
-    eval_batch_size: int = field(
-        default=0,
-        metadata={
-            "help": "samples per rank per evaluation batch (0: --batch-size); no gradients, so it can be larger"
-        },
-    )
-    keep_best: str = field(
-        default="",
-        metadata={
-            "help": "NAME:min or NAME:max: also keep the checkpoint with the best evaluation value of NAME "
-            "(e.g. accuracy:max), never rotated away; `checkpoints/best` names it"
-        },
-    )
-
-    def __post_init__(self) -> None:
-        self._check_eval()
-
-    def _check_eval(self) -> None:
-        if self.eval_every_epochs < -1:
-            raise UsageError(
-                f"--eval-every-epochs {self.eval_every_epochs}: use N >= 0, or -1 (1, or 0 with --eval-every-steps)"
-            )
-        options.at_least(self, 0, ["eval_every_steps", "eval_batch_size"])
-        self.best_rule()  # validates --keep-best
-
-    def eval_epochs(self) -> int:
-        """Every how many epochs to evaluate (0: not by epochs): --eval-every-epochs, whose default (-1) is 1,
-        or 0 when --eval-every-steps is given (then evaluations come by steps instead)."""
-        if self.eval_every_epochs >= 0:
-            return self.eval_every_epochs
-        return 0 if self.eval_every_steps else 1
-
-    def best_rule(self) -> tuple[str, str] | None:
-        """--keep-best as (metric name, "min" or "max"), or None when off (raises UsageError when malformed)."""
-        if not self.keep_best:
-            return None
-        name, _, direction = self.keep_best.rpartition(":")
-        if not name or direction not in ("min", "max"):
-            raise UsageError(
-                f"--keep-best {self.keep_best!r}: expected NAME:min or NAME:max, e.g. --keep-best accuracy:max "
-                "or --keep-best loss:min (NAME: a value the task's evaluation reports)"
-            )
-        return name, direction

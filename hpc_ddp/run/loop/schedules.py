@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from hpc_ddp.errors import UsageError
-from hpc_ddp.run import options
-
-SCHEDULES = ("constant", "linear", "cosine")
+from hpc_ddp.run.loop.options import SCHEDULES
 
 
 def factor(kind: str, step: int, warmup: int, total: int) -> float:
@@ -197,34 +194,3 @@ def for_run(task: Any, cfg: Any, optimizer: Any, total: int | None, say: Callabl
             "its schedule cannot end at the run's last step (add --max-steps N for one that does)"
         )
     return scheduler
-
-
-@dataclass(frozen=True)
-class ScheduleOptions:
-    """The learning-rate schedule (a part of hpc_ddp.run.config.TrainConfig), checked here beside it."""
-
-    lr_schedule: str = field(
-        default="constant",
-        metadata={
-            "help": "learning-rate schedule when the task brings none: constant, linear (to 0 at the last step) or "
-            "cosine (to 0 at the last step); the last step comes from --epochs or --max-steps",
-            "choices": SCHEDULES,
-        },
-    )
-    warmup_steps: int = field(
-        default=0, metadata={"help": "optimizer steps of linear warm-up before the schedule (0: none)"}
-    )
-    plateau_metric: str = field(
-        default="loss",
-        metadata={
-            "help": "a Task.scheduler that returns ReduceLROnPlateau is stepped after each evaluation with this "
-            "evaluation value, instead of after each optimizer step (default: loss)"
-        },
-    )
-
-    def __post_init__(self) -> None:
-        self._check_schedule()
-
-    def _check_schedule(self) -> None:
-        options.choice("lr_schedule", self.lr_schedule, SCHEDULES)
-        options.at_least(self, 0, ["warmup_steps"])

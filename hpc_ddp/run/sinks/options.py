@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from hpc_ddp import registry
 from hpc_ddp.errors import UsageError
 from hpc_ddp.run import options
-from hpc_ddp.run.records import tblog
-from hpc_ddp.run.sinks import trackers
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,10 @@ class LoggingOptions:
         self._check_logging()
 
     def _check_logging(self) -> None:
+        # Imported here, where a sink is asked for: importing the options imports no sink (issue 43 item 4).
+        from hpc_ddp.run.records import tblog
+        from hpc_ddp.run.sinks import trackers
+
         options.at_least(self, 0, ["log_every_s"])
         if self.tensorboard:  # every entry point, before torch: a missing package is a usage error at once
             why = tblog.missing()

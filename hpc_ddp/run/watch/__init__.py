@@ -5,4 +5,5 @@ beacon      what this rank is doing, and since when: the progress beacon the wat
 verdict     from the reports of the ranks that still answer, one line that names the culprit
 stragglers  one rank slower than the others: measure, compare, name
 longwork    `hpc_ddp.long_work`: mark long legitimate work in the task's own code
+options     the process group's backend and timeout, --hang-timeout-s (no runtime code)
 """
