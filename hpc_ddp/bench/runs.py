@@ -192,9 +192,8 @@ class Runner:
         self.s = s
         self.count = 0
         self.kit_us: dict[str, list[float]] = {}  # per label: each kit run's own time per step, rank 0's
-        self.norm_us: dict[
-            str, list[float]
-        ] = {}  # per label: of which the gradient norm for the step records
+        # per label: of which the gradient norm for the step records
+        self.norm_us: dict[str, list[float]] = {}
 
     def folder(self, label: str) -> Path:
         self.count += 1

@@ -183,23 +183,15 @@ class _Local:
         """Close the job's attempts whose batch shell died now that their run is over (hpc_ddp.launch.slurm.
         lost), acting on the decision with the job's `policy` (without one: only once the job is over, as a
         stop); True when the job was requeued and may run again."""
-        left = [a for a in attempts.of_job(attempts.read(self.folder), self.job_id) if a.ended is None]
-        if not left or self.log.seen:  # the batch shell stopped the job, said so above: its word stands
+        if self.log.seen:  # the batch shell stopped the job, said so above: its word stands
             return False
-        found = lost.ask(client, self.job_id)
         journal = supervisor.Journal(self.checkpoints)
+        settled, trouble = lost.settle_open(journal, client, self.job_id, policy)
         again = False
-        for attempt in [a for a in left if lost.over(a, found)]:
-            if policy is None:
-                if not lost.job_over(found):
-                    continue
-                closed = lost.close(journal, attempt, found, lost.no_budgets(), lost.the_job_is_over)
-                said: tuple[str, ...] = ()
-            else:
-                settled = lost.settle(journal, client, attempt, found, policy)
-                closed, said = settled.closed, settled.said
+        for done in settled:
+            closed = done.closed
             self.say(closed.line)
-            for line in said:
+            for line in done.said:
                 self.say(line)
             again = closed.decision.action == outcomes.REQUEUE
             if closed.decision.action == outcomes.STOP and policy is not None:
@@ -207,8 +199,8 @@ class _Local:
                 for a in journal.history(self.job_id):
                     self.out.write(f"    {attempts.summary(a)}\n")
                 self.stopped_here = True
-        if not journal.flush():
-            self.say(journal.lost())
+        if trouble:
+            self.say(trouble)
         return again
 
     def poll(self, running: bool) -> bool:

@@ -201,24 +201,24 @@ def settle(
 
 
 def settle_open(
-    journal: supervisor.Journal, client: SlurmClient, job: str, policy: Policy
-) -> tuple[bool, list[str]]:
+    journal: supervisor.Journal, client: SlurmClient, job: str, policy: Policy | None
+) -> tuple[list[Settled], str]:
     """Every open attempt of `job` in the journal's folder whose run is over (its batch shell died: its node
-    was lost), closed and acted on with the job's `policy` (`settle`), as its batch shell would have; a sweep's
-    --wait calls it for each element. (True when the job was requeued, the lines that say what was done.) Asks
-    Slurm nothing where the folder has no open attempt of the job: the usual end costs no call."""
+    was lost), closed: with the job's `policy`, acted on as its batch shell would have (`settle`); without
+    one, only once the whole job is over, as a stop. What was settled, in order, and the line that says the
+    journal could not be written ("" when it was). Asks Slurm nothing where the folder has no open attempt of
+    the job: the usual end costs no call. A single job's --wait and a sweep's (each element) call it."""
     left = [a for a in record.of_job(record.read(journal.folder), job) if a.ended is None]
     if not left:
-        return False, []
+        return [], ""
     found = ask(client, job)
-    again, lines = False, []
+    done: list[Settled] = []
     for attempt in [a for a in left if over(a, found)]:
-        settled = settle(journal, client, attempt, found, policy)
-        lines += [settled.closed.line, *settled.said]
-        again = settled.closed.decision.action == outcomes.REQUEUE
-    if not journal.flush():
-        lines.append(journal.lost())
-    return again, lines
+        if policy is not None:
+            done.append(settle(journal, client, attempt, found, policy))
+        elif job_over(found):
+            done.append(Settled(close(journal, attempt, found, no_budgets(), the_job_is_over), ()))
+    return done, ("" if journal.flush() else journal.lost())
 
 
 def no_budgets() -> decision.Budgets:

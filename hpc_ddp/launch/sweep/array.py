@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from hpc_ddp import exitcodes
 from hpc_ddp.launch import rerun
 from hpc_ddp.launch.slurm import submitter
-from hpc_ddp.launch.sweep import state
+from hpc_ddp.launch.sweep import follow, state
 from hpc_ddp.launch.sweep.trials import Trial
 from hpc_ddp.run import folder as run_folder
 from hpc_ddp.run.folder import atomic_write_bytes
@@ -140,7 +140,7 @@ def submit(
         # Slurm's throttle (%P) holds within one array: with --sweep-parallel, each array of a split sweep starts
         # once the one before it has ended (afterany), so that no more than P trials of the sweep run at once.
         ids = client.submit_array(job, entries, args.parallel or size, before if args.parallel else None)
-        before = ids[0].split("_")[0]
+        before = follow.arrays(ids)[0]  # the array job id its elements share
         submitted += list(zip(part, ids, strict=True))
     for trial, job_id in submitted:
         print(f"[sweep] trial {trial.name}: submitted as job {job_id}", flush=True)

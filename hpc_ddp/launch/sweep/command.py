@@ -106,6 +106,7 @@ def _settler(launch: options.LaunchOptions) -> Callable[[trials.Trial, str], tup
     job's --wait does (hpc_ddp.launch.slurm.lost.settle_open)."""
     from hpc_ddp.launch import supervisor
     from hpc_ddp.launch.slurm import lost, submitter
+    from hpc_ddp.ledger import outcomes
     from hpc_ddp.run.checkpoint.store import of_run
 
     client = submitter._client()
@@ -113,6 +114,9 @@ def _settler(launch: options.LaunchOptions) -> Callable[[trials.Trial, str], tup
     def settle(trial: trials.Trial, job: str) -> tuple[bool, list[str]]:
         checkpoints = of_run(trial.folder, trial.cfg.checkpoint_storage)
         policy = submitter.policy(trial.cfg, launch.shape, checkpoints)
-        return lost.settle_open(supervisor.Journal(checkpoints), client, job, policy)
+        settled, trouble = lost.settle_open(supervisor.Journal(checkpoints), client, job, policy)
+        lines = [line for done in settled for line in (done.closed.line, *done.said)]
+        again = bool(settled) and settled[-1].closed.decision.action == outcomes.REQUEUE
+        return again, lines + ([trouble] if trouble else [])
 
     return settle
