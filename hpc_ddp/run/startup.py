@@ -19,17 +19,23 @@ becomes cyclic garbage is not freed, which for modules and registrations loaded 
 from __future__ import annotations
 
 import gc
+import importlib
 
 
-def import_torch() -> None:
-    """Import what every training rank imports, with the collector paused, then freeze the result."""
+def import_frozen(*modules: str) -> None:
+    """Import `modules` with the collector paused, then freeze everything loaded so far (see above)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        import torch
-        import torch._dynamo  # noqa: F401  (DDP's constructor and the optimizers import it; see above)
-        import torch.distributed  # noqa: F401
+        for module in modules:
+            importlib.import_module(module)
     finally:
         if was_enabled:
             gc.enable()
     gc.freeze()
+
+
+def import_torch() -> None:
+    """Import what every training rank imports, with the collector paused, then freeze the result. DDP's
+    constructor and the optimizers import torch._dynamo (see above)."""
+    import_frozen("torch", "torch._dynamo", "torch.distributed")
