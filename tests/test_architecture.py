@@ -816,3 +816,44 @@ def test_importing_the_options_imports_no_runtime_code() -> None:
     runtime = [m for m in out if m not in packages | allowed and not m.endswith(".options")]
     assert runtime == [], runtime
     assert not any(m.startswith("hpc_ddp.ledger") or m.endswith(".watchdog") for m in out), out
+
+
+PRELOAD_PROBE = """
+import os, signal, sys, threading
+from hpc_ddp.run import startup
+startup.import_torch()
+handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+class Seen(dict):
+    read = set()
+    def __getitem__(self, key):
+        Seen.read.add(key)
+        return super().__getitem__(key)
+    def get(self, key, default=None):
+        Seen.read.add(key)
+        return super().get(key, default)
+    def __contains__(self, key):
+        Seen.read.add(key)
+        return super().__contains__(key)
+os.environ = Seen(os.environ)
+cwd = os.getcwd
+os.getcwd = lambda: (Seen.read.add("<cwd>"), cwd())[1]
+before = set(sys.modules)
+startup.import_frozen(*startup.RANK_MODULES)
+changed = [s.name for s, h in handlers.items() if signal.getsignal(s) is not h]
+kit = sorted(m for m in set(sys.modules) - before if m.startswith("hpc_ddp"))
+print(threading.active_count(), sorted(Seen.read), changed, len(kit))
+"""
+
+
+def test_the_fork_servers_preload_reads_no_environment_and_starts_nothing() -> None:
+    """The local launcher's fork server imports startup.RANK_MODULES once for every rank it forks (issue 43's
+    suite time: 117 modules, 0.05 CPU-s a rank, imported after the fork before). A rank forked after them must be
+    the rank that imported them itself: importing them reads no environment variable and no working directory,
+    starts no thread and sets no signal handler. Each module listed is really imported there."""
+    out = subprocess.run(
+        [sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split(" ", 1)
+    threads, rest = int(out[0]), out[1]
+    assert threads == 1, rest
+    assert rest.startswith("[] [] "), rest  # nothing read, no handler changed
+    assert int(rest.split()[-1]) >= 20, rest  # the kit's modules really came in there

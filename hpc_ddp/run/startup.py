@@ -35,7 +35,48 @@ def import_frozen(*modules: str) -> None:
     gc.freeze()
 
 
+# What a training rank imports besides torch (run/session.py imports most of it inside its functions, so that
+# `--help` and a refusal answer before torch is imported). The local launcher's fork server imports these once
+# for every rank it forks (launch/local/forkserver.py): 0.05 CPU-s a rank on the 2-core test machine. Only plain
+# modules: importing one reads no environment, working directory or clock, starts no thread and sets no signal
+# handler (tests/test_architecture.py), so a rank forked after them is the rank that would have imported them
+# itself. One missing here is imported by the rank, as before: a slower start, nothing else.
+RANK_MODULES = (
+    "hpc_ddp.cli",
+    "hpc_ddp.errors",
+    "hpc_ddp.cluster.group",
+    "hpc_ddp.cluster.placement",
+    "hpc_ddp.run.config",
+    "hpc_ddp.run.configfile",
+    "hpc_ddp.run.quiet",
+    "hpc_ddp.run.session",
+    "hpc_ddp.run.tasks",
+    "hpc_ddp.run.checkpoint.content",
+    "hpc_ddp.run.checkpoint.exact",
+    "hpc_ddp.run.checkpoint.formats",
+    "hpc_ddp.run.checkpoint.resume",
+    "hpc_ddp.run.checkpoint.store",
+    "hpc_ddp.run.checkpoint.torchfile",
+    "hpc_ddp.run.loop.position",
+    "hpc_ddp.run.loop.preemption",
+    "hpc_ddp.run.loop.rng",
+    "hpc_ddp.run.loop.trainer",
+    "hpc_ddp.run.records.record",
+    "hpc_ddp.run.records.tblog",
+    "hpc_ddp.run.snapshot.recover",
+    "hpc_ddp.run.strategy.ddp",
+    "hpc_ddp.run.watch.watchdog",
+    "hpc_ddp.scheduler.slurm.lost",
+)
+
+
 def import_torch() -> None:
     """Import what every training rank imports, with the collector paused, then freeze the result. DDP's
     constructor and the optimizers import torch._dynamo (see above)."""
     import_frozen("torch", "torch._dynamo", "torch.distributed")
+
+
+def import_rank() -> None:
+    """import_torch, then RANK_MODULES, the same way: what the fork server holds for the ranks it forks."""
+    import_torch()
+    import_frozen(*RANK_MODULES)

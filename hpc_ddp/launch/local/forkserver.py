@@ -4,8 +4,9 @@ Importing torch, torch._dynamo and torch.distributed is nearly all of a rank's s
 about 2.5 CPU seconds on this project's 2-core test machine), and every rank of every attempt paid it: a 2 x 2
 run that is preempted twice imported torch twelve times. The launcher stays torch-free (its `--help` and its
 one-line refusals answer at once), so it starts one server per run instead: `python -m
-hpc_ddp.launch.local.forkserver`, which imports torch once (startup.import_torch: the collector paused, then
-`gc.freeze()`, so forked ranks share those pages instead of copying them) and then forks every rank the launcher
+hpc_ddp.launch.local.forkserver`, which imports torch once, and the kit's modules a rank imports (startup.import_rank:
+the collector paused, then `gc.freeze()`, so forked ranks share those pages instead of copying them; the kit's
+modules are plain ones, tests/test_architecture.py) and then forks every rank the launcher
 asks for, across restarts. This is Python's multiprocessing "forkserver" with a preload, and how PyTorch's
 DataLoader workers start: forked from a process that imported torch. The server itself never runs a torch
 operation (no thread pool, no CUDA context exists to be forked).
@@ -219,7 +220,7 @@ class Server:
 def _serve(module: str, sock: socket.socket) -> None:
     from hpc_ddp.run import startup
 
-    startup.import_torch()  # once, for every rank of the run
+    startup.import_rank()  # once, for every rank of the run: torch, and the kit's modules a rank imports
     while True:
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, _MESSAGE, 1)
