@@ -83,7 +83,9 @@ install --no-deps -e "$root"
 # used, only compiled again in memory: an edit never runs stale code. The test helpers too, with --test.
 compiled=("$root/hpc_ddp")
 [ "$with_test" = 1 ] && compiled+=("$root/tests")
-"$venv/bin/python" -m compileall -q -j 0 "${compiled[@]}" >/dev/null
+# Only a speed-up: a module that does not compile here is compiled (and its error said) where it is imported.
+"$venv/bin/python" -m compileall -q -j 0 "${compiled[@]}" >/dev/null ||
+  echo "[setup] note: some of the kit's modules did not compile; \`python -m compileall $root/hpc_ddp\` says which" >&2
 if ! command -v nvidia-smi >/dev/null && "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is None)'; then
   echo "[setup] note: torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') is a CUDA build on a machine without a GPU:" \
     "it runs on the CPU, but imports slower. Fix: rm -r $venv && bash env/setup.sh (the CPU wheel torch==$torch_version)" >&2

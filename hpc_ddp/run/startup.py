@@ -70,13 +70,15 @@ RANK_MODULES = (
 )
 
 
+# What every training rank imports of torch: DDP's constructor and the optimizers import torch._dynamo (see above).
+TORCH_MODULES = ("torch", "torch._dynamo", "torch.distributed")
+
+
 def import_torch() -> None:
-    """Import what every training rank imports, with the collector paused, then freeze the result. DDP's
-    constructor and the optimizers import torch._dynamo (see above)."""
-    import_frozen("torch", "torch._dynamo", "torch.distributed")
+    """Import what every training rank imports of torch, with the collector paused, then freeze the result."""
+    import_frozen(*TORCH_MODULES)
 
 
 def import_rank() -> None:
-    """import_torch, then RANK_MODULES, the same way: what the fork server holds for the ranks it forks."""
-    import_torch()
-    import_frozen(*RANK_MODULES)
+    """TORCH_MODULES, then RANK_MODULES, in one paused import: what the fork server holds for the ranks it forks."""
+    import_frozen(*TORCH_MODULES, *RANK_MODULES)
